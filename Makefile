@@ -1,0 +1,53 @@
+# stage: build, test, demo, bench, lint, fuzz.
+GO        ?= go
+BIN       ?= bin
+FUZZTIME  ?= 30s
+PKGS      := ./...
+
+.PHONY: build test test-race demo bench lint fuzz gpu-build clean
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/staged ./cmd/stagectl
+
+# The README's test command: unit, fuzz-seed and e2e tests (e2e builds the
+# binaries itself), under the race detector.
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# Two sidecars on emulated devices moving a KV cache end to end.
+demo: build
+	./$(BIN)/stagectl demo
+
+# Micro-benchmarks of the hot paths, then end-to-end throughput on two
+# local sidecars (emulated devices).
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./wire/ ./staging/ ./device/hostmem/
+	./$(BIN)/stagectl bench --spawn --size 256MiB --block 1MiB --iters 5
+	./$(BIN)/stagectl bench --spawn --size 256MiB --block 16KiB --pattern blocks --iters 5
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) vet -tags gpu ./cuda/...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+
+STATICCHECK_VERSION ?= v0.7.0
+
+# Long fuzzing runs: every fuzz target for FUZZTIME each.
+fuzz:
+	@for pkg in $$($(GO) list $(PKGS)); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+# GPU test binaries and daemons for the GPU machine (see docs/BENCHMARKS.md).
+gpu-build:
+	@mkdir -p .dev
+	$(GO) test -c -tags gpu -o .dev/ ./cuda/...
+	$(GO) build -o .dev/ ./cmd/staged ./cmd/stagectl
+
+clean:
+	rm -rf $(BIN) .dev

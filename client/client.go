@@ -1,0 +1,335 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/wire"
+)
+
+// Error is a failure the sidecar reported, with its code.
+type Error struct {
+	Code wire.Code
+	Msg  string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("stage: %s: %s", e.Code, e.Msg) }
+
+// CodeOf returns the sidecar's code for err, or CodeInternal.
+func CodeOf(err error) wire.Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return wire.CodeInternal
+}
+
+// ErrClosed: the connection to the sidecar is gone.
+var ErrClosed = errors.New("stage: connection to the sidecar closed")
+
+// Client is a connection to one sidecar.
+type Client struct {
+	conn    *net.UnixConn
+	wmu     sync.Mutex
+	seq     atomic.Uint64
+	mu      sync.Mutex
+	pending map[uint64]chan wire.Msg
+	notify  chan *wire.Notify
+	subbed  bool
+	err     error
+	done    chan struct{}
+}
+
+// Dial connects to the control socket at path.
+func Dial(path string) (*Client, error) {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("stage: connect to sidecar at %s: %w; is staged running, and is this its control_socket?", path, err)
+	}
+	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{})}
+	go cl.readLoop()
+	return cl, nil
+}
+
+// Close closes the connection; calls in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	err := c.conn.Close()
+	<-c.done
+	return err
+}
+
+func (c *Client) readLoop() {
+	defer close(c.done)
+	var buf []byte
+	var err error
+	for {
+		var m wire.Msg
+		_, m, buf, err = wire.ReadFrame(c.conn, buf)
+		if err != nil {
+			break
+		}
+		if n, ok := m.(*wire.Notify); ok {
+			select {
+			case c.notify <- n:
+			default: // subscriber not reading: drop rather than stall answers
+			}
+			continue
+		}
+		req := reqID(m)
+		c.mu.Lock()
+		ch := c.pending[req]
+		delete(c.pending, req)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- m
+		} else if f, ok := m.(*wire.Fail); ok && req == 0 {
+			err = &Error{Code: f.Code, Msg: f.Message}
+			break
+		}
+	}
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = ErrClosed
+	}
+	c.mu.Lock()
+	c.err = err
+	for id, ch := range c.pending {
+		close(ch)
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+	close(c.notify)
+}
+
+func reqID(m wire.Msg) uint64 {
+	switch m := m.(type) {
+	case *wire.OK:
+		return m.Req
+	case *wire.Fail:
+		return m.Req
+	case *wire.Submitted:
+		return m.Req
+	case *wire.XferStatus:
+		return m.Req
+	case *wire.QueryReply:
+		return m.Req
+	}
+	return 0
+}
+
+// call sends a request (and fd, when >= 0) and waits for its answer.
+func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire.Msg, error) {
+	ch := make(chan wire.Msg, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.pending[req] = ch
+	c.mu.Unlock()
+	var flags wire.Flags
+	var oob []byte
+	if fd >= 0 {
+		flags = wire.FlagFD
+		oob = unix.UnixRights(fd)
+	}
+	frame := wire.AppendFrame(nil, m, false, flags)
+	c.wmu.Lock()
+	var err error
+	if oob != nil {
+		var n int
+		n, _, err = c.conn.WriteMsgUnix(frame, oob, nil)
+		if err == nil && n < len(frame) {
+			_, err = c.conn.Write(frame[n:])
+		}
+	} else {
+		_, err = c.conn.Write(frame)
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.mu.Lock()
+		delete(c.pending, req)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("stage: send %s: %w", m.Type(), err)
+	}
+	select {
+	case a, ok := <-ch:
+		if !ok {
+			c.mu.Lock()
+			err := c.err
+			c.mu.Unlock()
+			return nil, err
+		}
+		if f, ok := a.(*wire.Fail); ok {
+			return nil, &Error{Code: f.Code, Msg: f.Message}
+		}
+		return a, nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		delete(c.pending, req)
+		c.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Client) next() uint64 { return c.seq.Add(1) }
+
+// Region describes memory to register.
+type Region struct {
+	Name      string
+	Handle    uint8 // device.HandleKind
+	Access    wire.Access
+	Ordinal   uint32
+	AllocSize uint64 // size of the whole shared allocation
+	Offset    uint64 // the region's offset inside it
+	Length    uint64
+	HandleRaw []byte // IPC handle bytes or export key
+	FD        int    // memfd / POSIX fd sent with SCM_RIGHTS; -1 for none
+}
+
+// Register registers a region with the sidecar. The fd, if any, stays the
+// caller's (the sidecar receives its own copy).
+func (c *Client) Register(ctx context.Context, r Region) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Register{Req: req, Name: r.Name, Handle: r.Handle, Access: r.Access, Ordinal: r.Ordinal,
+		AllocSize: r.AllocSize, Offset: r.Offset, Length: r.Length, HandleRaw: r.HandleRaw}, r.FD)
+	return err
+}
+
+// Unregister removes a region.
+func (c *Client) Unregister(ctx context.Context, name string) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Unregister{Req: req, Name: name}, -1)
+	return err
+}
+
+// Transfer is a transfer to submit. Ops index LocalNames and RemoteNames.
+type Transfer struct {
+	Route       string
+	Dir         wire.Direction
+	Tag         string
+	Checksum    uint8 // wire.ChecksumRoute, ChecksumOn, ChecksumOff
+	LocalNames  []string
+	RemoteNames []string
+	Ops         []wire.LocalOp
+}
+
+// Submit starts a transfer and returns its id.
+func (c *Client) Submit(ctx context.Context, t Transfer) (uint64, error) {
+	req := c.next()
+	a, err := c.call(ctx, req, &wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
+		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops}, -1)
+	if err != nil {
+		return 0, err
+	}
+	s, ok := a.(*wire.Submitted)
+	if !ok {
+		return 0, fmt.Errorf("stage: Submit answered with %s", a.Type())
+	}
+	return s.Transfer, nil
+}
+
+// Wait waits for a transfer to finish (timeout 0: no limit besides ctx). A
+// failed transfer returns its status and an *Error.
+func (c *Client) Wait(ctx context.Context, id uint64, timeout time.Duration) (*wire.XferStatus, error) {
+	req := c.next()
+	a, err := c.call(ctx, req, &wire.Wait{Req: req, Transfer: id, TimeoutMs: uint32(timeout / time.Millisecond)}, -1)
+	if err != nil {
+		return nil, err
+	}
+	return statusResult(a)
+}
+
+// Status returns a transfer's state now.
+func (c *Client) Status(ctx context.Context, id uint64) (*wire.XferStatus, error) {
+	req := c.next()
+	a, err := c.call(ctx, req, &wire.Status{Req: req, Transfer: id}, -1)
+	if err != nil {
+		return nil, err
+	}
+	return statusResult(a)
+}
+
+func statusResult(a wire.Msg) (*wire.XferStatus, error) {
+	st, ok := a.(*wire.XferStatus)
+	if !ok {
+		return nil, fmt.Errorf("stage: expected a transfer status, got %s", a.Type())
+	}
+	if st.State == wire.StateFailed {
+		return st, &Error{Code: st.Code, Msg: st.Message}
+	}
+	return st, nil
+}
+
+// Do submits a transfer and waits for it.
+func (c *Client) Do(ctx context.Context, t Transfer) (*wire.XferStatus, error) {
+	id, err := c.Submit(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return c.Wait(ctx, id, 0)
+}
+
+// Cancel cancels a transfer.
+func (c *Client) Cancel(ctx context.Context, id uint64) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Cancel{Req: req, Transfer: id}, -1)
+	return err
+}
+
+// Subscribe asks for notifications of transfers that finish on this side
+// (peers' pushes that landed here, pulls served from here). The channel
+// closes with the connection.
+func (c *Client) Subscribe(ctx context.Context) (<-chan *wire.Notify, error) {
+	req := c.next()
+	if _, err := c.call(ctx, req, &wire.Subscribe{Req: req}, -1); err != nil {
+		return nil, err
+	}
+	return c.notify, nil
+}
+
+func (c *Client) query(ctx context.Context, what uint8, arg string, v any) error {
+	req := c.next()
+	a, err := c.call(ctx, req, &wire.Query{Req: req, What: what, Arg: arg}, -1)
+	if err != nil {
+		return err
+	}
+	r, ok := a.(*wire.QueryReply)
+	if !ok {
+		return fmt.Errorf("stage: expected a query reply, got %s", a.Type())
+	}
+	return json.Unmarshal(r.JSON, v)
+}
+
+// Stats returns the sidecar's figures.
+func (c *Client) Stats(ctx context.Context) (*wire.Stats, error) {
+	var s wire.Stats
+	return &s, c.query(ctx, wire.QueryStats, "", &s)
+}
+
+// Routes describes the sidecar's routes.
+func (c *Client) Routes(ctx context.Context) ([]wire.RouteInfo, error) {
+	var r []wire.RouteInfo
+	return r, c.query(ctx, wire.QueryRoutes, "", &r)
+}
+
+// Regions lists the sidecar's registered regions.
+func (c *Client) Regions(ctx context.Context) ([]wire.RegionInfo, error) {
+	var r []wire.RegionInfo
+	return r, c.query(ctx, wire.QueryRegions, "", &r)
+}
+
+// Catalog lists the regions a route's peer offers.
+func (c *Client) Catalog(ctx context.Context, route string) ([]wire.RegionInfo, error) {
+	var r []wire.RegionInfo
+	return r, c.query(ctx, wire.QueryCatalog, route, &r)
+}

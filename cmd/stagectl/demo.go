@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+func demoCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "start a prefill and a decode sidecar on emulated devices and move a KV cache between them",
+		Long: `demo starts two staged processes (prefill and decode) with emulated devices,
+registers a synthetic paged KV cache on each (every layer a region at a non-zero
+offset inside one shared allocation), pushes it from prefill to decode as large
+ranges and as scattered blocks, pulls it back, verifies every byte, and prints
+throughput and both sidecars' stats.`,
+		Args: cobra.NoArgs,
+	}
+	f := cmd.Flags()
+	staged := f.String("staged", "", "path of the staged binary (default: beside stagectl)")
+	size := f.String("size", "256MiB", "KV cache size per side")
+	layers := f.Int("layers", 8, "layers (one region and one transfer each)")
+	block := f.String("block", "16KiB", "block size of the scattered phase")
+	rng := f.String("range", "1MiB", "range size of the range phase")
+	stripes := f.Int("stripes", 4, "data streams between the sidecars")
+	slot := f.String("slot-size", "4MiB", "staging slot size")
+	slots := f.Int("slots", 32, "staging slots per sidecar")
+	keep := f.Bool("keep", false, "keep the temporary directory with configs and logs")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		sz, err := config.ParseByteSize(*size)
+		if err != nil {
+			return fmt.Errorf("--size: %w", err)
+		}
+		bl, err := config.ParseByteSize(*block)
+		if err != nil {
+			return fmt.Errorf("--block: %w", err)
+		}
+		rg, err := config.ParseByteSize(*rng)
+		if err != nil {
+			return fmt.Errorf("--range: %w", err)
+		}
+		layerBytes := uint64(sz) / uint64(*layers)
+		layerBytes -= layerBytes % uint64(bl)
+		if layerBytes == 0 {
+			return fmt.Errorf("--size %s is too small for %d layers of %s blocks", *size, *layers, *block)
+		}
+		bin, err := stagedPath(*staged)
+		if err != nil {
+			return err
+		}
+		dir, err := os.MkdirTemp("", "stage-demo-")
+		if err != nil {
+			return err
+		}
+		if !*keep {
+			defer os.RemoveAll(dir)
+		} else {
+			fmt.Println("configs and logs in", dir)
+		}
+		return runDemo(cmd.Context(), demoOpts{bin: bin, dir: dir, layers: *layers, layerBytes: layerBytes, block: uint64(bl),
+			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots})
+	}
+	return cmd
+}
+
+type demoOpts struct {
+	bin, dir          string
+	layers            int
+	layerBytes, block uint64
+	rng               uint64
+	stripes           int
+	slot              string
+	slots             int
+}
+
+type phaseResult struct {
+	name    string
+	bytes   uint64
+	xfers   int
+	elapsed time.Duration
+	notes   int
+}
+
+func runDemo(ctx context.Context, o demoOpts) (err error) {
+	token := randomToken()
+	fmt.Printf("starting two sidecars (emulated devices) in %s\n", o.dir)
+	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.slot, o.slots, "", "", 0), token)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, dec.stop()) }()
+	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.slot, o.slots, "decode", dec.peers, o.stripes), token)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, pre.stop()) }()
+	pc, err := client.Dial(pre.socket)
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	dc, err := client.Dial(dec.socket)
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	notes, err := dc.Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+
+	const guard = 4096
+	P, err := kvsim.New("prefill-kv", o.layers, o.layerBytes, guard)
+	if err != nil {
+		return err
+	}
+	defer P.Close()
+	D, err := kvsim.New("decode-kv", o.layers, o.layerBytes, guard)
+	if err != nil {
+		return err
+	}
+	defer D.Close()
+	B, err := kvsim.New("back-kv", o.layers, o.layerBytes, guard)
+	if err != nil {
+		return err
+	}
+	defer B.Close()
+	P.Fill(1)
+	D.Poison(0xAB)
+	B.Poison(0xAB)
+	if err := P.Register(ctx, pc, wire.AccessLocalRead); err != nil {
+		return err
+	}
+	if err := B.Register(ctx, pc, wire.AccessLocalWrite); err != nil {
+		return err
+	}
+	if err := D.Register(ctx, dc, wire.AccessRemoteWrite|wire.AccessRemoteRead); err != nil {
+		return err
+	}
+	total := uint64(o.layers) * o.layerBytes
+	fmt.Printf("KV cache: %d layers x %s = %s per side; each layer a region at offset >= %d inside one memfd\n",
+		o.layers, config.ByteSize(o.layerBytes), config.ByteSize(total), guard)
+
+	var results []phaseResult
+	// Phase 1: push as ranges.
+	ranges := kvsim.Ranges(P, o.rng)
+	r, err := pushPhase(ctx, pc, notes, "push ranges "+config.ByteSize(o.rng).String(), P, D, ranges)
+	if err != nil {
+		return err
+	}
+	if err := kvsim.Verify(P, D, ranges, 0xAB); err != nil {
+		return fmt.Errorf("after pushing ranges: %w", err)
+	}
+	results = append(results, r)
+
+	// Phase 2: push scattered blocks (a random permutation per layer).
+	D.Poison(0xAB)
+	blocks := kvsim.Blocks(P, o.block, 42)
+	r, err = pushPhase(ctx, pc, notes, "push blocks "+config.ByteSize(o.block).String(), P, D, blocks)
+	if err != nil {
+		return err
+	}
+	if err := kvsim.Verify(P, D, blocks, 0xAB); err != nil {
+		return fmt.Errorf("after pushing blocks: %w", err)
+	}
+	results = append(results, r)
+
+	// Phase 3: pull it back, undoing the permutation: B must equal P.
+	back := make([]kvsim.Move, len(blocks))
+	for i, m := range blocks {
+		back[i] = kvsim.Move{Layer: m.Layer, SrcOff: m.DstOff, DstOff: m.SrcOff, Len: m.Len}
+	}
+	start := time.Now()
+	ids := make([]uint64, 0, o.layers)
+	for l, ms := range kvsim.ByLayer(D, back) {
+		id, err := pc.Submit(ctx, kvsim.Transfer("decode", wire.Pull, fmt.Sprintf("pull-layer-%d", l), B, D, ms))
+		if err != nil {
+			return fmt.Errorf("pull layer %d: %w", l, err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		if _, err := pc.Wait(ctx, id, 0); err != nil {
+			return fmt.Errorf("pull transfer %d: %w", id, err)
+		}
+	}
+	el := time.Since(start)
+	if err := kvsim.Verify(D, B, back, 0xAB); err != nil {
+		return fmt.Errorf("after pulling blocks back: %w", err)
+	}
+	if err := kvsim.Verify(P, B, kvsim.Ranges(P, o.layerBytes), 0xAB); err != nil {
+		return fmt.Errorf("pulled-back cache differs from the original: %w", err)
+	}
+	n, err := collectNotes(notes, o.layers, "pull-layer-", wire.Pull)
+	if err != nil {
+		return err
+	}
+	results = append(results, phaseResult{name: "pull blocks " + config.ByteSize(o.block).String(), bytes: total, xfers: len(ids), elapsed: el, notes: n})
+
+	fmt.Println()
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PHASE\tBYTES\tTRANSFERS\tTIME\tGB/s\tNOTIFIED\tVERIFIED")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.2f\t%d/%d\tyes\n", r.name, config.ByteSize(r.bytes), r.xfers,
+			r.elapsed.Round(time.Millisecond), float64(r.bytes)/r.elapsed.Seconds()/1e9, r.notes, r.xfers)
+	}
+	_ = tw.Flush()
+	for _, sc := range []struct {
+		name string
+		c    *client.Client
+	}{{"prefill", pc}, {"decode", dc}} {
+		st, err := sc.c.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\n== stagectl stats (%s) ==\n", sc.name)
+		printStats(os.Stdout, st, nil, 0)
+	}
+	for _, c := range []struct {
+		cache *kvsim.Cache
+		cl    *client.Client
+	}{{P, pc}, {B, pc}, {D, dc}} {
+		if err := c.cache.Unregister(ctx, c.cl); err != nil {
+			return err
+		}
+	}
+	fmt.Println("\ndemo ok: every byte verified")
+	return nil
+}
+
+// pushPhase submits one push per layer at once, waits for all, and checks
+// the decode side was notified of each with its tag.
+func pushPhase(ctx context.Context, pc *client.Client, notes <-chan *wire.Notify, name string, P, D *kvsim.Cache, ms []kvsim.Move) (phaseResult, error) {
+	prefix := fmt.Sprintf("req-%d-layer-", time.Now().UnixNano())
+	start := time.Now()
+	var ids []uint64
+	for l, lm := range kvsim.ByLayer(P, ms) {
+		id, err := pc.Submit(ctx, kvsim.Transfer("decode", wire.Push, fmt.Sprintf("%s%d", prefix, l), P, D, lm))
+		if err != nil {
+			return phaseResult{}, fmt.Errorf("%s: layer %d: %w", name, l, err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		if _, err := pc.Wait(ctx, id, 0); err != nil {
+			return phaseResult{}, fmt.Errorf("%s: transfer %d: %w", name, id, err)
+		}
+	}
+	el := time.Since(start)
+	n, err := collectNotes(notes, len(ids), prefix, wire.Push)
+	if err != nil {
+		return phaseResult{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return phaseResult{name: name, bytes: kvsim.Bytes(ms), xfers: len(ids), elapsed: el, notes: n}, nil
+}
+
+// collectNotes waits for n successful notifications whose tags start with prefix.
+func collectNotes(notes <-chan *wire.Notify, n int, prefix string, dir wire.Direction) (int, error) {
+	got := 0
+	timeout := time.After(10 * time.Second)
+	for got < n {
+		select {
+		case nt, ok := <-notes:
+			if !ok {
+				return got, errors.New("notification stream closed")
+			}
+			if len(nt.Tag) < len(prefix) || nt.Tag[:len(prefix)] != prefix || nt.Dir != dir {
+				continue
+			}
+			if nt.Code != wire.CodeOK {
+				return got, fmt.Errorf("transfer %q failed on the receiver: %s", nt.Tag, nt.Message)
+			}
+			got++
+		case <-timeout:
+			return got, fmt.Errorf("only %d of %d notifications arrived within 10s", got, n)
+		}
+	}
+	return got, nil
+}

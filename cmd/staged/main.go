@@ -1,0 +1,100 @@
+// Command staged is the stage sidecar: it runs beside an inference engine,
+// takes registrations and transfer requests on a local control socket, and
+// moves KV-cache bytes to and from the sidecars of its routes.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/stage-kv/stage/config"
+	_ "github.com/stage-kv/stage/device/hostmem" // the emulated backend
+	"github.com/stage-kv/stage/proxy"
+)
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "staged:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           "staged",
+		Short:         "stage sidecar: moves KV-cache bytes between accelerators",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+	}
+	config.RegisterFlags(cmd.Flags())
+	cmd.Flags().Bool("print-default-config", false, "print the embedded default configuration and exit")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if p, _ := cmd.Flags().GetBool("print-default-config"); p {
+			_, err := os.Stdout.Write(config.DefaultYAML())
+			return err
+		}
+		cfg, err := config.Load(config.ConfigPath(cmd.Flags()), cmd.Flags())
+		if err != nil {
+			return err
+		}
+		log, err := newLogger(cfg.Log)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = log.Sync() }()
+		return run(cfg, log)
+	}
+	return cmd
+}
+
+func run(cfg *config.Config, log *zap.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := proxy.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(ctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	// Tell a parent (stagectl demo, tests) where we listen, on one line.
+	fmt.Printf("staged ready peers=%s socket=%s\n", srv.PeerAddr(), srv.SocketPath())
+	<-ctx.Done()
+	log.Info("shutting down")
+	done := make(chan error, 1)
+	go func() { done <- srv.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			log.Warn("shutdown", zap.Error(err))
+		}
+	case <-time.After(cfg.Drain + 5*time.Second):
+		return fmt.Errorf("shutdown did not finish within %v", cfg.Drain+5*time.Second)
+	}
+	return nil
+}
+
+func newLogger(c config.Log) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(c.Level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	zc := zap.NewProductionConfig()
+	if c.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.DisableStacktrace = true
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.OutputPaths = []string{"stderr"}
+	return zc.Build()
+}

@@ -1,0 +1,87 @@
+package config
+
+import "time"
+
+// Config is the whole sidecar configuration. Every key can come from the
+// YAML file, from STAGE_<PATH> environment variables (STAGE_STAGING_SLOTS,
+// STAGE_SECURITY_TOKEN, ...) and from flags; flags win over env over file
+// over the embedded default.
+type Config struct {
+	Node          Node          `mapstructure:"node"`
+	Listen        string        `mapstructure:"listen"`         // host:port for peer sessions (control and data)
+	ControlSocket string        `mapstructure:"control_socket"` // local Unix socket for engines
+	Device        Device        `mapstructure:"device"`
+	Staging       Staging       `mapstructure:"staging"`
+	Routes        []Route       `mapstructure:"routes"`
+	Security      Security      `mapstructure:"security"`
+	Metrics       Metrics       `mapstructure:"metrics"`
+	Log           Log           `mapstructure:"log"`
+	Limits        Limits        `mapstructure:"limits"`
+	Drain         time.Duration `mapstructure:"drain_timeout"`
+}
+
+// Node identifies this sidecar.
+type Node struct {
+	Name   string `mapstructure:"name"`    // shown to peers and in stats
+	HostID string `mapstructure:"host_id"` // same-node identity; empty: from boot id and machine id
+}
+
+// Device selects the backend.
+type Device struct {
+	Kind    string  `mapstructure:"kind"` // hostmem | cuda | acl | hip
+	Ordinal int     `mapstructure:"ordinal"`
+	Hostmem Hostmem `mapstructure:"hostmem"`
+}
+
+// Hostmem models an emulated device's copy engine.
+type Hostmem struct {
+	BandwidthGBps float64       `mapstructure:"bandwidth_gbps"` // 0: as fast as memmove
+	Latency       time.Duration `mapstructure:"latency"`        // added per copy
+}
+
+// Staging sizes the pinned pool. Pool memory = Slots * SlotSize.
+type Staging struct {
+	SlotSize    ByteSize `mapstructure:"slot_size"`    // chunk payload size; "4MiB"
+	Slots       int      `mapstructure:"slots"`        // pinned slots in the pool
+	Window      int      `mapstructure:"window"`       // credits granted to each peer session
+	CopyStreams int      `mapstructure:"copy_streams"` // device streams for staging copies
+}
+
+// Route is a named destination for transfers.
+type Route struct {
+	Name            string        `mapstructure:"name"`
+	Peers           []string      `mapstructure:"peers"`     // host:port; a DNS name may resolve to many
+	Stripes         int           `mapstructure:"stripes"`   // data streams per peer session
+	Transport       string        `mapstructure:"transport"` // auto | tcp | ipc | shm
+	Checksum        bool          `mapstructure:"checksum"`  // CRC32C per chunk
+	ConnectTimeout  time.Duration `mapstructure:"connect_timeout"`
+	ProgressTimeout time.Duration `mapstructure:"progress_timeout"` // no progress for this long fails a transfer
+}
+
+// Security: peers authenticate with a shared token before naming any region.
+type Security struct {
+	Token         string `mapstructure:"token"`
+	TokenFile     string `mapstructure:"token_file"`
+	AllowInsecure bool   `mapstructure:"allow_insecure"` // no token at all (tests only)
+}
+
+// Metrics serves Prometheus /metrics.
+type Metrics struct {
+	Listen string `mapstructure:"listen"` // empty: off
+}
+
+// Log configures zap.
+type Log struct {
+	Level  string `mapstructure:"level"`  // debug | info | warn | error
+	Format string `mapstructure:"format"` // console | json
+}
+
+// Limits protect the sidecar from a hostile or broken peer or engine.
+type Limits struct {
+	MaxSessions         int `mapstructure:"max_sessions"`           // peer sessions at once
+	MaxTransfersPerPeer int `mapstructure:"max_transfers_per_peer"` // in flight from one peer
+	MaxClients          int `mapstructure:"max_clients"`            // control-socket connections
+}
+
+// ByteSize is a size in bytes that reads "4MiB", "512KiB", "1GiB" or a plain number.
+type ByteSize uint64

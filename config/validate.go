@@ -1,0 +1,275 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Problem is one thing wrong with a configuration.
+type Problem struct {
+	Key string // path of the key: "staging.slot_size", "routes[1].peers[0]"
+	Msg string // what is wrong (got <value>); what to do
+}
+
+func (p Problem) String() string { return p.Key + ": " + p.Msg }
+
+// ValidationError lists every problem found in a configuration, one per
+// line. File, when set, is the config file and prefixes each line.
+type ValidationError struct {
+	File     string
+	Problems []Problem
+}
+
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		if e.File != "" {
+			b.WriteString(e.File)
+			b.WriteString(": ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Has reports whether a problem names key exactly.
+func (e *ValidationError) Has(key string) bool {
+	for _, p := range e.Problems {
+		if p.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// Limits enforced by Validate.
+const (
+	MinSlotSize    = 64 * KiB
+	MaxSlotSize    = 256 * MiB
+	MaxPoolSize    = 64 * GiB
+	MinSlots       = 2
+	MaxCopyStreams = 16
+	MaxStripes     = 64
+	maxRouteName   = 63
+	maxSocketPath  = 107 // sizeof(sun_path) - 1 on Linux
+)
+
+// Allowed values, for flag help and messages. Treat as read-only.
+var (
+	DeviceKinds = []string{"hostmem", "cuda", "acl", "hip"}
+	Transports  = []string{"auto", "tcp", "ipc", "shm"}
+	LogLevels   = []string{"debug", "info", "warn", "error"}
+	LogFormats  = []string{"console", "json"}
+)
+
+var (
+	routeNameRE = regexp.MustCompile(`^[a-z0-9._-]+$`)
+	hostnameRE  = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?$`)
+)
+
+// Validate checks c and returns nil or a *ValidationError listing every
+// problem, each as "<key.path>: <what is wrong> (got <value>); <what to do>".
+// It reads security.token_file to check that it holds a token.
+func Validate(c *Config) error {
+	if c == nil {
+		return errors.New("config: nil Config")
+	}
+	var v validator
+
+	if strings.TrimSpace(c.Node.Name) == "" {
+		v.add("node.name", "empty; set a name for this sidecar (shown to peers and in stats)")
+	}
+	v.hostPort("listen", c.Listen, false, false, `use e.g. "127.0.0.1:7100" or ":7100" for every interface`)
+	if n := len(c.ControlSocket); n > maxSocketPath {
+		v.add("control_socket", fmt.Sprintf("path too long for a Unix socket (got %d bytes, at most %d); use a shorter path", n, maxSocketPath))
+	}
+
+	v.oneOf("device.kind", c.Device.Kind, DeviceKinds)
+	if c.Device.Ordinal < 0 {
+		v.add("device.ordinal", fmt.Sprintf("must be >= 0 (got %d)", c.Device.Ordinal))
+	}
+	if bw := c.Device.Hostmem.BandwidthGBps; bw < 0 || math.IsNaN(bw) || math.IsInf(bw, 0) {
+		v.add("device.hostmem.bandwidth_gbps", fmt.Sprintf("must be a finite number >= 0 (got %v); 0 means as fast as memmove", bw))
+	}
+	if c.Device.Hostmem.Latency < 0 {
+		v.add("device.hostmem.latency", fmt.Sprintf("must be >= 0 (got %s)", c.Device.Hostmem.Latency))
+	}
+
+	s := c.Staging
+	if s.SlotSize < MinSlotSize || s.SlotSize > MaxSlotSize {
+		v.add("staging.slot_size", fmt.Sprintf("must be between %s and %s (got %s)", MinSlotSize, MaxSlotSize, s.SlotSize))
+	}
+	if s.Slots < MinSlots {
+		v.add("staging.slots", fmt.Sprintf("must be >= %d (got %d)", MinSlots, s.Slots))
+	} else if s.SlotSize > 0 && uint64(s.Slots) > uint64(MaxPoolSize/s.SlotSize) {
+		v.add("staging.slots", fmt.Sprintf("pool of slots * slot_size must be at most %s (got %d * %s = %s); lower staging.slots or staging.slot_size",
+			MaxPoolSize, s.Slots, s.SlotSize, approxSize(float64(s.Slots)*float64(s.SlotSize))))
+	}
+	if s.Window < 1 || (s.Slots >= MinSlots && s.Window > s.Slots) {
+		v.add("staging.window", fmt.Sprintf("must be 1..staging.slots (%d) (got %d)", s.Slots, s.Window))
+	}
+	if s.CopyStreams < 1 || s.CopyStreams > MaxCopyStreams {
+		v.add("staging.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxCopyStreams, s.CopyStreams))
+	}
+
+	v.routes(c.Routes)
+	v.security(c.Security)
+
+	if c.Metrics.Listen != "" {
+		v.hostPort("metrics.listen", c.Metrics.Listen, false, false, `use e.g. ":9100", or "" to turn metrics off`)
+	}
+	v.oneOf("log.level", c.Log.Level, LogLevels)
+	v.oneOf("log.format", c.Log.Format, LogFormats)
+
+	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
+	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
+	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
+	v.positive("drain_timeout", c.Drain)
+
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+type validator struct{ problems []Problem }
+
+func (v *validator) add(key, msg string) {
+	v.problems = append(v.problems, Problem{Key: key, Msg: msg})
+}
+
+func (v *validator) oneOf(key, got string, allowed []string) {
+	for _, a := range allowed {
+		if got == a {
+			return
+		}
+	}
+	v.add(key, fmt.Sprintf("must be one of %s (got %q)", strings.Join(allowed, ", "), got))
+}
+
+func (v *validator) atLeastOne(key string, got int) {
+	if got < 1 {
+		v.add(key, fmt.Sprintf("must be >= 1 (got %d)", got))
+	}
+}
+
+func (v *validator) positive(key string, d time.Duration) {
+	if d <= 0 {
+		v.add(key, fmt.Sprintf("must be > 0 (got %s); use e.g. 5s", d))
+	}
+}
+
+// hostPort checks a host:port. needHost: the host may not be empty (a
+// peer); needPort: the port may not be 0.
+func (v *validator) hostPort(key, got string, needHost, needPort bool, hint string) {
+	bad := func(what string) {
+		v.add(key, fmt.Sprintf("%s (got %q); %s", what, got, hint))
+	}
+	host, port, err := net.SplitHostPort(got)
+	if err != nil {
+		bad("must be host:port")
+		return
+	}
+	if needHost && host == "" {
+		bad("host is empty")
+		return
+	}
+	if host != "" && net.ParseIP(host) == nil && !hostnameRE.MatchString(host) {
+		bad(fmt.Sprintf("host %q is not an IP address or a host name", host))
+		return
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 || (needPort && n == 0) {
+		if needPort {
+			bad(fmt.Sprintf("port %q must be a number 1..65535", port))
+		} else {
+			bad(fmt.Sprintf("port %q must be a number 0..65535", port))
+		}
+	}
+}
+
+func (v *validator) routes(routes []Route) {
+	seen := map[string]int{}
+	for i, r := range routes {
+		p := fmt.Sprintf("routes[%d]", i)
+		switch {
+		case r.Name == "":
+			v.add(p+".name", "empty; give every route a name ([a-z0-9._-])")
+		case len(r.Name) > maxRouteName || !routeNameRE.MatchString(r.Name):
+			v.add(p+".name", fmt.Sprintf("must be 1..%d of a-z, 0-9, '.', '_', '-' (got %q)", maxRouteName, r.Name))
+		default:
+			if j, dup := seen[r.Name]; dup {
+				v.add(p+".name", fmt.Sprintf("duplicate route name %q (also routes[%d].name); route names must be unique", r.Name, j))
+			} else {
+				seen[r.Name] = i
+			}
+		}
+		if len(r.Peers) == 0 {
+			v.add(p+".peers", "empty; list at least one peer as host:port")
+		}
+		peers := map[string]int{}
+		for j, peer := range r.Peers {
+			pk := fmt.Sprintf("%s.peers[%d]", p, j)
+			if k, dup := peers[peer]; dup {
+				v.add(pk, fmt.Sprintf("duplicate peer %q (also %s.peers[%d]); list each peer once", peer, p, k))
+				continue
+			}
+			peers[peer] = j
+			v.hostPort(pk, peer, true, true, `use e.g. "decode-0.decode:7100" or "10.0.0.5:7100"`)
+		}
+		if r.Stripes < 1 || r.Stripes > MaxStripes {
+			v.add(p+".stripes", fmt.Sprintf("must be 1..%d (got %d)", MaxStripes, r.Stripes))
+		}
+		v.oneOf(p+".transport", r.Transport, Transports)
+		v.positive(p+".connect_timeout", r.ConnectTimeout)
+		v.positive(p+".progress_timeout", r.ProgressTimeout)
+	}
+}
+
+func (v *validator) security(s Security) {
+	switch {
+	case s.Token != "" && s.TokenFile != "":
+		v.add("security.token_file", fmt.Sprintf("set together with security.token (got %q); set only one of them", s.TokenFile))
+	case s.TokenFile != "":
+		b, err := os.ReadFile(s.TokenFile)
+		switch {
+		case err != nil:
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			v.add("security.token_file", fmt.Sprintf("cannot read it: %v (got %q); check the path and its permissions", err, s.TokenFile))
+		case strings.TrimSpace(string(b)) == "":
+			v.add("security.token_file", fmt.Sprintf("file is empty (got %q); put the token in it", s.TokenFile))
+		}
+	case s.Token != "":
+		if strings.TrimSpace(s.Token) != s.Token {
+			v.add("security.token", "has leading or trailing white space; remove it")
+		}
+	case !s.AllowInsecure:
+		v.add("security.token", "empty; set security.token or security.token_file (or security.allow_insecure: true for local tests only)")
+	}
+}
+
+// approxSize writes a size that may not fit a ByteSize exactly.
+func approxSize(n float64) string {
+	for _, u := range []struct {
+		name string
+		f    float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.f {
+			return strings.TrimSuffix(strconv.FormatFloat(n/u.f, 'f', 1, 64), ".0") + u.name
+		}
+	}
+	return strconv.FormatFloat(n, 'f', -1, 64) + "B"
+}

@@ -1,0 +1,52 @@
+package device
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Options carries backend-specific settings from the config.
+type Options struct {
+	// Hostmem models: 0 means as fast as memmove.
+	BandwidthBytesPerSec float64
+	LatencyNanos         int64
+}
+
+// Opener opens device ordinal of one backend.
+type Opener func(ordinal int, opts Options) (Device, error)
+
+var (
+	mu      sync.Mutex
+	openers = map[Kind]Opener{}
+)
+
+// Register makes a backend available to Open. Backends call it from init.
+func Register(k Kind, o Opener) {
+	mu.Lock()
+	defer mu.Unlock()
+	openers[k] = o
+}
+
+// Open opens device ordinal of backend k.
+func Open(k Kind, ordinal int, opts Options) (Device, error) {
+	mu.Lock()
+	o := openers[k]
+	mu.Unlock()
+	if o == nil {
+		return nil, fmt.Errorf("device: backend %q is not built into this binary (have %v)", k, Kinds())
+	}
+	return o(ordinal, opts)
+}
+
+// Kinds lists the registered backends.
+func Kinds() []Kind {
+	mu.Lock()
+	defer mu.Unlock()
+	ks := make([]Kind, 0, len(openers))
+	for k := range openers {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}

@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// ctrlHandler runs peer control sessions on gnet event loops. Handlers
+// decode whole frames from gnet's inbound buffer and never block: work for
+// the sender goes through the mailbox, answers through AsyncWrite.
+type ctrlHandler struct {
+	gnet.BuiltinEventEngine
+	s *Server
+}
+
+func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
+	ss, _ := c.Context().(*session)
+	if ss == nil {
+		return gnet.Close
+	}
+	for {
+		n := c.InboundBuffered()
+		if n < wire.HeaderSize {
+			return gnet.None
+		}
+		hb, err := c.Peek(wire.HeaderSize)
+		if err != nil {
+			return gnet.None
+		}
+		hdr, err := wire.ParseHeader(hb)
+		if err == nil && hdr.Type == wire.TypeChunk {
+			err = errChunkOnControl
+		}
+		if err != nil {
+			h.s.log.Warn("bad control frame; closing session", zap.String("peer", ss.peerName), zap.Error(err))
+			ss.sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
+			return gnet.Close
+		}
+		total := wire.HeaderSize + int(hdr.Length)
+		if n < total {
+			return gnet.None
+		}
+		frame, err := c.Peek(total)
+		if err != nil {
+			return gnet.None
+		}
+		body := frame[wire.HeaderSize:]
+		err = wire.VerifyCRC(hdr, body)
+		var m wire.Msg
+		if err == nil {
+			m, err = wire.Decode(hdr.Type, body)
+		}
+		_, _ = c.Discard(total)
+		if err != nil {
+			h.s.log.Warn("bad control frame; closing session", zap.String("peer", ss.peerName), zap.Error(err))
+			ss.sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
+			return gnet.Close
+		}
+		if act := ss.handle(m); act != gnet.None {
+			return act
+		}
+	}
+}
+
+func (h *ctrlHandler) OnClose(c gnet.Conn, err error) gnet.Action {
+	if ss, _ := c.Context().(*session); ss != nil {
+		if err == nil {
+			err = errPeerClosed
+		}
+		go ss.close(err) // close takes locks and waits on nothing gnet needs, but keep the loop free
+	}
+	return gnet.None
+}
+
+// sendNow writes from inside an event-loop callback.
+func (ss *session) sendNow(c gnet.Conn, m wire.Msg) {
+	_, _ = c.Write(wire.AppendFrame(nil, m, false, 0))
+}
+
+// handle dispatches one control message of an established session.
+func (ss *session) handle(m wire.Msg) gnet.Action {
+	s := ss.s
+	now := time.Now()
+	switch m := m.(type) {
+	case *wire.Ack:
+		key, ok := ss.coreKey(m.Transfer)
+		if !ok {
+			// unknown transfer: still return the credits
+			s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: len(m.Chunks), Now: now})
+			return gnet.None
+		}
+		s.mbox.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
+	case *wire.Credit:
+		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
+	case *wire.Announce:
+		s.acceptPush(ss, m)
+	case *wire.PullRequest:
+		s.servePull(ss, m)
+	case *wire.Accept:
+		s.accepted(ss, m.Transfer)
+	case *wire.Nack:
+		s.nacked(ss, m)
+	case *wire.CatalogRequest:
+		ss.send(&wire.Catalog{Seq: m.Seq, Regions: s.regions.Infos(true)})
+	case *wire.Catalog:
+		ss.mu.Lock()
+		ch := ss.catalog[m.Seq]
+		delete(ss.catalog, m.Seq)
+		ss.mu.Unlock()
+		if ch != nil {
+			ch <- m.Regions
+		}
+	case *wire.Heartbeat:
+	case *wire.Goodbye:
+		return gnet.Close
+	case *wire.Error:
+		s.log.Warn("peer reported an error", zap.String("peer", ss.peerName), zap.Stringer("code", m.Code), zap.String("message", m.Message))
+		return gnet.Close
+	default:
+		s.log.Warn("unexpected control frame; closing session", zap.String("peer", ss.peerName), zap.Stringer("type", m.Type()))
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// coreKey maps a wire id acked by the peer to the Sender core's key: our
+// pushes use our local id; pulls we serve were given a key when accepted.
+func (ss *session) coreKey(wireID uint64) (uint64, bool) {
+	if ss.ours(wireID) {
+		return wireID >> 1, true
+	}
+	ss.mu.Lock()
+	k, ok := ss.served[wireID]
+	ss.mu.Unlock()
+	return k, ok
+}

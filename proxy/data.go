@@ -1,0 +1,247 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// dataStream is one TCP connection of a session carrying chunks both ways:
+// a writer goroutine sends what the Sender core schedules on it, a reader
+// goroutine lands what the peer sends.
+type dataStream struct {
+	ss    *session
+	idx   int
+	conn  net.Conn
+	sendq chan sendJob
+	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	stopped bool
+}
+
+type sendJob struct {
+	cmd      staging.SendCmd
+	wireID   uint64
+	checksum bool
+}
+
+// attach starts the goroutines of stream i; false if i is taken.
+func (ss *session) attach(i int, c net.Conn) bool {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	ds := &dataStream{ss: ss, idx: i, conn: c, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1)}
+	ss.mu.Lock()
+	if ss.closed || ss.streams[i] != nil {
+		ss.mu.Unlock()
+		_ = c.Close()
+		return false
+	}
+	ss.streams[i] = ds
+	ss.attached++
+	if !ss.dialer && i >= ss.stripes {
+		ss.stripes = i + 1
+	}
+	ss.mu.Unlock()
+	ss.s.wg.Add(2)
+	ds.wg.Add(2)
+	go ds.writeLoop()
+	go ds.readLoop()
+	return true
+}
+
+func (ss *session) closeStreams() {
+	ss.mu.Lock()
+	streams := append([]*dataStream(nil), ss.streams...)
+	ss.mu.Unlock()
+	for _, ds := range streams {
+		if ds != nil {
+			ds.stop()
+		}
+	}
+}
+
+// stop closes the connection and the send queue; the goroutines exit.
+func (ds *dataStream) stop() {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if !ds.stopped {
+		ds.stopped = true
+		_ = ds.conn.Close()
+		close(ds.sendq)
+	}
+}
+
+// enqueue hands a job to the writer; false once the stream is stopped. The
+// queue holds as many jobs as there are send slots, so this never blocks.
+func (ds *dataStream) enqueue(j sendJob) bool {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if ds.stopped {
+		return false
+	}
+	ds.sendq <- j
+	return true
+}
+
+func (ds *dataStream) lost(err error) {
+	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
+	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
+}
+
+// writeLoop writes each chunk as one writev: frame header and meta from a
+// reused buffer, then the payload straight from the pinned slot.
+func (ds *dataStream) writeLoop() {
+	defer ds.ss.s.wg.Done()
+	defer ds.wg.Done()
+	s := ds.ss.s
+	head := make([]byte, 0, wire.HeaderSize+wire.ChunkFixedSize+64*wire.ChunkSegSize)
+	var ch wire.Chunk
+	var bufs net.Buffers
+	var broken error
+	for job := range ds.sendq {
+		c := job.cmd
+		payload := s.sendPool.Slot(c.Slot).Host()[:c.C.Len]
+		if broken != nil {
+			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
+			continue
+		}
+		ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
+		ch.Segs = ch.Segs[:0]
+		for _, d := range c.C.Dst {
+			ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
+		}
+		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum)
+		bufs = append(bufs[:0], head, payload)
+		_, err := bufs.WriteTo(ds.conn)
+		if err != nil {
+			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
+			_ = ds.conn.Close()
+			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
+			continue
+		}
+		ds.ss.link.BytesOut.Add(uint64(c.C.Len))
+		ds.ss.link.ChunksOut.Add(1)
+		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Now: time.Now()})
+	}
+}
+
+// readLoop lands chunks: meta into a reused buffer, payload straight into a
+// receive slot, then a scatter to the device; the ack goes out when the
+// scatter completed.
+func (ds *dataStream) readLoop() {
+	defer ds.ss.s.wg.Done()
+	defer ds.wg.Done()
+	err := ds.read()
+	if ds.ss.ctx.Err() == nil {
+		ds.lost(err)
+	}
+	_ = ds.conn.Close()
+}
+
+func (ds *dataStream) read() error {
+	s, ss := ds.ss.s, ds.ss
+	var hb [wire.HeaderSize + wire.ChunkFixedSize]byte
+	meta := make([]byte, 0, wire.ChunkFixedSize+256*wire.ChunkSegSize)
+	var ch wire.Chunk
+	segs := make([]device.Seg, 0, 256)
+	for {
+		if _, err := io.ReadFull(ds.conn, hb[:wire.HeaderSize]); err != nil {
+			return fmt.Errorf("read chunk header: %w", err)
+		}
+		h, err := wire.ParseHeader(hb[:wire.HeaderSize])
+		if err != nil {
+			return err
+		}
+		if h.Type != wire.TypeChunk {
+			return fmt.Errorf("data stream got a %s frame", h.Type)
+		}
+		if _, err := io.ReadFull(ds.conn, hb[wire.HeaderSize:]); err != nil {
+			return fmt.Errorf("read chunk meta: %w", err)
+		}
+		nsegs, err := wire.DecodeChunkFixed(h, hb[wire.HeaderSize:], &ch)
+		if err != nil {
+			return err
+		}
+		need := wire.ChunkFixedSize + nsegs*wire.ChunkSegSize
+		if cap(meta) < need {
+			meta = make([]byte, 0, need)
+		}
+		meta = append(meta[:0], hb[wire.HeaderSize:]...)
+		meta = meta[:need]
+		if _, err := io.ReadFull(ds.conn, meta[wire.ChunkFixedSize:]); err != nil {
+			return fmt.Errorf("read chunk segments: %w", err)
+		}
+		if err := wire.DecodeChunkSegs(meta[wire.ChunkFixedSize:], nsegs, &ch); err != nil {
+			return err
+		}
+		if int(ch.PayloadLen) > s.recvPool.SlotSize() {
+			return fmt.Errorf("chunk of %d B exceeds our slot size %d", ch.PayloadLen, s.recvPool.SlotSize())
+		}
+		x := ss.lookupIn(ch.Transfer)
+		var lerr error
+		if x != nil {
+			segs, lerr = x.resolve(&ch, segs[:0])
+		}
+		if x == nil || lerr != nil {
+			// Unknown, finished or failed transfer, or a segment out of
+			// range: nothing lands; the payload is drained and the
+			// credit returned.
+			if _, err := io.CopyN(io.Discard, ds.conn, int64(ch.PayloadLen)); err != nil {
+				return fmt.Errorf("drain chunk payload: %w", err)
+			}
+			ss.send(&wire.Credit{Grant: 1})
+			if lerr != nil {
+				s.log.Warn("refused chunk", zap.String("peer", ss.peerName), zap.Uint64("transfer", ch.Transfer), zap.Error(lerr))
+				x.fail(lerr, true)
+			}
+			continue
+		}
+		slot, err := s.recvPool.Acquire(ss.ctx)
+		if err != nil {
+			x.release()
+			return err
+		}
+		buf := s.recvPool.Slot(slot).Slice(0, int(ch.PayloadLen))
+		if _, err := io.ReadFull(ds.conn, buf.Host()); err != nil {
+			s.recvPool.Release(slot)
+			x.release()
+			return fmt.Errorf("read chunk payload: %w", err)
+		}
+		if h.Flags&wire.FlagCRC != 0 {
+			if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
+				s.recvPool.Release(slot)
+				err := codeErr(wire.CodeChecksum, "chunk %d of transfer %d from %s: CRC32C %08x, header says %08x", ch.Index, ch.Transfer, ss.peerName, got, h.CRC)
+				ss.send(&wire.Credit{Grant: 1})
+				x.fail(err, true)
+				x.release()
+				continue
+			}
+		}
+		ss.link.BytesIn.Add(uint64(ch.PayloadLen))
+		ss.link.ChunksIn.Add(1)
+		idx, n := ch.Index, uint64(ch.PayloadLen)
+		err = s.copier().Scatter(segs, buf, func(err error) {
+			s.recvPool.Release(slot)
+			x.landed(idx, n, err)
+			x.release()
+		})
+		if err != nil {
+			s.recvPool.Release(slot)
+			x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, s.dev, err), true)
+			x.release()
+		}
+	}
+}
+
+var errStreamClosed = errors.New("stream closed")

@@ -1,0 +1,19 @@
+// Package proxy is the sidecar: it listens for peers, dials the peers of its
+// routes, authenticates sessions, moves chunks over data streams, serves the
+// local control socket engines talk to, and keeps the region and transfer
+// tables.
+//
+// Threads of control:
+//   - one goroutine runs the staging.Sender core (loop.go) and performs the
+//     commands it returns; everything that affects outgoing chunks reaches it
+//     as an event through a mailbox;
+//   - gnet event loops run the peer control sessions (control.go); their
+//     handlers never block;
+//   - each data stream has a reader and a writer goroutine (data.go): the
+//     writer writev's a chunk header and the pinned slot, the reader reads
+//     payloads straight into pinned slots of the receive pool;
+//   - each control-socket client has a reader goroutine (local.go).
+//
+// Bulk bytes only ever live in pinned slots; control messages are encoded
+// into bytebufferpool buffers.
+package proxy

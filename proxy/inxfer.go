@@ -1,0 +1,216 @@
+package proxy
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/wire"
+)
+
+// maxChunksPerTransfer bounds the landed bitmap a peer can make us allocate.
+const maxChunksPerTransfer = 1 << 24
+
+// inXfer is a transfer whose chunks land here: a peer's push, or our pull.
+type inXfer struct {
+	s       *Server
+	ss      *session
+	wireID  uint64
+	tag     string
+	dir     wire.Direction // as the initiator sees it
+	regions []*Region      // destination regions (references held)
+	total   uint64
+	local   *localXfer // our pull; nil for a peer's push
+	timeout time.Duration
+
+	mu       sync.Mutex
+	count    uint32
+	bits     []uint64
+	nLanded  uint32
+	bytes    uint64
+	inflight int
+	finished bool
+	released bool
+	progress time.Time
+}
+
+func (ss *session) lookupIn(wireID uint64) *inXfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.in[wireID]
+}
+
+// resolve checks a chunk against the transfer and turns its segments into
+// device ranges, appending to segs. On success the caller holds an inflight
+// reference to drop with release.
+func (x *inXfer) resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.finished {
+		return segs, errFinished
+	}
+	if x.count == 0 {
+		if ch.Count == 0 || ch.Count > maxChunksPerTransfer || uint64(ch.Count) > x.total {
+			return segs, codeErr(wire.CodeMalformed, "chunk count %d is impossible for %d B", ch.Count, x.total)
+		}
+		x.count = ch.Count
+		x.bits = make([]uint64, (ch.Count+63)/64)
+	} else if ch.Count != x.count {
+		return segs, codeErr(wire.CodeMalformed, "chunk %d says %d chunks, earlier chunks said %d", ch.Index, ch.Count, x.count)
+	}
+	if ch.Index >= x.count {
+		return segs, codeErr(wire.CodeMalformed, "chunk index %d of %d", ch.Index, x.count)
+	}
+	for i, cs := range ch.Segs {
+		if int(cs.Region) >= len(x.regions) {
+			return segs, codeErr(wire.CodeUnknownRegion, "chunk %d segment %d names region #%d; the transfer has %d", ch.Index, i, cs.Region, len(x.regions))
+		}
+		d, err := x.regions[cs.Region].Seg(cs.Offset, uint64(cs.Len))
+		if err != nil {
+			return segs, codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %v", ch.Index, i, err)
+		}
+		segs = append(segs, d)
+	}
+	x.inflight++
+	return segs, nil
+}
+
+var errFinished = fmt.Errorf("transfer already finished")
+
+// landed records a chunk on the device, acks it, and completes the
+// transfer when every chunk is there.
+func (x *inXfer) landed(idx uint32, n uint64, err error) {
+	if err != nil {
+		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, x.s.dev, err), true)
+		return
+	}
+	x.mu.Lock()
+	if x.finished {
+		x.mu.Unlock()
+		x.ss.send(&wire.Credit{Grant: 1})
+		return
+	}
+	w, b := idx/64, uint64(1)<<(idx%64)
+	if x.bits[w]&b == 0 {
+		x.bits[w] |= b
+		x.nLanded++
+		x.bytes += n
+	}
+	x.progress = time.Now()
+	complete := x.nLanded == x.count
+	var bad error
+	if complete && x.bytes != x.total {
+		bad = codeErr(wire.CodeMalformed, "all %d chunks landed but they carried %d B, not the %d B announced", x.count, x.bytes, x.total)
+	}
+	if complete && bad == nil {
+		x.finished = true
+	}
+	x.mu.Unlock()
+	x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+	if bad != nil {
+		x.fail(bad, true)
+		return
+	}
+	if complete {
+		x.done(nil)
+	}
+}
+
+// fail ends the transfer with err; tellPeer sends a Nack.
+func (x *inXfer) fail(err error, tellPeer bool) {
+	x.mu.Lock()
+	if x.finished {
+		x.mu.Unlock()
+		return
+	}
+	x.finished = true
+	x.mu.Unlock()
+	if tellPeer {
+		x.ss.send(&wire.Nack{Transfer: x.wireID, Code: errCode(err), Message: err.Error()})
+	}
+	x.done(err)
+}
+
+// done runs once when the transfer finished (x.finished already set).
+func (x *inXfer) done(err error) {
+	ss, s := x.ss, x.s
+	ss.mu.Lock()
+	if ss.in[x.wireID] == x {
+		delete(ss.in, x.wireID)
+	}
+	ss.mu.Unlock()
+	x.mu.Lock()
+	bytes := x.bytes
+	x.mu.Unlock()
+	if x.local != nil {
+		x.local.addDone(bytes)
+		s.finishLocal(x.local, err)
+	} else {
+		if err == nil {
+			ss.link.XfersOK.Add(1)
+		} else {
+			ss.link.XfersFailed.Add(1)
+			s.log.Warn("incoming transfer failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", x.wireID), zap.String("tag", x.tag), zap.Error(err))
+		}
+		n := &wire.Notify{Transfer: x.wireID, Peer: ss.peerName, Route: routeName(ss), Tag: x.tag, Dir: x.dir, Bytes: bytes}
+		if err != nil {
+			n.Code, n.Message = errCode(err), err.Error()
+		}
+		s.notify(n)
+	}
+	x.maybeRelease()
+}
+
+// release drops the inflight reference taken by resolve.
+func (x *inXfer) release() {
+	x.mu.Lock()
+	x.inflight--
+	x.mu.Unlock()
+	x.maybeRelease()
+}
+
+// maybeRelease lets go of the regions once finished and nothing in flight.
+func (x *inXfer) maybeRelease() {
+	x.mu.Lock()
+	rel := x.finished && x.inflight == 0 && !x.released
+	if rel {
+		x.released = true
+	}
+	x.mu.Unlock()
+	if rel {
+		releaseAll(x.regions)
+	}
+}
+
+func routeName(ss *session) string {
+	if ss.route != nil {
+		return ss.route.cfg.Name
+	}
+	return ""
+}
+
+// checkStalled fails incoming transfers with no progress for their timeout.
+func (ss *session) checkStalled(now time.Time) {
+	ss.mu.Lock()
+	var stale []*inXfer
+	for _, x := range ss.in {
+		x.mu.Lock()
+		if x.timeout > 0 && now.Sub(x.progress) > x.timeout {
+			stale = append(stale, x)
+		}
+		x.mu.Unlock()
+	}
+	ss.mu.Unlock()
+	for _, x := range stale {
+		x.fail(codeErr(wire.CodeTimeout, "no chunk landed for %v (%d of %d chunks)", x.timeout, x.nLandedNow(), x.count), true)
+	}
+}
+
+func (x *inXfer) nLandedNow() uint32 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.nLanded
+}

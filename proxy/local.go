@@ -1,0 +1,403 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/wire"
+)
+
+// listenLocal creates the control socket: its directory 0700, the socket
+// 0600, so only the engine's user can talk to the sidecar.
+func listenLocal(path string) (*net.UnixListener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("control socket directory %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("control socket directory %s: chmod 0700: %w", dir, err)
+	}
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("control socket %s: another staged is serving it; stop it or set control_socket", path)
+	}
+	_ = os.Remove(path) // a stale socket of a sidecar that died
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("control socket %s: chmod 0600: %w", path, err)
+	}
+	return ln, nil
+}
+
+// client is one engine connection on the control socket.
+type client struct {
+	s     *Server
+	conn  *net.UnixConn
+	out   chan *bytebufferpool.ByteBuffer
+	wg    sync.WaitGroup
+	once  sync.Once
+	dead  chan struct{}
+	waits sync.WaitGroup
+}
+
+// clientQueue bounds answers and notifications queued for one client; a
+// client that lets it fill is not reading and is disconnected.
+const clientQueue = 8192
+
+func (s *Server) acceptLocal() {
+	defer s.wg.Done()
+	for {
+		c, err := s.localLn.AcceptUnix()
+		if err != nil {
+			if s.closing.Load() {
+				return
+			}
+			s.log.Warn("accept on control socket", zap.Error(err))
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		if len(s.clients) >= s.cfg.Limits.MaxClients {
+			s.mu.Unlock()
+			_ = c.Close()
+			s.log.Warn("control socket: limits.max_clients reached; refused a connection", zap.Int("max", s.cfg.Limits.MaxClients))
+			continue
+		}
+		cl := &client{s: s, conn: c, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
+		s.clients[cl] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(2)
+		cl.wg.Add(2)
+		go cl.writeLoop()
+		go cl.readLoop()
+	}
+}
+
+func (c *client) close() {
+	c.once.Do(func() {
+		close(c.dead)
+		_ = c.conn.Close()
+		c.s.mu.Lock()
+		delete(c.s.clients, c)
+		delete(c.s.subs, c)
+		c.s.mu.Unlock()
+	})
+}
+
+// reply queues a message for the client; it never blocks.
+func (c *client) reply(m wire.Msg) {
+	buf := bytebufferpool.Get()
+	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
+	select {
+	case <-c.dead:
+		bytebufferpool.Put(buf)
+	case c.out <- buf:
+	default:
+		bytebufferpool.Put(buf)
+		c.s.log.Error("control client is not reading its answers; disconnecting it")
+		c.close()
+	}
+}
+
+func (c *client) fail(req uint64, err error) {
+	c.reply(&wire.Fail{Req: req, Code: errCode(err), Message: err.Error()})
+}
+
+func (c *client) writeLoop() {
+	defer c.s.wg.Done()
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.dead:
+			for {
+				select {
+				case b := <-c.out:
+					bytebufferpool.Put(b)
+				default:
+					return
+				}
+			}
+		case b := <-c.out:
+			_, err := c.conn.Write(b.B)
+			bytebufferpool.Put(b)
+			if err != nil {
+				c.close()
+			}
+		}
+	}
+}
+
+// readFrame reads one frame and, with FlagFD, the fd sent with it. Any fd
+// that arrives unasked is closed.
+func (c *client) readFrame(buf []byte) (wire.Header, wire.Msg, int, []byte, error) {
+	fd := -1
+	var hb [wire.HeaderSize]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	got := 0
+	for got < wire.HeaderSize {
+		n, oobn, _, _, err := c.conn.ReadMsgUnix(hb[got:], oob)
+		if oobn > 0 {
+			fds := parseFDs(oob[:oobn])
+			for _, f := range fds {
+				if fd < 0 {
+					fd = f
+				} else {
+					_ = unix.Close(f)
+				}
+			}
+		}
+		if err != nil {
+			closeFD(fd)
+			return wire.Header{}, nil, -1, buf, err
+		}
+		if n == 0 {
+			closeFD(fd)
+			return wire.Header{}, nil, -1, buf, io.EOF
+		}
+		got += n
+	}
+	h, err := wire.ParseHeader(hb[:])
+	if err != nil {
+		closeFD(fd)
+		return h, nil, -1, buf, err
+	}
+	if h.Flags&wire.FlagFD == 0 && fd >= 0 {
+		closeFD(fd)
+		fd = -1
+	}
+	if cap(buf) < int(h.Length) {
+		buf = make([]byte, h.Length)
+	}
+	body := buf[:h.Length]
+	if _, err := io.ReadFull(c.conn, body); err != nil {
+		closeFD(fd)
+		return h, nil, -1, buf, err
+	}
+	if err := wire.VerifyCRC(h, body); err != nil {
+		closeFD(fd)
+		return h, nil, -1, buf, err
+	}
+	m, err := wire.Decode(h.Type, body)
+	if err != nil {
+		closeFD(fd)
+		// The frame was whole, so the stream is still in step: answer
+		// this request and keep the connection.
+		var req uint64
+		if len(body) >= 8 {
+			req = binary.LittleEndian.Uint64(body)
+		}
+		return h, nil, -1, buf, &badRequest{req: req, err: err}
+	}
+	if h.Flags&wire.FlagFD != 0 && fd < 0 {
+		return h, nil, -1, buf, errors.New("frame says an fd travels with it, but none arrived")
+	}
+	return h, m, fd, buf, nil
+}
+
+// badRequest is a whole frame whose body did not decode.
+type badRequest struct {
+	req uint64
+	err error
+}
+
+func (e *badRequest) Error() string { return e.err.Error() }
+func (e *badRequest) Unwrap() error { return e.err }
+
+func parseFDs(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if f, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		_ = unix.Close(fd)
+	}
+}
+
+func (c *client) readLoop() {
+	defer c.s.wg.Done()
+	defer c.wg.Done()
+	defer c.waits.Wait()
+	defer c.close()
+	var buf []byte
+	for {
+		var (
+			m   wire.Msg
+			fd  int
+			err error
+		)
+		_, m, fd, buf, err = c.readFrame(buf)
+		var bad *badRequest
+		if errors.As(err, &bad) && bad.req != 0 {
+			code := wire.CodeMalformed
+			if errors.Is(bad.err, wire.ErrOverflow) {
+				code = wire.CodeOutOfRange
+			}
+			c.reply(&wire.Fail{Req: bad.req, Code: code, Message: bad.err.Error()})
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				c.s.log.Warn("control client sent a bad frame; disconnecting it", zap.Error(err))
+				c.reply(&wire.Fail{Code: wire.CodeMalformed, Message: err.Error()})
+				time.Sleep(10 * time.Millisecond) // let the answer go out
+			}
+			return
+		}
+		c.handle(m, fd)
+	}
+}
+
+func (c *client) handle(m wire.Msg, fd int) {
+	s := c.s
+	switch m := m.(type) {
+	case *wire.Register:
+		err := s.register0(m, fd)
+		closeFD(fd) // the import keeps what it needs
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(&wire.OK{Req: m.Req})
+		return
+	case *wire.Unregister:
+		if err := s.regions.Unregister(m.Name); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.Submit:
+		lx, err := s.submit(s.ctx, m)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(&wire.Submitted{Req: m.Req, Transfer: lx.id})
+	case *wire.Status:
+		lx, err := s.lookupXfer(m.Transfer)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(lx.status(m.Req))
+	case *wire.Wait:
+		lx, err := s.lookupXfer(m.Transfer)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			var timeout <-chan time.Time
+			if m.TimeoutMs > 0 {
+				t := time.NewTimer(time.Duration(m.TimeoutMs) * time.Millisecond)
+				defer t.Stop()
+				timeout = t.C
+			}
+			select {
+			case <-lx.done:
+			case <-timeout:
+			case <-c.dead:
+				return
+			}
+			c.reply(lx.status(m.Req))
+		}()
+	case *wire.Cancel:
+		if err := s.cancelXfer(m.Transfer); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.Subscribe:
+		s.mu.Lock()
+		s.subs[c] = struct{}{}
+		s.mu.Unlock()
+		c.reply(&wire.OK{Req: m.Req})
+	case *wire.Query:
+		js, err := s.query(m)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(&wire.QueryReply{Req: m.Req, JSON: js})
+	default:
+		closeFD(fd)
+		c.fail(reqOf(m), codeErr(wire.CodeBadRequest, "%s is not a request", m.Type()))
+		return
+	}
+	closeFD(fd)
+}
+
+// reqOf finds the request id of any local message (they all start with it).
+func reqOf(m wire.Msg) uint64 {
+	b := m.AppendBody(nil)
+	if len(b) >= 8 {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
+
+// register0 validates a Register and imports the memory.
+func (s *Server) register0(m *wire.Register, fd int) error {
+	if m.Name == "" {
+		return codeErr(wire.CodeBadRequest, "region name is empty")
+	}
+	if m.Access == 0 || m.Access&^wire.AccessAll != 0 {
+		return codeErr(wire.CodeBadRequest, "region %q: access bits %#x: grant at least one of local-read, local-write, remote-write, remote-read", m.Name, m.Access)
+	}
+	if int(m.Ordinal) != s.dev.Ordinal() {
+		return codeErr(wire.CodeBadRequest, "region %q is on device %d; this sidecar serves %s", m.Name, m.Ordinal, s.dev)
+	}
+	hk := device.HandleKind(m.Handle)
+	if hk == device.HandleHostAddr {
+		return codeErr(wire.CodeAccessDenied, "region %q: raw addresses cannot be registered through the control socket", m.Name)
+	}
+	needFD := hk == device.HandleMemfd || hk == device.HandlePosixFD
+	if needFD && fd < 0 {
+		return codeErr(wire.CodeBadRequest, "region %q: a %s handle needs its fd sent with the frame (SCM_RIGHTS)", m.Name, hk)
+	}
+	h := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
+	return s.regions.Register(m.Name, h, m.Access, m.Offset, m.Length)
+}
+
+// notify tells every subscriber about a transfer that finished here.
+func (s *Server) notify(n *wire.Notify) {
+	s.mu.Lock()
+	subs := make([]*client, 0, len(s.subs))
+	for c := range s.subs {
+		subs = append(subs, c)
+	}
+	s.mu.Unlock()
+	for _, c := range subs {
+		c.reply(n)
+	}
+}

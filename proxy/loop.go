@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"errors"
+	"time"
+
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// tickEvery is how often deadlines are checked.
+const tickEvery = 100 * time.Millisecond
+
+// loop feeds the Sender core and performs what it returns. It is the only
+// goroutine that touches s.core.
+func (s *Server) loop() {
+	defer s.wg.Done()
+	t := time.NewTicker(tickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.mbox.signal:
+		case now := <-t.C:
+			s.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
+			s.checkStalled(now)
+		case <-s.ctx.Done():
+			s.drainLoop()
+			return
+		}
+		for _, ev := range s.mbox.take() {
+			s.perform(s.core.Step(ev))
+		}
+		s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
+	}
+}
+
+// drainLoop runs at shutdown: sessions are closed, so the core fails what
+// is left; copies in flight still report back and are absorbed here until
+// every slot is home.
+func (s *Server) drainLoop() {
+	deadline := time.After(10 * time.Second)
+	for s.core.FreeSlots() < s.sendPool.Cap() || s.core.Active() > 0 {
+		for _, ev := range s.mbox.take() {
+			s.perform(s.core.Step(ev))
+		}
+		if s.core.FreeSlots() == s.sendPool.Cap() && s.core.Active() == 0 {
+			break
+		}
+		select {
+		case <-s.mbox.signal:
+		case <-time.After(tickEvery):
+			// Sessions already closed; make the core fail anything left.
+			s.perform(s.core.Step(staging.Event{Kind: staging.EvTick, Now: time.Now().Add(24 * time.Hour)}))
+		case <-deadline:
+			s.log.Error("shutdown: send slots still busy after 10s")
+			return
+		}
+	}
+	s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
+}
+
+func (s *Server) perform(r *staging.Ready) {
+	for _, c := range r.Copies {
+		c := c
+		buf := s.sendPool.Slot(c.Slot).Slice(0, int(c.C.Len))
+		err := s.copier().Gather(buf, c.C.Src, func(err error) {
+			s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
+		})
+		if err != nil {
+			s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
+		}
+	}
+	for _, c := range r.Sends {
+		s.mu.Lock()
+		ox := s.outs[c.Transfer]
+		s.mu.Unlock()
+		var ds *dataStream
+		if ox != nil {
+			ox.ss.mu.Lock()
+			if !ox.ss.closed && c.Stream < len(ox.ss.streams) {
+				ds = ox.ss.streams[c.Stream]
+			}
+			ox.ss.mu.Unlock()
+		}
+		if ds == nil || !ds.enqueue(sendJob{cmd: c, wireID: ox.wireID, checksum: ox.checksum}) {
+			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: errStreamClosed, Now: time.Now()})
+		}
+	}
+	for _, d := range r.Done {
+		s.mu.Lock()
+		ox := s.outs[d.Transfer]
+		s.mu.Unlock()
+		if ox == nil {
+			continue
+		}
+		err := coreErr(d.Err)
+		if ox.local != nil {
+			ox.local.addDone(d.Bytes)
+			s.finishLocal(ox.local, err)
+			continue
+		}
+		// A pull we served: tell subscribers, and the peer if it failed here.
+		if err != nil && errCode(err) != wire.CodePeerUnavailable {
+			ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
+		}
+		n := &wire.Notify{Transfer: ox.wireID, Peer: ox.ss.peerName, Route: routeName(ox.ss), Tag: ox.tag, Dir: wire.Pull, Bytes: d.Bytes}
+		if err != nil {
+			n.Code, n.Message = errCode(err), err.Error()
+			ox.ss.link.XfersFailed.Add(1)
+		} else {
+			ox.ss.link.XfersOK.Add(1)
+		}
+		s.notify(n)
+	}
+	for _, k := range r.Retired {
+		s.retire(k)
+	}
+}
+
+// coreErr gives the core's errors their wire codes.
+func coreErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, staging.ErrTimeout):
+		return codeErr(wire.CodeTimeout, "%v", err)
+	case errors.Is(err, staging.ErrCancelled):
+		return codeErr(wire.CodeCancelled, "%v", err)
+	case errors.Is(err, staging.ErrNoStreams), errors.Is(err, staging.ErrNoSession):
+		return codeErr(wire.CodePeerUnavailable, "%v", err)
+	}
+	if _, ok := err.(*codeError); ok {
+		return err
+	}
+	return codeErr(errCode(err), "%v", err)
+}
+
+// checkStalled fails incoming transfers that made no progress in time.
+func (s *Server) checkStalled(now time.Time) {
+	s.mu.Lock()
+	sess := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		sess = append(sess, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range sess {
+		ss.checkStalled(now)
+	}
+}

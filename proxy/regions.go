@@ -1,0 +1,277 @@
+package proxy
+
+import (
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/wire"
+)
+
+// Region is a range of device memory a local engine registered: a window
+// [Off, Off+Len) of an imported allocation. Peers name it, never an address.
+type Region struct {
+	Name   string
+	Access wire.Access
+	Off    uint64 // offset of the region inside the allocation
+	Len    uint64
+	Handle device.HandleKind
+	imp    *importEntry
+	refs   atomic.Int64 // 1 for the registration + 1 per transfer using it
+	table  *Regions
+}
+
+// inRange reports whether [off, off+n) lies inside a region of size size,
+// without overflowing.
+func inRange(off, n, size uint64) bool { return n <= size && off <= size-n }
+
+// Seg returns the device range [off, off+n) of the region, or an error
+// saying what is out of range.
+func (r *Region) Seg(off, n uint64) (device.Seg, error) {
+	if n == 0 {
+		return device.Seg{}, fmt.Errorf("region %s: empty range at offset %d", r.Name, off)
+	}
+	if !inRange(off, n, r.Len) {
+		return device.Seg{}, fmt.Errorf("region %s: offset %d + length %d is past its end (%d B)", r.Name, off, n, r.Len)
+	}
+	return device.Seg{Addr: r.imp.mapping.Base() + device.Addr(r.Off+off), Len: n}, nil
+}
+
+// Addr is the device address of byte off; callers have bounds-checked.
+func (r *Region) Addr(off uint64) device.Addr {
+	return r.imp.mapping.Base() + device.Addr(r.Off+off)
+}
+
+// Release drops one reference; the last one unmaps the allocation if no
+// other region uses it.
+func (r *Region) Release() {
+	if r.refs.Add(-1) == 0 {
+		r.table.dropImport(r.imp)
+	}
+}
+
+type importEntry struct {
+	key     string
+	mapping device.Mapping
+	refs    int // regions using it (guarded by Regions.mu)
+}
+
+// Regions is the table of registered regions and the imported allocations
+// behind them. Each allocation is imported once and counted by reference.
+type Regions struct {
+	dev     device.Device
+	mu      sync.RWMutex
+	byName  map[string]*Region
+	imports map[string]*importEntry
+	mapped  atomic.Int64 // mappings open
+}
+
+func newRegions(dev device.Device) *Regions {
+	return &Regions{dev: dev, byName: map[string]*Region{}, imports: map[string]*importEntry{}}
+}
+
+// handleKey identifies the allocation behind a handle, so two regions of one
+// allocation share one import.
+func handleKey(h device.Handle) (string, error) {
+	switch h.Kind {
+	case device.HandleMemfd, device.HandlePosixFD:
+		var st unix.Stat_t
+		if err := unix.Fstat(h.FD, &st); err != nil {
+			return "", fmt.Errorf("fstat fd %d: %w", h.FD, err)
+		}
+		return fmt.Sprintf("%s:%d:%d", h.Kind, st.Dev, st.Ino), nil
+	case device.HandleHostAddr:
+		return fmt.Sprintf("host:%x:%d", h.Addr, h.Size), nil
+	default:
+		return h.Kind.String() + ":" + hex.EncodeToString(h.Bytes), nil
+	}
+}
+
+// Register imports (or reuses) the allocation behind h and adds a region.
+func (t *Regions) Register(name string, h device.Handle, access wire.Access, off, length uint64) error {
+	if length == 0 {
+		return codeErr(wire.CodeBadRequest, "region %q: length is 0", name)
+	}
+	if !inRange(off, length, h.Size) {
+		return codeErr(wire.CodeOutOfRange, "region %q: offset %d + length %d is past the end of its allocation (%d B)", name, off, length, h.Size)
+	}
+	key, err := handleKey(h)
+	if err != nil {
+		return codeErr(wire.CodeBadRequest, "region %q: %v", name, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, dup := t.byName[name]; dup {
+		return codeErr(wire.CodeExists, "region %q is already registered; unregister it first", name)
+	}
+	imp := t.imports[key]
+	if imp == nil {
+		m, err := t.dev.Import(h)
+		if err != nil {
+			return codeErr(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %v", name, h.Kind, h.Size, t.dev, err)
+		}
+		imp = &importEntry{key: key, mapping: m}
+		t.imports[key] = imp
+		t.mapped.Add(1)
+	} else if imp.mapping.Size() < h.Size {
+		return codeErr(wire.CodeBadRequest, "region %q: allocation already imported with %d B, now claimed %d B", name, imp.mapping.Size(), h.Size)
+	}
+	imp.refs++
+	r := &Region{Name: name, Access: access, Off: off, Len: length, Handle: h.Kind, imp: imp, table: t}
+	r.refs.Store(1)
+	t.byName[name] = r
+	return nil
+}
+
+// Unregister removes a region. Transfers still using it keep it mapped
+// until they finish.
+func (t *Regions) Unregister(name string) error {
+	t.mu.Lock()
+	r := t.byName[name]
+	delete(t.byName, name)
+	t.mu.Unlock()
+	if r == nil {
+		return codeErr(wire.CodeUnknownRegion, "region %q is not registered", name)
+	}
+	r.Release()
+	return nil
+}
+
+// Acquire looks a region up by name, checks that it grants want, and
+// returns it with a reference the caller must Release.
+func (t *Regions) Acquire(name string, want wire.Access) (*Region, error) {
+	t.mu.RLock()
+	r := t.byName[name]
+	if r != nil {
+		r.refs.Add(1)
+	}
+	t.mu.RUnlock()
+	if r == nil {
+		return nil, codeErr(wire.CodeUnknownRegion, "region %q is not registered", name)
+	}
+	if r.Access&want != want {
+		r.Release()
+		return nil, codeErr(wire.CodeAccessDenied, "region %q does not grant %s", name, accessString(want))
+	}
+	return r, nil
+}
+
+// AcquireAll acquires every name, releasing what it took on failure.
+func (t *Regions) AcquireAll(names []string, want wire.Access) ([]*Region, error) {
+	rs := make([]*Region, 0, len(names))
+	for _, n := range names {
+		r, err := t.Acquire(n, want)
+		if err != nil {
+			releaseAll(rs)
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+func releaseAll(rs []*Region) {
+	for _, r := range rs {
+		r.Release()
+	}
+}
+
+func (t *Regions) dropImport(imp *importEntry) {
+	t.mu.Lock()
+	imp.refs--
+	last := imp.refs == 0
+	if last {
+		delete(t.imports, imp.key)
+	}
+	t.mu.Unlock()
+	if last {
+		_ = imp.mapping.Close()
+		t.mapped.Add(-1)
+	}
+}
+
+// Count returns regions registered and allocations mapped.
+func (t *Regions) Count() (regions, mappings int) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.byName), int(t.mapped.Load())
+}
+
+// Infos lists regions for catalogs and queries, sorted by name.
+func (t *Regions) Infos(remoteOnly bool) []wire.RegionInfo {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]wire.RegionInfo, 0, len(t.byName))
+	for _, r := range t.byName {
+		if remoteOnly && r.Access&(wire.AccessRemoteRead|wire.AccessRemoteWrite) == 0 {
+			continue
+		}
+		out = append(out, wire.RegionInfo{Name: r.Name, Size: r.Len, Access: r.Access, Device: t.dev.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// CloseAll unregisters everything (shutdown).
+func (t *Regions) CloseAll() {
+	t.mu.Lock()
+	rs := make([]*Region, 0, len(t.byName))
+	for _, r := range t.byName {
+		rs = append(rs, r)
+	}
+	t.byName = map[string]*Region{}
+	t.mu.Unlock()
+	releaseAll(rs)
+}
+
+func accessString(a wire.Access) string {
+	s := ""
+	add := func(bit wire.Access, name string) {
+		if a&bit != 0 {
+			if s != "" {
+				s += "+"
+			}
+			s += name
+		}
+	}
+	add(wire.AccessLocalRead, "local-read")
+	add(wire.AccessLocalWrite, "local-write")
+	add(wire.AccessRemoteWrite, "remote-write")
+	add(wire.AccessRemoteRead, "remote-read")
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// codeError is an error with a wire code, so answers carry both.
+type codeError struct {
+	code wire.Code
+	msg  string
+}
+
+func (e *codeError) Error() string { return e.msg }
+
+func codeErr(c wire.Code, format string, args ...any) error {
+	return &codeError{code: c, msg: fmt.Sprintf(format, args...)}
+}
+
+// errCode returns the wire code of err (CodeInternal when it has none).
+func errCode(err error) wire.Code {
+	for e := err; e != nil; {
+		if ce, ok := e.(*codeError); ok {
+			return ce.code
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	return wire.CodeInternal
+}

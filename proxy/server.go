@@ -1,0 +1,272 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// Server is one sidecar.
+type Server struct {
+	cfg    *config.Config
+	log    *zap.Logger
+	dev    device.Device
+	token  []byte
+	hostID string
+	start  time.Time
+
+	sendPool *staging.Pool
+	recvPool *staging.Pool
+	copiers  []*staging.Copier
+	nextCp   atomic.Uint32
+
+	regions *Regions
+
+	peerLn  net.Listener
+	localLn *net.UnixListener
+	gcli    *gnet.Client
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// sender loop
+	mbox      *mailbox
+	core      *staging.Sender
+	sendInUse atomic.Int64
+
+	mu       sync.Mutex
+	sessions map[uint64]*session
+	routes   map[string]*route
+	outs     map[uint64]*outXfer   // core key -> outgoing transfer
+	xfers    map[uint64]*localXfer // engine-facing transfers by id
+	finished []uint64              // finished transfer ids, oldest first (bounded history)
+	subs     map[*client]struct{}
+	clients  map[*client]struct{}
+	links    map[string]*counters
+
+	seq     atomic.Uint64 // transfer ids, session ids
+	closing atomic.Bool
+}
+
+// New opens the device, allocates the pinned pools and binds the listeners.
+// Nothing runs until Start.
+func New(cfg *config.Config, log *zap.Logger) (s *Server, err error) {
+	token, err := cfg.ResolveToken()
+	if err != nil {
+		return nil, err
+	}
+	dev, err := device.Open(device.Kind(cfg.Device.Kind), cfg.Device.Ordinal, device.Options{
+		BandwidthBytesPerSec: cfg.Device.Hostmem.BandwidthGBps * 1e9,
+		LatencyNanos:         int64(cfg.Device.Hostmem.Latency),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
+	}
+	s = &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
+		regions: newRegions(dev), mbox: newMailbox(),
+		sessions: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
+		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
+		links: map[string]*counters{}}
+	s.hostID = cfg.Node.HostID
+	if s.hostID == "" {
+		s.hostID = hostIdentity()
+	}
+	defer func() {
+		if err != nil {
+			s.closeResources()
+		}
+	}()
+	slot := int(cfg.Staging.SlotSize)
+	sendSlots := cfg.Staging.Slots / 2
+	recvSlots := cfg.Staging.Slots - sendSlots
+	if s.sendPool, err = staging.NewPool(dev, slot, sendSlots); err != nil {
+		return nil, err
+	}
+	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
+		return nil, err
+	}
+	s.core = staging.NewSender(sendSlots)
+	for i := 0; i < cfg.Staging.CopyStreams; i++ {
+		c, err := staging.NewCopier(dev, cfg.Staging.Slots)
+		if err != nil {
+			return nil, err
+		}
+		s.copiers = append(s.copiers, c)
+	}
+	if s.peerLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
+	}
+	if s.localLn, err = listenLocal(cfg.SocketPath()); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// PeerAddr is the address peers dial.
+func (s *Server) PeerAddr() string { return s.peerLn.Addr().String() }
+
+// SocketPath is the control socket's path.
+func (s *Server) SocketPath() string { return s.cfg.SocketPath() }
+
+// Start runs the sidecar until ctx ends or Close is called.
+func (s *Server) Start(ctx context.Context) error {
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	cli, err := gnet.NewClient(&ctrlHandler{s: s}, gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithLockOSThread(false), gnet.WithMulticore(true))
+	if err != nil {
+		return fmt.Errorf("start control event loop: %w", err)
+	}
+	if err := cli.Start(); err != nil {
+		return fmt.Errorf("start control event loop: %w", err)
+	}
+	s.gcli = cli
+	s.wg.Add(3)
+	go s.loop()
+	go s.acceptPeers()
+	go s.acceptLocal()
+	for i := range s.cfg.Routes {
+		s.addRoute(s.cfg.Routes[i])
+	}
+	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
+		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
+		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize))
+	return nil
+}
+
+// Close stops everything: listeners, sessions, loops; fails what is in
+// flight; frees pools and device.
+func (s *Server) Close() error {
+	if !s.closing.CompareAndSwap(false, true) {
+		return nil
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	_ = s.peerLn.Close()
+	_ = s.localLn.Close()
+	s.mu.Lock()
+	sess := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		sess = append(sess, ss)
+	}
+	cls := make([]*client, 0, len(s.clients))
+	for c := range s.clients {
+		cls = append(cls, c)
+	}
+	s.mu.Unlock()
+	for _, ss := range sess {
+		ss.close(errors.New("sidecar shutting down"))
+	}
+	for _, c := range cls {
+		c.close()
+	}
+	s.wg.Wait() // loop, acceptors, dialers, data streams, clients
+	if s.gcli != nil {
+		_ = s.gcli.Stop()
+	}
+	s.failAllLocal(codeErr(wire.CodeShutdown, "sidecar shutting down"))
+	s.regions.CloseAll()
+	_ = os.Remove(s.SocketPath())
+	return s.closeResources()
+}
+
+func (s *Server) closeResources() error {
+	var errs []error
+	for _, c := range s.copiers {
+		errs = append(errs, c.Close())
+	}
+	if s.sendPool != nil {
+		errs = append(errs, s.sendPool.Close())
+	}
+	if s.recvPool != nil {
+		errs = append(errs, s.recvPool.Close())
+	}
+	if s.peerLn != nil {
+		_ = s.peerLn.Close()
+	}
+	if s.localLn != nil {
+		_ = s.localLn.Close()
+	}
+	errs = append(errs, s.dev.Close())
+	return errors.Join(errs...)
+}
+
+// Leaks describes resources still held; empty when idle. Tests use it.
+func (s *Server) Leaks() string {
+	var b strings.Builder
+	if n := s.recvPool.InUse(); n != 0 {
+		fmt.Fprintf(&b, "receive slots in use: %d; ", n)
+	}
+	if n := s.sendInUse.Load(); n != 0 {
+		fmt.Fprintf(&b, "send slots in use: %d; ", n)
+	}
+	s.mu.Lock()
+	if n := len(s.outs); n != 0 {
+		fmt.Fprintf(&b, "outgoing transfers: %d; ", n)
+	}
+	s.mu.Unlock()
+	return b.String()
+}
+
+func (s *Server) copier() *staging.Copier {
+	return s.copiers[int(s.nextCp.Add(1))%len(s.copiers)]
+}
+
+func (s *Server) newID() uint64 { return s.seq.Add(1) }
+
+func randBytes(b []byte) {
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand failed: " + err.Error()) // the platform has no randomness: nothing safe to do
+	}
+}
+
+// hostIdentity derives the node identity from the boot id and machine id,
+// so two sidecars in different containers of one host agree.
+func hostIdentity() string {
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(string(b))
+	}
+	id := read("/etc/machine-id") + "/" + read("/proc/sys/kernel/random/boot_id")
+	if id == "/" {
+		h, _ := os.Hostname()
+		return h
+	}
+	return id
+}
+
+// counters are the figures of one link (a route, or a peer that dialed us).
+type counters struct {
+	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
+	XfersOK, XfersFailed                   atomic.Uint64
+}
+
+func (s *Server) link(name string) *counters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.links[name]
+	if c == nil {
+		c = &counters{}
+		s.links[name] = c
+	}
+	return c
+}

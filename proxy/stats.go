@@ -1,0 +1,139 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"runtime"
+	"sort"
+	"time"
+
+	"github.com/stage-kv/stage/wire"
+)
+
+var (
+	errChunkOnControl = errors.New("chunk frame on a control session")
+	errPeerClosed     = errors.New("peer closed the connection")
+)
+
+// Stats, LinkStats, RouteInfo and PeerInfo are the query documents.
+type (
+	Stats     = wire.Stats
+	LinkStats = wire.LinkStats
+	RouteInfo = wire.RouteInfo
+	PeerInfo  = wire.PeerInfo
+)
+
+// Snapshot returns the current figures.
+func (s *Server) Snapshot() Stats {
+	regions, maps := s.regions.Count()
+	st := Stats{Node: s.cfg.Node.Name, Device: s.dev.String(), Listen: s.PeerAddr(), UptimeS: time.Since(s.start).Seconds(),
+		SlotSize: s.sendPool.SlotSize(), SendSlots: s.sendPool.Cap(), SendInUse: int(s.sendInUse.Load()),
+		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps,
+		Goroutines: runtime.NumGoroutine(), FDs: countFDs()}
+	s.mu.Lock()
+	st.Sessions = len(s.sessions)
+	up := map[string]int{}
+	for _, ss := range s.sessions {
+		up[ss.linkName]++
+	}
+	for _, lx := range s.xfers {
+		select {
+		case <-lx.done:
+		default:
+			st.Transfers++
+		}
+	}
+	for name, c := range s.links {
+		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
+			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load()})
+	}
+	s.mu.Unlock()
+	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
+	return st
+}
+
+// Routes describes configured routes and their peers.
+func (s *Server) Routes() []RouteInfo {
+	s.mu.Lock()
+	rs := make([]*route, 0, len(s.routes))
+	for _, r := range s.routes {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	sort.Slice(rs, func(i, j int) bool { return rs[i].cfg.Name < rs[j].cfg.Name })
+	out := make([]RouteInfo, 0, len(rs))
+	for _, r := range rs {
+		ri := RouteInfo{Name: r.cfg.Name, Transport: "tcp", Stripes: r.cfg.Stripes, Checksum: r.cfg.Checksum}
+		if r.cfg.Transport != "auto" && r.cfg.Transport != "tcp" {
+			ri.Transport = "tcp (" + r.cfg.Transport + " is not built yet)"
+		}
+		r.mu.Lock()
+		for _, addr := range r.cfg.Peers {
+			p := PeerInfo{Addr: addr, State: "connecting"}
+			if ss := r.sess[addr]; ss != nil {
+				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.peerHost == s.hostID, ss.stripes, ss.chunkSize
+			} else if e := r.lastErr[addr]; e != nil {
+				p.State, p.Error = "down", e.Error()
+			}
+			ri.Peers = append(ri.Peers, p)
+		}
+		r.mu.Unlock()
+		out = append(out, ri)
+	}
+	return out
+}
+
+func (s *Server) query(q *wire.Query) ([]byte, error) {
+	switch q.What {
+	case wire.QueryStats:
+		return json.Marshal(s.Snapshot())
+	case wire.QueryRoutes:
+		return json.Marshal(s.Routes())
+	case wire.QueryRegions:
+		return json.Marshal(s.regions.Infos(false))
+	case wire.QueryCatalog:
+		return s.remoteCatalog(q.Arg)
+	}
+	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
+}
+
+// remoteCatalog asks a route's peer for its regions.
+func (s *Server) remoteCatalog(routeName string) ([]byte, error) {
+	s.mu.Lock()
+	r := s.routes[routeName]
+	s.mu.Unlock()
+	if r == nil {
+		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", routeName, s.routeNames())
+	}
+	ss, err := r.pick(s.ctx)
+	if err != nil {
+		return nil, err
+	}
+	seq := s.newID()
+	ch := make(chan []wire.RegionInfo, 1)
+	ss.mu.Lock()
+	ss.catalog[seq] = ch
+	ss.mu.Unlock()
+	ss.send(&wire.CatalogRequest{Seq: seq})
+	select {
+	case regs := <-ch:
+		return json.Marshal(regs)
+	case <-ss.done:
+		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
+	case <-time.After(5 * time.Second):
+		ss.mu.Lock()
+		delete(ss.catalog, seq)
+		ss.mu.Unlock()
+		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
+	}
+}
+
+// countFDs counts this process's open file descriptors (-1 if unknown).
+func countFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory being read
+}

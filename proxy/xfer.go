@@ -1,0 +1,484 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// maxFinished is how many finished transfers stay queryable by id.
+const maxFinished = 4096
+
+// localXfer is a transfer a local engine submitted.
+type localXfer struct {
+	id      uint64
+	wireID  uint64
+	route   string
+	dir     wire.Direction
+	tag     string
+	total   uint64
+	ss      *session
+	timeout time.Duration
+
+	mu      sync.Mutex
+	state   wire.State
+	err     error
+	doneB   uint64
+	started time.Time
+	ended   time.Time
+	done    chan struct{}
+}
+
+func (lx *localXfer) addDone(n uint64) {
+	lx.mu.Lock()
+	lx.doneB = max(lx.doneB, n)
+	lx.mu.Unlock()
+}
+
+func (lx *localXfer) status(req uint64) *wire.XferStatus {
+	lx.mu.Lock()
+	defer lx.mu.Unlock()
+	st := &wire.XferStatus{Req: req, Transfer: lx.id, State: lx.state, Done: lx.doneB, Total: lx.total}
+	if lx.err != nil {
+		st.Code, st.Message = errCode(lx.err), lx.err.Error()
+	}
+	return st
+}
+
+// outXfer is what the sender loop needs of a transfer whose chunks leave
+// here: our push, or a pull we serve. It holds references to the source
+// regions until the core retires the transfer.
+type outXfer struct {
+	key      uint64
+	wireID   uint64
+	ss       *session
+	checksum bool
+	local    *localXfer // nil for a pull we serve
+	regions  []*Region
+	plan     *staging.Plan
+	timeout  time.Duration
+	tag      string
+}
+
+// submit validates and starts an engine's transfer. Nothing moves and no
+// state changes unless every check passes.
+func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error) {
+	if s.closing.Load() {
+		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down")
+	}
+	s.mu.Lock()
+	r := s.routes[m.Route]
+	s.mu.Unlock()
+	if r == nil {
+		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", m.Route, s.routeNames())
+	}
+	if len(m.Ops) == 0 {
+		return nil, codeErr(wire.CodeBadRequest, "transfer has no ops")
+	}
+	want := wire.AccessLocalRead
+	if m.Dir == wire.Pull {
+		want = wire.AccessLocalWrite
+	}
+	regions, err := s.regions.AcquireAll(m.LocalNames, want)
+	if err != nil {
+		return nil, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			releaseAll(regions)
+		}
+	}()
+	var total uint64
+	ends := make([]uint64, len(m.RemoteNames))
+	for i, op := range m.Ops {
+		if int(op.Local) >= len(regions) || int(op.Remote) >= len(m.RemoteNames) {
+			return nil, codeErr(wire.CodeBadRequest, "op %d names region #%d/#%d of %d/%d", i, op.Local, op.Remote, len(regions), len(m.RemoteNames))
+		}
+		if _, err := regions[op.Local].Seg(op.LocalOff, op.Len); err != nil {
+			return nil, codeErr(wire.CodeOutOfRange, "op %d: %v", i, err)
+		}
+		end := op.RemoteOff + op.Len
+		if end < op.RemoteOff {
+			return nil, codeErr(wire.CodeOutOfRange, "op %d: remote offset %d + length %d overflows", i, op.RemoteOff, op.Len)
+		}
+		ends[op.Remote] = max(ends[op.Remote], end)
+		if total+op.Len < total {
+			return nil, codeErr(wire.CodeOutOfRange, "transfer length overflows")
+		}
+		total += op.Len
+	}
+	ss, err := r.pick(ctx)
+	if err != nil {
+		return nil, err
+	}
+	checksum := r.cfg.Checksum
+	switch m.Checksum {
+	case wire.ChecksumOn:
+		checksum = true
+	case wire.ChecksumOff:
+		checksum = false
+	}
+	id := s.newID()
+	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
+		timeout: r.cfg.ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
+	s.mu.Lock()
+	s.xfers[id] = lx
+	s.mu.Unlock()
+	keep = true
+
+	if m.Dir == wire.Push {
+		ops := make([]staging.PlanOp, len(m.Ops))
+		for i, op := range m.Ops {
+			ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
+		}
+		plan, err := staging.MakePlan(ops, ss.chunkSize)
+		if err != nil {
+			releaseAll(regions)
+			s.finishLocal(lx, codeErr(wire.CodeBadRequest, "%v", err))
+			return lx, nil
+		}
+		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, plan: plan, timeout: lx.timeout, tag: m.Tag}
+		s.mu.Lock()
+		s.outs[id] = ox
+		s.mu.Unlock()
+		ss.mu.Lock()
+		closed := ss.closed
+		if !closed {
+			ss.pending[lx.wireID] = lx
+		}
+		ss.mu.Unlock()
+		if closed {
+			s.retire(id)
+			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+			return lx, nil
+		}
+		ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		return lx, nil
+	}
+
+	// Pull: our regions receive. The inXfer holds its own references so
+	// they outlive any scatter still in flight when the transfer ends.
+	for _, rg := range regions {
+		rg.refs.Add(1)
+	}
+	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
+		local: lx, timeout: lx.timeout, progress: time.Now()}
+	ops := make([]wire.Op, len(m.Ops))
+	for i, op := range m.Ops {
+		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}
+	}
+	ss.mu.Lock()
+	closed := ss.closed
+	if !closed {
+		ss.in[lx.wireID] = x
+	}
+	ss.mu.Unlock()
+	releaseAll(regions) // the localXfer's own references; x holds its own
+	if closed {
+		x.mu.Lock()
+		x.finished = true
+		x.mu.Unlock()
+		x.maybeRelease()
+		s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+		return lx, nil
+	}
+	lx.setState(wire.StateRunning)
+	ss.send(&wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
+	return lx, nil
+}
+
+func (lx *localXfer) setState(st wire.State) {
+	lx.mu.Lock()
+	if lx.state == wire.StateQueued || lx.state == wire.StateRunning {
+		lx.state = st
+	}
+	lx.mu.Unlock()
+}
+
+// acceptPush answers a peer's Announce: every destination region must exist,
+// grant remote write, and be large enough for what the transfer writes.
+func (s *Server) acceptPush(ss *session, m *wire.Announce) {
+	nack := func(err error) {
+		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", m.Transfer), zap.Error(err))
+		ss.send(&wire.Nack{Transfer: m.Transfer, Code: errCode(err), Message: err.Error()})
+	}
+	if ss.ours(m.Transfer) {
+		nack(codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer))
+		return
+	}
+	if len(m.Ends) != len(m.Regions) || m.Total == 0 {
+		nack(codeErr(wire.CodeMalformed, "announce with %d regions, %d ends, %d B", len(m.Regions), len(m.Ends), m.Total))
+		return
+	}
+	regions, err := s.regions.AcquireAll(m.Regions, wire.AccessRemoteWrite)
+	if err != nil {
+		nack(err)
+		return
+	}
+	for i, r := range regions {
+		if m.Ends[i] > r.Len {
+			releaseAll(regions)
+			nack(codeErr(wire.CodeOutOfRange, "transfer writes up to offset %d of region %s, which has %d B", m.Ends[i], r.Name, r.Len))
+			return
+		}
+	}
+	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
+		timeout: s.incomingTimeout(), progress: time.Now()}
+	ss.mu.Lock()
+	_, dup := ss.in[m.Transfer]
+	n := len(ss.in)
+	ok := !ss.closed && !dup && n < s.cfg.Limits.MaxTransfersPerPeer
+	if ok {
+		ss.in[m.Transfer] = x
+	}
+	ss.mu.Unlock()
+	if !ok {
+		releaseAll(regions)
+		switch {
+		case dup:
+			nack(codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer))
+		case n >= s.cfg.Limits.MaxTransfersPerPeer:
+			nack(codeErr(wire.CodeBusy, "limits.max_transfers_per_peer (%d) reached", s.cfg.Limits.MaxTransfersPerPeer))
+		}
+		return
+	}
+	ss.send(&wire.Accept{Transfer: m.Transfer})
+}
+
+// incomingTimeout is how long a peer's push may go without progress before
+// we give up on it and free its regions.
+func (s *Server) incomingTimeout() time.Duration {
+	var t time.Duration
+	for _, r := range s.cfg.Routes {
+		t = max(t, r.ProgressTimeout)
+	}
+	if t == 0 {
+		t = 30 * time.Second
+	}
+	return t
+}
+
+// servePull answers a peer's PullRequest: every source range is checked
+// before anything is sent.
+func (s *Server) servePull(ss *session, m *wire.PullRequest) {
+	nack := func(err error) {
+		s.log.Warn("refused pull", zap.String("peer", ss.peerName), zap.Uint64("transfer", m.Transfer), zap.Error(err))
+		ss.send(&wire.Nack{Transfer: m.Transfer, Code: errCode(err), Message: err.Error()})
+	}
+	if ss.ours(m.Transfer) {
+		nack(codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer))
+		return
+	}
+	regions, err := s.regions.AcquireAll(m.SrcRegions, wire.AccessRemoteRead)
+	if err != nil {
+		nack(err)
+		return
+	}
+	ops := make([]staging.PlanOp, len(m.Ops))
+	for i, op := range m.Ops {
+		if int(op.Src) >= len(regions) {
+			releaseAll(regions)
+			nack(codeErr(wire.CodeBadRequest, "op %d names source region #%d of %d", i, op.Src, len(regions)))
+			return
+		}
+		if _, err := regions[op.Src].Seg(op.SrcOff, op.Len); err != nil {
+			releaseAll(regions)
+			nack(codeErr(wire.CodeOutOfRange, "op %d: %v", i, err))
+			return
+		}
+		ops[i] = staging.PlanOp{Src: regions[op.Src].Addr(op.SrcOff), DstRegion: op.Dst, DstOff: op.DstOff, Len: op.Len}
+	}
+	plan, err := staging.MakePlan(ops, ss.chunkSize)
+	if err != nil {
+		releaseAll(regions)
+		nack(codeErr(wire.CodeBadRequest, "%v", err))
+		return
+	}
+	key := s.newID()
+	ox := &outXfer{key: key, wireID: m.Transfer, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: m.Tag}
+	ss.mu.Lock()
+	_, dup := ss.served[m.Transfer]
+	if !dup && !ss.closed {
+		ss.served[m.Transfer] = key
+	}
+	closed := ss.closed
+	ss.mu.Unlock()
+	if dup || closed {
+		releaseAll(regions)
+		if dup {
+			nack(codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer))
+		}
+		return
+	}
+	s.mu.Lock()
+	s.outs[key] = ox
+	s.mu.Unlock()
+	ss.send(&wire.Accept{Transfer: m.Transfer})
+	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+}
+
+// accepted: the peer accepted our push (start sending) or pull (chunks come).
+func (s *Server) accepted(ss *session, wireID uint64) {
+	if !ss.ours(wireID) {
+		return
+	}
+	ss.mu.Lock()
+	lx := ss.pending[wireID]
+	delete(ss.pending, wireID)
+	ss.mu.Unlock()
+	if lx == nil {
+		return // a pull (already running), or cancelled meanwhile
+	}
+	s.mu.Lock()
+	ox := s.outs[lx.id]
+	s.mu.Unlock()
+	if ox == nil {
+		return
+	}
+	lx.setState(wire.StateRunning)
+	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: ox.plan, Timeout: ox.timeout, Now: time.Now()})
+}
+
+// nacked: the peer refused or failed a transfer, ours or one we serve or receive.
+func (s *Server) nacked(ss *session, m *wire.Nack) {
+	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
+	if x := ss.lookupIn(m.Transfer); x != nil {
+		x.fail(err, false)
+		return
+	}
+	if ss.ours(m.Transfer) {
+		ss.mu.Lock()
+		lx := ss.pending[m.Transfer]
+		delete(ss.pending, m.Transfer)
+		ss.mu.Unlock()
+		if lx != nil { // refused before it started: the core never saw it
+			s.retire(lx.id)
+			s.finishLocal(lx, err)
+			return
+		}
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
+		return
+	}
+	if key, ok := ss.coreKey(m.Transfer); ok {
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: key, Err: err, Now: time.Now()})
+	}
+}
+
+// retire forgets an outgoing transfer and lets go of its regions.
+func (s *Server) retire(key uint64) {
+	s.mu.Lock()
+	ox := s.outs[key]
+	delete(s.outs, key)
+	s.mu.Unlock()
+	if ox == nil {
+		return
+	}
+	releaseAll(ox.regions)
+	if ox.local == nil {
+		ox.ss.mu.Lock()
+		delete(ox.ss.served, ox.wireID)
+		ox.ss.mu.Unlock()
+	}
+}
+
+// finishLocal ends an engine's transfer once.
+func (s *Server) finishLocal(lx *localXfer, err error) {
+	lx.mu.Lock()
+	if lx.state == wire.StateDone || lx.state == wire.StateFailed {
+		lx.mu.Unlock()
+		return
+	}
+	if err == nil {
+		lx.state, lx.doneB = wire.StateDone, lx.total
+	} else {
+		lx.state, lx.err = wire.StateFailed, err
+	}
+	lx.ended = time.Now()
+	lx.mu.Unlock()
+	close(lx.done)
+	if lx.ss != nil {
+		if err == nil {
+			lx.ss.link.XfersOK.Add(1)
+		} else {
+			lx.ss.link.XfersFailed.Add(1)
+		}
+	}
+	if err != nil {
+		s.log.Info("transfer failed", zap.Uint64("transfer", lx.id), zap.String("route", lx.route), zap.Stringer("dir", lx.dir), zap.String("tag", lx.tag), zap.Error(err))
+	}
+	s.mu.Lock()
+	s.finished = append(s.finished, lx.id)
+	if len(s.finished) > maxFinished {
+		old := s.finished[0]
+		s.finished = s.finished[1:]
+		delete(s.xfers, old)
+	}
+	s.mu.Unlock()
+}
+
+// cancel cancels an engine's transfer.
+func (s *Server) cancelXfer(id uint64) error {
+	s.mu.Lock()
+	lx := s.xfers[id]
+	s.mu.Unlock()
+	if lx == nil {
+		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
+	}
+	err := codeErr(wire.CodeCancelled, "cancelled by the engine")
+	ss := lx.ss
+	ss.send(&wire.Nack{Transfer: lx.wireID, Code: wire.CodeCancelled, Message: "cancelled by the peer's engine"})
+	if lx.dir == wire.Pull {
+		if x := ss.lookupIn(lx.wireID); x != nil {
+			x.fail(err, false)
+		}
+		return nil
+	}
+	ss.mu.Lock()
+	pending := ss.pending[lx.wireID] != nil
+	delete(ss.pending, lx.wireID)
+	ss.mu.Unlock()
+	if pending {
+		s.retire(lx.id)
+		s.finishLocal(lx, err)
+		return nil
+	}
+	s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
+	return nil
+}
+
+// failAllLocal fails every unfinished engine transfer (shutdown).
+func (s *Server) failAllLocal(err error) {
+	s.mu.Lock()
+	var all []*localXfer
+	for _, lx := range s.xfers {
+		all = append(all, lx)
+	}
+	outs := s.outs
+	s.outs = map[uint64]*outXfer{}
+	s.mu.Unlock()
+	for _, lx := range all {
+		s.finishLocal(lx, err)
+	}
+	for _, ox := range outs {
+		releaseAll(ox.regions)
+	}
+}
+
+func (s *Server) lookupXfer(id uint64) (*localXfer, error) {
+	s.mu.Lock()
+	lx := s.xfers[id]
+	s.mu.Unlock()
+	if lx == nil {
+		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
+	}
+	return lx, nil
+}
+
+var _ = fmt.Sprintf

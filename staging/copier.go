@@ -1,0 +1,122 @@
+package staging
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/stage-kv/stage/device"
+)
+
+// Copier runs copies on one device stream and calls each copy's done
+// function, in submission order, once the device has finished it. One
+// goroutine per Copier waits on the events.
+type Copier struct {
+	stream device.Stream
+	mu     sync.Mutex // orders enqueue + record so the FIFO matches the stream
+	events chan device.Event
+	jobs   chan copyJob
+	wg     sync.WaitGroup
+	closed bool
+}
+
+type copyJob struct {
+	ev   device.Event
+	done func(error)
+}
+
+// NewCopier creates a stream and depth events on dev. At most depth copies
+// are in flight; Gather and Scatter block while depth are.
+func NewCopier(dev device.Device, depth int) (*Copier, error) {
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("staging: copy stream on %s: %w", dev, err)
+	}
+	c := &Copier{stream: s, events: make(chan device.Event, depth), jobs: make(chan copyJob, depth)}
+	for i := 0; i < depth; i++ {
+		ev, err := dev.NewEvent()
+		if err != nil {
+			c.closeEvents()
+			_ = s.Close()
+			return nil, fmt.Errorf("staging: copy event on %s: %w", dev, err)
+		}
+		c.events <- ev
+	}
+	c.wg.Add(1)
+	go c.wait()
+	return c, nil
+}
+
+// Gather enqueues device -> slot; done runs after it completed.
+func (c *Copier) Gather(dst device.Pinned, segs []device.Seg, done func(error)) error {
+	return c.enqueue(func() error { return c.stream.Gather(dst, segs) }, done)
+}
+
+// Scatter enqueues slot -> device; done runs after it completed.
+func (c *Copier) Scatter(segs []device.Seg, src device.Pinned, done func(error)) error {
+	return c.enqueue(func() error { return c.stream.Scatter(segs, src) }, done)
+}
+
+func (c *Copier) enqueue(copyFn func() error, done func(error)) error {
+	ev := <-c.events // bounds copies in flight
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.events <- ev
+		return device.ErrClosed
+	}
+	if err := copyFn(); err != nil {
+		c.mu.Unlock()
+		c.events <- ev
+		return err
+	}
+	if err := c.stream.Record(ev); err != nil {
+		c.mu.Unlock()
+		c.events <- ev
+		return err
+	}
+	c.jobs <- copyJob{ev: ev, done: done}
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Copier) wait() {
+	defer c.wg.Done()
+	for j := range c.jobs {
+		err := j.ev.Wait()
+		c.events <- j.ev
+		j.done(err)
+	}
+}
+
+// Close waits for copies in flight (running their done functions) and
+// releases the stream and events.
+func (c *Copier) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.jobs)
+	c.mu.Unlock()
+	c.wg.Wait()
+	err := c.closeEvents()
+	if e := c.stream.Close(); e != nil && err == nil {
+		err = e
+	}
+	return err
+}
+
+func (c *Copier) closeEvents() error {
+	var err error
+	for {
+		select {
+		case ev := <-c.events:
+			if e := ev.Close(); e != nil && err == nil {
+				err = e
+			}
+		default:
+			return err
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package staging
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stage-kv/stage/device"
+)
+
+func TestMakePlan(t *testing.T) {
+	tests := []struct {
+		name       string
+		ops        []PlanOp
+		chunk      int
+		wantChunks int
+		wantSrc    []int // segments per chunk
+		wantDst    []int
+	}{
+		{"one range split", []PlanOp{{Src: 1000, DstRegion: 0, DstOff: 0, Len: 10}}, 4, 3, []int{1, 1, 1}, []int{1, 1, 1}},
+		{"contiguous ops merge", []PlanOp{{Src: 0, DstOff: 0, Len: 2}, {Src: 2, DstOff: 2, Len: 2}}, 8, 1, []int{1}, []int{1}},
+		{"scattered src, contiguous dst", []PlanOp{{Src: 100, DstOff: 0, Len: 2}, {Src: 10, DstOff: 2, Len: 2}}, 8, 1, []int{2}, []int{1}},
+		{"contiguous src, other region", []PlanOp{{Src: 0, DstRegion: 0, DstOff: 0, Len: 2}, {Src: 2, DstRegion: 1, DstOff: 2, Len: 2}}, 8, 1, []int{1}, []int{2}},
+		{"blocks fill chunks", []PlanOp{{Src: 0, DstOff: 8, Len: 4}, {Src: 50, DstOff: 0, Len: 4}, {Src: 90, DstOff: 40, Len: 4}}, 8, 2, []int{2, 1}, []int{2, 1}},
+		{"op straddles chunk", []PlanOp{{Src: 0, DstOff: 0, Len: 3}, {Src: 100, DstOff: 100, Len: 6}}, 4, 3, []int{2, 1, 1}, []int{2, 1, 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := MakePlan(tc.ops, tc.chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.Chunks) != tc.wantChunks {
+				t.Fatalf("got %d chunks, want %d", len(p.Chunks), tc.wantChunks)
+			}
+			for i, c := range p.Chunks {
+				if len(c.Src) != tc.wantSrc[i] || len(c.Dst) != tc.wantDst[i] {
+					t.Errorf("chunk %d: got %d src / %d dst segments, want %d / %d", i, len(c.Src), len(c.Dst), tc.wantSrc[i], tc.wantDst[i])
+				}
+			}
+			checkPlan(t, tc.ops, p, tc.chunk)
+		})
+	}
+}
+
+func TestMakePlanErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ops   []PlanOp
+		chunk int
+	}{
+		{"empty", nil, 8},
+		{"zero length op", []PlanOp{{Len: 0}}, 8},
+		{"zero chunk", []PlanOp{{Len: 1}}, 0},
+		{"overflow", []PlanOp{{Len: 1 << 63}, {Len: 1 << 63}}, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := MakePlan(tc.ops, tc.chunk); err == nil {
+				t.Fatal("got nil error, want one")
+			}
+		})
+	}
+}
+
+// checkPlan replays a plan byte by byte and checks every source byte lands
+// where its op says, with chunks no larger than chunk.
+func checkPlan(t *testing.T, ops []PlanOp, p *Plan, chunk int) {
+	t.Helper()
+	type dst struct {
+		region uint32
+		off    uint64
+	}
+	want := map[device.Addr]dst{}
+	var total uint64
+	for _, op := range ops {
+		for i := uint64(0); i < op.Len; i++ {
+			want[op.Src+device.Addr(i)] = dst{op.DstRegion, op.DstOff + i}
+		}
+		total += op.Len
+	}
+	if p.Total != total {
+		t.Fatalf("plan total %d, want %d", p.Total, total)
+	}
+	var seen uint64
+	for ci, c := range p.Chunks {
+		if int(c.Len) > chunk || c.Len == 0 {
+			t.Fatalf("chunk %d has %d B (chunk size %d)", ci, c.Len, chunk)
+		}
+		if device.SegsLen(c.Src) != uint64(c.Len) {
+			t.Fatalf("chunk %d: src segments add to %d, want %d", ci, device.SegsLen(c.Src), c.Len)
+		}
+		var srcs []device.Addr
+		for _, s := range c.Src {
+			for i := uint64(0); i < s.Len; i++ {
+				srcs = append(srcs, s.Addr+device.Addr(i))
+			}
+		}
+		k := 0
+		for _, d := range c.Dst {
+			for i := uint64(0); i < uint64(d.Len); i++ {
+				got := dst{d.Region, d.Off + i}
+				if w := want[srcs[k]]; w != got {
+					t.Fatalf("chunk %d byte %d: source %d lands at %v, want %v", ci, k, srcs[k], got, w)
+				}
+				k++
+			}
+		}
+		if k != len(srcs) {
+			t.Fatalf("chunk %d: %d destination bytes for %d source bytes", ci, k, len(srcs))
+		}
+		seen += uint64(c.Len)
+	}
+	if seen != total {
+		t.Fatalf("chunks carry %d B, want %d", seen, total)
+	}
+}
+
+func TestMakePlanRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 50; trial++ {
+		n := 1 + r.IntN(40)
+		var ops []PlanOp
+		for i := 0; i < n; i++ {
+			ops = append(ops, PlanOp{Src: device.Addr(r.IntN(1 << 20)), DstRegion: uint32(r.IntN(3)), DstOff: uint64(r.IntN(1 << 20)), Len: uint64(1 + r.IntN(100))})
+		}
+		// Sources must not overlap for the byte map to be a function.
+		var addr device.Addr
+		for i := range ops {
+			ops[i].Src = addr + device.Addr(r.IntN(2)*7)
+			addr = ops[i].Src + device.Addr(ops[i].Len)
+		}
+		chunk := 1 + r.IntN(300)
+		p, err := MakePlan(ops, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPlan(t, ops, p, chunk)
+	}
+}
+
+func BenchmarkMakePlan65536Blocks(b *testing.B) {
+	const block = 16 << 10
+	ops := make([]PlanOp, 65536)
+	r := rand.New(rand.NewPCG(1, 2))
+	perm := r.Perm(len(ops))
+	for i := range ops {
+		ops[i] = PlanOp{Src: device.Addr(perm[i] * block), DstOff: uint64(i * block), Len: block}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := MakePlan(ops, 4<<20); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package staging
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/stage-kv/stage/device"
+)
+
+// Pool is a fixed set of equally sized pinned slots cut from one slab.
+type Pool struct {
+	dev      device.Device
+	slab     device.Pinned
+	slotSize int
+	slots    []device.Pinned
+	free     chan int
+	inUse    atomic.Int64
+}
+
+// NewPool allocates slots*slotSize bytes of pinned memory on dev.
+func NewPool(dev device.Device, slotSize, slots int) (*Pool, error) {
+	if slotSize <= 0 || slots <= 0 {
+		return nil, fmt.Errorf("staging: pool of %d slots of %d B: both must be positive", slots, slotSize)
+	}
+	slab, err := dev.AllocPinned(slotSize * slots)
+	if err != nil {
+		return nil, fmt.Errorf("staging: pinned pool of %d x %d B on %s: %w; lower staging.slots or staging.slot_size", slots, slotSize, dev, err)
+	}
+	p := &Pool{dev: dev, slab: slab, slotSize: slotSize, free: make(chan int, slots)}
+	for i := 0; i < slots; i++ {
+		p.slots = append(p.slots, slab.Slice(i*slotSize, slotSize))
+		p.free <- i
+	}
+	return p, nil
+}
+
+// SlotSize is the size of every slot.
+func (p *Pool) SlotSize() int { return p.slotSize }
+
+// Cap is the number of slots.
+func (p *Pool) Cap() int { return len(p.slots) }
+
+// InUse is the number of slots acquired and not yet released.
+func (p *Pool) InUse() int { return int(p.inUse.Load()) }
+
+// Slot returns slot i's buffer.
+func (p *Pool) Slot(i int) device.Pinned { return p.slots[i] }
+
+// Acquire takes a free slot, waiting until one is released or ctx is done.
+func (p *Pool) Acquire(ctx context.Context) (int, error) {
+	select {
+	case i := <-p.free:
+		p.inUse.Add(1)
+		return i, nil
+	default:
+	}
+	select {
+	case i := <-p.free:
+		p.inUse.Add(1)
+		return i, nil
+	case <-ctx.Done():
+		return -1, ctx.Err()
+	}
+}
+
+// TryAcquire takes a free slot if there is one.
+func (p *Pool) TryAcquire() (int, bool) {
+	select {
+	case i := <-p.free:
+		p.inUse.Add(1)
+		return i, true
+	default:
+		return -1, false
+	}
+}
+
+// Release returns slot i.
+func (p *Pool) Release(i int) {
+	p.inUse.Add(-1)
+	p.free <- i
+}
+
+// Close frees the slab. It fails, freeing nothing, while slots are in use.
+func (p *Pool) Close() error {
+	if n := p.InUse(); n != 0 {
+		return fmt.Errorf("staging: closing pool with %d of %d slots still in use", n, len(p.slots))
+	}
+	return p.dev.FreePinned(p.slab)
+}

@@ -1,0 +1,501 @@
+package staging
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// EventKind says what happened.
+type EventKind uint8
+
+// Events the proxy feeds to a Sender.
+const (
+	EvSessionUp   EventKind = iota + 1 // Session, N = data streams, Credits = initial credits
+	EvSessionDown                      // Session, Err
+	EvStreamUp                         // Session, Stream: a data stream attached
+	EvSubmit                           // Session, Transfer, Plan, Timeout
+	EvCopyDone                         // Transfer, Chunk, Slot, Err
+	EvWritten                          // Transfer, Chunk, Slot, Stream, Err
+	EvAck                              // Session, Transfer, Chunks (each returns a credit)
+	EvCredit                           // Session, Credits
+	EvNack                             // Transfer, Err
+	EvStreamLost                       // Session, Stream, Err
+	EvCancel                           // Transfer
+	EvTick                             // Now
+)
+
+// Event is one input to Sender.Step. Now is the time of the event; the core
+// reads no clock of its own.
+type Event struct {
+	Kind     EventKind
+	Session  uint64
+	Transfer uint64
+	Chunk    uint32
+	Chunks   []uint32
+	Slot     int
+	Stream   int
+	N        int
+	Credits  int
+	Plan     *Plan
+	Timeout  time.Duration
+	Err      error
+	Now      time.Time
+}
+
+// CopyCmd: gather chunk Chunk of Transfer into slot Slot.
+type CopyCmd struct {
+	Transfer uint64
+	Chunk    uint32
+	Slot     int
+	C        *Chunk
+}
+
+// SendCmd: write slot Slot, holding chunk Chunk of Count, on stream Stream
+// of Session; report EvWritten when the kernel has the bytes.
+type SendCmd struct {
+	Session  uint64
+	Stream   int
+	Transfer uint64
+	Chunk    uint32
+	Count    uint32
+	Slot     int
+	C        *Chunk
+}
+
+// Completion: Transfer finished; Err is nil when every chunk was acked.
+type Completion struct {
+	Transfer uint64
+	Session  uint64
+	Bytes    uint64 // acked bytes
+	Err      error
+}
+
+// Ready is what the proxy must do after a Step. Its slices are reused by the
+// next Step.
+type Ready struct {
+	Copies []CopyCmd
+	Sends  []SendCmd
+	Done   []Completion
+	// Retired transfers are finished and hold no slot: no copy reads their
+	// memory any more, so their regions may be let go. A transfer retires
+	// in the same Step as its completion or in a later one.
+	Retired []uint64
+}
+
+// Errors a Sender reports in completions; the proxy maps them to codes.
+var (
+	ErrTimeout     = errors.New("no progress before the deadline")
+	ErrCancelled   = errors.New("cancelled")
+	ErrNoStreams   = errors.New("every data stream to the peer was lost")
+	ErrNoSession   = errors.New("no session to the peer")
+	ErrDuplicateID = errors.New("duplicate transfer id")
+)
+
+// chunk states
+const (
+	chPending uint8 = iota
+	chCopying
+	chSending
+	chSent
+	chAcked
+)
+
+type sstream struct {
+	alive    bool
+	inflight int
+}
+
+type ssess struct {
+	id      uint64
+	credits int
+	streams []sstream
+	active  []*sxfer // round robin
+	rr      int
+}
+
+type sxfer struct {
+	id       uint64
+	sess     *ssess
+	plan     *Plan
+	state    []uint8
+	onStream []uint16
+	next     int      // next never-started chunk
+	redo     []uint32 // chunks to send again
+	acked    int
+	bytes    uint64
+	busy     int // chunks holding a slot (copying or sending)
+	timeout  time.Duration
+	progress time.Time
+	finished bool // completion emitted
+}
+
+// Sender schedules outgoing chunks over all peer sessions. It is not safe
+// for concurrent use: one goroutine feeds it.
+type Sender struct {
+	free     []int
+	slots    int
+	sessions map[uint64]*ssess
+	order    []*ssess
+	rr       int
+	xfers    map[uint64]*sxfer
+	ready    Ready
+	now      time.Time
+}
+
+// NewSender makes a core that owns slots 0..slots-1 of the send pool.
+func NewSender(slots int) *Sender {
+	s := &Sender{slots: slots, sessions: map[uint64]*ssess{}, xfers: map[uint64]*sxfer{}}
+	for i := slots - 1; i >= 0; i-- {
+		s.free = append(s.free, i)
+	}
+	return s
+}
+
+// FreeSlots is the number of send slots not handed out.
+func (s *Sender) FreeSlots() int { return len(s.free) }
+
+// Active is the number of transfers not yet finished or still holding slots.
+func (s *Sender) Active() int { return len(s.xfers) }
+
+// Step applies one event and returns what to do.
+func (s *Sender) Step(ev Event) *Ready {
+	s.ready.Copies = s.ready.Copies[:0]
+	s.ready.Sends = s.ready.Sends[:0]
+	s.ready.Done = s.ready.Done[:0]
+	s.ready.Retired = s.ready.Retired[:0]
+	if !ev.Now.IsZero() {
+		s.now = ev.Now
+	}
+	switch ev.Kind {
+	case EvSessionUp:
+		s.sessionUp(ev)
+	case EvSessionDown:
+		if ss := s.sessions[ev.Session]; ss != nil {
+			s.dropSession(ss, ev.Err)
+		}
+	case EvStreamUp:
+		if ss := s.sessions[ev.Session]; ss != nil && ev.Stream >= 0 {
+			for len(ss.streams) <= ev.Stream {
+				ss.streams = append(ss.streams, sstream{})
+			}
+			ss.streams[ev.Stream].alive = true
+		}
+	case EvSubmit:
+		s.submit(ev)
+	case EvCopyDone:
+		s.copyDone(ev)
+	case EvWritten:
+		s.written(ev)
+	case EvAck:
+		s.ack(ev)
+	case EvCredit:
+		if ss := s.sessions[ev.Session]; ss != nil {
+			ss.credits += ev.Credits
+		}
+	case EvNack:
+		if x := s.xfers[ev.Transfer]; x != nil {
+			s.fail(x, ev.Err)
+		}
+	case EvStreamLost:
+		if ss := s.sessions[ev.Session]; ss != nil {
+			s.streamLost(ss, ev.Stream, ev.Err)
+		}
+	case EvCancel:
+		if x := s.xfers[ev.Transfer]; x != nil {
+			s.fail(x, ErrCancelled)
+		}
+	case EvTick:
+		s.tick()
+	}
+	s.schedule()
+	return &s.ready
+}
+
+func (s *Sender) sessionUp(ev Event) {
+	if old := s.sessions[ev.Session]; old != nil {
+		s.dropSession(old, fmt.Errorf("session %d replaced", ev.Session))
+	}
+	ss := &ssess{id: ev.Session, credits: ev.Credits, streams: make([]sstream, ev.N)}
+	for i := range ss.streams {
+		ss.streams[i].alive = true
+	}
+	s.sessions[ev.Session] = ss
+	s.order = append(s.order, ss)
+}
+
+func (s *Sender) dropSession(ss *ssess, err error) {
+	if err == nil {
+		err = ErrNoSession
+	}
+	for len(ss.active) > 0 {
+		s.fail(ss.active[0], err)
+	}
+	delete(s.sessions, ss.id)
+	for i, o := range s.order {
+		if o == ss {
+			s.order = append(s.order[:i], s.order[i+1:]...)
+			break
+		}
+	}
+}
+
+func (s *Sender) submit(ev Event) {
+	if _, dup := s.xfers[ev.Transfer]; dup {
+		s.ready.Done = append(s.ready.Done, Completion{Transfer: ev.Transfer, Session: ev.Session, Err: ErrDuplicateID})
+		return
+	}
+	ss := s.sessions[ev.Session]
+	if ss == nil {
+		s.ready.Done = append(s.ready.Done, Completion{Transfer: ev.Transfer, Session: ev.Session, Err: ErrNoSession})
+		s.ready.Retired = append(s.ready.Retired, ev.Transfer)
+		return
+	}
+	n := len(ev.Plan.Chunks)
+	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n),
+		timeout: ev.Timeout, progress: s.now}
+	s.xfers[x.id] = x
+	ss.active = append(ss.active, x)
+}
+
+func (s *Sender) copyDone(ev Event) {
+	x := s.xfers[ev.Transfer]
+	if x == nil {
+		s.free = append(s.free, ev.Slot) // cannot happen: a transfer lives while it holds slots
+		return
+	}
+	if x.finished || ev.Err != nil {
+		// The chunk will not be sent: give back the credit it took.
+		s.refund(x.sess)
+		s.release(x, ev.Slot)
+		if ev.Err != nil && !x.finished {
+			x.redoChunk(ev.Chunk)
+			s.fail(x, fmt.Errorf("copy of chunk %d to host: %w", ev.Chunk, ev.Err))
+		}
+		return
+	}
+	ss := x.sess
+	best := -1
+	for i, st := range ss.streams {
+		if st.alive && (best < 0 || st.inflight < ss.streams[best].inflight) {
+			best = i
+		}
+	}
+	if best < 0 {
+		s.refund(ss)
+		s.release(x, ev.Slot)
+		s.fail(x, ErrNoStreams)
+		return
+	}
+	ss.streams[best].inflight++
+	if x.state[ev.Chunk] == chCopying {
+		x.state[ev.Chunk] = chSending
+	}
+	x.onStream[ev.Chunk] = uint16(best)
+	s.ready.Sends = append(s.ready.Sends, SendCmd{Session: ss.id, Stream: best, Transfer: x.id, Chunk: ev.Chunk,
+		Count: uint32(len(x.plan.Chunks)), Slot: ev.Slot, C: &x.plan.Chunks[ev.Chunk]})
+}
+
+func (s *Sender) written(ev Event) {
+	x := s.xfers[ev.Transfer]
+	if x == nil {
+		s.free = append(s.free, ev.Slot)
+		return
+	}
+	ss := x.sess
+	if ev.Stream >= 0 && ev.Stream < len(ss.streams) {
+		ss.streams[ev.Stream].inflight--
+	}
+	s.release(x, ev.Slot)
+	if ev.Err != nil {
+		// The chunk may or may not have reached the peer: give back its
+		// credit, send it again (chunks are idempotent writes) and stop
+		// using the stream.
+		s.refund(ss)
+		if x.finished {
+			return
+		}
+		if x.state[ev.Chunk] == chSending {
+			x.redoChunk(ev.Chunk)
+		}
+		s.streamLost(ss, ev.Stream, ev.Err)
+		return
+	}
+	if x.finished {
+		return
+	}
+	if x.state[ev.Chunk] == chSending {
+		x.state[ev.Chunk] = chSent
+	}
+}
+
+func (s *Sender) ack(ev Event) {
+	ss := s.sessions[ev.Session]
+	if ss != nil {
+		ss.credits += len(ev.Chunks)
+	}
+	x := s.xfers[ev.Transfer]
+	if x == nil || x.finished || x.sess != ss {
+		return
+	}
+	for _, c := range ev.Chunks {
+		if int(c) >= len(x.state) || x.state[c] == chAcked {
+			continue
+		}
+		if x.state[c] == chPending {
+			x.dropRedo(c)
+		}
+		x.state[c] = chAcked
+		x.acked++
+		x.bytes += uint64(x.plan.Chunks[c].Len)
+		x.progress = s.now
+	}
+	if x.acked == len(x.plan.Chunks) {
+		s.finish(x, nil)
+	}
+}
+
+func (s *Sender) streamLost(ss *ssess, stream int, err error) {
+	if stream < 0 || stream >= len(ss.streams) || !ss.streams[stream].alive {
+		return
+	}
+	ss.streams[stream].alive = false
+	alive := false
+	for _, st := range ss.streams {
+		alive = alive || st.alive
+	}
+	if !alive {
+		if err == nil {
+			err = ErrNoStreams
+		} else {
+			err = fmt.Errorf("%w (last: %v)", ErrNoStreams, err)
+		}
+		for len(ss.active) > 0 {
+			s.fail(ss.active[0], err)
+		}
+		return
+	}
+	// Chunks written on the lost stream and not yet acked may never have
+	// arrived: send them again and give back the credit they took.
+	for _, x := range ss.active {
+		for c, st := range x.state {
+			if st == chSent && int(x.onStream[c]) == stream {
+				x.redoChunk(uint32(c))
+				ss.credits++
+			}
+		}
+	}
+}
+
+func (s *Sender) tick() {
+	for _, x := range s.xfers {
+		if !x.finished && x.timeout > 0 && s.now.Sub(x.progress) > x.timeout {
+			s.fail(x, fmt.Errorf("%w (%v without an ack; %d of %d chunks acked)", ErrTimeout, x.timeout, x.acked, len(x.plan.Chunks)))
+		}
+	}
+}
+
+func (x *sxfer) redoChunk(c uint32) {
+	x.state[c] = chPending
+	x.redo = append(x.redo, c)
+}
+
+func (x *sxfer) dropRedo(c uint32) {
+	for i, r := range x.redo {
+		if r == c {
+			x.redo = append(x.redo[:i], x.redo[i+1:]...)
+			return
+		}
+	}
+}
+
+func (s *Sender) release(x *sxfer, slot int) {
+	s.free = append(s.free, slot)
+	x.busy--
+	if x.finished && x.busy == 0 {
+		s.retire(x)
+	}
+}
+
+func (s *Sender) fail(x *sxfer, err error) { s.finish(x, err) }
+
+// refund gives back a credit taken by a chunk that will not arrive.
+func (s *Sender) refund(ss *ssess) {
+	if s.sessions[ss.id] == ss {
+		ss.credits++
+	}
+}
+
+func (s *Sender) finish(x *sxfer, err error) {
+	if x.finished {
+		return
+	}
+	x.finished = true
+	s.ready.Done = append(s.ready.Done, Completion{Transfer: x.id, Session: x.sess.id, Bytes: x.bytes, Err: err})
+	act := x.sess.active
+	for i, a := range act {
+		if a == x {
+			x.sess.active = append(act[:i], act[i+1:]...)
+			if x.sess.rr > i {
+				x.sess.rr--
+			}
+			break
+		}
+	}
+	if x.busy == 0 {
+		s.retire(x)
+	}
+}
+
+func (s *Sender) retire(x *sxfer) {
+	delete(s.xfers, x.id)
+	s.ready.Retired = append(s.ready.Retired, x.id)
+}
+
+// schedule starts copies while slots and credits allow, round robin over
+// sessions and, within a session, over its transfers.
+func (s *Sender) schedule() {
+	for len(s.free) > 0 && len(s.order) > 0 {
+		started := false
+		for i := 0; i < len(s.order) && len(s.free) > 0; i++ {
+			ss := s.order[(s.rr+i)%len(s.order)]
+			if ss.credits <= 0 || len(ss.active) == 0 {
+				continue
+			}
+			if s.startOne(ss) {
+				started = true
+			}
+		}
+		s.rr++
+		if !started {
+			return
+		}
+	}
+}
+
+func (s *Sender) startOne(ss *ssess) bool {
+	for i := 0; i < len(ss.active); i++ {
+		k := (ss.rr + i) % len(ss.active)
+		x := ss.active[k]
+		var c uint32
+		switch {
+		case len(x.redo) > 0:
+			c = x.redo[0]
+			x.redo = x.redo[1:]
+		case x.next < len(x.plan.Chunks):
+			c = uint32(x.next)
+			x.next++
+		default:
+			continue
+		}
+		slot := s.free[len(s.free)-1]
+		s.free = s.free[:len(s.free)-1]
+		ss.credits--
+		x.busy++
+		x.state[c] = chCopying
+		ss.rr = k + 1
+		s.ready.Copies = append(s.ready.Copies, CopyCmd{Transfer: x.id, Chunk: c, Slot: slot, C: &x.plan.Chunks[c]})
+		return true
+	}
+	return false
+}

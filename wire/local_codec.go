@@ -1,0 +1,259 @@
+package wire
+
+import "math"
+
+// Local control-socket message codecs: fields in declaration order.
+
+// AppendBody appends the encoded Register body to dst.
+func (m *Register) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendStr(dst, m.Name)
+	dst = appendU8(dst, m.Handle)
+	dst = appendU8(dst, uint8(m.Access))
+	dst = appendU32(dst, m.Ordinal)
+	dst = appendU64(dst, m.AllocSize)
+	dst = appendU64(dst, m.Offset)
+	dst = appendU64(dst, m.Length)
+	dst = appendU64(dst, m.Addr)
+	return appendBytes16(dst, m.HandleRaw)
+}
+
+func (m *Register) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Name = d.str("Name", MaxName)
+	m.Handle = d.u8("Handle")
+	m.Access = d.access("Access")
+	m.Ordinal = d.u32("Ordinal")
+	m.AllocSize = d.u64("AllocSize")
+	m.Offset = d.u64("Offset")
+	m.Length = d.u64("Length")
+	m.Addr = d.u64("Addr")
+	m.HandleRaw = d.bytes16("HandleRaw", MaxHandleBytes)
+}
+
+// AppendBody appends the encoded Unregister body to dst.
+func (m *Unregister) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	return appendStr(dst, m.Name)
+}
+
+func (m *Unregister) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Name = d.str("Name", MaxName)
+}
+
+// AppendBody appends the encoded Submit body to dst.
+func (m *Submit) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendStr(dst, m.Route)
+	dst = appendU8(dst, uint8(m.Dir))
+	dst = appendU8(dst, m.Checksum)
+	dst = appendStr(dst, m.Tag)
+	dst = appendStrs(dst, m.LocalNames)
+	dst = appendStrs(dst, m.RemoteNames)
+	n := listLen(len(m.Ops))
+	dst = appendU32(dst, uint32(n))
+	for i := range m.Ops[:n] {
+		op := &m.Ops[i]
+		dst = appendU32(dst, op.Local)
+		dst = appendU32(dst, op.Remote)
+		dst = appendU64(dst, op.LocalOff)
+		dst = appendU64(dst, op.RemoteOff)
+		dst = appendU64(dst, op.Len)
+	}
+	return dst
+}
+
+func (m *Submit) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Route = d.str("Route", MaxName)
+	m.Dir = d.direction("Dir")
+	m.Checksum = d.u8("Checksum")
+	if d.err == nil && m.Checksum > ChecksumOff {
+		d.fail(ErrMalformed, "Checksum", "unknown checksum choice %d", m.Checksum)
+	}
+	m.Tag = d.str("Tag", MaxTag)
+	m.LocalNames = d.strs("LocalNames", MaxNames, MaxName)
+	m.RemoteNames = d.strs("RemoteNames", MaxNames, MaxName)
+	n := d.count("Ops", MaxOps, localOpSize)
+	if d.err != nil || n == 0 {
+		return
+	}
+	m.Ops = make([]LocalOp, n)
+	for i := range m.Ops {
+		d.idx = i
+		op := &m.Ops[i]
+		op.Local = d.u32("Ops[].Local")
+		op.Remote = d.u32("Ops[].Remote")
+		op.LocalOff = d.u64("Ops[].LocalOff")
+		op.RemoteOff = d.u64("Ops[].RemoteOff")
+		op.Len = d.u64("Ops[].Len")
+		if d.err != nil {
+			return
+		}
+		switch {
+		case int64(op.Local) >= int64(len(m.LocalNames)):
+			d.fail(ErrMalformed, "Ops[].Local", "index %d out of range (%d local names)", op.Local, len(m.LocalNames))
+		case int64(op.Remote) >= int64(len(m.RemoteNames)):
+			d.fail(ErrMalformed, "Ops[].Remote", "index %d out of range (%d remote names)", op.Remote, len(m.RemoteNames))
+		case op.Len == 0:
+			d.fail(ErrMalformed, "Ops[].Len", "zero length")
+		case op.LocalOff > math.MaxUint64-op.Len:
+			d.fail(ErrOverflow, "Ops[].LocalOff", "offset %d + length %d overflows", op.LocalOff, op.Len)
+		case op.RemoteOff > math.MaxUint64-op.Len:
+			d.fail(ErrOverflow, "Ops[].RemoteOff", "offset %d + length %d overflows", op.RemoteOff, op.Len)
+		}
+		if d.err != nil {
+			return
+		}
+	}
+}
+
+// direction reads a Direction and rejects anything but Push and Pull.
+func (d *decoder) direction(field string) Direction {
+	v := Direction(d.u8(field))
+	if d.err == nil && v != Push && v != Pull {
+		d.fail(ErrMalformed, field, "unknown direction %d", uint8(v))
+	}
+	return v
+}
+
+// AppendBody appends the encoded Submitted body to dst.
+func (m *Submitted) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	return appendU64(dst, m.Transfer)
+}
+
+func (m *Submitted) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Transfer = d.u64("Transfer")
+}
+
+// AppendBody appends the encoded Wait body to dst.
+func (m *Wait) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendU64(dst, m.Transfer)
+	return appendU32(dst, m.TimeoutMs)
+}
+
+func (m *Wait) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Transfer = d.u64("Transfer")
+	m.TimeoutMs = d.u32("TimeoutMs")
+}
+
+// AppendBody appends the encoded Status body to dst.
+func (m *Status) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	return appendU64(dst, m.Transfer)
+}
+
+func (m *Status) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Transfer = d.u64("Transfer")
+}
+
+// AppendBody appends the encoded XferStatus body to dst.
+func (m *XferStatus) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendU64(dst, m.Transfer)
+	dst = appendU8(dst, uint8(m.State))
+	dst = appendU64(dst, m.Done)
+	dst = appendU64(dst, m.Total)
+	dst = appendU16(dst, uint16(m.Code))
+	return appendText(dst, m.Message)
+}
+
+func (m *XferStatus) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Transfer = d.u64("Transfer")
+	m.State = State(d.u8("State"))
+	if d.err == nil && (m.State < StateQueued || m.State > StateFailed) {
+		d.fail(ErrMalformed, "State", "unknown state %d", uint8(m.State))
+	}
+	m.Done = d.u64("Done")
+	m.Total = d.u64("Total")
+	m.Code = Code(d.u16("Code"))
+	m.Message = d.str("Message", MaxMessage)
+}
+
+// AppendBody appends the encoded Cancel body to dst.
+func (m *Cancel) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	return appendU64(dst, m.Transfer)
+}
+
+func (m *Cancel) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Transfer = d.u64("Transfer")
+}
+
+// AppendBody appends the encoded Subscribe body to dst.
+func (m *Subscribe) AppendBody(dst []byte) []byte { return appendU64(dst, m.Req) }
+
+func (m *Subscribe) decode(d *decoder) { m.Req = d.u64("Req") }
+
+// AppendBody appends the encoded Notify body to dst.
+func (m *Notify) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Transfer)
+	dst = appendStr(dst, m.Peer)
+	dst = appendStr(dst, m.Route)
+	dst = appendStr(dst, m.Tag)
+	dst = appendU8(dst, uint8(m.Dir))
+	dst = appendU64(dst, m.Bytes)
+	dst = appendU16(dst, uint16(m.Code))
+	return appendText(dst, m.Message)
+}
+
+func (m *Notify) decode(d *decoder) {
+	m.Transfer = d.u64("Transfer")
+	m.Peer = d.str("Peer", MaxName)
+	m.Route = d.str("Route", MaxName)
+	m.Tag = d.str("Tag", MaxTag)
+	m.Dir = d.direction("Dir")
+	m.Bytes = d.u64("Bytes")
+	m.Code = Code(d.u16("Code"))
+	m.Message = d.str("Message", MaxMessage)
+}
+
+// AppendBody appends the encoded Query body to dst.
+func (m *Query) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendU8(dst, m.What)
+	return appendStr(dst, m.Arg)
+}
+
+func (m *Query) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.What = d.u8("What")
+	m.Arg = d.str("Arg", MaxName)
+}
+
+// AppendBody appends the encoded QueryReply body to dst.
+func (m *QueryReply) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	return appendBytes32(dst, m.JSON)
+}
+
+func (m *QueryReply) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.JSON = d.bytes32("JSON", MaxJSON)
+}
+
+// AppendBody appends the encoded OK body to dst.
+func (m *OK) AppendBody(dst []byte) []byte { return appendU64(dst, m.Req) }
+
+func (m *OK) decode(d *decoder) { m.Req = d.u64("Req") }
+
+// AppendBody appends the encoded Fail body to dst.
+func (m *Fail) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Req)
+	dst = appendU16(dst, uint16(m.Code))
+	return appendText(dst, m.Message)
+}
+
+func (m *Fail) decode(d *decoder) {
+	m.Req = d.u64("Req")
+	m.Code = Code(d.u16("Code"))
+	m.Message = d.str("Message", MaxMessage)
+}

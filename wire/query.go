@@ -1,0 +1,60 @@
+package wire
+
+// JSON documents carried by QueryReply. They are part of the local control
+// protocol: stagectl, the Go client and the Python client read them.
+
+// Stats answers QueryStats.
+type Stats struct {
+	Node      string  `json:"node"`
+	Device    string  `json:"device"`
+	Listen    string  `json:"listen"`
+	UptimeS   float64 `json:"uptime_s"`
+	SlotSize  int     `json:"slot_size"`
+	SendSlots int     `json:"send_slots"`
+	SendInUse int     `json:"send_in_use"`
+	RecvSlots int     `json:"recv_slots"`
+	RecvInUse int     `json:"recv_in_use"`
+	Regions   int     `json:"regions"`
+	Mappings  int     `json:"mappings"`
+	Sessions  int     `json:"sessions"`
+	Transfers int     `json:"transfers_active"`
+	// Goroutines and FDs of the sidecar process, for leak checks.
+	Goroutines int         `json:"goroutines"`
+	FDs        int         `json:"fds"`
+	Links      []LinkStats `json:"links"`
+}
+
+// LinkStats are the counters of a route, or of a peer that dialed us
+// (named "peer:<node>").
+type LinkStats struct {
+	Name        string `json:"name"`
+	Up          int    `json:"sessions_up"`
+	BytesOut    uint64 `json:"bytes_out"`
+	BytesIn     uint64 `json:"bytes_in"`
+	ChunksOut   uint64 `json:"chunks_out"`
+	ChunksIn    uint64 `json:"chunks_in"`
+	XfersOK     uint64 `json:"transfers_ok"`
+	XfersFailed uint64 `json:"transfers_failed"`
+}
+
+// RouteInfo is one element of the QueryRoutes answer.
+type RouteInfo struct {
+	Name      string     `json:"name"`
+	Transport string     `json:"transport"`
+	Stripes   int        `json:"stripes"`
+	Checksum  bool       `json:"checksum"`
+	Peers     []PeerInfo `json:"peers"`
+}
+
+// PeerInfo is a route's view of one peer.
+type PeerInfo struct {
+	Addr     string `json:"addr"`
+	State    string `json:"state"` // up | connecting | down
+	Node     string `json:"node,omitempty"`
+	SameHost bool   `json:"same_host"`
+	Stripes  int    `json:"stripes"`
+	Chunk    int    `json:"chunk_bytes"`
+	Error    string `json:"error,omitempty"`
+}
+
+// QueryRegions and QueryCatalog answer with a JSON array of RegionInfo.
