@@ -44,7 +44,6 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[uint64]chan wire.Msg
 	notify  chan *wire.Notify
-	subbed  bool
 	err     error
 	done    chan struct{}
 }

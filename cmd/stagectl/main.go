@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -207,5 +206,3 @@ func configCmd() *cobra.Command {
 	cmd.AddCommand(check, def)
 	return cmd
 }
-
-func joinNames(ns []string) string { return strings.Join(ns, ",") }
