@@ -132,6 +132,12 @@ func TestWrongToken(t *testing.T) {
 	dec := startNode(t, "decode", nodeOpts{token: "right"})
 	pre := startNode(t, "prefill", nodeOpts{token: "wrong", route: "decode", peer: dec.peers})
 	time.Sleep(300 * time.Millisecond)
+	dec.settle(0)
+	pre.settle(0)
+	t.Cleanup(func() {
+		pre.checkIdle()
+		dec.checkIdle()
+	})
 	if st := dec.stats(); st.Sessions != 0 {
 		t.Fatalf("decode has %d sessions with a wrong-token peer", st.Sessions)
 	}

@@ -65,7 +65,11 @@ type nodeOpts struct {
 	stripes int
 	token   string
 	slots   int
-	extra   string // more YAML
+	extra   string   // more YAML
+	env     []string // more environment
+	// for pair(): the receiver's extra YAML and environment
+	decExtra string
+	decEnv   []string
 }
 
 // startNode starts staged with a config built from o and waits until it is ready.
@@ -99,7 +103,7 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 		t.Fatal(err)
 	}
 	n.cmd = exec.Command(stagedBin, "--config", path)
-	n.cmd.Env = append(os.Environ(), "STAGE_SECURITY_TOKEN="+token)
+	n.cmd.Env = append(append(os.Environ(), "STAGE_SECURITY_TOKEN="+token), o.env...)
 	n.cmd.Stderr = logf
 	out, err := n.cmd.StdoutPipe()
 	if err != nil {
@@ -226,7 +230,7 @@ func (n *node) stop() {
 // "decode" between them, and waits for the session.
 func pair(t *testing.T, o nodeOpts) (pre, dec *node) {
 	t.Helper()
-	dec = startNode(t, "decode", nodeOpts{token: o.token, slots: o.slots})
+	dec = startNode(t, "decode", nodeOpts{token: o.token, slots: o.slots, extra: o.decExtra, env: o.decEnv})
 	o.route, o.peer = "decode", dec.peers
 	pre = startNode(t, "prefill", o)
 	pre.settle(1)

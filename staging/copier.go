@@ -11,7 +11,9 @@ import (
 // function, in submission order, once the device has finished it. One
 // goroutine per Copier waits on the events.
 type Copier struct {
+	dev    device.Device
 	stream device.Stream
+	broken bool // a copy failed: the stream's error is sticky, replace it
 	mu     sync.Mutex // orders enqueue + record so the FIFO matches the stream
 	events chan device.Event
 	jobs   chan copyJob
@@ -31,7 +33,7 @@ func NewCopier(dev device.Device, depth int) (*Copier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("staging: copy stream on %s: %w", dev, err)
 	}
-	c := &Copier{stream: s, events: make(chan device.Event, depth), jobs: make(chan copyJob, depth)}
+	c := &Copier{dev: dev, stream: s, events: make(chan device.Event, depth), jobs: make(chan copyJob, depth)}
 	for i := 0; i < depth; i++ {
 		ev, err := dev.NewEvent()
 		if err != nil {
@@ -64,6 +66,13 @@ func (c *Copier) enqueue(copyFn func() error, done func(error)) error {
 		c.events <- ev
 		return device.ErrClosed
 	}
+	if c.broken {
+		if err := c.replaceStream(); err != nil {
+			c.mu.Unlock()
+			c.events <- ev
+			return err
+		}
+	}
 	if err := copyFn(); err != nil {
 		c.mu.Unlock()
 		c.events <- ev
@@ -83,9 +92,33 @@ func (c *Copier) wait() {
 	defer c.wg.Done()
 	for j := range c.jobs {
 		err := j.ev.Wait()
+		if err != nil {
+			c.mu.Lock()
+			c.broken = true
+			c.mu.Unlock()
+		}
 		c.events <- j.ev
 		j.done(err)
 	}
+}
+
+// replaceStream swaps a failed stream for a new one (c.mu held). Copies
+// already queued on the old one fail with its error; later ones use the
+// new stream.
+func (c *Copier) replaceStream() error {
+	ns, err := c.dev.NewStream()
+	if err != nil {
+		return fmt.Errorf("staging: replace failed copy stream on %s: %w", c.dev, err)
+	}
+	old := c.stream
+	c.stream, c.broken = ns, false
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		_ = old.Synchronize() // its error is the one already reported
+		_ = old.Close()
+	}()
+	return nil
 }
 
 // Close waits for copies in flight (running their done functions) and
