@@ -13,7 +13,7 @@ import (
 type Copier struct {
 	dev    device.Device
 	stream device.Stream
-	broken bool // a copy failed: the stream's error is sticky, replace it
+	broken bool       // a copy failed: the stream's error is sticky, replace it
 	mu     sync.Mutex // orders enqueue + record so the FIFO matches the stream
 	events chan device.Event
 	jobs   chan copyJob
