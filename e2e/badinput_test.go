@@ -58,7 +58,11 @@ func TestBadRequests(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.text) {
 				t.Errorf("error %q does not say %q", err, tc.text)
 			}
-			if !bytes.Equal(D.All(), bytes.Repeat([]byte{guard}, len(D.All()))) {
+			all, err := D.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(all, bytes.Repeat([]byte{guard}, len(all))) {
 				t.Fatal("the destination changed")
 			}
 		})
@@ -75,7 +79,9 @@ func TestBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	ro.Poison(guard)
+	if err := ro.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
 	if err := ro.Register(ctx, dec.cl, wire.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,9 @@ func TestDeviceCopyFails(t *testing.T) {
 		t.Fatal("receiver never heard of the failed transfer")
 	}
 	// The failed copy stream was replaced: the same route moves bytes again.
-	D.Poison(guard)
+	if err := D.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
 	ms := kvsim.Ranges(S, 1<<20)
 	run(t, pre.cl, wire.Push, "after-failure", S, D, ms)
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {

@@ -29,8 +29,12 @@ func caches(t *testing.T, src, dst *node, layers int, layerBytes uint64) (S, D *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { D.Close() })
-	S.Fill(uint64(time.Now().UnixNano()))
-	D.Poison(guard)
+	if err := S.Fill(uint64(time.Now().UnixNano())); err != nil {
+		t.Fatal(err)
+	}
+	if err := D.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
 	if err := S.Register(ctx, src.cl, wire.AccessAll); err != nil {
 		t.Fatal(err)
 	}

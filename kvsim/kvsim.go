@@ -1,51 +1,64 @@
 // Package kvsim is a synthetic paged KV cache for the demo, benchmarks and
-// tests: an engine-side allocation in shared memory (a memfd, the hostmem
-// backend's "device memory"), cut into per-layer regions that sit at a
-// non-zero offset inside it, with builders for range and scattered-block
-// transfers and byte-exact verification.
+// tests: an engine-side allocation (a memfd, the hostmem backend's "device
+// memory", or CUDA device memory shared by IPC handle), cut into per-layer
+// regions that sit at a non-zero offset inside it, with builders for range
+// and scattered-block transfers and byte-exact verification.
 //
 // It plays the engine's part only; it never talks to peers.
 package kvsim
 
 import (
 	"bytes"
+	"encoding/binary"
 	"context"
 	"fmt"
 	"math/rand/v2"
 
 	"github.com/stage-kv/stage/client"
-	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/device/hostmem"
 	"github.com/stage-kv/stage/wire"
 )
 
 // Cache is Layers regions of LayerBytes each, laid out after Guard bytes
-// inside one shared allocation (with Guard bytes after them too, so a
+// inside one engine allocation (with Guard bytes after them too, so a
 // write past a region shows).
 type Cache struct {
 	Name       string
 	Layers     int
 	LayerBytes uint64
 	Guard      uint64
-	mem        *hostmem.Shared
+	mem        Memory
 }
 
-// New allocates a cache.
+// New allocates a cache in shared host memory (the hostmem backend's
+// device memory).
 func New(name string, layers int, layerBytes, guard uint64) (*Cache, error) {
 	if layers <= 0 || layerBytes == 0 {
 		return nil, fmt.Errorf("kvsim: %d layers of %d B", layers, layerBytes)
 	}
-	size := 2*guard + uint64(layers)*layerBytes
-	m, err := hostmem.NewShared(name, int(size))
+	m, err := NewHostMemory(name, 2*guard+uint64(layers)*layerBytes)
 	if err != nil {
 		return nil, err
 	}
-	return &Cache{Name: name, Layers: layers, LayerBytes: layerBytes, Guard: guard, mem: m}, nil
+	return NewOn(m, name, layers, layerBytes, guard)
 }
 
-// Close frees the allocation (the sidecar keeps its own mapping until it
+// NewOn lays a cache out in mem, which it then owns (Close frees it).
+func NewOn(mem Memory, name string, layers int, layerBytes, guard uint64) (*Cache, error) {
+	if layers <= 0 || layerBytes == 0 {
+		return nil, fmt.Errorf("kvsim: %d layers of %d B", layers, layerBytes)
+	}
+	if need := 2*guard + uint64(layers)*layerBytes; mem.Size() < need {
+		return nil, fmt.Errorf("kvsim: %s: %d B of memory for %d B", name, mem.Size(), need)
+	}
+	return &Cache{Name: name, Layers: layers, LayerBytes: layerBytes, Guard: guard, mem: mem}, nil
+}
+
+// Close frees the memory (the sidecar keeps its own mapping until it
 // unregisters).
 func (c *Cache) Close() error { return c.mem.Close() }
+
+// Memory returns the allocation behind the cache.
+func (c *Cache) Memory() Memory { return c.mem }
 
 // Region returns layer i's region name.
 func (c *Cache) Region(i int) string { return fmt.Sprintf("%s/%d", c.Name, i) }
@@ -59,21 +72,24 @@ func (c *Cache) Regions() []string {
 	return ns
 }
 
-// Layer returns layer i's bytes.
-func (c *Cache) Layer(i int) []byte {
-	off := c.Guard + uint64(i)*c.LayerBytes
-	return c.mem.Bytes()[off : off+c.LayerBytes]
+func (c *Cache) layerOff(i int) uint64 { return c.Guard + uint64(i)*c.LayerBytes }
+
+// ReadLayer copies layer i out.
+func (c *Cache) ReadLayer(i int) ([]byte, error) {
+	b := make([]byte, c.LayerBytes)
+	return b, c.mem.ReadAt(b, c.layerOff(i))
 }
 
-// All returns the whole allocation, guards included.
-func (c *Cache) All() []byte { return c.mem.Bytes() }
+// Snapshot copies the whole allocation out, guards included.
+func (c *Cache) Snapshot() ([]byte, error) {
+	b := make([]byte, 2*c.Guard+uint64(c.Layers)*c.LayerBytes)
+	return b, c.mem.ReadAt(b, 0)
+}
 
 // Register registers every layer with the sidecar behind cl.
 func (c *Cache) Register(ctx context.Context, cl *client.Client, access wire.Access) error {
 	for i := 0; i < c.Layers; i++ {
-		err := cl.Register(ctx, client.Region{Name: c.Region(i), Handle: uint8(device.HandleMemfd), Access: access,
-			AllocSize: uint64(c.mem.Size()), Offset: c.Guard + uint64(i)*c.LayerBytes, Length: c.LayerBytes, FD: c.mem.FD()})
-		if err != nil {
+		if err := cl.Register(ctx, c.mem.Region(c.Region(i), c.layerOff(i), c.LayerBytes, access)); err != nil {
 			return err
 		}
 	}
@@ -90,23 +106,36 @@ func (c *Cache) Unregister(ctx context.Context, cl *client.Client) error {
 	return nil
 }
 
+// fillChunk is how much Fill and Poison write at a time.
+const fillChunk = 8 << 20
+
 // Fill writes pseudo-random bytes (deterministic per seed) everywhere.
-func (c *Cache) Fill(seed uint64) {
+func (c *Cache) Fill(seed uint64) error {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := c.mem.Bytes()
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := r.Uint64()
-		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-		b[i+4], b[i+5], b[i+6], b[i+7] = byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
+	buf := make([]byte, fillChunk)
+	size := 2*c.Guard + uint64(c.Layers)*c.LayerBytes
+	for off := uint64(0); off < size; off += fillChunk {
+		b := buf[:min(fillChunk, size-off)]
+		for i := 0; i+8 <= len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], r.Uint64())
+		}
+		if err := c.mem.WriteAt(b, off); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // Poison sets every byte to v.
-func (c *Cache) Poison(v byte) {
-	b := c.mem.Bytes()
-	for i := range b {
-		b[i] = v
+func (c *Cache) Poison(v byte) error {
+	buf := bytes.Repeat([]byte{v}, fillChunk)
+	size := 2*c.Guard + uint64(c.Layers)*c.LayerBytes
+	for off := uint64(0); off < size; off += fillChunk {
+		if err := c.mem.WriteAt(buf[:min(fillChunk, size-off)], off); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // Move is one block: layer, source offset and destination offset.
@@ -174,25 +203,54 @@ func Transfer(route string, dir wire.Direction, tag string, local, remote *Cache
 // Verify checks that every move's destination bytes equal its source bytes,
 // and that dst's guard bytes still hold guard.
 func Verify(src, dst *Cache, ms []Move, guard byte) error {
-	for i, m := range ms {
-		s := src.Layer(m.Layer)[m.SrcOff : m.SrcOff+m.Len]
-		d := dst.Layer(m.Layer)[m.DstOff : m.DstOff+m.Len]
-		if !bytes.Equal(s, d) {
-			at := 0
-			for at < len(s) && s[at] == d[at] {
-				at++
+	for _, layer := range layersOf(ms) {
+		s, err := src.ReadLayer(layer)
+		if err != nil {
+			return err
+		}
+		d, err := dst.ReadLayer(layer)
+		if err != nil {
+			return err
+		}
+		for i, m := range ms {
+			if m.Layer != layer {
+				continue
 			}
-			return fmt.Errorf("kvsim: move %d (layer %d, %d B from %d to %d): first difference at byte %d: got %#02x, want %#02x",
-				i, m.Layer, m.Len, m.SrcOff, m.DstOff, at, d[at], s[at])
+			a, b := s[m.SrcOff:m.SrcOff+m.Len], d[m.DstOff:m.DstOff+m.Len]
+			if !bytes.Equal(a, b) {
+				at := 0
+				for at < len(a) && a[at] == b[at] {
+					at++
+				}
+				return fmt.Errorf("kvsim: move %d (layer %d, %d B from %d to %d): first difference at byte %d: got %#02x, want %#02x",
+					i, m.Layer, m.Len, m.SrcOff, m.DstOff, at, b[at], a[at])
+			}
 		}
 	}
-	all := dst.All()
-	for i := uint64(0); i < dst.Guard; i++ {
-		if all[i] != guard || all[uint64(len(all))-1-i] != guard {
-			return fmt.Errorf("kvsim: %s: guard bytes around the regions were overwritten", dst.Name)
+	g := make([]byte, dst.Guard)
+	for _, off := range []uint64{0, dst.Guard + uint64(dst.Layers)*dst.LayerBytes} {
+		if err := dst.mem.ReadAt(g, off); err != nil {
+			return err
+		}
+		for _, v := range g {
+			if v != guard {
+				return fmt.Errorf("kvsim: %s: guard bytes around the regions were overwritten", dst.Name)
+			}
 		}
 	}
 	return nil
+}
+
+func layersOf(ms []Move) []int {
+	seen := map[int]bool{}
+	var ls []int
+	for _, m := range ms {
+		if !seen[m.Layer] {
+			seen[m.Layer] = true
+			ls = append(ls, m.Layer)
+		}
+	}
+	return ls
 }
 
 // Bytes adds up the moves' lengths.
