@@ -10,22 +10,26 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/staged ./cmd/stagectl
 
-# The README's test command: unit, fuzz-seed and e2e tests (e2e builds the
-# binaries itself), under the race detector.
-test:
+# The README's test command: Go unit, fuzz-seed and e2e tests under the race
+# detector (e2e builds race-enabled sidecars itself), then the Python
+# client's tests against the built staged.
+test: build
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged python3 -m unittest discover -s tests
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build
 	./$(BIN)/stagectl demo
 
 # Micro-benchmarks of the hot paths, then end-to-end throughput on two
-# local sidecars (emulated devices).
+# local sidecars (emulated devices): a block-size sweep with one stream and
+# a 4-stream run, each beside raw TCP with as many streams, measured in the
+# same run.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./wire/ ./staging/ ./device/hostmem/
-	./$(BIN)/stagectl bench --spawn --size 256MiB --block 1MiB --iters 5
-	./$(BIN)/stagectl bench --spawn --size 256MiB --block 16KiB --pattern blocks --iters 5
+	./$(BIN)/stagectl bench --spawn --sweep --raw --stripes 1 --size 256MiB --iters 5
+	./$(BIN)/stagectl bench --spawn --raw --stripes 4 --size 1GiB --block 4MiB --iters 5
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -45,9 +49,12 @@ fuzz:
 
 # GPU test binaries and daemons for the GPU machine (see docs/BENCHMARKS.md).
 gpu-build:
-	@mkdir -p .dev
-	$(GO) test -c -tags gpu -o .dev/ ./cuda/...
+	@mkdir -p .dev/bench
+	$(GO) test -c -tags gpu -o .dev/cuda.test ./cuda/
+	$(GO) test -c -tags gpu -o .dev/e2e.test ./e2e/
 	$(GO) build -o .dev/ ./cmd/staged ./cmd/stagectl
+	cp ../shared/bench/* .dev/bench/
+	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go
 
 clean:
 	rm -rf $(BIN) .dev

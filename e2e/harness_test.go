@@ -20,6 +20,12 @@ import (
 var stagedBin string
 
 func TestMain(m *testing.M) {
+	// On a machine without Go (the GPU machine), STAGED_BIN names a
+	// prebuilt staged.
+	if p := os.Getenv("STAGED_BIN"); p != "" {
+		stagedBin = p
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "stage-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -65,6 +71,7 @@ type nodeOpts struct {
 	stripes int
 	token   string
 	slots   int
+	slot    string // slot size, default 1MiB
 	extra   string   // more YAML
 	env     []string // more environment
 	// for pair(): the receiver's extra YAML and environment
@@ -83,8 +90,11 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 	if o.stripes == 0 {
 		o.stripes = 2
 	}
-	cfg := fmt.Sprintf("node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: 1MiB\n  slots: %d\n  window: %d\n",
-		name, sock, o.slots, o.slots/2)
+	if o.slot == "" {
+		o.slot = "1MiB"
+	}
+	cfg := fmt.Sprintf("node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
+		name, sock, o.slot, o.slots, o.slots/2)
 	if o.route != "" {
 		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 10s\n", o.route, o.peer, o.stripes)
 	}

@@ -343,12 +343,25 @@ func (c *client) handle(m wire.Msg, fd int) {
 		s.mu.Unlock()
 		c.reply(&wire.OK{Req: m.Req})
 	case *wire.Query:
-		js, err := s.query(m)
-		if err != nil {
-			c.fail(m.Req, err)
-			return
+		answer := func() {
+			js, err := s.query(m)
+			if err != nil {
+				c.fail(m.Req, err)
+				return
+			}
+			c.reply(&wire.QueryReply{Req: m.Req, JSON: js})
 		}
-		c.reply(&wire.QueryReply{Req: m.Req, JSON: js})
+		if m.What != wire.QueryCatalog {
+			answer()
+			break
+		}
+		// A catalog waits for the peer: answer it aside so the client's
+		// other requests are not held up.
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			answer()
+		}()
 	default:
 		closeFD(fd)
 		c.fail(reqOf(m), codeErr(wire.CodeBadRequest, "%s is not a request", m.Type()))

@@ -231,7 +231,7 @@ func (s *Server) register(ss *session, c net.Conn) error {
 		_ = gc.Close()
 	}
 	s.log.Info("session up", zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
-		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripes), zap.Int("chunk", ss.chunkSize))
+		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize))
 	return nil
 }
 
@@ -378,6 +378,14 @@ func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
 	err := writeMsg(c, &wire.DataAccept{Stream: h.Stream})
 	s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: int(h.Stream), Now: time.Now()})
 	return err
+}
+
+// stripeCount is the number of data streams (it grows on the accepting
+// side as streams attach).
+func (ss *session) stripeCount() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.stripes
 }
 
 // send encodes m and queues it on the control connection.

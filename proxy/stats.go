@@ -29,7 +29,7 @@ func (s *Server) Snapshot() Stats {
 	regions, maps := s.regions.Count()
 	st := Stats{Node: s.cfg.Node.Name, Device: s.dev.String(), Listen: s.PeerAddr(), UptimeS: time.Since(s.start).Seconds(),
 		SlotSize: s.sendPool.SlotSize(), SendSlots: s.sendPool.Cap(), SendInUse: int(s.sendInUse.Load()),
-		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps,
+		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
 		Goroutines: runtime.NumGoroutine(), FDs: countFDs()}
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
@@ -72,7 +72,7 @@ func (s *Server) Routes() []RouteInfo {
 		for _, addr := range r.cfg.Peers {
 			p := PeerInfo{Addr: addr, State: "connecting"}
 			if ss := r.sess[addr]; ss != nil {
-				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.peerHost == s.hostID, ss.stripes, ss.chunkSize
+				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.peerHost == s.hostID, ss.stripeCount(), ss.chunkSize
 			} else if e := r.lastErr[addr]; e != nil {
 				p.State, p.Error = "down", e.Error()
 			}

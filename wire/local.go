@@ -2,7 +2,7 @@ package wire
 
 // Local control-socket messages. Every request starts with a request id that
 // its answer (OK, Fail, Submitted, XferStatus, QueryReply) repeats. Notify is
-// sent unasked, with Req 0, to connections that subscribed.
+// sent unasked to connections that subscribed; it has no request id.
 
 // Register registers a region. With FlagFD set, the allocation's fd travels
 // as SCM_RIGHTS with the frame.

@@ -238,9 +238,9 @@ func TestGolden(t *testing.T) {
 			name: "Submit",
 			got: AppendFrame(nil, &Submit{Req: 5, Route: "r", Dir: Push, Checksum: ChecksumOn, Tag: "t",
 				LocalNames: []string{"a"}, RemoteNames: []string{"b", "c"},
-				Ops: []LocalOp{{Local: 0, Remote: 1, LocalOff: 0x10, RemoteOff: 0x20, Len: 0x30}}}, false, FlagFD),
+				Ops: []LocalOp{{Local: 0, Remote: 1, LocalOff: 0x10, RemoteOff: 0x20, Len: 0x30}}}, false, 0),
 			want: hexBytes(
-				"SG", 1, 130, 2, 0, 0, 0, 69, 0, 0, 0, 0, 0, 0, 0,
+				"SG", 1, 130, 0, 0, 0, 0, 69, 0, 0, 0, 0, 0, 0, 0,
 				5, 0, 0, 0, 0, 0, 0, 0, // req
 				1, 0, "r", // route
 				1,         // dir push

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,20 +21,29 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bench ROUTE",
-		Short: "measure transfers on a route: throughput and latency percentiles",
+		Use:   "bench [ROUTE]",
+		Short: "measure transfers on a route: throughput and latency percentiles, beside the raw TCP ceiling",
 		Long: `bench acts as the engine on both ends: it registers a buffer with the local
 sidecar (--socket) and one with the peer's sidecar (--remote-socket, which must be
 on this machine), moves --size bytes per transfer in --block pieces (--pattern
 ranges keeps offsets, blocks scatters them in random order), --iters times, and
-prints GB/s and per-transfer latency percentiles. --verify checks every byte.`,
+prints GB/s and per-transfer latency percentiles. --verify checks every byte.
+
+--spawn starts the two sidecars itself (route "bench"); --sweep measures block
+sizes from 4KiB to 64MiB (scattered); --raw also measures plain TCP with the same
+number of streams in the same run (against an in-process sink with --spawn, or a
+"stagectl sink" on the peer's host given by --raw-peer), the ceiling to compare with.`,
 		Args: cobra.RangeArgs(0, 1),
 	}
 	f := cmd.Flags()
-	spawn := f.Bool("spawn", false, "start two local sidecars on emulated devices (route \"bench\") and measure between them")
-	stripes := f.Int("stripes", 4, "with --spawn: data streams between the sidecars")
+	spawn := f.Bool("spawn", false, "start two local sidecars (route \"bench\") and measure between them")
+	stripes := f.Int("stripes", 4, "with --spawn: data streams between the sidecars; with --raw: TCP streams")
 	staged := f.String("staged", "", "with --spawn: path of the staged binary (default: beside stagectl)")
-	remote := f.String("remote-socket", "", "control socket of the peer's sidecar (required)")
+	devFlag := f.String("device", "hostmem", "where the local engine memory (and with --spawn, the local sidecar's device) lives: hostmem or cuda:N")
+	rdevFlag := f.String("remote-device", "", "the same for the remote side (default: as --device)")
+	slotSize := f.String("slot-size", "4MiB", "with --spawn: staging slot size")
+	slotsFlag := f.Int("slots", 32, "with --spawn: staging slots per sidecar")
+	remote := f.String("remote-socket", "", "control socket of the peer's sidecar (required without --spawn)")
 	size := f.String("size", "256MiB", "bytes per transfer")
 	block := f.String("block", "1MiB", "block size")
 	pattern := f.String("pattern", "ranges", "ranges | blocks")
@@ -40,8 +51,12 @@ prints GB/s and per-transfer latency percentiles. --verify checks every byte.`,
 	iters := f.Int("iters", 5, "transfers to time")
 	warmup := f.Int("warmup", 1, "untimed transfers first")
 	verify := f.Bool("verify", false, "check every byte after each transfer")
-	asJSON := f.Bool("json", false, "print the summary as JSON")
+	asJSON := f.Bool("json", false, "print the results as JSON")
+	sweep := f.Bool("sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
+	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
+	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
 		sz, err := config.ParseByteSize(*size)
 		if err != nil {
 			return fmt.Errorf("--size: %w", err)
@@ -49,40 +64,6 @@ prints GB/s and per-transfer latency percentiles. --verify checks every byte.`,
 		bl, err := config.ParseByteSize(*block)
 		if err != nil {
 			return fmt.Errorf("--block: %w", err)
-		}
-		route := "bench"
-		if len(args) == 1 {
-			route = args[0]
-		}
-		local := socketPath(cmd)
-		if *spawn {
-			bin, err := stagedPath(*staged)
-			if err != nil {
-				return err
-			}
-			dir, err := os.MkdirTemp("", "stage-bench-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(dir)
-			slots := max(16, int(2*8*uint64(bl)/(4<<20)))
-			token := randomToken()
-			dec, err := startSidecar(cmd.Context(), bin, dir, "decode", sidecarYAML("decode", dir+"/decode.sock", "4MiB", slots, "", "", 0), token)
-			if err != nil {
-				return err
-			}
-			defer dec.stop()
-			pre, err := startSidecar(cmd.Context(), bin, dir, "prefill", sidecarYAML("prefill", dir+"/prefill.sock", "4MiB", slots, route, dec.peers, *stripes), token)
-			if err != nil {
-				return err
-			}
-			defer pre.stop()
-			local, *remote = pre.socket, dec.socket
-		} else if len(args) == 0 {
-			return fmt.Errorf("name a ROUTE, or pass --spawn")
-		}
-		if *remote == "" {
-			return fmt.Errorf("--remote-socket is required: bench registers the destination buffer with the peer's sidecar (or pass --spawn)")
 		}
 		var d wire.Direction
 		switch *dir {
@@ -96,23 +77,142 @@ prints GB/s and per-transfer latency percentiles. --verify checks every byte.`,
 		if *pattern != "ranges" && *pattern != "blocks" {
 			return fmt.Errorf("--pattern must be ranges or blocks (got %q)", *pattern)
 		}
-		if uint64(bl) == 0 || uint64(sz)%uint64(bl) != 0 {
-			return fmt.Errorf("--size %s must be a multiple of --block %s", *size, *block)
-		}
-		res, err := runBench(cmd.Context(), benchOpts{route: route, local: local, remote: *remote, size: uint64(sz),
-			block: uint64(bl), blocks: *pattern == "blocks", dir: d, iters: *iters, warmup: *warmup, verify: *verify})
+		ldev, err := parseEngineDevice(*devFlag)
 		if err != nil {
-			return err
+			return fmt.Errorf("--device: %w", err)
+		}
+		rdev := ldev
+		if *rdevFlag != "" {
+			if rdev, err = parseEngineDevice(*rdevFlag); err != nil {
+				return fmt.Errorf("--remote-device: %w", err)
+			}
+		}
+		route := "bench"
+		if len(args) == 1 {
+			route = args[0]
+		}
+		local := socketPath(cmd)
+		if *spawn {
+			bin, err := stagedPath(*staged)
+			if err != nil {
+				return err
+			}
+			tmp, err := os.MkdirTemp("", "stage-bench-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			token := randomToken()
+			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0), token)
+			if err != nil {
+				return err
+			}
+			defer dec.stop()
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes), token)
+			if err != nil {
+				return err
+			}
+			defer pre.stop()
+			local, *remote = pre.socket, dec.socket
+		} else if len(args) == 0 {
+			return fmt.Errorf("name a ROUTE, or pass --spawn")
+		}
+		if *remote == "" {
+			return fmt.Errorf("--remote-socket is required: bench registers the destination buffer with the peer's sidecar (or pass --spawn)")
+		}
+		blocks := []uint64{uint64(bl)}
+		blocksPattern := *pattern == "blocks"
+		if *sweep {
+			blocks, blocksPattern = nil, true
+			for b := uint64(4 << 10); b <= 64<<20; b *= 4 {
+				blocks = append(blocks, b)
+			}
+		}
+		var results []*BenchResult
+		for _, b := range blocks {
+			total := uint64(sz)
+			if total < b {
+				total = b
+			}
+			total -= total % b
+			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify})
+			if err != nil {
+				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
+			}
+			results = append(results, res)
+			if !*asJSON && len(blocks) > 1 {
+				fmt.Fprintln(os.Stderr, res.String())
+			}
+		}
+		var ceiling *RawResult
+		if *raw {
+			addr := *rawPeer
+			if *spawn {
+				sink, err := startSink("127.0.0.1:0")
+				if err != nil {
+					return err
+				}
+				defer sink.Close()
+				addr = sink.Addr()
+			}
+			if addr == "" {
+				return fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
+			}
+			gbps, err := rawTCP(ctx, addr, *stripes, max(uint64(sz), 1<<30))
+			if err != nil {
+				return err
+			}
+			ceiling = &RawResult{Streams: *stripes, GBps: gbps}
 		}
 		if *asJSON {
 			enc := json.NewEncoder(os.Stdout)
 			enc.SetIndent("", "  ")
-			return enc.Encode(res)
+			return enc.Encode(BenchReport{Results: results, Raw: ceiling})
 		}
-		fmt.Println(res.String())
+		printBenchTable(os.Stdout, results, ceiling)
 		return nil
 	}
 	return cmd
+}
+
+// RawResult is plain TCP measured beside stage.
+type RawResult struct {
+	Streams int     `json:"streams"`
+	GBps    float64 `json:"gb_per_s"`
+}
+
+// BenchReport is bench's JSON output.
+type BenchReport struct {
+	Results []*BenchResult `json:"results"`
+	Raw     *RawResult     `json:"raw_tcp,omitempty"`
+}
+
+func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
+	if len(rs) == 1 && raw == nil {
+		fmt.Fprintln(w, rs[0].String())
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	hdr := "BLOCK\tPATTERN\tDIR\tGB/s\tp50 us\tp99 us\t"
+	if raw != nil {
+		hdr += "of raw TCP\t"
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, r := range rs {
+		row := fmt.Sprintf("%s\t%s\t%s\t%.3f\t%.0f\t%.0f\t", config.ByteSize(r.Block), r.Pattern, r.Dir, r.GBps, r.P50us, r.P99us)
+		if raw != nil {
+			row += fmt.Sprintf("%.0f%%\t", 100*r.GBps/raw.GBps)
+		}
+		fmt.Fprintln(tw, row)
+	}
+	_ = tw.Flush()
+	if raw != nil {
+		fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s\n", raw.Streams, raw.GBps)
+	}
+	if len(rs) > 0 {
+		fmt.Fprintf(w, "devices %s; %d transfers of %s each per row; verified: %v\n", rs[0].Devices, rs[0].Iters, config.ByteSize(rs[0].Size), rs[0].Verified)
+	}
 }
 
 type benchOpts struct {
@@ -120,6 +220,7 @@ type benchOpts struct {
 	size, block          uint64
 	blocks               bool
 	dir                  wire.Direction
+	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
 }
@@ -138,6 +239,7 @@ type BenchResult struct {
 	P99us     float64 `json:"p99_us"`
 	MaxUs     float64 `json:"max_us"`
 	Verified  bool    `json:"verified"`
+	Devices   string  `json:"devices"`
 	TotalSecs float64 `json:"total_s"`
 }
 
@@ -146,8 +248,8 @@ func (r BenchResult) String() string {
 	if r.Verified {
 		v = "every byte verified"
 	}
-	return fmt.Sprintf("%s %s %s: %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s",
-		r.Route, r.Dir, r.Pattern, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v)
+	return fmt.Sprintf("%s %s %s (%s): %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s",
+		r.Route, r.Dir, r.Pattern, r.Devices, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v)
 }
 
 func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
@@ -162,12 +264,12 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	defer rc.Close()
 	tag := fmt.Sprintf("bench-%d", time.Now().UnixNano()%1e6)
-	L, err := kvsim.New(tag+"-local", 1, o.size, 4096)
+	L, err := newCache(o.ldev, tag+"-local", 1, o.size, 4096)
 	if err != nil {
 		return nil, err
 	}
 	defer L.Close()
-	R, err := kvsim.New(tag+"-remote", 1, o.size, 4096)
+	R, err := newCache(o.rdev, tag+"-remote", 1, o.size, 4096)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +286,9 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if o.dir == wire.Pull {
 		src, dst = R, L
 	}
-	src.Fill(uint64(time.Now().UnixNano()))
+	if err := src.Fill(uint64(time.Now().UnixNano())); err != nil {
+		return nil, err
+	}
 	var ms []kvsim.Move
 	if o.blocks {
 		ms = kvsim.Blocks(src, o.block, 3)
@@ -197,7 +301,9 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	var busy time.Duration
 	for i := 0; i < o.warmup+o.iters; i++ {
 		if o.verify {
-			dst.Poison(0xAB)
+			if err := dst.Poison(0xAB); err != nil {
+				return nil, err
+			}
 		}
 		start := time.Now()
 		if _, err := lc.Do(ctx, t); err != nil {
@@ -237,7 +343,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat),
 		GBps: float64(uint64(len(lat))*o.size) / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
-		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds()}, nil
+		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String()}, nil
 }
 
 func isTerminal(f *os.File) bool {

@@ -38,6 +38,8 @@ throughput and both sidecars' stats.`,
 	slot := f.String("slot-size", "4MiB", "staging slot size")
 	slots := f.Int("slots", 32, "staging slots per sidecar")
 	keep := f.Bool("keep", false, "keep the temporary directory with configs and logs")
+	devFlag := f.String("device", "hostmem", "prefill side's device: hostmem or cuda:N")
+	rdevFlag := f.String("remote-device", "", "decode side's device (default: as --device)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		sz, err := config.ParseByteSize(*size)
 		if err != nil {
@@ -56,6 +58,16 @@ throughput and both sidecars' stats.`,
 		if layerBytes == 0 {
 			return fmt.Errorf("--size %s is too small for %d layers of %s blocks", *size, *layers, *block)
 		}
+		pdev, err := parseEngineDevice(*devFlag)
+		if err != nil {
+			return fmt.Errorf("--device: %w", err)
+		}
+		ddev := pdev
+		if *rdevFlag != "" {
+			if ddev, err = parseEngineDevice(*rdevFlag); err != nil {
+				return fmt.Errorf("--remote-device: %w", err)
+			}
+		}
 		bin, err := stagedPath(*staged)
 		if err != nil {
 			return err
@@ -70,7 +82,7 @@ throughput and both sidecars' stats.`,
 			fmt.Println("configs and logs in", dir)
 		}
 		return runDemo(cmd.Context(), demoOpts{bin: bin, dir: dir, layers: *layers, layerBytes: layerBytes, block: uint64(bl),
-			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots})
+			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots, pdev: pdev, ddev: ddev})
 	}
 	return cmd
 }
@@ -83,6 +95,7 @@ type demoOpts struct {
 	stripes           int
 	slot              string
 	slots             int
+	pdev, ddev        engineDevice
 }
 
 type phaseResult struct {
@@ -96,12 +109,12 @@ type phaseResult struct {
 func runDemo(ctx context.Context, o demoOpts) (err error) {
 	token := randomToken()
 	fmt.Printf("starting two sidecars (emulated devices) in %s\n", o.dir)
-	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.slot, o.slots, "", "", 0), token)
+	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.ddev, o.slot, o.slots, "", "", 0), token)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, dec.stop()) }()
-	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.slot, o.slots, "decode", dec.peers, o.stripes), token)
+	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.pdev, o.slot, o.slots, "decode", dec.peers, o.stripes), token)
 	if err != nil {
 		return err
 	}
@@ -122,24 +135,26 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	}
 
 	const guard = 4096
-	P, err := kvsim.New("prefill-kv", o.layers, o.layerBytes, guard)
+	P, err := newCache(o.pdev, "prefill-kv", o.layers, o.layerBytes, guard)
 	if err != nil {
 		return err
 	}
 	defer P.Close()
-	D, err := kvsim.New("decode-kv", o.layers, o.layerBytes, guard)
+	D, err := newCache(o.ddev, "decode-kv", o.layers, o.layerBytes, guard)
 	if err != nil {
 		return err
 	}
 	defer D.Close()
-	B, err := kvsim.New("back-kv", o.layers, o.layerBytes, guard)
+	B, err := newCache(o.pdev, "back-kv", o.layers, o.layerBytes, guard)
 	if err != nil {
 		return err
 	}
 	defer B.Close()
-	P.Fill(1)
-	D.Poison(0xAB)
-	B.Poison(0xAB)
+	for _, err := range []error{P.Fill(1), D.Poison(0xAB), B.Poison(0xAB)} {
+		if err != nil {
+			return err
+		}
+	}
 	if err := P.Register(ctx, pc, wire.AccessLocalRead); err != nil {
 		return err
 	}
@@ -150,8 +165,8 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 		return err
 	}
 	total := uint64(o.layers) * o.layerBytes
-	fmt.Printf("KV cache: %d layers x %s = %s per side; each layer a region at offset >= %d inside one memfd\n",
-		o.layers, config.ByteSize(o.layerBytes), config.ByteSize(total), guard)
+	fmt.Printf("KV cache: %d layers x %s = %s per side (prefill on %s, decode on %s); each layer a region at offset >= %d inside one allocation\n",
+		o.layers, config.ByteSize(o.layerBytes), config.ByteSize(total), o.pdev, o.ddev, guard)
 
 	var results []phaseResult
 	// Phase 1: push as ranges.
@@ -166,7 +181,9 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	results = append(results, r)
 
 	// Phase 2: push scattered blocks (a random permutation per layer).
-	D.Poison(0xAB)
+	if err := D.Poison(0xAB); err != nil {
+		return err
+	}
 	blocks := kvsim.Blocks(P, o.block, 42)
 	r, err = pushPhase(ctx, pc, notes, "push blocks "+config.ByteSize(o.block).String(), P, D, blocks)
 	if err != nil {

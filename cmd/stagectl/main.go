@@ -38,7 +38,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("socket", "", "sidecar control socket (default: the embedded default's control_socket)")
-	root.AddCommand(statsCmd(), routesCmd(), configCmd(), benchCmd(), demoCmd())
+	root.AddCommand(statsCmd(), routesCmd(), configCmd(), benchCmd(), demoCmd(), sinkCmd())
 	return root
 }
 

@@ -143,9 +143,10 @@ func tail(path string, n int) string {
 }
 
 // sidecarYAML is a config for a local sidecar, on top of the embedded default.
-func sidecarYAML(name, socket string, slot string, slots int, route, peer string, stripes int) string {
+func sidecarYAML(name, socket string, dev engineDevice, slot string, slots int, route, peer string, stripes int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\n", name, socket)
+	fmt.Fprintf(&b, "device:\n  kind: %s\n  ordinal: %d\n", dev.kind, dev.ordinal)
 	fmt.Fprintf(&b, "staging:\n  slot_size: %s\n  slots: %d\n  window: %d\n", slot, slots, slots/2)
 	fmt.Fprintf(&b, "log:\n  level: info\n")
 	if route != "" {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/stage-kv/stage/config"
+	_ "github.com/stage-kv/stage/cuda"           // NVIDIA, loaded with dlopen when configured
 	_ "github.com/stage-kv/stage/device/hostmem" // the emulated backend
 	"github.com/stage-kv/stage/proxy"
 )
@@ -37,6 +38,7 @@ func newRoot() *cobra.Command {
 	}
 	config.RegisterFlags(cmd.Flags())
 	cmd.Flags().Bool("print-default-config", false, "print the embedded default configuration and exit")
+	cmd.Flags().String("pprof", "", "serve Go profiles (net/http/pprof) on this address, e.g. 127.0.0.1:6060")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if p, _ := cmd.Flags().GetBool("print-default-config"); p {
 			_, err := os.Stdout.Write(config.DefaultYAML())
@@ -51,6 +53,13 @@ func newRoot() *cobra.Command {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		if addr, _ := cmd.Flags().GetString("pprof"); addr != "" {
+			stop, err := servePprof(addr, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		return run(cfg, log)
 	}
 	return cmd

@@ -1,0 +1,416 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/stage-kv/stage/cuda/kernels"
+	"github.com/stage-kv/stage/device"
+)
+
+func init() { device.Register(device.KindCUDA, Open) }
+
+// Driver constants (cuda.h).
+const (
+	memHostAllocPortable  = 0x1 // CU_MEMHOSTALLOC_PORTABLE
+	memHostAllocDeviceMap = 0x2 // CU_MEMHOSTALLOC_DEVICEMAP
+	memHostRegPortable    = 0x1 // CU_MEMHOSTREGISTER_PORTABLE
+	memHostRegDeviceMap   = 0x2 // CU_MEMHOSTREGISTER_DEVICEMAP
+	streamNonBlocking     = 0x1 // CU_STREAM_NON_BLOCKING
+	eventDisableTiming    = 0x2 // CU_EVENT_DISABLE_TIMING
+	ipcLazyPeerAccess     = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+	attrMultiprocessors   = 16  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+	attrCCMajor           = 75  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+	attrCCMinor           = 76  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+)
+
+// Config tunes OpenDevice.
+type Config struct {
+	// CopyMode forces how multi-segment chunks move; CopyAuto reads
+	// $STAGE_CUDA_COPY, and without it picks kernel, batch, percopy in that
+	// order of preference by what loads.
+	CopyMode CopyMode
+	// PTX replaces the embedded kernel module (kernels.GatherPTX); empty
+	// means $STAGE_CUDA_PTX (a file path) or the embedded one.
+	PTX string
+}
+
+// Open opens CUDA device ordinal with the default library and configuration;
+// it is the opener registered with device.Register. The driver library is
+// loaded on the first call, never at init.
+func Open(ordinal int, _ device.Options) (device.Device, error) {
+	d, err := OpenDevice(ordinal, Config{})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// OpenDevice opens CUDA device ordinal with DefaultLibrary.
+func OpenDevice(ordinal int, cfg Config) (*Device, error) {
+	l, err := DefaultLibrary()
+	if err != nil {
+		return nil, err
+	}
+	return l.OpenDevice(ordinal, cfg)
+}
+
+// Device is one CUDA GPU, driven through its primary context (the one
+// PyTorch uses). It implements device.Device, plus helpers for engines and
+// tests (AllocDevice, IPCHandle, VMMAlloc, CopyHtoD, ...). Safe for
+// concurrent use.
+type Device struct {
+	lib     *Library
+	ordinal int
+	dev     C.CUdevice
+	ctx     C.CUcontext
+	name    string
+	sms     int
+	cc      [2]int
+
+	mod       C.CUmodule
+	fn        C.CUfunction
+	mode      CopyMode
+	modeWhy   string
+	fallback  CopyMode
+	kernelErr error
+	batchErr  error
+
+	closed atomic.Bool
+
+	mu        sync.Mutex
+	pinned    map[uintptr]pinnedRec
+	devMem    map[device.Addr]uint64
+	streams   int
+	events    int
+	mappings  int
+	vmmAllocs int
+}
+
+type pinnedRec struct {
+	n          int
+	registered bool // RegisterHost (else AllocPinned)
+}
+
+// OpenDevice initializes the driver (cuInit), retains device ordinal's
+// primary context, loads the copy kernel and picks the copy mode.
+func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
+	want, err := copyModeFromEnv(cfg.CopyMode)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.init(); err != nil {
+		return nil, err
+	}
+	var count C.int
+	if rc := C.stage_device_count(l.c, &count); rc != 0 {
+		return nil, l.errorf(rc, "cuDeviceGetCount")
+	}
+	if ordinal < 0 || ordinal >= int(count) {
+		return nil, fmt.Errorf("cuda: device %d: this process sees %d CUDA devices (check CUDA_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
+	}
+	d := &Device{
+		lib:     l,
+		ordinal: ordinal,
+		pinned:  map[uintptr]pinnedRec{},
+		devMem:  map[device.Addr]uint64{},
+	}
+	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
+		return nil, l.errorf(rc, "cuDeviceGet(%d)", ordinal)
+	}
+	var buf [256]C.char
+	if rc := C.stage_device_name(l.c, d.dev, &buf[0], C.int(len(buf))); rc == 0 {
+		d.name = C.GoString(&buf[0])
+	}
+	d.sms = d.attr(attrMultiprocessors)
+	d.cc = [2]int{d.attr(attrCCMajor), d.attr(attrCCMinor)}
+	if rc := C.stage_primary_retain(l.c, d.dev, &d.ctx); rc != 0 {
+		return nil, l.errorf(rc, "cuDevicePrimaryCtxRetain(device %d)", ordinal)
+	}
+
+	if want == CopyAuto || want == CopyKernel {
+		d.kernelErr = d.loadKernel(cfg.PTX)
+	} else {
+		d.kernelErr = fmt.Errorf("not loaded (copy mode %s requested)", want)
+	}
+	if !l.batch {
+		d.batchErr = errors.New("cuMemcpyBatchAsync not exported by " + l.path + " (driver older than 12.8)")
+	}
+	d.mode, d.modeWhy, err = chooseCopyMode(want, d.kernelErr, d.batchErr)
+	if err != nil {
+		d.release()
+		return nil, err
+	}
+	d.fallback = fallbackMode(d.batchErr)
+	return d, nil
+}
+
+func (d *Device) attr(a int) int {
+	var v C.int
+	if rc := C.stage_device_attr(d.lib.c, d.dev, C.int(a), &v); rc != 0 {
+		return 0
+	}
+	return int(v)
+}
+
+func (d *Device) loadKernel(override string) error {
+	ptx, src := override, "Config.PTX"
+	if ptx == "" {
+		if p := os.Getenv("STAGE_CUDA_PTX"); p != "" {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return fmt.Errorf("STAGE_CUDA_PTX: %v", err)
+			}
+			ptx, src = string(b), p
+		} else {
+			ptx, src = kernels.GatherPTX, "embedded gather.ptx"
+		}
+	}
+	if strings.TrimSpace(ptx) == "" {
+		return fmt.Errorf("%s is empty (generate cuda/kernels/gather.ptx with nvcc)", src)
+	}
+	cs := C.CString(ptx)
+	defer C.free(unsafe.Pointer(cs))
+	fname := C.CString(kernels.CopyFunc)
+	defer C.free(unsafe.Pointer(fname))
+	if rc := C.stage_module_load(d.lib.c, d.ctx, cs, fname, &d.mod, &d.fn); rc != 0 {
+		return d.lib.errorf(rc, "cuModuleLoadData(%s, %s)", src, kernels.CopyFunc)
+	}
+	return nil
+}
+
+func (d *Device) release() error {
+	var first error
+	if d.mod != nil {
+		if rc := C.stage_module_unload(d.lib.c, d.ctx, d.mod); rc != 0 {
+			first = d.lib.errorf(rc, "cuModuleUnload")
+		}
+		d.mod, d.fn = nil, nil
+	}
+	if rc := C.stage_primary_release(d.lib.c, d.dev); rc != 0 && first == nil {
+		first = d.lib.errorf(rc, "cuDevicePrimaryCtxRelease(device %d)", d.ordinal)
+	}
+	return first
+}
+
+// Kind returns device.KindCUDA.
+func (d *Device) Kind() device.Kind { return device.KindCUDA }
+
+// Ordinal returns the CUDA device ordinal.
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// String returns "cuda:N".
+func (d *Device) String() string { return fmt.Sprintf("cuda:%d", d.ordinal) }
+
+// Name returns the GPU's name (cuDeviceGetName), e.g. "NVIDIA H100 80GB HBM3".
+func (d *Device) Name() string { return d.name }
+
+// ComputeCapability returns the major and minor compute capability.
+func (d *Device) ComputeCapability() (int, int) { return d.cc[0], d.cc[1] }
+
+// Multiprocessors returns the SM count.
+func (d *Device) Multiprocessors() int { return d.sms }
+
+// Library returns the library the device was opened from.
+func (d *Device) Library() *Library { return d.lib }
+
+// CopyMode returns the mode multi-segment chunks use and why it was chosen.
+func (d *Device) CopyMode() (CopyMode, string) { return d.mode, d.modeWhy }
+
+func (d *Device) errClosed(op string) error {
+	return fmt.Errorf("cuda: %s: %s: %w", d, op, device.ErrClosed)
+}
+
+// AllocPinned allocates n bytes of page-locked host memory mapped into the
+// device's address space (cuMemHostAlloc PORTABLE|DEVICEMAP) and returns both
+// views.
+func (d *Device) AllocPinned(n int) (device.Pinned, error) {
+	if n <= 0 {
+		return device.Pinned{}, fmt.Errorf("cuda: %s: AllocPinned(%d): size must be positive", d, n)
+	}
+	if d.closed.Load() {
+		return device.Pinned{}, d.errClosed("AllocPinned")
+	}
+	var host unsafe.Pointer
+	var dev C.CUdeviceptr
+	if rc := C.stage_host_alloc(d.lib.c, d.ctx, C.size_t(n), memHostAllocPortable|memHostAllocDeviceMap, &host, &dev); rc != 0 {
+		return device.Pinned{}, d.lib.errorf(rc, "cuMemHostAlloc(%d B, PORTABLE|DEVICEMAP)", n)
+	}
+	d.mu.Lock()
+	d.pinned[uintptr(host)] = pinnedRec{n: n}
+	d.mu.Unlock()
+	return device.NewPinned(unsafe.Slice((*byte)(host), n), device.Addr(dev)), nil
+}
+
+// FreePinned frees a buffer AllocPinned returned (the whole buffer).
+func (d *Device) FreePinned(p device.Pinned) error {
+	key, err := d.takePinned(p, false, "FreePinned")
+	if err != nil {
+		return err
+	}
+	if rc := C.stage_host_free(d.lib.c, d.ctx, unsafe.Pointer(&p.Host()[0])); rc != 0 {
+		return d.lib.errorf(rc, "cuMemFreeHost(%#x)", key)
+	}
+	return nil
+}
+
+// RegisterHost page-locks b and maps it into the device's address space
+// (cuMemHostRegister PORTABLE|DEVICEMAP). b must stay mapped until
+// UnregisterHost, so it must not be Go heap memory that could be collected:
+// use mmap'd memory (a memfd shared with another runtime, say) or memory
+// from C.
+func (d *Device) RegisterHost(b []byte) (device.Pinned, error) {
+	if len(b) == 0 {
+		return device.Pinned{}, fmt.Errorf("cuda: %s: RegisterHost: empty buffer", d)
+	}
+	if d.closed.Load() {
+		return device.Pinned{}, d.errClosed("RegisterHost")
+	}
+	key := uintptr(unsafe.Pointer(&b[0]))
+	var dev C.CUdeviceptr
+	if rc := C.stage_host_register(d.lib.c, d.ctx, C.uintptr_t(key), C.size_t(len(b)), memHostRegPortable|memHostRegDeviceMap, &dev); rc != 0 {
+		return device.Pinned{}, d.lib.errorf(rc, "cuMemHostRegister(%#x, %d B, PORTABLE|DEVICEMAP)", key, len(b))
+	}
+	d.mu.Lock()
+	d.pinned[key] = pinnedRec{n: len(b), registered: true}
+	d.mu.Unlock()
+	return device.NewPinned(b, device.Addr(dev)), nil
+}
+
+// UnregisterHost undoes RegisterHost (pass what it returned).
+func (d *Device) UnregisterHost(p device.Pinned) error {
+	key, err := d.takePinned(p, true, "UnregisterHost")
+	if err != nil {
+		return err
+	}
+	if rc := C.stage_host_unregister(d.lib.c, d.ctx, C.uintptr_t(key)); rc != 0 {
+		return d.lib.errorf(rc, "cuMemHostUnregister(%#x)", key)
+	}
+	return nil
+}
+
+func (d *Device) takePinned(p device.Pinned, registered bool, op string) (uintptr, error) {
+	h := p.Host()
+	if len(h) == 0 {
+		return 0, fmt.Errorf("cuda: %s: %s: empty buffer", d, op)
+	}
+	key := uintptr(unsafe.Pointer(&h[0]))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return 0, d.errClosed(op)
+	}
+	rec, ok := d.pinned[key]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("cuda: %s: %s(%#x): not a buffer of this device", d, op, key)
+	case rec.registered != registered && registered:
+		return 0, fmt.Errorf("cuda: %s: %s(%#x): buffer came from AllocPinned; use FreePinned", d, op, key)
+	case rec.registered != registered:
+		return 0, fmt.Errorf("cuda: %s: %s(%#x): buffer came from RegisterHost; use UnregisterHost", d, op, key)
+	case rec.n != len(h):
+		return 0, fmt.Errorf("cuda: %s: %s(%#x): got %d B, the buffer is %d B (pass the whole buffer, not a slice)", d, op, key, len(h), rec.n)
+	}
+	delete(d.pinned, key)
+	return key, nil
+}
+
+// NewStream creates a non-blocking stream (CU_STREAM_NON_BLOCKING).
+func (d *Device) NewStream() (device.Stream, error) {
+	s, err := d.NewCUDAStream()
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewCUDAStream is NewStream returning the concrete type (for CopyDtoD).
+func (d *Device) NewCUDAStream() (*Stream, error) {
+	if d.closed.Load() {
+		return nil, d.errClosed("NewStream")
+	}
+	var s C.CUstream
+	if rc := C.stage_stream_create(d.lib.c, d.ctx, streamNonBlocking, &s); rc != 0 {
+		return nil, d.lib.errorf(rc, "cuStreamCreate(NON_BLOCKING)")
+	}
+	d.mu.Lock()
+	d.streams++
+	d.mu.Unlock()
+	return &Stream{d: d, s: s}, nil
+}
+
+// NewEvent creates an event without timing (CU_EVENT_DISABLE_TIMING).
+func (d *Device) NewEvent() (device.Event, error) {
+	if d.closed.Load() {
+		return nil, d.errClosed("NewEvent")
+	}
+	var e C.CUevent
+	if rc := C.stage_event_create(d.lib.c, d.ctx, eventDisableTiming, &e); rc != 0 {
+		return nil, d.lib.errorf(rc, "cuEventCreate(DISABLE_TIMING)")
+	}
+	d.mu.Lock()
+	d.events++
+	d.mu.Unlock()
+	return &Event{d: d, e: e}, nil
+}
+
+// openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
+func (d *Device) openResources() string {
+	var parts []string
+	add := func(n int, one, many string) {
+		switch {
+		case n == 1:
+			parts = append(parts, "1 "+one)
+		case n > 1:
+			parts = append(parts, fmt.Sprintf("%d %s", n, many))
+		}
+	}
+	nAlloc, nReg := 0, 0
+	for _, r := range d.pinned {
+		if r.registered {
+			nReg++
+		} else {
+			nAlloc++
+		}
+	}
+	add(d.streams, "stream", "streams")
+	add(d.events, "event", "events")
+	add(nAlloc, "pinned buffer", "pinned buffers")
+	add(nReg, "registered host buffer", "registered host buffers")
+	add(d.mappings, "mapping", "mappings")
+	add(len(d.devMem), "device allocation", "device allocations")
+	add(d.vmmAllocs, "VMM allocation", "VMM allocations")
+	return strings.Join(parts, ", ")
+}
+
+// Close unloads the kernel and releases the primary context. Streams,
+// events, pinned buffers, mappings and engine-side allocations must have been
+// closed first; Close reports any that were not (their Close returns
+// device.ErrClosed afterwards, and what they held goes with the context if
+// no one else retains it).
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed.Load() {
+		d.mu.Unlock()
+		return d.errClosed("Close")
+	}
+	d.closed.Store(true)
+	leaks := d.openResources()
+	d.mu.Unlock()
+	err := d.release()
+	if leaks != "" {
+		return fmt.Errorf("cuda: %s: Close with resources still open: %s", d, leaks)
+	}
+	return err
+}

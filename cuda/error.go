@@ -1,0 +1,45 @@
+package cuda
+
+import "github.com/stage-kv/stage/device"
+
+// CUresult values stage reacts to.
+const (
+	codeOutOfMemory  = 2   // CUDA_ERROR_OUT_OF_MEMORY
+	codeNotReady     = 600 // CUDA_ERROR_NOT_READY
+	codeNotPermitted = 800 // CUDA_ERROR_NOT_PERMITTED
+	codeNotSupported = 801 // CUDA_ERROR_NOT_SUPPORTED
+)
+
+// Error is a failed driver call: the call with the values involved (Op), the
+// CUresult (Code) and the driver's own name and description of it.
+//
+//	cuda: cuMemcpyDtoHAsync(4194304 B from 0x7f...): CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered
+type Error struct {
+	Op   string
+	Code int
+	Name string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	s := "cuda: " + e.Op + ": " + e.Name
+	if e.Msg != "" {
+		s += ": " + e.Msg
+	}
+	return s
+}
+
+// Is maps CUresults onto device's sentinels: out of memory onto
+// ErrOutOfMemory, not supported and not permitted onto ErrNotSupported, not
+// ready onto ErrNotReady.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case device.ErrOutOfMemory:
+		return e.Code == codeOutOfMemory
+	case device.ErrNotSupported:
+		return e.Code == codeNotSupported || e.Code == codeNotPermitted
+	case device.ErrNotReady:
+		return e.Code == codeNotReady
+	}
+	return false
+}

@@ -1,0 +1,90 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/stage-kv/stage/device"
+)
+
+// CopyMode says how a Stream moves a chunk made of several segments. A chunk
+// of one segment always takes one plain cuMemcpy*Async, whatever the mode.
+type CopyMode string
+
+// Copy modes.
+const (
+	// CopyAuto picks the best available: kernel, then batch, then percopy.
+	CopyAuto CopyMode = ""
+	// CopyKernel launches the gather/scatter kernel once per chunk; it reads
+	// and writes the pinned slot through its device address.
+	CopyKernel CopyMode = "kernel"
+	// CopyBatch issues one cuMemcpyBatchAsync per chunk (CUDA 12.8+).
+	CopyBatch CopyMode = "batch"
+	// CopyPerCopy issues one cuMemcpy*Async per segment.
+	CopyPerCopy CopyMode = "percopy"
+)
+
+// ParseCopyMode reads a mode name as $STAGE_CUDA_COPY spells it; "" and
+// "auto" mean CopyAuto.
+func ParseCopyMode(s string) (CopyMode, error) {
+	switch s {
+	case "", "auto":
+		return CopyAuto, nil
+	case "kernel", "batch", "percopy":
+		return CopyMode(s), nil
+	}
+	return "", fmt.Errorf("cuda: copy mode %q: want kernel, batch, percopy or auto", s)
+}
+
+// copyModeFromEnv applies $STAGE_CUDA_COPY when the caller asked for auto.
+func copyModeFromEnv(want CopyMode) (CopyMode, error) {
+	if want != CopyAuto {
+		return ParseCopyMode(string(want))
+	}
+	m, err := ParseCopyMode(os.Getenv("STAGE_CUDA_COPY"))
+	if err != nil {
+		return "", fmt.Errorf("%w (from STAGE_CUDA_COPY)", err)
+	}
+	return m, nil
+}
+
+// chooseCopyMode decides the mode of a device from what is available:
+// kernelErr is why the kernel cannot be used (nil when it loaded), batchErr
+// why cuMemcpyBatchAsync cannot. It returns the mode and a sentence for the
+// log. An explicitly requested mode that is unavailable is an error that
+// wraps device.ErrNotSupported.
+func chooseCopyMode(want CopyMode, kernelErr, batchErr error) (CopyMode, string, error) {
+	switch want {
+	case CopyKernel:
+		if kernelErr != nil {
+			return "", "", fmt.Errorf("cuda: copy mode kernel requested but unavailable: %v: %w", kernelErr, device.ErrNotSupported)
+		}
+		return CopyKernel, "kernel (requested)", nil
+	case CopyBatch:
+		if batchErr != nil {
+			return "", "", fmt.Errorf("cuda: copy mode batch requested but unavailable: %v: %w", batchErr, device.ErrNotSupported)
+		}
+		return CopyBatch, "batch (requested)", nil
+	case CopyPerCopy:
+		return CopyPerCopy, "percopy (requested)", nil
+	case CopyAuto:
+	default:
+		return "", "", fmt.Errorf("cuda: unknown copy mode %q", want)
+	}
+	if kernelErr == nil {
+		return CopyKernel, "kernel (auto)", nil
+	}
+	if batchErr == nil {
+		return CopyBatch, fmt.Sprintf("batch (auto; kernel unavailable: %v)", kernelErr), nil
+	}
+	return CopyPerCopy, fmt.Sprintf("percopy (auto; kernel unavailable: %v; batch unavailable: %v)", kernelErr, batchErr), nil
+}
+
+// fallbackMode is what a kernel-mode stream uses for a chunk the kernel
+// cannot take (a Pinned without a device address).
+func fallbackMode(batchErr error) CopyMode {
+	if batchErr == nil {
+		return CopyBatch
+	}
+	return CopyPerCopy
+}

@@ -1,0 +1,622 @@
+"""A thread-safe client of the local sidecar's control socket.
+
+One :class:`Client` is one Unix-socket connection to ``staged``. Any number
+of threads may call it at once: every request carries a fresh request id,
+one reader thread reads the sidecar's answers and hands each to the call
+waiting for its id (answers may come in any order: a Wait answers when its
+transfer ends, later requests at once), and Notify frames go to
+subscriptions.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import math
+import queue
+import socket
+import threading
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import wire
+from .cuda import CudaExport, export_tensor
+from .errors import SidecarConnectionError, StageError, StageTimeout
+from .wire import Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
+
+__all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT"]
+
+#: Default limit, in seconds, for an answer to any request but Wait.
+DEFAULT_REQUEST_TIMEOUT = 60.0
+
+_Future = concurrent.futures.Future
+
+
+class Op(NamedTuple):
+    """One range of a transfer, as the caller writes it.
+
+    ``local`` and ``remote`` index the transfer's local and remote region
+    names. For a push the bytes go local -> remote, for a pull remote ->
+    local. (The wire orders the fields differently: see wire.LocalOp.)
+    """
+
+    local: int
+    local_off: int
+    remote: int
+    remote_off: int
+    length: int
+
+
+class Block(NamedTuple):
+    """A range between one local and one remote region (indices default 0)."""
+
+    local_off: int
+    remote_off: int
+    length: int
+    local: int = 0
+    remote: int = 0
+
+
+OpLike = Union[Op, Block, LocalOp, Tuple[int, ...]]
+
+
+def make_ops(ops: Iterable[OpLike]) -> List[LocalOp]:
+    """Normalize ops to wire.LocalOp.
+
+    Accepted: :class:`Op` or a 5-tuple ``(local_idx, local_off, remote_idx,
+    remote_off, length)``; :class:`Block` or a 3-tuple ``(local_off,
+    remote_off, length)`` (region index 0 on both sides); wire.LocalOp as is.
+    """
+    out: List[LocalOp] = []
+    for i, op in enumerate(ops):
+        if isinstance(op, LocalOp):
+            out.append(op)
+        elif isinstance(op, Block):
+            out.append(LocalOp(op.local, op.remote, op.local_off, op.remote_off, op.length))
+        elif len(op) == 5:
+            out.append(LocalOp(op[0], op[2], op[1], op[3], op[4]))
+        elif len(op) == 3:
+            out.append(LocalOp(0, 0, op[0], op[1], op[2]))
+        else:
+            raise ValueError("op %d: %r is neither (local_idx, local_off, remote_idx, remote_off, length) nor "
+                             "(local_off, remote_off, length)" % (i, op))
+    return out
+
+
+def _names(x: Union[str, Sequence[str]]) -> List[str]:
+    return [x] if isinstance(x, str) else list(x)
+
+
+def _checksum(c: Union[None, bool, int]) -> int:
+    if c is None:
+        return Checksum.ROUTE
+    if c is True:
+        return Checksum.ON
+    if c is False:
+        return Checksum.OFF
+    return Checksum(c)
+
+
+class Subscription:
+    """Notifications of one :meth:`Client.subscribe` call.
+
+    Iterate it (``for n in sub``: ends when the connection closes) or call
+    :meth:`get`. Notifications arrive on the client's reader thread and wait
+    in a queue of ``maxsize``; when the queue is full new ones are dropped
+    and counted in :attr:`dropped` (a reader that stalls must not stall the
+    answers to requests).
+    """
+
+    _END = object()
+
+    def __init__(self, client: "Client", maxsize: int) -> None:
+        self._client = client
+        self._q: "queue.Queue[Any]" = queue.Queue(maxsize=maxsize + 1)  # +1: room for the end marker
+        self._max = maxsize
+        self._ended = False
+        self.dropped = 0
+
+    def _put(self, n: Notify) -> None:
+        if self._q.qsize() >= self._max:
+            self.dropped += 1
+            return
+        try:
+            self._q.put_nowait(n)
+        except queue.Full:
+            self.dropped += 1
+
+    def _end(self) -> None:
+        try:
+            self._q.put_nowait(self._END)
+        except queue.Full:  # pragma: no cover - the +1 slot is kept free
+            pass
+
+    def get(self, timeout: Optional[float] = None) -> Optional[Notify]:
+        """The next notification; None when ``timeout`` seconds passed first.
+
+        Raises SidecarConnectionError once the connection closed and every
+        queued notification was read.
+        """
+        if self._ended:
+            raise SidecarConnectionError("the connection to the sidecar is closed; no more notifications")
+        try:
+            n = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if n is self._END:
+            self._ended = True
+            self._end()  # for other readers of this subscription
+            raise SidecarConnectionError("the connection to the sidecar is closed; no more notifications")
+        return n
+
+    async def get_async(self, timeout: Optional[float] = None) -> Optional[Notify]:
+        """:meth:`get` for asyncio (runs the blocking get in the default executor)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.get, timeout)
+
+    def __iter__(self) -> Iterator[Notify]:
+        while True:
+            try:
+                n = self.get()
+            except SidecarConnectionError:
+                return
+            if n is not None:
+                yield n
+
+    def close(self) -> None:
+        """Stop collecting notifications here (the sidecar keeps sending them
+        to the connection; other subscriptions still get them)."""
+        self._client._unsubscribe(self)
+        self._end()
+
+
+class Client:
+    """A connection to the sidecar's control socket at ``path``.
+
+    Thread-safe; use as a context manager or call :meth:`close`.
+    ``request_timeout`` bounds the wait for the answer to every request but
+    Wait (None: no limit); a request past it raises StageTimeout.
+
+    Region names, route names and tags are ``str`` (UTF-8 on the wire).
+    """
+
+    def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.path = path
+        self.request_timeout = request_timeout
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            raise SidecarConnectionError("connect to the sidecar at %s: %s; is staged running, and is this its "
+                                         "control_socket?" % (path, e)) from e
+        self._sock = sock
+        self._wlock = threading.Lock()
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._pending: Dict[int, _Future] = {}
+        self._subs: List[Subscription] = []
+        self._error: Optional[SidecarConnectionError] = None
+        self._closing = False
+        self._keep: Dict[str, Any] = {}  # objects kept alive while their region is registered
+        self._reader = threading.Thread(target=self._read_loop, name="stage-client-reader", daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------------
+    # lifecycle
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; calls in flight fail with SidecarConnectionError.
+
+        Regions stay registered with the sidecar (they belong to it, not to
+        the connection); unregister them first if they should go.
+        """
+        with self._lock:
+            self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+        self._sock.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone."""
+        with self._lock:
+            return self._error is not None or self._closing
+
+    # ------------------------------------------------------------------
+    # reader
+
+    def _recv_exact(self, n: int, what: str) -> Optional[bytes]:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self._sock.recv_into(view[got:], n - got)
+            if k == 0:
+                if got == 0 and what == "header":
+                    return None
+                raise wire.ProtocolError("malformed", "connection ended inside a frame's %s (%d of %d bytes)"
+                                         % (what, got, n))
+            got += k
+        return bytes(buf)
+
+    def _read_loop(self) -> None:
+        err: SidecarConnectionError
+        try:
+            while True:
+                hb = self._recv_exact(wire.HEADER_SIZE, "header")
+                if hb is None:
+                    err = SidecarConnectionError("the sidecar closed the connection")
+                    break
+                h = wire.parse_header(hb)
+                body = self._recv_exact(h.length, "body") if h.length else b""
+                assert body is not None
+                wire.verify_crc(h, body)
+                m = wire.decode_body(h.type, body)
+                if isinstance(m, Notify):
+                    with self._lock:
+                        subs = list(self._subs)
+                    for s in subs:
+                        s._put(m)
+                    continue
+                req = getattr(m, "req", 0)
+                with self._lock:
+                    fut = self._pending.pop(req, None)
+                if fut is not None:
+                    _resolve(fut, m)
+                elif isinstance(m, wire.Fail) and req == 0:
+                    err = SidecarConnectionError("the sidecar ended the connection: %s" % m.message, m.code)
+                    break
+                # else: an answer nobody waits for any more (its call timed out)
+        except wire.ProtocolError as e:
+            err = SidecarConnectionError("bad frame from the sidecar: %s" % e, Code.MALFORMED)
+        except OSError as e:
+            err = SidecarConnectionError("connection to the sidecar: %s" % e)
+        with self._lock:
+            if self._closing:
+                err = SidecarConnectionError("the client was closed")
+            self._error = err
+            pending = list(self._pending.values())
+            self._pending.clear()
+            subs = list(self._subs)
+            self._subs.clear()
+        for fut in pending:
+            _fail(fut, err)
+        for s in subs:
+            s._end()
+
+    # ------------------------------------------------------------------
+    # requests
+
+    def _send(self, make: Callable[[int], wire.Message], fd: int = -1) -> Tuple[int, _Future, str]:
+        """Encode the request ``make(req)``, register its future, send it."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._closing:
+                raise SidecarConnectionError("the client was closed")
+            req = next(self._seq)
+        msg = make(req)
+        frame = wire.encode_frame(msg, flags=wire.FLAG_FD if fd >= 0 else 0)  # ValueError before anything is sent
+        fut: _Future = _Future()
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            self._pending[req] = fut
+        try:
+            with self._wlock:
+                if fd >= 0:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+                    n = self._sock.sendmsg([frame], anc)
+                    if n < len(frame):
+                        self._sock.sendall(memoryview(frame)[n:])
+                else:
+                    self._sock.sendall(frame)
+        except OSError as e:
+            with self._lock:
+                self._pending.pop(req, None)
+            raise SidecarConnectionError("send %s to the sidecar: %s" % (msg.TYPE.name, e)) from e
+        return req, fut, msg.TYPE.name
+
+    def _result(self, req: int, fut: _Future, timeout: Optional[float], what: str) -> Any:
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            # On 3.11+ this is the builtin TimeoutError, which StageTimeout is too.
+            if fut.done():
+                raise
+            with self._lock:
+                self._pending.pop(req, None)
+            raise StageTimeout("%s: no answer from the sidecar in %.3gs" % (what, timeout)) from None
+
+    def _call(self, make: Callable[[int], wire.Message], fd: int = -1, timeout: Optional[float] = None) -> Any:
+        req, fut, what = self._send(make, fd)
+        t = self.request_timeout if timeout is None else timeout
+        return self._result(req, fut, t, what)
+
+    # ------------------------------------------------------------------
+    # regions
+
+    def register(self, name: str, handle: int, access: int, alloc_size: int, offset: int, length: int, *,
+                 ordinal: int = 0, handle_raw: bytes = b"", fd: int = -1, addr: int = 0) -> None:
+        """Register a region of any handle kind (the specific methods below
+        are easier). ``fd`` (>= 0) is sent with the frame as SCM_RIGHTS; the
+        sidecar gets its own copy and the caller keeps ``fd``."""
+        self._call(lambda r: wire.Register(req=r, name=name, handle=handle, access=access, ordinal=ordinal,
+                                           alloc_size=alloc_size, offset=offset, length=length, addr=addr,
+                                           handle_raw=handle_raw), fd=fd)
+
+    def register_memfd(self, name: str, fd: int, alloc_size: int, offset: int, length: int, access: int,
+                       ordinal: int = 0) -> None:
+        """Register ``length`` bytes at ``offset`` of the memfd ``fd`` (the
+        hostmem backend's memory). ``alloc_size`` is the memfd's size; the
+        sidecar maps that much of it."""
+        self.register(name, HandleKind.MEMFD, access, alloc_size, offset, length, ordinal=ordinal, fd=fd)
+
+    def register_posix_fd(self, name: str, fd: int, alloc_size: int, offset: int, length: int, access: int,
+                          ordinal: int = 0) -> None:
+        """Register a device allocation exported as a POSIX fd (CUDA VMM
+        ``cuMemExportToShareableHandle``), e.g. one from expandable segments."""
+        self.register(name, HandleKind.POSIX_FD, access, alloc_size, offset, length, ordinal=ordinal, fd=fd)
+
+    def register_cuda_ipc(self, name: str, handle: bytes, alloc_size: int, offset: int, length: int, access: int,
+                          ordinal: int = 0) -> None:
+        """Register a region of a cudaMalloc allocation by its 64-byte legacy
+        IPC handle (``cudaIpcGetMemHandle`` of the allocation base).
+        ``offset`` is from that base; ``alloc_size`` is the allocation's size."""
+        if len(handle) != 64:
+            raise ValueError("a CUDA IPC handle is 64 bytes, got %d" % len(handle))
+        self.register(name, HandleKind.CUDA_IPC, access, alloc_size, offset, length, ordinal=ordinal,
+                      handle_raw=bytes(handle))
+
+    def register_tensor(self, name: str, tensor: Any, access: int, *, alloc_size: Optional[int] = None,
+                        ordinal: Optional[int] = None) -> CudaExport:
+        """Register a contiguous torch CUDA tensor (any view) as a region.
+
+        Uses ``tensor.untyped_storage()._share_cuda_()``: the 64-byte IPC
+        handle of the caching-allocator segment that holds the storage; the
+        region's offset is ``storage_offset_bytes + tensor.storage_offset() *
+        tensor.element_size()``. The allocation size is asked of the CUDA
+        driver (exact); see :mod:`stage_client.cuda` for the fallback and
+        ``alloc_size``. Tensors in expandable segments raise StageError
+        (UNSUPPORTED). The client keeps a reference to the tensor until
+        :meth:`unregister`, so its memory is not freed under the sidecar.
+
+        The sidecar copies on its own stream: before pushing bytes a kernel
+        wrote, synchronize the stream that wrote them.
+        """
+        ex = export_tensor(tensor, alloc_size=alloc_size)
+        self.register_cuda_ipc(name, ex.handle, ex.alloc_size, ex.offset, ex.length, access,
+                               ordinal=ex.ordinal if ordinal is None else ordinal)
+        with self._lock:
+            self._keep[name] = tensor
+        return ex
+
+    def unregister(self, name: str) -> None:
+        """Remove a region (transfers in flight keep it until they end)."""
+        self._call(lambda r: wire.Unregister(req=r, name=name))
+        with self._lock:
+            self._keep.pop(name, None)
+
+    # ------------------------------------------------------------------
+    # transfers
+
+    def submit(self, route: str, direction: int, ops: Iterable[OpLike], local_names: Union[str, Sequence[str]],
+               remote_names: Union[str, Sequence[str]], tag: str = "",
+               checksum: Union[None, bool, int] = None) -> int:
+        """Start a transfer on ``route``; returns its id on this sidecar.
+
+        ``ops`` index ``local_names`` (this sidecar's regions) and
+        ``remote_names`` (the peer's); see :func:`make_ops` for the forms.
+        ``checksum``: None as the route says, True/False to force CRC32C per
+        chunk on/off. ``tag`` reaches the peer's subscribers in Notify.
+        """
+        wops = ops if isinstance(ops, list) and all(isinstance(o, LocalOp) for o in ops) else make_ops(ops)
+        ln, rn, ck, d = _names(local_names), _names(remote_names), _checksum(checksum), Direction(direction)
+        a = self._call(lambda r: wire.Submit(req=r, route=route, direction=d, checksum=ck, tag=tag,
+                                             local_names=ln, remote_names=rn, ops=wops))
+        if not isinstance(a, wire.Submitted):
+            raise StageError(Code.INTERNAL, "Submit answered with %s" % type(a).__name__)
+        return a.transfer
+
+    def push(self, route: str, local: Union[str, Sequence[str]], remote: Union[str, Sequence[str]],
+             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None) -> int:
+        """Push local regions' bytes into the peer's regions; returns the transfer id."""
+        return self.submit(route, Direction.PUSH, ops, local, remote, tag, checksum)
+
+    def pull(self, route: str, local: Union[str, Sequence[str]], remote: Union[str, Sequence[str]],
+             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None) -> int:
+        """Pull the peer's regions' bytes into local regions; returns the transfer id."""
+        return self.submit(route, Direction.PULL, ops, local, remote, tag, checksum)
+
+    def wait_future(self, transfer_id: int, timeout: Optional[float] = None) -> "concurrent.futures.Future[XferStatus]":
+        """Start waiting for a transfer; the future resolves when it ends.
+
+        Its result is the final XferStatus; it raises StageError (with the
+        transfer's code, and ``.status``) when the transfer failed,
+        StageTimeout when ``timeout`` seconds passed first, and
+        SidecarConnectionError when the connection closes. Callbacks added
+        with ``add_done_callback`` run on the client's reader thread: keep
+        them short and do not block in them.
+        """
+        ms = _timeout_ms(timeout)
+        _, fut, _ = self._send(lambda r: wire.Wait(req=r, transfer=transfer_id, timeout_ms=ms))
+        out: _Future = _Future()
+
+        def done(f: _Future) -> None:
+            try:
+                st = f.result()
+                _set_result(out, _final_status(st, timeout))
+            except BaseException as e:  # noqa: B902 - handed to the waiter
+                _set_exception(out, e)
+
+        fut.add_done_callback(done)
+        return out
+
+    def wait(self, transfer_id: int, timeout: Optional[float] = None) -> XferStatus:
+        """Wait for a transfer to end; returns its final XferStatus (state DONE).
+
+        Raises StageError with the transfer's code when it failed,
+        StageTimeout (with ``.status``) when ``timeout`` seconds passed
+        first (the transfer goes on), SidecarConnectionError when the
+        connection closes. ``timeout`` None: no limit.
+        """
+        fut = self.wait_future(transfer_id, timeout)
+        # The sidecar answers at the timeout; the margin covers a sidecar that cannot.
+        local = None if timeout is None else timeout + max(5.0, timeout * 0.1)
+        try:
+            return fut.result(local)
+        except concurrent.futures.TimeoutError:
+            if fut.done():
+                raise  # the StageTimeout (a TimeoutError) the sidecar's answer made
+            raise StageTimeout("Wait for transfer %d: no answer from the sidecar in %.3gs" % (transfer_id, local)) from None
+
+    async def wait_async(self, transfer_id: int, timeout: Optional[float] = None) -> XferStatus:
+        """:meth:`wait` for asyncio: no thread is blocked while waiting."""
+        return await asyncio.wrap_future(self.wait_future(transfer_id, timeout))
+
+    def wait_all(self, transfer_ids: Iterable[int], timeout: Optional[float] = None) -> List[XferStatus]:
+        """Wait for several transfers (all Waits are sent at once)."""
+        futs = [self.wait_future(t, timeout) for t in transfer_ids]
+        local = None if timeout is None else timeout + max(5.0, timeout * 0.1)
+        done, _ = concurrent.futures.wait(futs, local)
+        if len(done) < len(futs):
+            raise StageTimeout("Wait for %d transfers: no answer from the sidecar in %.3gs" % (len(futs) - len(done), local))
+        return [f.result() for f in futs]
+
+    def status(self, transfer_id: int) -> XferStatus:
+        """A transfer's state now. Does not raise for a failed transfer
+        (look at ``.state`` and ``.code``); raises StageError(UNKNOWN_TRANSFER)
+        for an id the sidecar does not know."""
+        a = self._call(lambda r: wire.Status(req=r, transfer=transfer_id))
+        if not isinstance(a, XferStatus):
+            raise StageError(Code.INTERNAL, "Status answered with %s" % type(a).__name__)
+        return a
+
+    def cancel(self, transfer_id: int) -> None:
+        """Cancel a transfer; its waiters see code CANCELLED."""
+        self._call(lambda r: wire.Cancel(req=r, transfer=transfer_id))
+
+    # ------------------------------------------------------------------
+    # notifications
+
+    def subscribe(self, maxsize: int = 65536) -> Subscription:
+        """Ask for notifications of transfers peers start with this sidecar
+        (their pushes that landed here, their pulls served from here).
+
+        Returns a :class:`Subscription`; each call makes a new one, and every
+        subscription gets every notification from then on.
+        """
+        sub = Subscription(self, maxsize)
+        with self._lock:
+            self._subs.append(sub)  # before Subscribe, so no early Notify is missed
+        try:
+            self._call(lambda r: wire.Subscribe(req=r))
+        except BaseException:
+            self._unsubscribe(sub)
+            raise
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    # ------------------------------------------------------------------
+    # queries
+
+    def query(self, what: int, arg: str = "") -> Any:
+        """Send a Query and return its JSON answer, parsed."""
+        a = self._call(lambda r: wire.Query(req=r, what=what, arg=arg))
+        if not isinstance(a, wire.QueryReply):
+            raise StageError(Code.INTERNAL, "Query answered with %s" % type(a).__name__)
+        try:
+            return json.loads(a.json.decode("utf-8")) if a.json else None
+        except ValueError as e:
+            raise StageError(Code.MALFORMED, "query answer is not JSON: %s" % e) from None
+
+    def stats(self) -> Dict[str, Any]:
+        """The sidecar's figures (keys as in PROTOCOL.md 9.17, ``wire.Stats``)."""
+        s = self.query(QueryKind.STATS)
+        if s is None:
+            return {}
+        if s.get("links") is None:
+            s["links"] = []
+        return s
+
+    def routes(self) -> List[Dict[str, Any]]:
+        """The sidecar's routes and their peers (``wire.RouteInfo``)."""
+        rs = self.query(QueryKind.ROUTES) or []
+        for r in rs:
+            if r.get("peers") is None:
+                r["peers"] = []
+        return rs
+
+    def regions(self) -> List[Dict[str, Any]]:
+        """This sidecar's registered regions (``wire.RegionInfo``: name, size,
+        access, device)."""
+        return self.query(QueryKind.REGIONS) or []
+
+    def catalog(self, route: str) -> List[Dict[str, Any]]:
+        """The regions the peer of ``route`` offers (asks the peer; up to 5 s)."""
+        return self.query(QueryKind.CATALOG, route) or []
+
+
+# ----------------------------------------------------------------------
+# helpers
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return 0
+    if timeout < 0:
+        raise ValueError("timeout %r < 0" % timeout)
+    return min(max(1, math.ceil(timeout * 1000)), 0xFFFFFFFF)
+
+
+def _final_status(st: Any, timeout: Optional[float]) -> XferStatus:
+    if not isinstance(st, XferStatus):
+        raise StageError(Code.INTERNAL, "Wait answered with %s" % type(st).__name__)
+    if st.state == State.FAILED:
+        raise StageError(st.code, st.message, st)
+    if st.state != State.DONE:
+        raise StageTimeout("transfer %d still %s after %.3gs (%d of %d B)"
+                           % (st.transfer, State(st.state).name.lower(), timeout or 0, st.done, st.total), st)
+    return st
+
+
+def _resolve(fut: _Future, m: wire.Message) -> None:
+    if isinstance(m, wire.Fail):
+        _set_exception(fut, StageError(m.code, m.message))
+    else:
+        _set_result(fut, m)
+
+
+def _set_result(fut: _Future, v: Any) -> None:
+    try:
+        fut.set_result(v)
+    except concurrent.futures.InvalidStateError:  # cancelled by its waiter
+        pass
+
+
+def _set_exception(fut: _Future, e: BaseException) -> None:
+    try:
+        fut.set_exception(e)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _fail(fut: _Future, e: BaseException) -> None:
+    _set_exception(fut, e)

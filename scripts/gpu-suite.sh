@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU job: runs on the GPU machine from the repository root, with what
+# `make gpu-build` put in .dev/ (that machine has no Go). Writes every log
+# under $OUT (or ./gpu-out) and prints a summary at the end.
+#
+#   make gpu-build            # here: test binaries, daemons, bench probes
+#   bash scripts/gpu-suite.sh # there
+#
+# STAGE_GPU_SRC / STAGE_GPU_DST pick the GPUs of the two sides (default 0 0;
+# on two GPUs use 0 1). SKIP_CEILINGS=1 skips the ../shared/bench probes.
+set -u
+out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-0}
+export STAGE_GPU_SRC=$src STAGE_GPU_DST=$dst
+summary=$out/summary.txt; : > "$summary"
+step() { # name, command...
+  local name=$1; shift
+  echo "== $name" | tee -a "$out/all.log"
+  local t0=$SECONDS
+  if "$@" > "$out/$name.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  printf '%-28s %-8s %4ds\n' "$name" "$r" $((SECONDS - t0)) | tee -a "$summary"
+  tail -n 40 "$out/$name.log" >> "$out/all.log"
+}
+
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvcc --version | tail -1; uname -r; } > "$out/machine.txt" 2>&1
+
+if [ "${SKIP_CEILINGS:-0}" != 1 ]; then
+  step ceilings env CONNS="1 4 8" bash .dev/bench/ceilings.sh
+fi
+# The cuda tests read cuda/testdata: run them from the package's folder.
+step cuda-unit bash -c "cd cuda && ../.dev/cuda.test -test.v -test.count=1"
+step cuda-bench bash -c "cd cuda && ../.dev/cuda.test -test.run '^$' -test.bench . -test.benchtime 1s"
+step e2e-gpu env STAGED_BIN=$PWD/.dev/staged .dev/e2e.test -test.v -test.count=1 -test.run 'GPU' -test.timeout 8m
+for pat in "ranges 1MiB" "blocks 16KiB"; do
+  set -- $pat
+  step "bench-$1-$2" .dev/stagectl bench --spawn --staged .dev/staged --device cuda:$src --remote-device cuda:$dst \
+    --stripes 8 --slots 64 --size 1GiB --block "$2" --pattern "$1" --iters 3 --verify --raw
+done
+step torch-tests bash -c "cd python && STAGED=$PWD/.dev/staged PYTHONUNBUFFERED=1 python3 -m unittest discover -v -s tests -p 'test_torch*.py'"
+echo; cat "$out/machine.txt"; echo; cat "$summary"
+! grep -q FAIL "$summary"
