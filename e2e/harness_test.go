@@ -71,7 +71,7 @@ type nodeOpts struct {
 	stripes int
 	token   string
 	slots   int
-	slot    string // slot size, default 1MiB
+	slot    string   // slot size, default 1MiB
 	extra   string   // more YAML
 	env     []string // more environment
 	// for pair(): the receiver's extra YAML and environment

@@ -9,8 +9,8 @@ package kvsim
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 

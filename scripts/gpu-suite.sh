@@ -14,13 +14,16 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-0}
 export STAGE_GPU_SRC=$src STAGE_GPU_DST=$dst
 summary=$out/summary.txt; : > "$summary"
+# Three files come back: machine.txt, summary.txt and all.log (every step's
+# whole output, in order).
 step() { # name, command...
   local name=$1; shift
-  echo "== $name" | tee -a "$out/all.log"
+  local log; log=$(mktemp)
   local t0=$SECONDS
-  if "$@" > "$out/$name.log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  if "$@" > "$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   printf '%-28s %-8s %4ds\n' "$name" "$r" $((SECONDS - t0)) | tee -a "$summary"
-  tail -n 40 "$out/$name.log" >> "$out/all.log"
+  { echo "===== $name: $r"; cat "$log"; } >> "$out/all.log"
+  rm -f "$log"
 }
 
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvcc --version | tail -1; uname -r; } > "$out/machine.txt" 2>&1

@@ -59,7 +59,7 @@ CHILD = textwrap.dedent("""
     views = [big[slack + i * lb: slack + (i + 1) * lb] for i in range(layers)]
     c = Client(sock)
     for i, v in enumerate(views):
-        c.register_tensor("decode-kv/%d" % i, v, Access.REMOTE_WRITE | Access.REMOTE_READ, ordinal=0)
+        c.register_tensor("decode-kv/%d" % i, v, Access.REMOTE_WRITE | Access.REMOTE_READ, ordinal=ordinal)
     print("ready", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -92,11 +92,11 @@ class TorchE2E(unittest.TestCase):
         pre = Staged("prefill", route_to=dec.peers, slots=64, extra="device: {kind: cuda, ordinal: %d}\n" % SRC)
         self.addCleanup(pre.stop)
         pre.settle(1)
-        # Each sidecar sees its GPU as ordinal 0 of its own visibility? No: as
-        # configured; register with that ordinal.
+        # Engines and sidecars see the same GPU numbering here, so regions
+        # are registered with the sidecar's configured ordinal.
         child = subprocess.Popen([sys.executable, "-c", CHILD, os.path.dirname(HERE), dec.socket, str(DST),
                                   str(LAYERS), str(lb), str(SLACK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(DST)))
+                                 text=True)
         self.addCleanup(child.kill)
 
         def ask(cmd: str) -> str:
