@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -21,7 +21,7 @@ import (
 type dataStream struct {
 	ss    *session
 	idx   int
-	conn  net.Conn
+	rc    *rawconn.Conn
 	sendq chan sendJob
 	wg    sync.WaitGroup
 
@@ -35,16 +35,30 @@ type sendJob struct {
 	checksum bool
 }
 
-// attach starts the goroutines of stream i; false if i is taken.
-func (ss *session) attach(i int, c net.Conn) bool {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
+// attach takes over c as stream i, writes greet on it first when not nil
+// (the accepting side's DataAccept, before any chunk can follow it), and
+// starts the stream's goroutines; false if i is taken or c unusable.
+func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
+	ss.mu.Lock()
+	taken := ss.closed || ss.streams[i] != nil
+	ss.mu.Unlock()
+	if taken {
+		_ = c.Close()
+		return false
 	}
-	ds := &dataStream{ss: ss, idx: i, conn: c, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1)}
+	rc, err := rawconn.New(c, 2)
+	if err != nil {
+		ss.s.log.Warn("data stream refused", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
+		_ = c.Close()
+		return false
+	}
+	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1)}
 	ss.mu.Lock()
 	if ss.closed || ss.streams[i] != nil {
 		ss.mu.Unlock()
-		_ = c.Close()
+		rc.Shutdown()
+		rc.Done()
+		rc.Done()
 		return false
 	}
 	ss.streams[i] = ds
@@ -53,6 +67,11 @@ func (ss *session) attach(i int, c net.Conn) bool {
 		ss.stripes = i + 1
 	}
 	ss.mu.Unlock()
+	if greet != nil {
+		if err := rc.Writev([][]byte{wire.AppendFrame(nil, greet, false, 0)}); err != nil {
+			ss.s.log.Warn("data stream lost while answering", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
+		}
+	}
 	ss.s.wg.Add(2)
 	ds.wg.Add(2)
 	go ds.writeLoop()
@@ -77,7 +96,7 @@ func (ds *dataStream) stop() {
 	defer ds.mu.Unlock()
 	if !ds.stopped {
 		ds.stopped = true
-		_ = ds.conn.Close()
+		ds.rc.Shutdown()
 		close(ds.sendq)
 	}
 }
@@ -104,10 +123,11 @@ func (ds *dataStream) lost(err error) {
 func (ds *dataStream) writeLoop() {
 	defer ds.ss.s.wg.Done()
 	defer ds.wg.Done()
+	defer ds.rc.Done()
 	s := ds.ss.s
 	head := make([]byte, 0, wire.HeaderSize+wire.ChunkFixedSize+64*wire.ChunkSegSize)
 	var ch wire.Chunk
-	var bufs net.Buffers
+	var iov [2][]byte
 	var broken error
 	for job := range ds.sendq {
 		c := job.cmd
@@ -122,11 +142,10 @@ func (ds *dataStream) writeLoop() {
 			ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
 		}
 		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum)
-		bufs = append(bufs[:0], head, payload)
-		_, err := bufs.WriteTo(ds.conn)
-		if err != nil {
+		iov[0], iov[1] = head, payload
+		if err := ds.rc.Writev(iov[:]); err != nil {
 			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
-			_ = ds.conn.Close()
+			ds.rc.Shutdown()
 			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
 			continue
 		}
@@ -142,11 +161,12 @@ func (ds *dataStream) writeLoop() {
 func (ds *dataStream) readLoop() {
 	defer ds.ss.s.wg.Done()
 	defer ds.wg.Done()
+	defer ds.rc.Done()
 	err := ds.read()
 	if ds.ss.ctx.Err() == nil {
 		ds.lost(err)
 	}
-	_ = ds.conn.Close()
+	ds.rc.Shutdown()
 }
 
 func (ds *dataStream) read() error {
@@ -155,8 +175,10 @@ func (ds *dataStream) read() error {
 	meta := make([]byte, 0, wire.ChunkFixedSize+256*wire.ChunkSegSize)
 	var ch wire.Chunk
 	segs := make([]device.Seg, 0, 256)
+	var scratch []byte // for draining refused payloads, made on first use
+	rc := ds.rc
 	for {
-		if _, err := io.ReadFull(ds.conn, hb[:wire.HeaderSize]); err != nil {
+		if err := rc.ReadFull(hb[:wire.HeaderSize]); err != nil {
 			return fmt.Errorf("read chunk header: %w", err)
 		}
 		h, err := wire.ParseHeader(hb[:wire.HeaderSize])
@@ -166,7 +188,7 @@ func (ds *dataStream) read() error {
 		if h.Type != wire.TypeChunk {
 			return fmt.Errorf("data stream got a %s frame", h.Type)
 		}
-		if _, err := io.ReadFull(ds.conn, hb[wire.HeaderSize:]); err != nil {
+		if err := rc.ReadFull(hb[wire.HeaderSize:]); err != nil {
 			return fmt.Errorf("read chunk meta: %w", err)
 		}
 		nsegs, err := wire.DecodeChunkFixed(h, hb[wire.HeaderSize:], &ch)
@@ -179,7 +201,7 @@ func (ds *dataStream) read() error {
 		}
 		meta = append(meta[:0], hb[wire.HeaderSize:]...)
 		meta = meta[:need]
-		if _, err := io.ReadFull(ds.conn, meta[wire.ChunkFixedSize:]); err != nil {
+		if err := rc.ReadFull(meta[wire.ChunkFixedSize:]); err != nil {
 			return fmt.Errorf("read chunk segments: %w", err)
 		}
 		if err := wire.DecodeChunkSegs(meta[wire.ChunkFixedSize:], nsegs, &ch); err != nil {
@@ -197,7 +219,10 @@ func (ds *dataStream) read() error {
 			// Unknown, finished or failed transfer, or a segment out of
 			// range: nothing lands; the payload is drained and the
 			// credit returned.
-			if _, err := io.CopyN(io.Discard, ds.conn, int64(ch.PayloadLen)); err != nil {
+			if scratch == nil {
+				scratch = make([]byte, 256<<10)
+			}
+			if err := rc.Discard(int64(ch.PayloadLen), scratch); err != nil {
 				return fmt.Errorf("drain chunk payload: %w", err)
 			}
 			ss.send(&wire.Credit{Grant: 1})
@@ -213,7 +238,7 @@ func (ds *dataStream) read() error {
 			return err
 		}
 		buf := s.recvPool.Slot(slot).Slice(0, int(ch.PayloadLen))
-		if _, err := io.ReadFull(ds.conn, buf.Host()); err != nil {
+		if err := rc.ReadFull(buf.Host()); err != nil {
 			s.recvPool.Release(slot)
 			x.release()
 			return fmt.Errorf("read chunk payload: %w", err)

@@ -177,7 +177,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 			ss.closeStreams()
 			return fail(fmt.Errorf("data stream %d: %w", i, err))
 		}
-		ss.attach(i, dc)
+		ss.attach(i, dc, nil)
 	}
 	if err := s.register(ss, c); err != nil {
 		ss.closeStreams()
@@ -367,17 +367,14 @@ func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
 		return fmt.Errorf("data stream %d of peer %s: index out of range", h.Stream, ss.peerName)
 	}
 	_ = c.SetDeadline(time.Time{})
-	// Attach before answering: once the dialer has every DataAccept it may
-	// send requests that need this stream.
-	if !ss.attach(int(h.Stream), c) {
-		_ = writeMsg(c, &wire.Error{Code: wire.CodeBadRequest, Message: "stream already attached"})
-		return fmt.Errorf("data stream %d of peer %s: already attached", h.Stream, ss.peerName)
+	// Attach (which answers DataAccept on the stream) and tell the core
+	// before the dialer can send a request that needs this stream: it
+	// sends none before it has every DataAccept.
+	if !ss.attach(int(h.Stream), c, &wire.DataAccept{Stream: h.Stream}) {
+		return fmt.Errorf("data stream %d of peer %s: already attached or unusable", h.Stream, ss.peerName)
 	}
-	// The writer gets no chunk before the core hears EvStreamUp, so this
-	// answer cannot interleave with one.
-	err := writeMsg(c, &wire.DataAccept{Stream: h.Stream})
 	s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: int(h.Stream), Now: time.Now()})
-	return err
+	return nil
 }
 
 // stripeCount is the number of data streams (it grows on the accepting

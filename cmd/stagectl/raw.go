@@ -4,20 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/stage-kv/stage/rawconn"
 )
 
 // The raw mode measures plain TCP between the same two hosts with the same
 // number of streams: the ceiling stage's figures are compared with, in the
-// same run. Senders writev 4 MiB pieces of mmap'd memory, the sink reads
-// them with io.ReadFull into mmap'd memory: the same system calls stage's
-// data streams make, with no stage logic in between.
+// same run. Senders writev 4 MiB pieces of mmap'd memory and the sink reads
+// them with recv(MSG_WAITALL) into mmap'd memory, through rawconn: the same
+// system calls stage's data streams make, with no stage logic in between.
 
 const rawPiece = 4 << 20
 
@@ -55,14 +56,19 @@ func startSink(addr string) (*rawSink, error) {
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
-				defer c.Close()
+				rc, err := rawconn.New(c, 1)
+				if err != nil {
+					c.Close()
+					return
+				}
+				defer rc.Done()
 				buf, err := mmapBuf(rawPiece)
 				if err != nil {
 					return
 				}
 				defer syscall.Munmap(buf)
 				for {
-					if _, err := io.ReadFull(c, buf); err != nil {
+					if err := rc.ReadFull(buf); err != nil {
 						return
 					}
 				}
@@ -100,16 +106,23 @@ func rawTCP(ctx context.Context, addr string, streams int, total uint64) (float6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer c.Close()
+			rc, err := rawconn.New(c, 1)
+			if err != nil {
+				c.Close()
+				errs[i] = err
+				return
+			}
+			defer rc.Done()
 			buf, err := mmapBuf(rawPiece)
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			defer syscall.Munmap(buf)
+			var iov [1][]byte
 			for sent := uint64(0); sent < per; sent += rawPiece {
-				bufs := net.Buffers{buf}
-				if _, err := bufs.WriteTo(c); err != nil {
+				iov[0] = buf
+				if err := rc.Writev(iov[:]); err != nil {
 					errs[i] = err
 					return
 				}

@@ -1,0 +1,151 @@
+// Package rawconn drives a TCP socket with blocking system calls: one
+// writev per send, one recv(MSG_WAITALL) per receive, straight from and
+// into the caller's buffer (a pinned slot). Go's netpoller would wake the
+// reader for every few hundred KiB that arrive; at tens of GB/s those
+// wake-ups are what separates Go sockets from C ones.
+//
+// A Conn is used by at most one reader and one writer goroutine; a blocked
+// call holds only its own thread. Shutdown wakes both; the socket closes
+// when both have called Done. It never allocates per call.
+package rawconn
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conn is a TCP socket in blocking mode.
+type Conn struct {
+	fd     int
+	mu     sync.Mutex
+	users  int // reader and writer still inside; the last one out closes
+	closed bool
+}
+
+// New takes over c's socket: it keeps a duplicate in blocking mode and
+// closes c. users is how many goroutines will call Done (1 or 2).
+func New(c net.Conn, users int) (*Conn, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("data stream: %T has no file descriptor", c)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.Dup(int(f)) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("data stream: dup socket: %w", derr)
+	}
+	_ = c.Close() // our duplicate keeps the socket open
+	if err := unix.SetNonblock(fd, false); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("data stream: blocking mode: %w", err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return &Conn{fd: fd, users: users}, nil
+}
+
+// Shutdown wakes the reader and writer out of blocking calls; the socket is
+// closed when both have called done.
+func (r *Conn) Shutdown() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		_ = unix.Shutdown(r.fd, unix.SHUT_RDWR)
+	}
+}
+
+// Done is called once by each user when it stops; the last closes the socket.
+func (r *Conn) Done() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.users--
+	if r.users == 0 {
+		_ = unix.Close(r.fd)
+	}
+}
+
+// Writev writes every byte of bufs (it reslices bufs as it goes).
+func (r *Conn) Writev(bufs [][]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.Writev(r.fd, bufs)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return err
+		}
+		for n > 0 && len(bufs) > 0 {
+			if n >= len(bufs[0]) {
+				n -= len(bufs[0])
+				bufs = bufs[1:]
+			} else {
+				bufs[0] = bufs[0][n:]
+				n = 0
+			}
+		}
+		for len(bufs) > 0 && len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	return nil
+}
+
+// Read implements io.Reader (for headers): one recv, whatever arrived.
+func (r *Conn) Read(p []byte) (int, error) {
+	for {
+		n, _, err := unix.Recvfrom(r.fd, p, 0)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return 0, err
+		}
+		if n == 0 && len(p) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+// ReadFull fills p, asking the kernel to return only once it is full.
+func (r *Conn) ReadFull(p []byte) error {
+	for len(p) > 0 {
+		n, _, err := unix.Recvfrom(r.fd, p, unix.MSG_WAITALL)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+// Discard reads and drops n bytes.
+func (r *Conn) Discard(n int64, scratch []byte) error {
+	for n > 0 {
+		k := min(n, int64(len(scratch)))
+		if err := r.ReadFull(scratch[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package rawconn
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+)
+
+func pair(t *testing.T) (a, b *Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		got <- c
+	}()
+	c1, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := <-got
+	if a, err = New(c1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = New(c2, 2); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+func TestWritevReadFull(t *testing.T) {
+	a, b := pair(t)
+	defer func() {
+		a.Shutdown()
+		a.Done()
+		a.Done()
+		b.Shutdown()
+		b.Done()
+		b.Done()
+	}()
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, sizes := range [][]int{{16, 1 << 20}, {1}, {3, 5, 7, 4 << 20}, {64 << 10, 0, 9}} {
+		var want []byte
+		var bufs [][]byte
+		for _, n := range sizes {
+			p := make([]byte, n)
+			for i := range p {
+				p[i] = byte(r.Uint32())
+			}
+			want = append(want, p...)
+			bufs = append(bufs, p)
+		}
+		done := make(chan error, 1)
+		go func() { done <- a.Writev(bufs) }()
+		got := make([]byte, len(want))
+		if err := b.ReadFull(got); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("sizes %v: bytes differ", sizes)
+		}
+	}
+	// Discard drops exactly n bytes.
+	go func() { _ = a.Writev([][]byte{bytes.Repeat([]byte{1}, 1000), {42}}) }()
+	if err := b.Discard(1000, make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	one := make([]byte, 1)
+	if err := b.ReadFull(one); err != nil || one[0] != 42 {
+		t.Fatalf("after discard: got %v %v, want 42", one, err)
+	}
+}
+
+func TestShutdownWakesReader(t *testing.T) {
+	a, b := pair(t)
+	errc := make(chan error, 1)
+	go func() { errc <- b.ReadFull(make([]byte, 10)) }()
+	time.Sleep(50 * time.Millisecond)
+	b.Shutdown()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, io.ErrUnexpectedEOF) && err == nil {
+			t.Fatalf("got %v, want an error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a blocked ReadFull did not return after Shutdown")
+	}
+	b.Done()
+	b.Done()
+	// The peer sees the connection end.
+	if err := a.ReadFull(make([]byte, 1)); err == nil {
+		t.Fatal("peer read succeeded after shutdown")
+	}
+	a.Shutdown()
+	a.Done()
+	a.Done()
+}
