@@ -66,12 +66,13 @@
 //
 // # Verified on
 //
-// NVIDIA H100 80GB HBM3 (compute 9.0, 132 SMs), driver 580.159.04 (CUDA
-// 13.0), Ubuntu glibc 2.39; PTX from nvcc 13.0.88 (-arch=compute_80). There
+// NVIDIA H100 80GB HBM3 (compute 9.0, 132 SMs) and 2 x H200 (NV18), driver
+// 580.159.04 (CUDA 13.0), Ubuntu glibc 2.39; PTX from nvcc 13.0.88
+// (-arch=compute_80). On both
 // the GPU tests (build tag gpu) pass in all three copy modes, including
 // legacy IPC and POSIX-fd VMM imports across processes; cuMemCreate with
 // FABRIC handles is refused with CUDA_ERROR_NOT_PERMITTED, so VMMAlloc takes
-// the POSIX-fd fallback (as on the H200 machine of REFERENCE.md). Measured
+// the POSIX-fd fallback (on the H200s too). Measured on the H100
 // (one stream, 256 scattered 16 KiB blocks per 4 MiB pinned slot, GB/s):
 // gather kernel 50.0, batch 19.9-23.4, percopy 6.6-7.4; scatter kernel
 // 47.8-48.1, batch 22.6-26.6, percopy 5.9-6.0; one 4 MiB D2H 53.6-53.9, H2D

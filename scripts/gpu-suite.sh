@@ -40,6 +40,9 @@ for pat in "ranges 1MiB" "blocks 16KiB"; do
   step "bench-$1-$2" .dev/stagectl bench --spawn --staged .dev/staged --device cuda:$src --remote-device cuda:$dst \
     --stripes 8 --slots 64 --size 1GiB --block "$2" --pattern "$1" --iters 3 --verify --raw
 done
+step sweep .dev/stagectl bench --spawn --staged .dev/staged --device cuda:$src --remote-device cuda:$dst \
+  --stripes 8 --slots 64 --size 1GiB --sweep --raw --iters 3
+step latency-4KiB .dev/stagectl bench --spawn --staged .dev/staged --stripes 1 --size 4KiB --block 4KiB --iters 5000 --warmup 200
 step torch-tests bash -c "cd python && STAGED=$PWD/.dev/staged PYTHONUNBUFFERED=1 python3 -m unittest discover -v -s tests -p 'test_torch*.py'"
 echo; cat "$out/machine.txt"; echo; cat "$summary"
 ! grep -q FAIL "$summary"
