@@ -269,13 +269,17 @@ func statusResult(a wire.Msg) (*wire.XferStatus, error) {
 	return st, nil
 }
 
-// Do submits a transfer and waits for it.
+// Do submits a transfer and waits for it, in one request (SubmitWait): the
+// sidecar answers when the transfer has finished. A failed transfer returns
+// its status and an *Error; ctx ending stops the waiting, not the transfer.
 func (c *Client) Do(ctx context.Context, t Transfer) (*wire.XferStatus, error) {
-	id, err := c.Submit(ctx, t)
+	req := c.next()
+	a, err := c.call(ctx, req, &wire.SubmitWait{Submit: wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
+		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops}}, -1)
 	if err != nil {
 		return nil, err
 	}
-	return c.Wait(ctx, id, 0)
+	return statusResult(a)
 }
 
 // Cancel cancels a transfer.

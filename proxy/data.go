@@ -210,7 +210,7 @@ func (ds *dataStream) read() error {
 		if int(ch.PayloadLen) > s.recvPool.SlotSize() {
 			return fmt.Errorf("chunk of %d B exceeds our slot size %d", ch.PayloadLen, s.recvPool.SlotSize())
 		}
-		x := ss.lookupIn(ch.Transfer)
+		x := ss.incoming(ch.Transfer)
 		var lerr error
 		if x != nil {
 			segs, lerr = x.resolve(&ch, segs[:0])

@@ -141,6 +141,9 @@ func (x *inXfer) done(err error) {
 	if ss.in[x.wireID] == x {
 		delete(ss.in, x.wireID)
 	}
+	if x.local == nil {
+		ss.buryLocked(x.wireID)
+	}
 	ss.mu.Unlock()
 	x.mu.Lock()
 	bytes := x.bytes

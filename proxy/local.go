@@ -301,6 +301,15 @@ func (c *client) handle(m wire.Msg, fd int) {
 			return
 		}
 		c.reply(&wire.Submitted{Req: m.Req, Transfer: lx.id})
+	case *wire.SubmitWait:
+		lx, err := s.submit(s.ctx, &m.Submit)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		// Answered from whoever finishes the transfer; reply never blocks.
+		req := m.Req
+		lx.whenDone(func() { c.reply(lx.status(req)) })
 	case *wire.Status:
 		lx, err := s.lookupXfer(m.Transfer)
 		if err != nil {

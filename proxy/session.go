@@ -47,9 +47,11 @@ type session struct {
 	ready   chan struct{} // closed when every data stream is attached
 
 	mu       sync.Mutex
-	in       map[uint64]*inXfer    // chunks we receive, by wire id
-	served   map[uint64]uint64     // wire id of a pull we serve -> core key
-	pending  map[uint64]*localXfer // our pushes waiting for Accept
+	in       map[uint64]*inXfer  // chunks we receive, by wire id
+	served   map[uint64]uint64   // wire id of a pull we serve -> core key
+	gone     map[uint64]struct{} // recently finished or refused incoming transfers
+	goneRing []uint64            // their ids, oldest first (bounded)
+	announce *sync.Cond          // signalled when ss.in or ss.gone changes (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
 	attached int
 	closed   bool
@@ -61,10 +63,11 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, pending: map[uint64]*localXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]struct{}{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
+	ss.announce = sync.NewCond(&ss.mu)
 	return ss
 }
 
@@ -414,8 +417,7 @@ func (ss *session) close(err error) {
 	gc := ss.gc
 	in := ss.in
 	ss.in = map[uint64]*inXfer{}
-	pend := ss.pending
-	ss.pending = map[uint64]*localXfer{}
+	ss.announce.Broadcast()
 	ss.mu.Unlock()
 	ss.cancel()
 	if gc != nil {
@@ -430,10 +432,60 @@ func (ss *session) close(err error) {
 	for _, x := range in {
 		x.fail(perr, false)
 	}
-	for _, lx := range pend {
-		s.finishLocal(lx, perr)
-	}
 	s.mbox.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)
 	s.log.Info("session down", zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Error(err))
+}
+
+// maxGone bounds the tombstones of finished incoming transfers kept per session.
+const maxGone = 4096
+
+// buryLocked records that an incoming transfer finished or was refused, so
+// its late chunks are drained at once instead of waited for (ss.mu held).
+func (ss *session) buryLocked(wireID uint64) {
+	if _, ok := ss.gone[wireID]; ok {
+		return
+	}
+	ss.gone[wireID] = struct{}{}
+	ss.goneRing = append(ss.goneRing, wireID)
+	if len(ss.goneRing) > maxGone {
+		delete(ss.gone, ss.goneRing[0])
+		ss.goneRing = ss.goneRing[1:]
+	}
+	ss.announce.Broadcast()
+}
+
+// announceWait is how long a chunk that arrived ahead of its transfer's
+// Announce waits for it. The sender starts sending right after it queued
+// the Announce, on another connection, so the two may cross.
+const announceWait = time.Second
+
+// incoming finds the transfer a chunk belongs to, waiting briefly for an
+// Announce that has not arrived yet; nil for a finished, refused or
+// unknown transfer.
+func (ss *session) incoming(wireID uint64) *inXfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if x := ss.in[wireID]; x != nil {
+		return x
+	}
+	if ss.ours(wireID) {
+		return nil // our pull: created before the request went out
+	}
+	deadline := time.Now().Add(announceWait)
+	timer := time.AfterFunc(announceWait, func() {
+		ss.mu.Lock()
+		ss.announce.Broadcast()
+		ss.mu.Unlock()
+	})
+	defer timer.Stop()
+	for {
+		if x := ss.in[wireID]; x != nil {
+			return x
+		}
+		if _, dead := ss.gone[wireID]; dead || ss.closed || !time.Now().Before(deadline) {
+			return nil
+		}
+		ss.announce.Wait()
+	}
 }

@@ -33,6 +33,19 @@ type localXfer struct {
 	started time.Time
 	ended   time.Time
 	done    chan struct{}
+	onDone  []func() // run once when it finishes (SubmitWait answers)
+}
+
+// whenDone runs f once the transfer has finished: at once if it has.
+func (lx *localXfer) whenDone(f func()) {
+	lx.mu.Lock()
+	if lx.state != wire.StateDone && lx.state != wire.StateFailed {
+		lx.onDone = append(lx.onDone, f)
+		lx.mu.Unlock()
+		return
+	}
+	lx.mu.Unlock()
+	f()
 }
 
 func (lx *localXfer) addDone(n uint64) {
@@ -148,18 +161,13 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		s.mu.Lock()
 		s.outs[id] = ox
 		s.mu.Unlock()
-		ss.mu.Lock()
-		closed := ss.closed
-		if !closed {
-			ss.pending[lx.wireID] = lx
-		}
-		ss.mu.Unlock()
-		if closed {
-			s.retire(id)
-			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
-			return lx, nil
-		}
+		// The chunks follow the Announce at once, without waiting for Accept:
+		// the receiver checks the whole transfer when the Announce arrives
+		// and holds any chunk that overtook it until then, so nothing lands
+		// unchecked, and a refusal (Nack) fails the transfer here.
 		ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		lx.setState(wire.StateRunning)
+		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: id, Plan: plan, Timeout: lx.timeout, Now: time.Now()})
 		return lx, nil
 	}
 
@@ -207,6 +215,9 @@ func (lx *localXfer) setState(st wire.State) {
 func (s *Server) acceptPush(ss *session, m *wire.Announce) {
 	nack := func(err error) {
 		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", m.Transfer), zap.Error(err))
+		ss.mu.Lock()
+		ss.buryLocked(m.Transfer) // chunks already on their way are drained
+		ss.mu.Unlock()
 		ss.send(&wire.Nack{Transfer: m.Transfer, Code: errCode(err), Message: err.Error()})
 	}
 	if ss.ours(m.Transfer) {
@@ -233,17 +244,21 @@ func (s *Server) acceptPush(ss *session, m *wire.Announce) {
 		timeout: s.incomingTimeout(), progress: time.Now()}
 	ss.mu.Lock()
 	_, dup := ss.in[m.Transfer]
+	_, dead := ss.gone[m.Transfer]
+	dup = dup || dead
 	n := len(ss.in)
 	ok := !ss.closed && !dup && n < s.cfg.Limits.MaxTransfersPerPeer
 	if ok {
 		ss.in[m.Transfer] = x
+		ss.announce.Broadcast()
 	}
 	ss.mu.Unlock()
 	if !ok {
 		releaseAll(regions)
 		switch {
 		case dup:
-			nack(codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer))
+			// Not buried again: the first transfer with this id goes on.
+			ss.send(&wire.Nack{Transfer: m.Transfer, Code: wire.CodeExists, Message: fmt.Sprintf("transfer %d already in progress or finished", m.Transfer)})
 		case n >= s.cfg.Limits.MaxTransfersPerPeer:
 			nack(codeErr(wire.CodeBusy, "limits.max_transfers_per_peer (%d) reached", s.cfg.Limits.MaxTransfersPerPeer))
 		}
@@ -324,27 +339,10 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 }
 
-// accepted: the peer accepted our push (start sending) or pull (chunks come).
-func (s *Server) accepted(ss *session, wireID uint64) {
-	if !ss.ours(wireID) {
-		return
-	}
-	ss.mu.Lock()
-	lx := ss.pending[wireID]
-	delete(ss.pending, wireID)
-	ss.mu.Unlock()
-	if lx == nil {
-		return // a pull (already running), or cancelled meanwhile
-	}
-	s.mu.Lock()
-	ox := s.outs[lx.id]
-	s.mu.Unlock()
-	if ox == nil {
-		return
-	}
-	lx.setState(wire.StateRunning)
-	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: ox.plan, Timeout: ox.timeout, Now: time.Now()})
-}
+// accepted: the peer accepted our push or pull. Both already run (a push
+// does not wait for Accept; a pull's chunks simply start arriving), so
+// there is nothing to do: only a Nack changes anything.
+func (s *Server) accepted(*session, uint64) {}
 
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {
@@ -354,15 +352,6 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		return
 	}
 	if ss.ours(m.Transfer) {
-		ss.mu.Lock()
-		lx := ss.pending[m.Transfer]
-		delete(ss.pending, m.Transfer)
-		ss.mu.Unlock()
-		if lx != nil { // refused before it started: the core never saw it
-			s.retire(lx.id)
-			s.finishLocal(lx, err)
-			return
-		}
 		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
 		return
 	}
@@ -401,8 +390,13 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 		lx.state, lx.err = wire.StateFailed, err
 	}
 	lx.ended = time.Now()
+	cbs := lx.onDone
+	lx.onDone = nil
 	lx.mu.Unlock()
 	close(lx.done)
+	for _, f := range cbs {
+		f()
+	}
 	if lx.ss != nil {
 		if err == nil {
 			lx.ss.link.XfersOK.Add(1)
@@ -438,15 +432,6 @@ func (s *Server) cancelXfer(id uint64) error {
 		if x := ss.lookupIn(lx.wireID); x != nil {
 			x.fail(err, false)
 		}
-		return nil
-	}
-	ss.mu.Lock()
-	pending := ss.pending[lx.wireID] != nil
-	delete(ss.pending, lx.wireID)
-	ss.mu.Unlock()
-	if pending {
-		s.retire(lx.id)
-		s.finishLocal(lx, err)
 		return nil
 	}
 	s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})

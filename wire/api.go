@@ -220,6 +220,10 @@ func decodeMsg(t Type, d *decoder) Msg {
 		m := new(Submit)
 		m.decode(d)
 		return m
+	case TypeSubmitWait:
+		m := new(SubmitWait)
+		m.Submit.decode(d)
+		return m
 	case TypeSubmitted:
 		m := new(Submitted)
 		m.decode(d)

@@ -119,6 +119,7 @@ const (
 	TypeQueryReply Type = 139
 	TypeOK         Type = 140
 	TypeFail       Type = 141
+	TypeSubmitWait Type = 142
 )
 
 func (t Type) String() string {
@@ -137,7 +138,7 @@ var typeNames = map[Type]string{
 	TypeRegister: "Register", TypeUnregister: "Unregister", TypeSubmit: "Submit", TypeSubmitted: "Submitted",
 	TypeWait: "Wait", TypeStatus: "Status", TypeXferStatus: "XferStatus", TypeCancel: "Cancel",
 	TypeSubscribe: "Subscribe", TypeNotify: "Notify", TypeQuery: "Query", TypeQueryReply: "QueryReply",
-	TypeOK: "OK", TypeFail: "Fail",
+	TypeOK: "OK", TypeFail: "Fail", TypeSubmitWait: "SubmitWait",
 }
 
 // Msg is any frame body but a chunk's.

@@ -43,7 +43,7 @@ func TestParseHeader(t *testing.T) {
 		{"type 0", hdr(func(b []byte) { b[3] = 0 }), Header{}, ErrUnknownType, "type 0"},
 		{"type 18", hdr(func(b []byte) { b[3] = 18 }), Header{}, ErrUnknownType, ""},
 		{"type 65", hdr(func(b []byte) { b[3] = 65 }), Header{}, ErrUnknownType, ""},
-		{"type 142", hdr(func(b []byte) { b[3] = 142 }), Header{}, ErrUnknownType, ""},
+		{"type 143", hdr(func(b []byte) { b[3] = 143 }), Header{}, ErrUnknownType, ""},
 		{"type 255", hdr(func(b []byte) { b[3] = 255 }), Header{}, ErrUnknownType, ""},
 		{"reserved lo", hdr(func(b []byte) { b[6] = 1 }), Header{}, ErrMalformed, "reserved field 0x0001"},
 		{"reserved hi", hdr(func(b []byte) { b[7] = 0x80 }), Header{}, ErrMalformed, "reserved"},

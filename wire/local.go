@@ -70,6 +70,11 @@ type Submit struct {
 	Ops         []LocalOp
 }
 
+// SubmitWait is a Submit (same body) answered once the transfer has
+// finished, with its XferStatus, instead of at once with Submitted: one
+// request and one answer for an engine that waits anyway.
+type SubmitWait struct{ Submit }
+
 // Submitted answers Submit.
 type Submitted struct {
 	Req      uint64
@@ -185,6 +190,7 @@ func (*Register) Type() Type   { return TypeRegister }
 func (*Unregister) Type() Type { return TypeUnregister }
 func (*Submit) Type() Type     { return TypeSubmit }
 func (*Submitted) Type() Type  { return TypeSubmitted }
+func (*SubmitWait) Type() Type { return TypeSubmitWait }
 func (*Wait) Type() Type       { return TypeWait }
 func (*Status) Type() Type     { return TypeStatus }
 func (*XferStatus) Type() Type { return TypeXferStatus }

@@ -69,6 +69,8 @@ func samples() []sample {
 			LocalNames: []string{"l0", "l1", "l2"}, RemoteNames: []string{"r0"},
 			Ops: []LocalOp{{Local: 2, Remote: 0, LocalOff: 1, RemoteOff: 2, Len: 3}, {Local: 0, Remote: 0, LocalOff: 1 << 40, RemoteOff: 0, Len: 1 << 20}}}},
 		{"SubmitEmpty", &Submit{Req: 5, Route: "r", Dir: Push}},
+		{"SubmitWait", &SubmitWait{Submit{Req: 5, Route: "r", Dir: Push, Tag: "w", LocalNames: []string{"a"}, RemoteNames: []string{"b"},
+			Ops: []LocalOp{{Local: 0, Remote: 0, LocalOff: 4096, RemoteOff: 8192, Len: 4096}}}}},
 		{"Submitted", &Submitted{Req: 6, Transfer: 77}},
 		{"Wait", &Wait{Req: 7, Transfer: 77, TimeoutMs: 30000}},
 		{"Status", &Status{Req: 8, Transfer: 77}},
