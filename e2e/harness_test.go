@@ -54,15 +54,18 @@ func TestMain(m *testing.M) {
 
 // node is one staged process.
 type node struct {
-	t      *testing.T
-	name   string
-	cmd    *exec.Cmd
-	peers  string
-	socket string
-	log    string
-	exited chan error
-	cl     *client.Client
-	base   wire.Stats // idle figures after start
+	t       *testing.T
+	name    string
+	cmd     *exec.Cmd
+	peers   string
+	socket  string
+	metrics string // host:port of /metrics, when enabled
+	// config is the file staged runs with; configText its first contents.
+	config, configText string
+	log     string
+	exited  chan error
+	cl      *client.Client
+	base    wire.Stats // idle figures after start
 }
 
 type nodeOpts struct {
@@ -99,15 +102,17 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 10s\n", o.route, o.peer, o.stripes)
 	}
 	cfg += o.extra
+	n := &node{}
 	path := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	n.config, n.configText = path, cfg
 	token := o.token
 	if token == "" {
 		token = "e2e-token"
 	}
-	n := &node{t: t, name: name, log: filepath.Join(dir, name+".log"), exited: make(chan error, 1)}
+	n.t, n.name, n.log, n.exited = t, name, filepath.Join(dir, name+".log"), make(chan error, 1)
 	logf, err := os.Create(n.log)
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +145,9 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 			}
 			if v, ok := strings.CutPrefix(f, "socket="); ok {
 				n.socket = v
+			}
+			if v, ok := strings.CutPrefix(f, "metrics="); ok {
+				n.metrics = v
 			}
 		}
 	case err := <-n.exited:

@@ -143,7 +143,10 @@ func (ds *dataStream) writeLoop() {
 		}
 		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum)
 		iov[0], iov[1] = head, payload
-		if err := ds.rc.Writev(iov[:]); err != nil {
+		t0 := time.Now()
+		err := ds.rc.Writev(iov[:])
+		s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
+		if err != nil {
 			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
 			ds.rc.Shutdown()
 			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
@@ -238,7 +241,10 @@ func (ds *dataStream) read() error {
 			return err
 		}
 		buf := s.recvPool.Slot(slot).Slice(0, int(ch.PayloadLen))
-		if err := rc.ReadFull(buf.Host()); err != nil {
+		t0 := time.Now()
+		err = rc.ReadFull(buf.Host())
+		s.metrics.netNanos[netRecv].Add(int64(time.Since(t0)))
+		if err != nil {
 			s.recvPool.Release(slot)
 			x.release()
 			return fmt.Errorf("read chunk payload: %w", err)
@@ -256,7 +262,9 @@ func (ds *dataStream) read() error {
 		ss.link.BytesIn.Add(uint64(ch.PayloadLen))
 		ss.link.ChunksIn.Add(1)
 		idx, n := ch.Index, uint64(ch.PayloadLen)
+		t1 := time.Now()
 		err = s.copier().Scatter(segs, buf, func(err error) {
+			s.metrics.copyNanos[copyScatter].Add(int64(time.Since(t1)))
 			s.recvPool.Release(slot)
 			x.landed(idx, n, err)
 			x.release()

@@ -190,7 +190,7 @@ func (x *inXfer) maybeRelease() {
 
 func routeName(ss *session) string {
 	if ss.route != nil {
-		return ss.route.cfg.Name
+		return ss.route.name
 	}
 	return ""
 }

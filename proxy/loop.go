@@ -63,7 +63,9 @@ func (s *Server) perform(r *staging.Ready) {
 	for _, c := range r.Copies {
 		c := c
 		buf := s.sendPool.Slot(c.Slot).Slice(0, int(c.C.Len))
+		t0 := time.Now()
 		err := s.copier().Gather(buf, c.C.Src, func(err error) {
+			s.metrics.copyNanos[copyGather].Add(int64(time.Since(t0)))
 			s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
 		})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -40,6 +41,10 @@ type Server struct {
 	peerLn  net.Listener
 	localLn *net.UnixListener
 	gcli    *gnet.Client
+
+	metrics    *metrics
+	metricsLn  net.Listener
+	metricsSrv *http.Server
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -83,6 +88,7 @@ func New(cfg *config.Config, log *zap.Logger) (s *Server, err error) {
 		sessions: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
 		links: map[string]*counters{}}
+	s.metrics = newMetrics(s)
 	s.hostID = cfg.Node.HostID
 	if s.hostID == "" {
 		s.hostID = hostIdentity()
@@ -114,6 +120,11 @@ func New(cfg *config.Config, log *zap.Logger) (s *Server, err error) {
 	}
 	if s.localLn, err = listenLocal(cfg.SocketPath()); err != nil {
 		return nil, err
+	}
+	if cfg.Metrics.Listen != "" {
+		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -160,6 +171,9 @@ func (s *Server) Close() error {
 	}
 	_ = s.peerLn.Close()
 	_ = s.localLn.Close()
+	if s.metricsSrv != nil {
+		_ = s.metricsSrv.Close()
+	}
 	s.mu.Lock()
 	sess := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
@@ -202,6 +216,9 @@ func (s *Server) closeResources() error {
 	}
 	if s.localLn != nil {
 		_ = s.localLn.Close()
+	}
+	if s.metricsSrv != nil {
+		_ = s.metricsSrv.Close()
 	}
 	errs = append(errs, s.dev.Close())
 	return errors.Join(errs...)

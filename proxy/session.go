@@ -127,14 +127,14 @@ func expect[T wire.Msg](c net.Conn, what string) (T, error) {
 // dial opens a session to addr for route r: control handshake, then the
 // data streams, then hands the control connection to gnet.
 func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
-	d := net.Dialer{Timeout: r.cfg.ConnectTimeout}
+	d := net.Dialer{Timeout: r.conf().ConnectTimeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	ss := s.newSession(true, r.cfg.Stripes)
-	ss.route, ss.addr, ss.linkName = r, addr, r.cfg.Name
-	ss.link = s.link(r.cfg.Name)
+	ss := s.newSession(true, r.conf().Stripes)
+	ss.route, ss.addr, ss.linkName = r, addr, r.conf().Name
+	ss.link = s.link(r.conf().Name)
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	randBytes(ss.nonceC[:])
 	hello := &wire.Hello{VersionMin: wire.VersionMin, VersionMax: wire.VersionMax, NodeName: s.cfg.Node.Name,
@@ -175,7 +175,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	_ = c.SetDeadline(time.Time{})
 	for i := 0; i < ss.stripes; i++ {
-		dc, err := ss.dialData(ctx, addr, uint16(i), r.cfg.ConnectTimeout)
+		dc, err := ss.dialData(ctx, addr, uint16(i), r.conf().ConnectTimeout)
 		if err != nil {
 			ss.closeStreams()
 			return fail(fmt.Errorf("data stream %d: %w", i, err))

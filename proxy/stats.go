@@ -61,15 +61,15 @@ func (s *Server) Routes() []RouteInfo {
 		rs = append(rs, r)
 	}
 	s.mu.Unlock()
-	sort.Slice(rs, func(i, j int) bool { return rs[i].cfg.Name < rs[j].cfg.Name })
+	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
-		ri := RouteInfo{Name: r.cfg.Name, Transport: "tcp", Stripes: r.cfg.Stripes, Checksum: r.cfg.Checksum}
-		if r.cfg.Transport != "auto" && r.cfg.Transport != "tcp" {
-			ri.Transport = "tcp (" + r.cfg.Transport + " is not built yet)"
+		ri := RouteInfo{Name: r.conf().Name, Transport: "tcp", Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
+		if r.conf().Transport != "auto" && r.conf().Transport != "tcp" {
+			ri.Transport = "tcp (" + r.conf().Transport + " is not built yet)"
 		}
 		r.mu.Lock()
-		for _, addr := range r.cfg.Peers {
+		for _, addr := range r.conf().Peers {
 			p := PeerInfo{Addr: addr, State: "connecting"}
 			if ss := r.sess[addr]; ss != nil {
 				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.peerHost == s.hostID, ss.stripeCount(), ss.chunkSize

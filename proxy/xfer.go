@@ -131,7 +131,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	if err != nil {
 		return nil, err
 	}
-	checksum := r.cfg.Checksum
+	checksum := r.conf().Checksum
 	switch m.Checksum {
 	case wire.ChecksumOn:
 		checksum = true
@@ -140,7 +140,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	}
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
-		timeout: r.cfg.ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
+		timeout: r.conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
 	s.mu.Lock()
 	s.xfers[id] = lx
 	s.mu.Unlock()
@@ -404,6 +404,7 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 			lx.ss.link.XfersFailed.Add(1)
 		}
 	}
+	s.metrics.transferDone(lx.dir, lx.started, err)
 	if err != nil {
 		s.log.Info("transfer failed", zap.Uint64("transfer", lx.id), zap.String("route", lx.route), zap.Stringer("dir", lx.dir), zap.String("tag", lx.tag), zap.Error(err))
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -60,12 +61,12 @@ func newRoot() *cobra.Command {
 			}
 			defer stop()
 		}
-		return run(cfg, log)
+		return run(cfg, log, config.ConfigPath(cmd.Flags()), cmd.Flags())
 	}
 	return cmd
 }
 
-func run(cfg *config.Config, log *zap.Logger) error {
+func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := proxy.New(cfg, log)
@@ -77,8 +78,46 @@ func run(cfg *config.Config, log *zap.Logger) error {
 		return err
 	}
 	// Tell a parent (stagectl demo, tests) where we listen, on one line.
-	fmt.Printf("staged ready peers=%s socket=%s\n", srv.PeerAddr(), srv.SocketPath())
-	<-ctx.Done()
+	line := fmt.Sprintf("staged ready peers=%s socket=%s", srv.PeerAddr(), srv.SocketPath())
+	if m := srv.MetricsAddr(); m != "" {
+		line += " metrics=" + m
+	}
+	fmt.Println(line)
+
+	// Routes reload without a restart: when the file changes, or on SIGHUP.
+	// An invalid file is refused with its problems and the running config kept.
+	reload := func(c *config.Config) { srv.ApplyRoutes(c) }
+	refuse := func(err error) {
+		log.Warn("config reload refused; the running config stays", zap.Error(err))
+	}
+	if path != "" {
+		stopWatch, err := config.Watch(path, fs, reload, refuse)
+		if err != nil {
+			log.Warn("cannot watch the config file; reload with SIGHUP", zap.String("file", path), zap.Error(err))
+		} else {
+			defer stopWatch()
+		}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for waiting := true; waiting; {
+		select {
+		case <-ctx.Done():
+			waiting = false
+		case <-hup:
+			if path == "" {
+				log.Info("SIGHUP: no config file to reload (started without --config)")
+				continue
+			}
+			c, err := config.Load(path, fs)
+			if err != nil {
+				refuse(err)
+				continue
+			}
+			reload(c)
+		}
+	}
 	log.Info("shutting down")
 	done := make(chan error, 1)
 	go func() { done <- srv.Close() }()

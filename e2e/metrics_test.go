@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+func scrape(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	// No keep-alive: an idle connection would count as a leak in the sidecar.
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// metricValue finds one sample ("name{labels} value") in an exposition.
+func metricValue(body, series string) (float64, bool) {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// TestMetricsMoveDuringTransfer scrapes /metrics while a push runs (the
+// receiver's emulated device is slowed to 50 MB/s) and checks the figures
+// move, the transfer is counted when done, health endpoints answer, and
+// promlint finds nothing.
+func TestMetricsMoveDuringTransfer(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{slots: 8, extra: "metrics:\n  listen: 127.0.0.1:0\n",
+		decExtra: "device:\n  hostmem:\n    bandwidth_gbps: 0.05\n"})
+	if pre.metrics == "" {
+		t.Fatal("staged did not report a metrics address")
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if code, body := scrape(t, pre.metrics, p); code != 200 {
+			t.Fatalf("%s: %d %q", p, code, body)
+		}
+	}
+	S, D := caches(t, pre, dec, 1, 32<<20)
+	done := make(chan error, 1)
+	go func() {
+		_, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "metrics", S, D, kvsim.Ranges(S, 1<<20)))
+		done <- err
+	}()
+	series := `stage_bytes_total{direction="out",link="decode"}`
+	var seen []float64
+	deadline := time.Now().Add(20 * time.Second)
+	for len(seen) < 3 && time.Now().Before(deadline) {
+		_, body := scrape(t, pre.metrics, "/metrics")
+		if v, ok := metricValue(body, series); ok && v > 0 && (len(seen) == 0 || v > seen[len(seen)-1]) && v < 32<<20 {
+			seen = append(seen, v)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(seen) < 2 {
+		t.Fatalf("%s did not rise during the transfer: %v", series, seen)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_, body := scrape(t, pre.metrics, "/metrics")
+	for _, want := range []struct {
+		series string
+		min    float64
+	}{
+		{series, 32 << 20},
+		{`stage_transfers_total{link="decode",result="ok"}`, 1},
+		{`stage_transfer_duration_seconds_count{direction="push",result="ok"}`, 1},
+		{`stage_sessions{link="decode"}`, 1},
+		{`stage_staging_slots{pool="send"}`, 4},
+	} {
+		v, ok := metricValue(body, want.series)
+		if !ok || v < want.min {
+			t.Errorf("%s = %v (found %v), want >= %v", want.series, v, ok, want.min)
+		}
+	}
+	problems, err := promlint.New(strings.NewReader(body)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}

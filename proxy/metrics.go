@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/wire"
+)
+
+// metrics are the figures Prometheus scrapes. Counters that stats already
+// keeps (per link) are read at scrape time by a collector; what only
+// metrics need (histograms, time spent) is observed here.
+type metrics struct {
+	reg       *prometheus.Registry
+	duration  *prometheus.HistogramVec // transfer latency by direction and result
+	errors    *prometheus.CounterVec   // failures by code
+	fallbacks *prometheus.CounterVec   // transport fallbacks by reason
+	copyNanos [2]atomic.Int64          // gather, scatter: device copy time (enqueue to done)
+	netNanos  [2]atomic.Int64          // send, receive: time in writev / recv of payloads
+}
+
+const (
+	copyGather  = 0
+	copyScatter = 1
+	netSend     = 0
+	netRecv     = 1
+)
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "stage", Name: "transfer_duration_seconds",
+		Help:    "Time from submit to the end of transfers submitted by local engines.",
+		Buckets: prometheus.ExponentialBuckets(20e-6, 2.5, 14), // 20us .. ~30s
+	}, []string{"direction", "result"})
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "stage", Name: "errors_total",
+		Help: "Failed transfers and refused requests, by error code.",
+	}, []string{"code"})
+	m.fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "stage", Name: "transport_fallbacks_total",
+		Help: "Transfers that could not use the transport a route asked for and fell back, by reason.",
+	}, []string{"reason"})
+	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, &collector{s: s, m: m},
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// codeLabel turns a wire code into a label value: "out of range" -> "out_of_range".
+func codeLabel(c wire.Code) string { return strings.ReplaceAll(c.String(), " ", "_") }
+
+func (m *metrics) transferDone(dir wire.Direction, start time.Time, err error) {
+	result := "ok"
+	if err != nil {
+		result = "failed"
+		m.errors.WithLabelValues(codeLabel(errCode(err))).Inc()
+	}
+	m.duration.WithLabelValues(dir.String(), result).Observe(time.Since(start).Seconds())
+}
+
+// collector reads the sidecar's own counters at scrape time.
+type collector struct {
+	s *Server
+	m *metrics
+}
+
+var (
+	descBytes     = prometheus.NewDesc("stage_bytes_total", "Payload bytes moved over data streams, by link and direction.", []string{"link", "direction"}, nil)
+	descChunks    = prometheus.NewDesc("stage_chunks_total", "Chunks moved over data streams, by link and direction.", []string{"link", "direction"}, nil)
+	descXfers     = prometheus.NewDesc("stage_transfers_total", "Finished transfers, by link and result.", []string{"link", "result"}, nil)
+	descSessions  = prometheus.NewDesc("stage_sessions", "Peer sessions up, by link.", []string{"link"}, nil)
+	descSlots     = prometheus.NewDesc("stage_staging_slots", "Pinned staging slots, by pool.", []string{"pool"}, nil)
+	descSlotsUsed = prometheus.NewDesc("stage_staging_slots_in_use", "Pinned staging slots in use, by pool.", []string{"pool"}, nil)
+	descSlotBytes = prometheus.NewDesc("stage_staging_slot_bytes", "Size of one pinned staging slot.", nil, nil)
+	descRegions   = prometheus.NewDesc("stage_regions", "Regions registered by local engines.", nil, nil)
+	descMappings  = prometheus.NewDesc("stage_mappings", "Engine allocations mapped into the sidecar.", nil, nil)
+	descActive    = prometheus.NewDesc("stage_transfers_active", "Transfers submitted by local engines and not finished.", nil, nil)
+	descCopy      = prometheus.NewDesc("stage_copy_seconds_total", "Device copy time of staging chunks, enqueue to completion, by kind.", []string{"kind"}, nil)
+	descNet       = prometheus.NewDesc("stage_network_seconds_total", "Time spent in socket calls moving chunk payloads, by direction.", []string{"direction"}, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descSessions, descSlots, descSlotsUsed,
+		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.Snapshot()
+	for _, l := range st.Links {
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(l.BytesOut), l.Name, "out")
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(l.BytesIn), l.Name, "in")
+		ch <- prometheus.MustNewConstMetric(descChunks, prometheus.CounterValue, float64(l.ChunksOut), l.Name, "out")
+		ch <- prometheus.MustNewConstMetric(descChunks, prometheus.CounterValue, float64(l.ChunksIn), l.Name, "in")
+		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(l.XfersOK), l.Name, "ok")
+		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(l.XfersFailed), l.Name, "failed")
+		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(l.Up), l.Name)
+	}
+	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(st.SendSlots), "send")
+	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(st.RecvSlots), "recv")
+	ch <- prometheus.MustNewConstMetric(descSlotsUsed, prometheus.GaugeValue, float64(st.SendInUse), "send")
+	ch <- prometheus.MustNewConstMetric(descSlotsUsed, prometheus.GaugeValue, float64(st.RecvInUse), "recv")
+	ch <- prometheus.MustNewConstMetric(descSlotBytes, prometheus.GaugeValue, float64(st.SlotSize))
+	ch <- prometheus.MustNewConstMetric(descRegions, prometheus.GaugeValue, float64(st.Regions))
+	ch <- prometheus.MustNewConstMetric(descMappings, prometheus.GaugeValue, float64(st.Mappings))
+	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.Transfers))
+	ch <- prometheus.MustNewConstMetric(descCopy, prometheus.CounterValue, float64(c.m.copyNanos[copyGather].Load())/1e9, "gather")
+	ch <- prometheus.MustNewConstMetric(descCopy, prometheus.CounterValue, float64(c.m.copyNanos[copyScatter].Load())/1e9, "scatter")
+	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netSend].Load())/1e9, "send")
+	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netRecv].Load())/1e9, "receive")
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on addr (metrics.listen).
+func (s *Server) serveMetrics(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics.listen %s: %w", addr, err)
+	}
+	s.metricsLn = ln
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.closing.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			s.log.Warn("metrics server stopped", zap.Error(err))
+		}
+	}()
+	s.metricsSrv = srv
+	return nil
+}
+
+// MetricsAddr is where /metrics is served ("" when off).
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
+}
