@@ -62,10 +62,10 @@ type node struct {
 	metrics string // host:port of /metrics, when enabled
 	// config is the file staged runs with; configText its first contents.
 	config, configText string
-	log     string
-	exited  chan error
-	cl      *client.Client
-	base    wire.Stats // idle figures after start
+	log                string
+	exited             chan error
+	cl                 *client.Client
+	base               wire.Stats // idle figures after start
 }
 
 type nodeOpts struct {
