@@ -13,6 +13,7 @@ require (
 	github.com/valyala/bytebufferpool v1.0.0
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
+	golang.org/x/image v0.23.0
 	golang.org/x/sys v0.30.0
 )
 

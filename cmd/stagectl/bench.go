@@ -55,6 +55,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	sweep := f.Bool("sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
 	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
+	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		sz, err := config.ParseByteSize(*size)
@@ -164,6 +165,14 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 				return err
 			}
 			ceiling = &RawResult{Streams: *stripes, GBps: gbps}
+		}
+		if *plot != "" {
+			host, _ := os.Hostname()
+			title := fmt.Sprintf("stage %s, %d streams, %s per transfer, %s, %s", d, *stripes, config.ByteSize(sz), host, time.Now().Format("2006-01-02"))
+			if err := plotSweep(*plot, results, ceiling, title); err != nil {
+				return fmt.Errorf("--plot %s: %w", *plot, err)
+			}
+			fmt.Fprintln(os.Stderr, "plot written to", *plot)
 		}
 		if *asJSON {
 			enc := json.NewEncoder(os.Stdout)
