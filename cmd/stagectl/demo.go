@@ -38,6 +38,7 @@ throughput and both sidecars' stats.`,
 	slot := f.String("slot-size", "4MiB", "staging slot size")
 	slots := f.Int("slots", 32, "staging slots per sidecar")
 	keep := f.Bool("keep", false, "keep the temporary directory with configs and logs")
+	hold := f.Bool("hold", false, "after the demo, keep both sidecars running (and print their sockets) until interrupted")
 	devFlag := f.String("device", "hostmem", "prefill side's device: hostmem or cuda:N")
 	rdevFlag := f.String("remote-device", "", "decode side's device (default: as --device)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -82,7 +83,7 @@ throughput and both sidecars' stats.`,
 			fmt.Println("configs and logs in", dir)
 		}
 		return runDemo(cmd.Context(), demoOpts{bin: bin, dir: dir, layers: *layers, layerBytes: layerBytes, block: uint64(bl),
-			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots, pdev: pdev, ddev: ddev})
+			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots, pdev: pdev, ddev: ddev, hold: *hold})
 	}
 	return cmd
 }
@@ -96,6 +97,7 @@ type demoOpts struct {
 	slot              string
 	slots             int
 	pdev, ddev        engineDevice
+	hold              bool
 }
 
 type phaseResult struct {
@@ -254,6 +256,12 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 		}
 	}
 	fmt.Println("\ndemo ok: every byte verified")
+	if o.hold {
+		fmt.Printf("\nsidecars still running (Ctrl-C stops them):\n  prefill %s (route \"decode\")\n  decode  %s\n", pre.socket, dec.socket)
+		fmt.Printf("for example:\n  python3 python/examples/kv_connector.py --prefill %s --decode %s\n", pre.socket, dec.socket)
+		fmt.Printf("  ./bin/stagectl --socket %s stats --watch 1s\n", pre.socket)
+		<-ctx.Done()
+	}
 	return nil
 }
 

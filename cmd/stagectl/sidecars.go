@@ -64,6 +64,8 @@ func startSidecar(ctx context.Context, bin, dir, name, cfgYAML, token string) (*
 	}
 	cmd := exec.Command(bin, "--config", cfgPath)
 	cmd.Env = append(os.Environ(), "STAGE_SECURITY_TOKEN="+token)
+	// If stagectl dies (a closed pipe, a kill), its sidecars go with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
