@@ -22,9 +22,9 @@ LABEL org.opencontainers.image.title="stage" \
 # so only that uid can talk to the sidecar.
 #
 # /run/stage is the volume shared with the engine container. Like a
-# Kubernetes emptyDir it is not owned by the sidecar's user (mode 1777
-# here, 0777 root-owned in Kubernetes), so staged keeps its socket in a
-# directory of its own inside it, /run/stage/sock, which it creates 0700.
+# Kubernetes emptyDir (root-owned, world-writable) it is not the sidecar
+# user's (root-owned 1777 here), so staged keeps its socket in a directory
+# of its own inside it, /run/stage/sock, which it creates 0700.
 RUN echo 'stage:x:10001:10001:stage sidecar:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
  && echo 'stage:x:10001:' >> /etc/group \
  && install -d -m 1777 /run/stage \

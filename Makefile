@@ -17,6 +17,7 @@ test: build
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged python3 -m unittest discover -s tests
+	$(MAKE) deploy-check
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build
@@ -58,3 +59,24 @@ gpu-build:
 
 clean:
 	rm -rf $(BIN) .dev
+
+# --- Container image and deployment (deploy/, Dockerfile, scripts/image.sh).
+.PHONY: image image-test deploy-check
+
+STAGE_IMAGE ?= stage:dev
+
+# The sidecar image from binaries built here (makes debian:bookworm-slim
+# with debootstrap when the Docker engine has none and no registry answers).
+image: build
+	STAGE_IMAGE=$(STAGE_IMAGE) GO=$(GO) scripts/image.sh
+
+# A prefill pod and a decode pod as containers (sidecar + engine sharing a
+# socket volume, sidecars on a shared network) push a KV cache and verify it.
+image-test: image
+	STAGE_IMAGE_TEST=1 STAGE_IMAGE=$(STAGE_IMAGE) $(GO) test -count=1 -timeout 10m -v ./deploy/containere2e/
+
+# Strict decoding and invariants of the Kubernetes manifests (deploy/k8s;
+# its own Go module, so k8s.io stays out of this one). Runs
+# `stagectl config check` on the ConfigMaps' staged.yaml too.
+deploy-check: build
+	cd deploy/k8s && STAGECTL=$(CURDIR)/$(BIN)/stagectl $(GO) test -count=1 ./...

@@ -71,7 +71,7 @@ type Server struct {
 
 // New opens the device, allocates the pinned pools and binds the listeners.
 // Nothing runs until Start.
-func New(cfg *config.Config, log *zap.Logger) (s *Server, err error) {
+func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	token, err := cfg.ResolveToken()
 	if err != nil {
 		return nil, err
@@ -83,7 +83,7 @@ func New(cfg *config.Config, log *zap.Logger) (s *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s = &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
 		regions: newRegions(dev), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},

@@ -102,7 +102,7 @@ else
       rm -rf --one-file-system "$root" "$tarball.tmp"
     }
     trap cleanup EXIT
-    say "debootstrap --variant=minbase $suite from $mirror ($arch); the first run downloads about 40 MB"
+    say "debootstrap --variant=minbase $suite from $mirror ($arch)"
     t0=$SECONDS
     debootstrap --variant=minbase --arch="$arch" "$suite" "$root" "$mirror" > "$cache/debootstrap.log" 2>&1 ||
       die "debootstrap failed; see $cache/debootstrap.log"
@@ -142,5 +142,12 @@ fi
 
 # --- The sidecar image.
 say "docker build -t $image"
+old=$("$docker" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 "$docker" build -t "$image" .
+new=$("$docker" image inspect --format '{{.Id}}' "$image")
+if [ -n "$old" ] && [ "$old" != "$new" ]; then
+  # The previous build of this tag is now untagged: drop it (kept when a
+  # container still uses it or another tag names it).
+  "$docker" rmi "$old" >/dev/null 2>&1 || true
+fi
 say "built $image: $("$docker" image inspect --format '{{.Id}} {{.Size}}' "$image" | awk '{printf "%s, %.0f MB", substr($1, 8, 12), $2 / 1e6}')"

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -157,10 +156,15 @@ func (s *shape) deadline(ctx context.Context) (context.Context, context.CancelFu
 // dial connects to the sidecar, waiting for it to create its socket (the
 // engine container may start first).
 func (s *shape) dial(ctx context.Context) (*client.Client, error) {
+	last := ""
 	for {
 		cl, err := client.Dial(s.socket)
 		if err == nil {
 			return cl, nil
+		}
+		if err.Error() != last { // say why it waits (a wrong uid, a wrong path), once per reason
+			last = err.Error()
+			s.logf("waiting for the sidecar: %v", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -258,6 +262,9 @@ func decode(ctx context.Context, s *shape, args []string) error {
 			continue
 		}
 		delete(landed, round)
+		// Round 1 lands on poison, so it proves every byte; later rounds
+		// write the same bytes again (they may still be landing while this
+		// reads) and prove the transfers still complete and stay in bounds.
 		if err := kvsim.Verify(want, D, moves, poison); err != nil {
 			return fmt.Errorf("round %s from %s: %w", round, n.Peer, err)
 		}
@@ -384,5 +391,3 @@ func waitCatalog(ctx context.Context, cl *client.Client, route string, names []s
 		}
 	}
 }
-
-var _ io.Writer = os.Stdout
