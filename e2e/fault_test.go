@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,6 +81,59 @@ func TestDeviceCopyFails(t *testing.T) {
 	ms := kvsim.Ranges(S, 1<<20)
 	run(t, pre.cl, wire.Push, "after-failure", S, D, ms)
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStoppedPeer: the receiver is SIGSTOPped mid-push. Its sockets stay
+// open, so only the missing heartbeats tell: the sender fails the transfer
+// within seconds, saying the peer went silent, not at the progress
+// deadline. After SIGCONT the route redials and a new push succeeds.
+func TestStoppedPeer(t *testing.T) {
+	slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.05\n"
+	pre, dec := pair(t, nodeOpts{slots: 8, decExtra: slow})
+	S, D := caches(t, pre, dec, 1, 32<<20)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "stopped", S, D, kvsim.Ranges(S, 1<<20)))
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := dec.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(9 * time.Second):
+		_ = dec.cmd.Process.Signal(syscall.SIGCONT)
+		t.Fatal("the push to a stopped peer did not fail within 9s")
+	}
+	el := time.Since(start)
+	if err := dec.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if client.CodeOf(err) != wire.CodePeerUnavailable || !strings.Contains(err.Error(), "silent") {
+		t.Fatalf("after %v: got %v, want peer unavailable, silent", el, err)
+	}
+	t.Logf("failed after %v: %v", el.Round(time.Millisecond), err)
+	// The route comes back; a new push works.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if err := D.Poison(guard); err != nil {
+			t.Fatal(err)
+		}
+		_, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "after", S, D, kvsim.Ranges(S, 1<<20)))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no push worked within 15s of SIGCONT: %v\n%s", err, pre.tail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := kvsim.Verify(S, D, kvsim.Ranges(S, 1<<20), guard); err != nil {
 		t.Fatal(err)
 	}
 }

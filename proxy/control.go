@@ -23,6 +23,7 @@ func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
 	if ss == nil {
 		return gnet.Close
 	}
+	ss.lastRecv.Store(time.Now().UnixNano())
 	for {
 		n := c.InboundBuffered()
 		if n < wire.HeaderSize {

@@ -147,5 +147,6 @@ func (s *Server) checkStalled(now time.Time) {
 	s.mu.Unlock()
 	for _, ss := range sess {
 		ss.checkStalled(now)
+		ss.keepAlive(now)
 	}
 }

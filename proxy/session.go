@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -44,7 +45,10 @@ type session struct {
 
 	gc      gnet.Conn
 	streams []*dataStream
-	ready   chan struct{} // closed when every data stream is attached
+
+	lastRecv atomic.Int64  // unix nanos of the last control frame from the peer
+	lastSent atomic.Int64  // unix nanos of the last control frame to the peer
+	ready    chan struct{} // closed when every data stream is attached
 
 	mu       sync.Mutex
 	in       map[uint64]*inXfer  // chunks we receive, by wire id
@@ -68,6 +72,9 @@ func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
 	ss.announce = sync.NewCond(&ss.mu)
+	now := time.Now().UnixNano()
+	ss.lastRecv.Store(now)
+	ss.lastSent.Store(now)
 	return ss
 }
 
@@ -396,6 +403,7 @@ func (ss *session) send(m wire.Msg) {
 	if gc == nil || closed {
 		return
 	}
+	ss.lastSent.Store(time.Now().UnixNano())
 	buf := bytebufferpool.Get()
 	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
 	if err := gc.AsyncWrite(buf.B, func(_ gnet.Conn, _ error) error {
@@ -487,5 +495,26 @@ func (ss *session) incoming(wireID uint64) *inXfer {
 			return nil
 		}
 		ss.announce.Wait()
+	}
+}
+
+// Liveness of control sessions: a side that has sent nothing for
+// heartbeatEvery sends a Heartbeat, so a peer that hears nothing for
+// peerSilence is gone (dead, stopped, or behind a half-open connection)
+// and the session is closed, failing its transfers at once rather than
+// at their progress deadlines.
+const (
+	heartbeatEvery = time.Second
+	peerSilence    = 5 * time.Second
+)
+
+// keepAlive runs on the sender loop's tick.
+func (ss *session) keepAlive(now time.Time) {
+	if silent := now.Sub(time.Unix(0, ss.lastRecv.Load())); silent > peerSilence {
+		ss.close(fmt.Errorf("peer silent for %v (no heartbeat): dead, stopped, or the connection is half-open", silent.Round(time.Millisecond)))
+		return
+	}
+	if now.Sub(time.Unix(0, ss.lastSent.Load())) >= heartbeatEvery {
+		ss.send(&wire.Heartbeat{Seq: uint64(now.UnixNano()), UnixNanos: now.UnixNano()})
 	}
 }
