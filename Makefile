@@ -35,7 +35,7 @@ bench: build
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) vet -tags gpu ./cuda/...
+	$(GO) vet -tags gpu ./cuda/... ./acl/... ./e2e/
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
 
 STATICCHECK_VERSION ?= v0.7.0
@@ -53,6 +53,7 @@ gpu-build:
 	@mkdir -p .dev/bench
 	$(GO) test -c -tags gpu -o .dev/cuda.test ./cuda/
 	$(GO) test -c -tags gpu -o .dev/e2e.test ./e2e/
+	$(GO) test -c -tags gpu -o .dev/acl.test ./acl/
 	$(GO) build -o .dev/ ./cmd/staged ./cmd/stagectl
 	cp ../shared/bench/* .dev/bench/
 	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go

@@ -40,6 +40,9 @@ for pat in "ranges 1MiB" "blocks 16KiB"; do
   step "bench-$1-$2" .dev/stagectl bench --spawn --staged .dev/staged --device cuda:$src --remote-device cuda:$dst \
     --stripes 8 --slots 64 --size 1GiB --block "$2" --pattern "$1" --iters 3 --verify --raw
 done
+# The Ascend backend over an emulation of ACL built on the CUDA runtime: an
+# "Ascend" sidecar on GPU0 and a CUDA sidecar move a KV cache both ways.
+step acl-hetero bash -c "nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread && cd acl && STAGE_ACL_LIBRARY=$PWD/.dev/libascendcl.so STAGED_BIN=$PWD/.dev/staged ../.dev/acl.test -test.v -test.count=1 -test.run GPU"
 step sweep .dev/stagectl bench --spawn --staged .dev/staged --device cuda:$src --remote-device cuda:$dst \
   --stripes 8 --slots 64 --size 1GiB --sweep --raw --iters 3
 step latency-4KiB .dev/stagectl bench --spawn --staged .dev/staged --stripes 1 --size 4KiB --block 4KiB --iters 5000 --warmup 200

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	_ "github.com/stage-kv/stage/acl" // Ascend, loaded with dlopen when configured
 	"github.com/stage-kv/stage/config"
 	_ "github.com/stage-kv/stage/cuda"           // NVIDIA, loaded with dlopen when configured
 	_ "github.com/stage-kv/stage/device/hostmem" // the emulated backend

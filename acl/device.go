@@ -1,0 +1,371 @@
+package acl
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/stage-kv/stage/device"
+)
+
+func init() { device.Register(device.KindACL, Open) }
+
+// Runtime constants (acl_rt.h).
+const (
+	streamFastLaunch = 0x1 // ACL_STREAM_FAST_LAUNCH
+	streamFastSync   = 0x2 // ACL_STREAM_FAST_SYNC
+	eventSync        = 0x1 // ACL_EVENT_SYNC
+	mallocHugeFirst  = 0   // ACL_MEM_MALLOC_HUGE_FIRST
+	exportPidCheck   = 0x0 // ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT: importers must be whitelisted
+	exportNoPidCheck = 0x1 // ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION
+	importDefault    = 0x0 // ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT (same device: no peer access)
+	keyLen           = 65  // aclrtIpcMemGetExportKey's key buffer, NUL included
+)
+
+// Config tunes OpenDevice.
+type Config struct {
+	// CopyMode forces how multi-segment chunks move; CopyAuto reads
+	// $STAGE_ACL_COPY, and without it picks batch when the library has
+	// aclrtMemcpyBatchAsync, else pack.
+	CopyMode CopyMode
+	// Logf receives the decisions the device makes on its own (the copy
+	// mode and why, fallbacks taken at run time). nil means log.Printf.
+	Logf func(format string, args ...any)
+}
+
+// Open opens NPU ordinal with the default library and configuration; it is
+// the opener registered with device.Register. The runtime is loaded on the
+// first call, never at init.
+func Open(ordinal int, _ device.Options) (device.Device, error) {
+	d, err := OpenDevice(ordinal, Config{})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// OpenDevice opens NPU ordinal with DefaultLibrary.
+func OpenDevice(ordinal int, cfg Config) (*Device, error) {
+	l, err := DefaultLibrary()
+	if err != nil {
+		return nil, err
+	}
+	return l.OpenDevice(ordinal, cfg)
+}
+
+// Device is one Ascend NPU, driven through its default context (the one
+// aclrtSetDevice creates, shared by every thread of the process that sets
+// the same device, torch_npu's included). It implements device.Device, plus
+// helpers for engines and tests (AllocDevice, ExportKey, CopyHtoD, ...).
+// Safe for concurrent use.
+type Device struct {
+	lib     *Library
+	ordinal int
+	ctx     C.aclrtContext
+	logf    func(string, ...any)
+
+	mode        CopyMode
+	modeWhy     string
+	batchOff    atomic.Bool   // batch refused at run time: pack from then on
+	streamFlags atomic.Uint32 // flags for aclrtCreateStreamWithConfig, 0 once refused
+	hostRegOff  atomic.Bool   // aclrtHostRegister not supported: slots have no device view
+
+	closed atomic.Bool
+
+	mu       sync.Mutex
+	pinned   map[uintptr]pinnedRec
+	devMem   map[device.Addr]*allocRec
+	streams  int
+	events   int
+	mappings int
+}
+
+type pinnedRec struct {
+	n          int
+	registered bool // aclrtHostRegister succeeded: unregister before free
+}
+
+type allocRec struct {
+	n         uint64
+	key       string // export key, "" until ExportKey
+	validated bool   // exported with the pid whitelist on
+}
+
+// OpenDevice initializes the runtime (aclInit), binds device ordinal
+// (aclrtSetDevice, once) and keeps its default context, and picks the copy
+// mode.
+func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
+	want, err := copyModeFromEnv(cfg.CopyMode)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.init(); err != nil {
+		return nil, err
+	}
+	var count C.uint32_t
+	if err := l.check(C.stacl_device_count(l.c, &count), "aclrtGetDeviceCount"); err != nil {
+		return nil, err
+	}
+	if ordinal < 0 || ordinal >= int(count) {
+		return nil, fmt.Errorf("acl: device %d: this process sees %d NPUs (check ASCEND_RT_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
+	}
+	d := &Device{
+		lib:     l,
+		ordinal: ordinal,
+		logf:    cfg.Logf,
+		pinned:  map[uintptr]pinnedRec{},
+		devMem:  map[device.Addr]*allocRec{},
+	}
+	if d.logf == nil {
+		d.logf = log.Printf
+	}
+	var batchErr error
+	if !l.batch {
+		batchErr = errors.New("aclrtMemcpyBatchAsync not exported by " + l.path + " (CANN older than 8.3)")
+	}
+	d.mode, d.modeWhy, err = chooseCopyMode(want, batchErr)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.check(C.stacl_set_device(l.c, C.int32_t(ordinal), &d.ctx), "aclrtSetDevice(%d)", ordinal); err != nil {
+		return nil, err
+	}
+	if l.fastStream {
+		d.streamFlags.Store(streamFastLaunch | streamFastSync)
+	}
+	d.logf("acl: %s (%s): copy mode %s", d, l.path, d.modeWhy)
+	if abs := l.AbsentList(); len(abs) > 0 {
+		d.logf("acl: %s: optional exports absent: %s", d, strings.Join(abs, "; "))
+	}
+	return d, nil
+}
+
+// Kind returns device.KindACL.
+func (d *Device) Kind() device.Kind { return device.KindACL }
+
+// Ordinal returns the ACL device id.
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// String returns "acl:N".
+func (d *Device) String() string { return fmt.Sprintf("acl:%d", d.ordinal) }
+
+// Library returns the library the device was opened from.
+func (d *Device) Library() *Library { return d.lib }
+
+// CopyMode returns the mode multi-segment chunks use now and why. A batch
+// device that the runtime refused batched copies falls back to pack and
+// says so here.
+func (d *Device) CopyMode() (CopyMode, string) {
+	if d.mode == CopyBatch && d.batchOff.Load() {
+		return CopyPack, "pack (aclrtMemcpyBatchAsync refused at run time; was " + d.modeWhy + ")"
+	}
+	return d.mode, d.modeWhy
+}
+
+func (d *Device) copyMode() CopyMode {
+	if d.mode == CopyBatch && d.batchOff.Load() {
+		return CopyPack
+	}
+	return d.mode
+}
+
+func (d *Device) errClosed(op string) error {
+	return fmt.Errorf("acl: %s: %s: %w", d, op, device.ErrClosed)
+}
+
+// AllocPinned allocates n bytes of page-locked host memory (aclrtMallocHost)
+// and registers it with the device (aclrtHostRegister MAPPED) for a device
+// view of the same pages, kept as the Pinned's DeviceAddr for kernels and
+// NICs. Copies never use that view: aclrtMemcpyAsync takes the host pointer
+// (the ACL docs say the registered device address is not for memory
+// copies). Where the runtime does not support host registration (207000),
+// the buffer has no device view (DeviceAddr 0) and that is logged once.
+func (d *Device) AllocPinned(n int) (device.Pinned, error) {
+	if n <= 0 {
+		return device.Pinned{}, fmt.Errorf("acl: %s: AllocPinned(%d): size must be positive", d, n)
+	}
+	if d.closed.Load() {
+		return device.Pinned{}, d.errClosed("AllocPinned")
+	}
+	l := d.lib
+	var host unsafe.Pointer
+	if err := l.check(C.stacl_malloc_host(l.c, d.ctx, C.size_t(n), &host), "aclrtMallocHost(%d B)", n); err != nil {
+		return device.Pinned{}, err
+	}
+	var dev C.uintptr_t
+	registered := false
+	if !d.hostRegOff.Load() {
+		err := l.check(C.stacl_host_register(l.c, d.ctx, host, C.size_t(n), &dev), "aclrtHostRegister(%p, %d B, MAPPED)", host, n)
+		switch {
+		case err == nil:
+			registered = true
+		case errors.Is(err, device.ErrNotSupported):
+			if !d.hostRegOff.Swap(true) {
+				d.logf("acl: %s: pinned slots get no device view: %v", d, err)
+			}
+			dev = 0
+		default:
+			if ferr := l.check(C.stacl_free_host(l.c, d.ctx, host), "aclrtFreeHost(%p)", host); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
+			return device.Pinned{}, err
+		}
+	}
+	d.mu.Lock()
+	d.pinned[uintptr(host)] = pinnedRec{n: n, registered: registered}
+	d.mu.Unlock()
+	return device.NewPinned(unsafe.Slice((*byte)(host), n), device.Addr(dev)), nil
+}
+
+// FreePinned unregisters (aclrtHostUnregister) and frees (aclrtFreeHost) a
+// buffer AllocPinned returned, the whole buffer. Both are tried; the error
+// reports either or both.
+func (d *Device) FreePinned(p device.Pinned) error {
+	h := p.Host()
+	if len(h) == 0 {
+		return fmt.Errorf("acl: %s: FreePinned: empty buffer", d)
+	}
+	host := unsafe.Pointer(&h[0])
+	key := uintptr(host)
+	d.mu.Lock()
+	if d.closed.Load() {
+		d.mu.Unlock()
+		return d.errClosed("FreePinned")
+	}
+	rec, ok := d.pinned[key]
+	switch {
+	case !ok:
+		d.mu.Unlock()
+		return fmt.Errorf("acl: %s: FreePinned(%#x): not a buffer of this device", d, key)
+	case rec.n != len(h):
+		d.mu.Unlock()
+		return fmt.Errorf("acl: %s: FreePinned(%#x): got %d B, the buffer is %d B (pass the whole buffer, not a slice)", d, key, len(h), rec.n)
+	}
+	delete(d.pinned, key)
+	d.mu.Unlock()
+	l := d.lib
+	var errs []error
+	if rec.registered {
+		if err := l.check(C.stacl_host_unregister(l.c, d.ctx, host), "aclrtHostUnregister(%#x)", key); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := l.check(C.stacl_free_host(l.c, d.ctx, host), "aclrtFreeHost(%#x)", key); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// NewStream creates a copy stream: aclrtCreateStreamWithConfig with
+// FAST_LAUNCH|FAST_SYNC where the library has it (tasks are issued with
+// preallocated resources; a stream synchronize polls instead of sleeping),
+// else aclrtCreateStream. A runtime that refuses those flags gets plain
+// streams from then on, logged once.
+func (d *Device) NewStream() (device.Stream, error) {
+	s, err := d.NewACLStream()
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewACLStream is NewStream returning the concrete type.
+func (d *Device) NewACLStream() (*Stream, error) {
+	if d.closed.Load() {
+		return nil, d.errClosed("NewStream")
+	}
+	l := d.lib
+	var s C.aclrtStream
+	flags := d.streamFlags.Load()
+	op := "aclrtCreateStream"
+	if flags != 0 {
+		op = "aclrtCreateStreamWithConfig(priority 0, FAST_LAUNCH|FAST_SYNC)"
+	}
+	err := l.check(C.stacl_stream_create(l.c, d.ctx, C.uint32_t(flags), &s), "%s", op)
+	if err != nil && flags != 0 {
+		if d.streamFlags.Swap(0) != 0 {
+			d.logf("acl: %s: streams without FAST_LAUNCH|FAST_SYNC from now on: %v", d, err)
+		}
+		err = l.check(C.stacl_stream_create(l.c, d.ctx, 0, &s), "aclrtCreateStream")
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.streams++
+	d.mu.Unlock()
+	return &Stream{d: d, s: s}, nil
+}
+
+// NewEvent creates an event (aclrtCreateEventWithFlag, ACL_EVENT_SYNC).
+func (d *Device) NewEvent() (device.Event, error) {
+	if d.closed.Load() {
+		return nil, d.errClosed("NewEvent")
+	}
+	l := d.lib
+	var e C.aclrtEvent
+	if err := l.check(C.stacl_event_create(l.c, d.ctx, eventSync, &e), "aclrtCreateEventWithFlag(ACL_EVENT_SYNC)"); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.events++
+	d.mu.Unlock()
+	return &Event{d: d, e: e}, nil
+}
+
+// openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
+func (d *Device) openResources() string {
+	var parts []string
+	add := func(n int, one, many string) {
+		switch {
+		case n == 1:
+			parts = append(parts, "1 "+one)
+		case n > 1:
+			parts = append(parts, fmt.Sprintf("%d %s", n, many))
+		}
+	}
+	exported := 0
+	for _, r := range d.devMem {
+		if r.key != "" {
+			exported++
+		}
+	}
+	add(d.streams, "stream", "streams")
+	add(d.events, "event", "events")
+	add(len(d.pinned), "pinned buffer", "pinned buffers")
+	add(d.mappings, "mapping", "mappings")
+	add(len(d.devMem), "device allocation", "device allocations")
+	add(exported, "exported key", "exported keys")
+	return strings.Join(parts, ", ")
+}
+
+// Close releases the device (aclrtResetDevice, the pair of the open's
+// aclrtSetDevice). Streams, events, pinned buffers, mappings and
+// engine-side allocations must have been closed first; Close reports any
+// that were not (their Close then returns device.ErrClosed). It never calls
+// aclFinalize.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed.Load() {
+		d.mu.Unlock()
+		return d.errClosed("Close")
+	}
+	d.closed.Store(true)
+	leaks := d.openResources()
+	d.mu.Unlock()
+	err := d.lib.check(C.stacl_reset_device(d.lib.c, C.int32_t(d.ordinal)), "aclrtResetDevice(%d)", d.ordinal)
+	if leaks != "" {
+		return fmt.Errorf("acl: %s: Close with resources still open: %s", d, leaks)
+	}
+	return err
+}

@@ -1,0 +1,395 @@
+package acl
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// End to end: real staged processes, one on the acl backend (over an
+// emulated libascendcl), moving a paged KV cache to and from a peer. The
+// harness follows e2e/harness_test.go.
+
+const guardByte = 0xAB
+
+var (
+	stagedOnce sync.Once
+	stagedPath string
+	stagedDir  string
+	stagedErr  error
+)
+
+// stagedBinary returns a staged built from this tree (race-enabled when the
+// tests are), or $STAGED_BIN on machines without Go.
+func stagedBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("STAGED_BIN"); p != "" {
+		return p
+	}
+	if testing.Short() {
+		t.Skip("-short: no staged build")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("go not found (%v) and STAGED_BIN unset: cannot build staged", err)
+	}
+	stagedOnce.Do(func() {
+		if stagedDir, stagedErr = os.MkdirTemp("", "stage-acl-e2e-"); stagedErr != nil {
+			return
+		}
+		stagedPath = filepath.Join(stagedDir, "staged")
+		args := []string{"build", "-o", stagedPath}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command(goBin, append(args, "github.com/stage-kv/stage/cmd/staged")...).CombinedOutput()
+		if err != nil {
+			stagedErr = fmt.Errorf("go build staged: %v\n%s", err, out)
+		}
+	})
+	if stagedErr != nil {
+		t.Fatal(stagedErr)
+	}
+	return stagedPath
+}
+
+func removeStagedBuild() {
+	if stagedDir != "" {
+		os.RemoveAll(stagedDir)
+	}
+}
+
+// node is one staged process.
+type node struct {
+	t      *testing.T
+	name   string
+	cmd    *exec.Cmd
+	peers  string
+	socket string
+	log    string
+	exited chan error
+	cl     *client.Client
+	base   wire.Stats
+}
+
+type nodeOpts struct {
+	route, peer string
+	stripes     int
+	slots       int
+	slot        string
+	extra       string // more YAML
+	env         []string
+}
+
+func startNode(t *testing.T, bin, name string, o nodeOpts) *node {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s", name+".sock")
+	if o.slots == 0 {
+		o.slots = 16
+	}
+	if o.stripes == 0 {
+		o.stripes = 2
+	}
+	if o.slot == "" {
+		o.slot = "1MiB"
+	}
+	cfg := fmt.Sprintf("node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
+		name, sock, o.slot, o.slots, o.slots/2)
+	if o.route != "" {
+		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 20s\n", o.route, o.peer, o.stripes)
+	}
+	cfg += o.extra
+	path := filepath.Join(dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, name: name, log: filepath.Join(dir, name+".log"), exited: make(chan error, 1)}
+	logf, err := os.Create(n.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = exec.Command(bin, "--config", path)
+	n.cmd.Env = append(append(os.Environ(), "STAGE_SECURITY_TOKEN=acl-e2e-token"), o.env...)
+	n.cmd.Stderr = logf
+	out, err := n.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "staged ready ") {
+				ready <- sc.Text()
+			}
+		}
+	}()
+	go func() { n.exited <- n.cmd.Wait(); logf.Close() }()
+	select {
+	case line := <-ready:
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "peers="); ok {
+				n.peers = v
+			}
+			if v, ok := strings.CutPrefix(f, "socket="); ok {
+				n.socket = v
+			}
+		}
+	case err := <-n.exited:
+		t.Fatalf("%s exited before ready: %v\n%s", name, err, n.tail())
+	case <-time.After(30 * time.Second):
+		_ = n.cmd.Process.Kill()
+		t.Fatalf("%s not ready in 30s\n%s", name, n.tail())
+	}
+	if n.cl, err = client.Dial(n.socket); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *node) tail() string {
+	b, _ := os.ReadFile(n.log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 30 {
+		lines = lines[len(lines)-30:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// logHas reports whether the node's log holds s.
+func (n *node) logHas(s string) bool {
+	b, _ := os.ReadFile(n.log)
+	return strings.Contains(string(b), s)
+}
+
+func (n *node) stats() wire.Stats {
+	n.t.Helper()
+	st, err := n.cl.Stats(context.Background())
+	if err != nil {
+		n.t.Fatalf("%s stats: %v", n.name, err)
+	}
+	return *st
+}
+
+// settle records the idle figures once the node's sessions are up.
+func (n *node) settle(sessions int) {
+	n.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st := n.stats(); st.Sessions >= sessions {
+			time.Sleep(100 * time.Millisecond)
+			n.base = n.stats()
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("%s: no session after 10s\n%s", n.name, n.tail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkIdle fails unless the node is back to its idle figures.
+func (n *node) checkIdle() {
+	n.t.Helper()
+	var st wire.Stats
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st = n.stats()
+		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
+			st.Mappings == n.base.Mappings && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), goroutines %d (was %d), fds %d (was %d)",
+		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings,
+		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
+}
+
+// stop sends SIGINT and requires a clean exit.
+func (n *node) stop() {
+	if n.cl != nil {
+		n.cl.Close()
+		n.cl = nil
+	}
+	_ = n.cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-n.exited:
+		if err != nil {
+			n.t.Errorf("%s exited with %v\n%s", n.name, err, n.tail())
+		}
+	case <-time.After(20 * time.Second):
+		_ = n.cmd.Process.Kill()
+		n.t.Errorf("%s did not exit within 20s of SIGINT\n%s", n.name, n.tail())
+	}
+}
+
+// run submits one transfer per layer at once and waits for all of them.
+func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
+	t.Helper()
+	ctx := context.Background()
+	var ids []uint64
+	for l, lm := range kvsim.ByLayer(local, ms) {
+		if len(lm) == 0 {
+			continue
+		}
+		id, err := cl.Submit(ctx, kvsim.Transfer("decode", dir, fmt.Sprintf("%s-%d", tag, l), local, remote, lm))
+		if err != nil {
+			t.Fatalf("submit layer %d: %v", l, err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		st, err := cl.Wait(ctx, id, 120*time.Second)
+		if err != nil {
+			t.Fatalf("transfer %d: %v", id, err)
+		}
+		if st.State != wire.StateDone {
+			t.Fatalf("transfer %d: state %s, want done", id, st.State)
+		}
+	}
+}
+
+// shape is one way of moving a cache: direction and block layout.
+type shape struct {
+	name  string
+	dir   wire.Direction
+	moves func(c *kvsim.Cache) []kvsim.Move
+}
+
+func shapes(seed uint64) []shape {
+	return []shape{
+		{"push ranges 1MiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+		{"push blocks 16KiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, seed) }},
+		{"pull ranges 1MiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+		{"pull blocks 16KiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, seed+1) }},
+	}
+}
+
+// moveCache runs one shape between the acl node (pre, the route's sender,
+// whose caches npu makes) and its peer (dec, whose caches peer makes), and
+// verifies it byte-exact. The source lives on the side that sends.
+func moveCache(t *testing.T, pre, dec *node, sh shape, npu, peer func(name string) *kvsim.Cache) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	var S, D *kvsim.Cache
+	var sn, dn *node
+	if sh.dir == wire.Push {
+		S, D, sn, dn = npu("src"), peer("dst"), pre, dec
+	} else {
+		S, D, sn, dn = peer("src"), npu("dst"), dec, pre
+	}
+	defer func() {
+		for _, c := range []*kvsim.Cache{S, D} {
+			if err := c.Close(); err != nil {
+				t.Errorf("free %s: %v", c.Name, err)
+			}
+		}
+	}()
+	if err := S.Fill(uint64(time.Now().UnixNano())); err != nil {
+		t.Fatal(err)
+	}
+	if err := D.Poison(guardByte); err != nil {
+		t.Fatal(err)
+	}
+	if err := S.Register(ctx, sn.cl, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := D.Register(ctx, dn.cl, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	// Importers close before the exporter frees: unregister first.
+	defer func() {
+		if err := S.Unregister(ctx, sn.cl); err != nil {
+			t.Error(err)
+		}
+		if err := D.Unregister(ctx, dn.cl); err != nil {
+			t.Error(err)
+		}
+	}()
+	ms := sh.moves(S)
+	start := time.Now()
+	if sh.dir == wire.Push {
+		run(t, pre.cl, wire.Push, "acl", S, D, ms)
+	} else {
+		run(t, pre.cl, wire.Pull, "acl", D, S, ms)
+	}
+	el := time.Since(start)
+	if err := kvsim.Verify(S, D, ms, guardByte); err != nil {
+		t.Fatal(err)
+	}
+	return el
+}
+
+// TestE2EStagedACL: an acl staged (emulated libascendcl, through
+// STAGE_ACL_LIBRARY) and a hostmem staged move 64 MiB each way as 1 MiB
+// ranges and as 16 KiB blocks, byte-exact, in batch and in pack mode. The
+// acl side's cache is fake-ACL device memory allocated by this process and
+// registered by export key (whitelisted for the acl staged's pid) at an odd
+// offset inside a larger allocation; the peer's is a memfd.
+func TestE2EStagedACL(t *testing.T) {
+	bin := stagedBinary(t)
+	so := buildFake(t)
+	const layers, layerBytes, guard = 4, 16 << 20, 12288
+	for _, mode := range []string{"batch", "pack"} {
+		t.Run(mode, func(t *testing.T) {
+			dec := startNode(t, bin, "decode", nodeOpts{})
+			pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 4,
+				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so, CopyModeEnv + "=" + mode}})
+			pre.settle(1)
+			dec.settle(1)
+			if want := fmt.Sprintf("acl: acl:0 (%s): copy mode %s (requested)", so, mode); !pre.logHas(want) {
+				t.Fatalf("the acl sidecar's log lacks %q:\n%s", want, pre.tail())
+			}
+			l := openFakeSO(t, so, true)
+			d := openDev(t, l, Config{})
+			pid := int32(pre.cmd.Process.Pid)
+			npu := func(name string) *kvsim.Cache {
+				m, err := newACLMemory(d, 2*guard+layers*layerBytes, pid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := kvsim.NewOn(m, "npu-"+name, layers, layerBytes, guard)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			host := func(name string) *kvsim.Cache {
+				c, err := kvsim.New("host-"+name, layers, layerBytes, guard)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			for _, sh := range shapes(31) {
+				t.Run(sh.name, func(t *testing.T) {
+					el := moveCache(t, pre, dec, sh, npu, host)
+					t.Logf("%s acl(%s) <-> hostmem: %d MiB in %v (%.2f GB/s), byte-exact", sh.name, mode, layers*layerBytes>>20,
+						el.Round(time.Millisecond), float64(layers*layerBytes)/el.Seconds()/1e9)
+				})
+			}
+			pre.checkIdle()
+			dec.checkIdle()
+		})
+	}
+}

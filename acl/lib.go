@@ -1,0 +1,275 @@
+package acl
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/stage-kv/stage/acl/internal/dl"
+)
+
+// DefaultLibraryName is the runtime opened when neither a path nor
+// $STAGE_ACL_LIBRARY names another. CANN's set_env.sh puts its directory on
+// LD_LIBRARY_PATH.
+const DefaultLibraryName = "libascendcl.so"
+
+// LibraryEnv names the environment variable that overrides the library path.
+const LibraryEnv = "STAGE_ACL_LIBRARY"
+
+// aclError values stage reacts to (CANN's acl_base.h / acl_rt.h).
+const (
+	codeRepeatInit      = 100002 // ACL_ERROR_REPEAT_INITIALIZE: torch_npu (or anyone) called aclInit first
+	codeBadAlloc        = 200000 // ACL_ERROR_BAD_ALLOC
+	codeAPINotSupported = 200001 // ACL_ERROR_API_NOT_SUPPORT
+	codeFeatureUnsupp   = 200006 // ACL_ERROR_FEATURE_UNSUPPORTED
+	codeNotSupported    = 207000 // ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+	codeOutOfMemory     = 207001 // ACL_ERROR_RT_MEMORY_ALLOCATION
+	codeDeviceOOM       = 207018 // ACL_ERROR_RT_DEVIDE_OOM
+	codeStreamTimeout   = 507046 // ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+	codeEventTimeout    = 507047 // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+)
+
+// Library is libascendcl opened with dlopen, every entry point resolved once
+// at open into a field of a C struct (shim.h lists each with its C
+// prototype). A Library is safe for concurrent use and is shared by the
+// Devices opened from it.
+type Library struct {
+	path   string
+	h      *dl.Handle
+	c      *C.stacl_acl
+	absent map[string]string // optional export -> what its absence costs
+
+	batch      bool // aclrtMemcpyBatchAsync
+	ipc        bool // all four aclrtIpcMem* calls
+	ipcWhy     string
+	fastStream bool // aclrtCreateStreamWithConfig
+
+	initOnce   sync.Once
+	initErr    error
+	initRepeat bool // aclInit answered ACL_ERROR_REPEAT_INITIALIZE
+}
+
+// OpenLibrary opens the ACL runtime at path ("" means $STAGE_ACL_LIBRARY,
+// or libascendcl.so when that is unset) and resolves every symbol stage
+// uses. A missing required symbol fails the open with one error that lists
+// them all; missing optional ones are recorded in Absent with what each
+// costs.
+func OpenLibrary(path string) (*Library, error) {
+	path = libraryPath(path)
+	h, err := dl.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("acl: dlopen %s: %v; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or %s set?", path, err, LibraryEnv)
+	}
+	c := C.stacl_acl_new()
+	if c == nil {
+		h.Close()
+		return nil, fmt.Errorf("acl: %s: out of memory for the symbol table", path)
+	}
+	l := &Library{path: path, h: h, c: c, absent: map[string]string{}}
+	var missing []string
+	ipcMissing := 0
+	for i := 0; i < int(C.stacl_nsyms()); i++ {
+		name := C.GoString(C.stacl_sym_name(C.int(i)))
+		group := int(C.stacl_sym_group(C.int(i)))
+		p := h.Lookup(name)
+		if p == nil {
+			switch group {
+			case C.STACL_SYM_REQUIRED:
+				missing = append(missing, name)
+			case C.STACL_SYM_IPC:
+				ipcMissing++
+				l.absent[name] = "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
+			default:
+				l.absent[name] = absentReason(name)
+			}
+			continue
+		}
+		C.stacl_sym_set(c, C.int(i), p)
+	}
+	if len(missing) > 0 {
+		C.stacl_acl_free(c)
+		h.Close()
+		return nil, fmt.Errorf("acl: %s: missing %s; CANN too old, or not libascendcl?", path, strings.Join(missing, ", "))
+	}
+	l.batch = c.aclrtMemcpyBatchAsync != nil
+	l.fastStream = c.aclrtCreateStreamWithConfig != nil
+	l.ipc = ipcMissing == 0
+	if !l.ipc {
+		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, ipcMissing)
+	}
+	return l, nil
+}
+
+func libraryPath(path string) string {
+	if path != "" {
+		return path
+	}
+	if p := os.Getenv(LibraryEnv); p != "" {
+		return p
+	}
+	return DefaultLibraryName
+}
+
+func absentReason(name string) string {
+	switch name {
+	case "aclrtMemcpyBatchAsync":
+		return "batched copies absent (CANN older than 8.3); multi-block chunks are packed on the device (pack mode)"
+	case "aclrtCreateStreamWithConfig":
+		return "streams are made with aclrtCreateStream (no FAST_LAUNCH|FAST_SYNC)"
+	case "aclrtDeviceGetBareTgid":
+		return "BareTgid falls back to getpid(), which is wrong inside containers and VMs"
+	case "aclrtMemGetAddressRange":
+		return "Import trusts the allocation size the engine claims"
+	}
+	return "unused"
+}
+
+var (
+	libMu   sync.Mutex
+	libByFn = map[string]*Library{}
+)
+
+// DefaultLibrary returns the process-wide library for $STAGE_ACL_LIBRARY (or
+// libascendcl.so), opening it on first use. A failed open is not remembered:
+// a later call tries again. Libraries opened here are never closed.
+func DefaultLibrary() (*Library, error) {
+	path := libraryPath("")
+	libMu.Lock()
+	defer libMu.Unlock()
+	if l := libByFn[path]; l != nil {
+		return l, nil
+	}
+	l, err := OpenLibrary(path)
+	if err != nil {
+		return nil, err
+	}
+	libByFn[path] = l
+	return l, nil
+}
+
+// Path returns the path the library was opened with.
+func (l *Library) Path() string { return l.path }
+
+// Absent maps each optional export the library lacks to what that costs.
+func (l *Library) Absent() map[string]string {
+	m := make(map[string]string, len(l.absent))
+	for k, v := range l.absent {
+		m[k] = v
+	}
+	return m
+}
+
+// AbsentList renders Absent sorted, one "name: reason" per entry.
+func (l *Library) AbsentList() []string {
+	out := make([]string, 0, len(l.absent))
+	for k, v := range l.absent {
+		out = append(out, k+": "+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// HasBatchCopy reports whether aclrtMemcpyBatchAsync is exported.
+func (l *Library) HasBatchCopy() bool { return l.batch }
+
+// HasIPC reports whether the aclrtIpcMem* calls are exported.
+func (l *Library) HasIPC() bool { return l.ipc }
+
+// BareTgid returns this process's id as the ACL IPC whitelist wants it
+// (aclrtDeviceGetBareTgid: the host pid, also inside containers), or
+// getpid() when the library lacks the call. A sidecar reports it to the
+// engines that export memory to it.
+func (l *Library) BareTgid() (int32, error) {
+	if l.c.aclrtDeviceGetBareTgid == nil {
+		return int32(os.Getpid()), nil
+	}
+	var pid C.int32_t
+	if err := l.check(C.stacl_bare_tgid(l.c, &pid), "aclrtDeviceGetBareTgid"); err != nil {
+		return 0, err
+	}
+	return int32(pid), nil
+}
+
+// Close unloads a library that no open Device uses. Libraries from
+// DefaultLibrary must not be closed.
+func (l *Library) Close() error {
+	libMu.Lock()
+	for k, v := range libByFn {
+		if v == l {
+			delete(libByFn, k)
+		}
+	}
+	libMu.Unlock()
+	if l.c != nil {
+		C.stacl_acl_free(l.c)
+		l.c = nil
+	}
+	return l.h.Close()
+}
+
+// init calls aclInit(NULL) once. ACL_ERROR_REPEAT_INITIALIZE means someone
+// in this process (torch_npu, another Library over the same file) already
+// did: that is success. stage never calls aclFinalize: other users of the
+// runtime in the process would lose it.
+func (l *Library) init() error {
+	l.initOnce.Do(func() {
+		r := C.stacl_init(l.c)
+		if r.rc == codeRepeatInit {
+			l.initRepeat = true
+			freeMsg(r)
+			return
+		}
+		l.initErr = l.check(r, "aclInit(NULL)")
+	})
+	return l.initErr
+}
+
+// check turns a trampoline's result into nil or an *Error; op is formatted
+// only on the error path.
+func (l *Library) check(r C.stacl_ret, format string, args ...any) error {
+	if r.rc == 0 {
+		freeMsg(r)
+		return nil
+	}
+	e := &Error{Op: format, Code: int(r.rc)}
+	if len(args) > 0 {
+		e.Op = fmt.Sprintf(format, args...)
+	}
+	if r.msg != nil {
+		e.Msg = strings.TrimSpace(C.GoString(r.msg))
+	}
+	freeMsg(r)
+	return e
+}
+
+func freeMsg(r C.stacl_ret) {
+	if r.msg != nil {
+		C.free(unsafe.Pointer(r.msg))
+	}
+}
+
+// symbol is one entry of the bound-symbol table (shim.c).
+type symbol struct {
+	Name  string
+	Group int // 0 required, 1 batch, 2 IPC, 3 other optional
+}
+
+// symbols lists every export the Library resolves, in table order.
+func symbols() []symbol {
+	n := int(C.stacl_nsyms())
+	out := make([]symbol, n)
+	for i := range out {
+		out[i] = symbol{Name: C.GoString(C.stacl_sym_name(C.int(i))), Group: int(C.stacl_sym_group(C.int(i)))}
+	}
+	return out
+}

@@ -1,0 +1,465 @@
+package acl
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/stage-kv/stage/device"
+)
+
+// Stream tuning.
+const (
+	ringAlign     = 64 << 10              // pack ring halves are rounded up to this
+	closeSyncMS   = 30_000                // Close waits this long for queued work
+	spinPolls     = 64                    // Wait polls this often before it sleeps
+	firstSleep    = 10 * time.Microsecond // then sleeps double from here...
+	maxSleep      = 500 * time.Microsecond
+	probeAfter    = 20 * time.Millisecond // ...and after this, also asks the stream
+	probeEvery    = 20 * time.Millisecond
+	probeTimeout  = 2 // ms: aclrtSynchronizeStreamWithTimeout of one probe
+	eventComplete = 1 // ACL_EVENT_RECORDED_STATUS_COMPLETE (NOT_READY is 0)
+)
+
+// Stream is an ACL stream (device.Stream). Its methods may be called from
+// any goroutine; calls on one stream are serialized.
+type Stream struct {
+	d *Device
+	s C.aclrtStream
+
+	mu     sync.Mutex   // enqueue, Synchronize, Close
+	life   sync.RWMutex // Close (write) against event probes (read)
+	closed bool         // guarded by mu, and by life for probes
+	sc     *C.stacl_scratch
+
+	// Pack mode: a device buffer of two halves; consecutive chunks use
+	// alternate halves.
+	ring     uint64
+	ringHalf uint64
+	ringNext uint64
+
+	fail atomic.Pointer[failure] // first error a synchronize or probe saw
+}
+
+type failure struct{ err error }
+
+// failed returns the stream's sticky error, or nil.
+func (s *Stream) failed() error {
+	if f := s.fail.Load(); f != nil {
+		return f.err
+	}
+	return nil
+}
+
+func (s *Stream) setFailed(err error) { s.fail.CompareAndSwap(nil, &failure{err}) }
+
+// Gather enqueues a copy of segs, in order, into dst contiguously (device to
+// host). Adjacent segments are merged first; what is left as one range takes
+// one aclrtMemcpyAsync D2H, several take the device's copy mode (batch:
+// one aclrtMemcpyBatchAsync; pack: a D2D per block into the stream's device
+// ring, then one D2H of the packed chunk; percopy: a D2H per block). Every
+// copy uses dst's host address. segs may be reused when Gather returns.
+func (s *Stream) Gather(dst device.Pinned, segs []device.Seg) error {
+	return s.move(true, dst, segs)
+}
+
+// Scatter enqueues a copy of src, contiguously, into segs (host to device);
+// pack mode is one H2D into the ring, then a D2D per block (see Gather).
+func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
+	return s.move(false, src, segs)
+}
+
+func opName(gather bool) string {
+	if gather {
+		return "Gather"
+	}
+	return "Scatter"
+}
+
+func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
+	var total uint64
+	for i, sg := range segs {
+		if sg.Len == 0 {
+			continue
+		}
+		if total+sg.Len < total || uint64(sg.Addr)+sg.Len < uint64(sg.Addr) {
+			return fmt.Errorf("acl: %s: %s: segment %d (%#x, %d B) overflows", s.d, opName(gather), i, uint64(sg.Addr), sg.Len)
+		}
+		total += sg.Len
+	}
+	if total != uint64(p.Len()) {
+		return fmt.Errorf("acl: %s: %s: segments add up to %d B, pinned buffer is %d B", s.d, opName(gather), total, p.Len())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.d.closed.Load() {
+		return s.d.errClosed(opName(gather))
+	}
+	if total == 0 {
+		return nil
+	}
+	if s.sc == nil {
+		if s.sc = C.stacl_scratch_new(); s.sc == nil {
+			return fmt.Errorf("acl: %s: %s: out of host memory for copy descriptors", s.d, opName(gather))
+		}
+	}
+	if C.stacl_scratch_reserve(s.sc, C.size_t(len(segs))) != 0 {
+		return fmt.Errorf("acl: %s: %s: out of host memory for %d copy descriptors", s.d, opName(gather), len(segs))
+	}
+	n := coalesce(unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.dev)), len(segs)),
+		unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.len)), len(segs)), segs)
+	host := uintptr(unsafe.Pointer(&p.Host()[0]))
+	mode := s.d.copyMode()
+	if n == 1 {
+		mode = CopyPerCopy // one range: one plain copy
+	}
+	for {
+		var ring uint64
+		if mode == CopyPack {
+			var err error
+			if ring, err = s.ringFor(total); err != nil {
+				return err
+			}
+		}
+		g := C.int(0)
+		if gather {
+			g = 1
+		}
+		r := C.stacl_move(s.d.lib.c, s.d.ctx, s.sc, C.size_t(n), modeC(mode), g, C.uintptr_t(host),
+			C.uintptr_t(ring), C.uint32_t(s.d.ordinal), s.s)
+		if r.rc == 0 {
+			return nil
+		}
+		err := s.moveError(r, gather, mode, n, total)
+		if mode == CopyBatch && r.step == C.STACL_STEP_BATCH && errors.Is(err, device.ErrNotSupported) {
+			// The library exports the call but this runtime or device
+			// refuses it: pack from now on, starting with this chunk
+			// (nothing of it was queued).
+			if !s.d.batchOff.Swap(true) {
+				s.d.logf("acl: %s: batched copies refused, copy mode pack from now on: %v", s.d, err)
+			}
+			mode = CopyPack
+			continue
+		}
+		return err
+	}
+}
+
+// coalesce writes segs into dev/lens, merging a segment into the previous
+// one when it starts where that one ends (the pinned side is contiguous
+// anyway), skipping empty ones. It returns how many ranges it wrote.
+func coalesce(dev, lens []uint64, segs []device.Seg) int {
+	n := 0
+	for _, sg := range segs {
+		if sg.Len == 0 {
+			continue
+		}
+		if n > 0 && dev[n-1]+lens[n-1] == uint64(sg.Addr) {
+			lens[n-1] += sg.Len
+			continue
+		}
+		dev[n], lens[n] = uint64(sg.Addr), sg.Len
+		n++
+	}
+	return n
+}
+
+func modeC(m CopyMode) C.int {
+	switch m {
+	case CopyBatch:
+		return C.STACL_BATCH
+	case CopyPack:
+		return C.STACL_PACK
+	}
+	return C.STACL_PERCOPY
+}
+
+func dirName(gather bool) string {
+	if gather {
+		return "D2H"
+	}
+	return "H2D"
+}
+
+// moveError names the call of stacl_move that failed, with its values.
+func (s *Stream) moveError(r C.stacl_move_ret, gather bool, mode CopyMode, n int, total uint64) error {
+	l := s.d.lib
+	ret := C.stacl_ret{rc: r.rc, msg: r.msg}
+	idx := int(r.idx)
+	var op string
+	switch r.step {
+	case C.STACL_STEP_CTX:
+		op = fmt.Sprintf("aclrtSetCurrentContext(%s)", s.d)
+	case C.STACL_STEP_BATCH:
+		op = fmt.Sprintf("aclrtMemcpyBatchAsync(%d copies, %d B, %s)", n, total, dirName(gather))
+		if r.idx != C.size_t(^uint(0)) && idx < n {
+			op += fmt.Sprintf(" [copy %d of %d: %d B at %#x]", idx+1, n, s.lenAt(idx), s.devAt(idx))
+		}
+	case C.STACL_STEP_BULK:
+		if gather {
+			op = fmt.Sprintf("aclrtMemcpyAsync(D2H, %d B packed chunk from the device ring)", total)
+		} else {
+			op = fmt.Sprintf("aclrtMemcpyAsync(H2D, %d B chunk into the device ring)", total)
+		}
+	default:
+		kind := dirName(gather)
+		if mode == CopyPack {
+			kind = "D2D pack"
+			if !gather {
+				kind = "D2D unpack"
+			}
+		}
+		if gather {
+			op = fmt.Sprintf("aclrtMemcpyAsync(%s, %d B from %#x) [block %d of %d]", kind, s.lenAt(idx), s.devAt(idx), idx+1, n)
+		} else {
+			op = fmt.Sprintf("aclrtMemcpyAsync(%s, %d B to %#x) [block %d of %d]", kind, s.lenAt(idx), s.devAt(idx), idx+1, n)
+		}
+	}
+	if r.drained != 0 {
+		op += " (copies already queued were waited for)"
+	}
+	return l.check(ret, "%s", op)
+}
+
+func (s *Stream) devAt(i int) uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.dev)), i+1)[i]
+}
+func (s *Stream) lenAt(i int) uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.len)), i+1)[i]
+}
+
+// ringFor returns the device address of the ring half the next packed
+// chunk of total bytes uses, growing the ring when total does not fit (the
+// old one is freed after the stream drained). Tasks of one stream run in
+// order, so the D2D copies that refill a half run after the D2H that read
+// it: stream order is what makes reuse safe. Alternating halves keeps two
+// consecutive chunks on distinct bytes.
+func (s *Stream) ringFor(total uint64) (uint64, error) {
+	l := s.d.lib
+	if total > s.ringHalf {
+		if s.ring != 0 {
+			if err := l.check(C.stacl_stream_sync(l.c, s.d.ctx, s.s, -1), "aclrtSynchronizeStream(before growing the pack ring)"); err != nil {
+				s.setFailed(err)
+				return 0, err
+			}
+			if err := l.check(C.stacl_free(l.c, s.d.ctx, C.uintptr_t(s.ring)), "aclrtFree(pack ring %#x)", s.ring); err != nil {
+				return 0, err
+			}
+			s.ring, s.ringHalf = 0, 0
+		}
+		half := (total + ringAlign - 1) / ringAlign * ringAlign
+		var p C.uintptr_t
+		if err := l.check(C.stacl_malloc(l.c, s.d.ctx, C.size_t(2*half), mallocHugeFirst, &p), "aclrtMalloc(%d B pack ring, HUGE_FIRST)", 2*half); err != nil {
+			return 0, fmt.Errorf("%w; pack mode needs 2 x slot size of device memory per copy stream (set %s=batch or percopy to avoid it)", err, CopyModeEnv)
+		}
+		s.ring, s.ringHalf = uint64(p), half
+	}
+	off := (s.ringNext & 1) * s.ringHalf
+	s.ringNext++
+	return s.ring + off, nil
+}
+
+// Record enqueues ev, an Event of the same device.
+func (s *Stream) Record(ev device.Event) error {
+	e, ok := ev.(*Event)
+	if !ok || e.d != s.d {
+		return fmt.Errorf("acl: %s: Record: event %T is not an event of this device", s.d, ev)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.d.closed.Load() {
+		return s.d.errClosed("Record")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return s.d.errClosed("Record(closed event)")
+	}
+	if err := s.d.lib.check(C.stacl_event_record(s.d.lib.c, s.d.ctx, e.e, s.s), "aclrtRecordEvent"); err != nil {
+		return err
+	}
+	e.on.Store(s)
+	return nil
+}
+
+// Synchronize waits for all enqueued work (aclrtSynchronizeStreamWithTimeout,
+// -1) and returns the stream's error. It blocks the calling OS thread.
+func (s *Stream) Synchronize() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.d.closed.Load() {
+		return s.d.errClosed("Synchronize")
+	}
+	if err := s.d.lib.check(C.stacl_stream_sync(s.d.lib.c, s.d.ctx, s.s, -1), "aclrtSynchronizeStream"); err != nil {
+		s.setFailed(err)
+		return err
+	}
+	return nil
+}
+
+// probe asks the stream whether it still runs, drained, or failed, waiting
+// at most probeTimeout ms. done reports that the waiting is over, with err
+// the stream's failure, if any.
+func (s *Stream) probe() (done bool, err error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return true, nil // Close drained it
+	}
+	err = s.d.lib.check(C.stacl_stream_sync(s.d.lib.c, s.d.ctx, s.s, probeTimeout), "aclrtSynchronizeStreamWithTimeout(%d ms)", probeTimeout)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, device.ErrNotReady):
+		return false, nil
+	}
+	s.setFailed(err)
+	return true, err
+}
+
+// Close waits (up to 30 s) for the stream's work, frees its pack ring and
+// scratch, and destroys it.
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.d.closed.Load() {
+		return s.d.errClosed("Stream.Close")
+	}
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.closed = true
+	l := s.d.lib
+	var errs []error
+	if err := l.check(C.stacl_stream_sync(l.c, s.d.ctx, s.s, closeSyncMS), "aclrtSynchronizeStreamWithTimeout(%d ms, before destroy)", closeSyncMS); err != nil {
+		s.setFailed(err)
+		if s.failed() != err {
+			err = fmt.Errorf("%w (the stream had failed before: %v)", err, s.failed())
+		}
+		errs = append(errs, err)
+	}
+	if s.ring != 0 {
+		if err := l.check(C.stacl_free(l.c, s.d.ctx, C.uintptr_t(s.ring)), "aclrtFree(pack ring %#x)", s.ring); err != nil {
+			errs = append(errs, err)
+		}
+		s.ring, s.ringHalf = 0, 0
+	}
+	if s.sc != nil {
+		C.stacl_scratch_free(s.sc)
+		s.sc = nil
+	}
+	if err := l.check(C.stacl_stream_destroy(l.c, s.d.ctx, s.s), "aclrtDestroyStream"); err != nil {
+		errs = append(errs, err)
+	}
+	s.d.mu.Lock()
+	s.d.streams--
+	s.d.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Event is an ACL event (device.Event).
+//
+// Completion is read with aclrtQueryEventStatus, whose status is
+// ACL_EVENT_RECORDED_STATUS_NOT_READY = 0 / COMPLETE = 1. The older
+// aclrtQueryEvent reports aclrtEventStatus, where COMPLETE = 0 and
+// NOT_READY = 1: the inverse. It is deliberately not bound; do not swap it
+// in.
+type Event struct {
+	d      *Device
+	e      C.aclrtEvent
+	mu     sync.Mutex
+	closed bool
+	on     atomic.Pointer[Stream] // stream of the last Record; nil if never recorded
+}
+
+// status reads the event's recorded status.
+func (e *Event) status() (bool, error) {
+	var st C.int32_t
+	if err := e.d.lib.check(C.stacl_event_status(e.d.lib.c, e.d.ctx, e.e, &st), "aclrtQueryEventStatus"); err != nil {
+		return true, err
+	}
+	return st == eventComplete, nil
+}
+
+// Query reports whether the work before the event is done. ACL reports an
+// event whose work failed as NOT_READY forever; Query returns that work's
+// error once the event's stream has been seen failed (by Wait, Synchronize
+// or Close), and (false, nil) until then. An event never recorded is done.
+func (e *Event) Query() (bool, error) {
+	if e.d.closed.Load() {
+		return false, e.d.errClosed("Event.Query")
+	}
+	s := e.on.Load()
+	if s == nil {
+		return true, nil
+	}
+	done, err := e.status()
+	if done || err != nil {
+		return true, err
+	}
+	if f := s.failed(); f != nil {
+		return true, f
+	}
+	return false, nil
+}
+
+// Wait blocks until the work before the event is done and returns its
+// error. It polls aclrtQueryEventStatus: a few times at once, then with
+// sleeps growing from 10 us to 500 us. Because a failed copy leaves its
+// events NOT_READY for good, a Wait that has lasted 20 ms also asks the
+// stream every 20 ms (aclrtSynchronizeStreamWithTimeout, 2 ms): a failed
+// stream ends the Wait with the stream's error; a drained one with the
+// event still not complete ends it with an error saying so.
+func (e *Event) Wait() error {
+	start := time.Now()
+	nextProbe := start.Add(probeAfter)
+	sleep := firstSleep
+	for polls := 0; ; polls++ {
+		done, err := e.Query()
+		if done {
+			return err
+		}
+		if polls < spinPolls {
+			runtime.Gosched()
+			continue
+		}
+		if now := time.Now(); now.After(nextProbe) {
+			s := e.on.Load()
+			if done, err := s.probe(); done {
+				if err != nil {
+					return err
+				}
+				if ok, err := e.status(); ok || err != nil {
+					return err
+				}
+				return fmt.Errorf("acl: %s: event still not complete after its stream drained (waited %v): a task before it failed or was dropped", e.d, time.Since(start).Round(time.Millisecond))
+			}
+			nextProbe = now.Add(probeEvery)
+		}
+		time.Sleep(sleep)
+		sleep = min(2*sleep, maxSleep)
+	}
+}
+
+// Close destroys the event.
+func (e *Event) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || e.d.closed.Load() {
+		return e.d.errClosed("Event.Close")
+	}
+	e.closed = true
+	e.d.mu.Lock()
+	e.d.events--
+	e.d.mu.Unlock()
+	return e.d.lib.check(C.stacl_event_destroy(e.d.lib.c, e.d.ctx, e.e), "aclrtDestroyEvent")
+}

@@ -1,0 +1,880 @@
+/* fakeacl.c: an emulation of the slice of libascendcl.so that stage binds,
+ * over host memory, for the CPU tests (built with gcc into a .so).
+ *
+ * What it models, after the CANN documentation:
+ *   - contexts bound per OS thread: aclrtSetDevice (reference counted) or
+ *     aclrtSetCurrentContext; calls without one fail with 107002;
+ *   - "device memory" is carved out of one memfd per process (the heap,
+ *     made at aclInit, mapped once), so that another process can map it:
+ *     IPC export keys name the heap as /proc/<pid>/fd/<fd> plus offsets; a
+ *     metadata page before each allocation holds the pid whitelist and the
+ *     importer count, shared between processes. Freed ranges are punched
+ *     out of the heap and never reused;
+ *   - pinned host memory (aclrtMallocHost) and registered host memory
+ *     (aclrtHostRegister, MAPPED) whose device view is an address the host
+ *     cannot use (bit 62 set): passing it to a memcpy is refused;
+ *   - each stream runs its tasks in order on a worker thread; events
+ *     complete when the worker reaches them; aclrtQueryEventStatus says
+ *     NOT_READY 0 / COMPLETE 1, the legacy aclrtQueryEvent the inverse;
+ *   - a failed copy (injected) fails its stream: later tasks are dropped,
+ *     events after it stay NOT_READY, synchronize returns the error;
+ *   - async copies with pageable host memory run synchronously (counted);
+ *   - aclGetRecentErrMsg: per thread, cleared when read.
+ *
+ * Build flags:
+ *   -DFAKEACL_NO_BATCH          do not export aclrtMemcpyBatchAsync
+ *   -DFAKEACL_NO_STREAM_CONFIG  do not export aclrtCreateStreamWithConfig
+ *   -DFAKEACL_NO_IPC            do not export the aclrtIpcMem* calls
+ * Environment (read at aclInit):
+ *   FAKEACL_INIT_ERR=N            aclInit returns N
+ *   FAKEACL_DEVICES=N             number of devices (default 1)
+ *   FAKEACL_FAIL_COPY=N           the Nth async copy enqueued fails (507013) when it runs
+ *   FAKEACL_BATCH_UNSUPPORTED=1   aclrtMemcpyBatchAsync returns 207000
+ *   FAKEACL_NO_HOST_REGISTER=1    aclrtHostRegister returns 207000
+ *   FAKEACL_STREAM_CONFIG_ERR=N   aclrtCreateStreamWithConfig returns N
+ * Test hooks (long f(void)): fakeacl_live, fakeacl_pause, fakeacl_resume and
+ * counters (see the end of the file). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int aclError;
+
+enum {
+	OK = 0,
+	E_INVALID_PARAM = 100000,
+	E_REPEAT_INIT = 100002,
+	E_RT_PARAM = 107000,
+	E_RT_DEVICE = 107001,
+	E_RT_CONTEXT_NULL = 107002,
+	E_RT_HANDLE = 107017,
+	E_FEATURE = 207000,
+	E_MEM_ALLOC = 207001,
+	E_NO_PERMISSION = 207006,
+	E_SYS_DMA = 507013,
+	E_IPC = 507022,
+	E_STREAM_TIMEOUT = 507046,
+	E_ALREADY_REGISTERED = 507910,
+	E_NOT_REGISTERED = 507911,
+};
+
+enum { H2H = 0, H2D = 1, D2H = 2, D2D = 3 };
+
+#define PAGE 4096UL
+#define VIEW_BIT (1ULL << 62) /* device views of host memory: not host addresses */
+#define MAGIC 0x41434c46u     /* "FLCA" */
+
+/* ---- errors: per thread, cleared when read ---- */
+
+static __thread char errmsg[512], errout[512];
+
+static aclError fail(aclError rc, const char *fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+const char *aclGetRecentErrMsg(void) {
+	if (!errmsg[0]) return NULL;
+	memcpy(errout, errmsg, sizeof errout);
+	errmsg[0] = 0;
+	return errout;
+}
+
+/* ---- init, devices, contexts ---- */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized, ndev = 1, batch_unsupported, no_host_register, stream_config_err;
+static long fail_copy_at;
+static long n_init, n_setdevice, n_ctx_sets, n_copies, n_sync_copies, n_batch, n_legacy_query, n_d2d, n_stream_config;
+
+struct ctx { int dev; int refs; };
+static struct ctx ctxs[8];
+static __thread struct ctx *cur;
+
+#define NEED_CTX() do { \
+	if (!cur || __atomic_load_n(&cur->refs, __ATOMIC_ACQUIRE) <= 0) \
+		return fail(E_RT_CONTEXT_NULL, "fakeacl: %s: no current context on this thread (aclrtSetDevice or aclrtSetCurrentContext first)", __func__); \
+} while (0)
+
+static long envl(const char *k, long def) {
+	const char *v = getenv(k);
+	return v && *v ? atol(v) : def;
+}
+
+static aclError heap_init(void);
+
+aclError aclInit(const char *cfg) {
+	(void)cfg;
+	__atomic_add_fetch(&n_init, 1, __ATOMIC_RELAXED);
+	long e = envl("FAKEACL_INIT_ERR", 0);
+	if (e) return fail((aclError)e, "fakeacl: aclInit failed as FAKEACL_INIT_ERR asked");
+	pthread_mutex_lock(&mu);
+	int again = initialized;
+	initialized = 1;
+	ndev = (int)envl("FAKEACL_DEVICES", 1);
+	if (ndev < 1 || ndev > 8) ndev = 1;
+	fail_copy_at = envl("FAKEACL_FAIL_COPY", 0);
+	batch_unsupported = (int)envl("FAKEACL_BATCH_UNSUPPORTED", 0);
+	no_host_register = (int)envl("FAKEACL_NO_HOST_REGISTER", 0);
+	stream_config_err = (int)envl("FAKEACL_STREAM_CONFIG_ERR", 0);
+	aclError rc = heap_init();
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	if (again) return fail(E_REPEAT_INIT, "fakeacl: aclInit: already initialized");
+	return OK;
+}
+
+aclError aclrtGetDeviceCount(uint32_t *n) {
+	if (!initialized) return fail(100001, "fakeacl: aclInit first");
+	*n = (uint32_t)ndev;
+	return OK;
+}
+
+aclError aclrtSetDevice(int32_t dev) {
+	if (!initialized) return fail(100001, "fakeacl: aclInit first");
+	if (dev < 0 || dev >= ndev) return fail(E_RT_DEVICE, "fakeacl: device %d of %d", dev, ndev);
+	__atomic_add_fetch(&ctxs[dev].refs, 1, __ATOMIC_ACQ_REL);
+	ctxs[dev].dev = dev;
+	cur = &ctxs[dev];
+	__atomic_add_fetch(&n_setdevice, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtResetDevice(int32_t dev) {
+	if (dev < 0 || dev >= ndev) return fail(E_RT_DEVICE, "fakeacl: device %d of %d", dev, ndev);
+	if (__atomic_sub_fetch(&ctxs[dev].refs, 1, __ATOMIC_ACQ_REL) < 0) {
+		__atomic_add_fetch(&ctxs[dev].refs, 1, __ATOMIC_ACQ_REL);
+		return fail(E_RT_DEVICE, "fakeacl: aclrtResetDevice(%d) without aclrtSetDevice", dev);
+	}
+	return OK;
+}
+
+aclError aclrtGetCurrentContext(void **c) {
+	if (!cur) return fail(E_RT_CONTEXT_NULL, "fakeacl: no context on this thread");
+	*c = cur;
+	return OK;
+}
+
+aclError aclrtSetCurrentContext(void *c) {
+	struct ctx *x = c;
+	if (x < ctxs || x >= ctxs + 8 || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) <= 0)
+		return fail(E_RT_HANDLE, "fakeacl: aclrtSetCurrentContext(%p): no such live context", c);
+	cur = x;
+	__atomic_add_fetch(&n_ctx_sets, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtDeviceGetBareTgid(int32_t *pid) { *pid = (int32_t)getpid(); return OK; }
+
+/* ---- memory table ---- */
+
+enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG };
+
+/* The last page of every device allocation's memfd, shared by exporter
+ * and importers. */
+struct meta {
+	uint32_t magic, exported, no_validation, npids;
+	int32_t importers;
+	int32_t pids[64];
+	uint64_t size;
+};
+
+struct mem {
+	int kind;
+	uintptr_t p;
+	size_t n;
+	uintptr_t view;  /* M_HOSTREG: the device view */
+	size_t maplen;   /* bytes mapped at p */
+	struct meta *meta;
+	char key[65];    /* M_DEV: exported key; M_IMPORT: imported key */
+	struct mem *next;
+};
+static struct mem *mems;
+
+static size_t up(size_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+/* find returns the entry of kind (0: any) whose range holds [p, p+n). */
+static struct mem *find(uintptr_t p, size_t n, int kind) {
+	for (struct mem *m = mems; m; m = m->next) {
+		if (kind && m->kind != kind) continue;
+		if (p >= m->p && p - m->p < m->n && n <= m->n - (p - m->p)) return m;
+	}
+	return NULL;
+}
+
+static void add(struct mem *m) { m->next = mems; mems = m; }
+
+static void drop(struct mem *x) {
+	for (struct mem **m = &mems; *m; m = &(*m)->next)
+		if (*m == x) { *m = x->next; return; }
+}
+
+static struct mem *find_view(uintptr_t p) {
+	for (struct mem *m = mems; m; m = m->next)
+		if (m->kind == M_HOSTREG && p >= m->view && p - m->view < m->n) return m;
+	return NULL;
+}
+
+static int is_dev(uintptr_t p, size_t n) { return find(p, n, M_DEV) || find(p, n, M_IMPORT); }
+static int is_pinned(uintptr_t p, size_t n) { return find(p, n, M_HOST) || find(p, n, M_HOSTREG); }
+
+/* The heap: device allocations are [meta page][data] ranges of one memfd. */
+#define HEAP_SIZE (64UL << 30)
+static int heap_fd = -1;
+static char *heap;
+static size_t heap_top;
+
+static aclError heap_init(void) {
+	if (heap) return OK;
+	int fd = memfd_create("fakeacl-device-heap", MFD_CLOEXEC);
+	if (fd < 0) return fail(E_MEM_ALLOC, "fakeacl: memfd_create: %s", strerror(errno));
+	if (ftruncate(fd, (off_t)HEAP_SIZE) != 0) {
+		close(fd);
+		return fail(E_MEM_ALLOC, "fakeacl: ftruncate heap: %s", strerror(errno));
+	}
+	void *h = mmap(NULL, HEAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	if (h == MAP_FAILED) {
+		close(fd);
+		return fail(E_MEM_ALLOC, "fakeacl: mmap heap: %s", strerror(errno));
+	}
+	heap_fd = fd;
+	heap = h;
+	return OK;
+}
+
+aclError aclrtMalloc(void **p, size_t n, int policy) {
+	NEED_CTX();
+	if (policy < 0 || policy > 2) return fail(E_RT_PARAM, "fakeacl: aclrtMalloc: policy %d", policy);
+	if (n == 0) return fail(E_RT_PARAM, "fakeacl: aclrtMalloc(0)");
+	pthread_mutex_lock(&mu);
+	if (n > HEAP_SIZE || heap_top + PAGE + up(n) > HEAP_SIZE) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_MEM_ALLOC, "fakeacl: aclrtMalloc(%zu B): out of device memory", n);
+	}
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_DEV;
+	m->meta = (struct meta *)(heap + heap_top);
+	m->p = (uintptr_t)(heap + heap_top + PAGE);
+	m->n = n;
+	m->maplen = up(n);
+	heap_top += PAGE + up(n);
+	m->meta->magic = MAGIC;
+	m->meta->size = n;
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*p = (void *)m->p;
+	return OK;
+}
+
+aclError aclrtFree(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_DEV);
+	if (!m || m->p != (uintptr_t)p) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtFree(%p): not an aclrtMalloc allocation", p);
+	}
+	if (m->key[0]) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_IPC, "fakeacl: aclrtFree(%p): its export key %s is still open (aclrtIpcMemClose first)", p, m->key);
+	}
+	drop(m);
+	pthread_mutex_unlock(&mu);
+	/* Give the pages back; the addresses are never handed out again. */
+	fallocate(heap_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((char *)m->meta - heap), (off_t)(PAGE + m->maplen));
+	free(m);
+	return OK;
+}
+
+aclError aclrtMallocHost(void **p, size_t n) {
+	NEED_CTX();
+	if (n == 0) return fail(E_RT_PARAM, "fakeacl: aclrtMallocHost(0)");
+	void *a = mmap(NULL, up(n), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a == MAP_FAILED) return fail(E_MEM_ALLOC, "fakeacl: aclrtMallocHost(%zu): %s", n, strerror(errno));
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_HOST;
+	m->p = (uintptr_t)a;
+	m->n = n;
+	m->maplen = up(n);
+	pthread_mutex_lock(&mu);
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*p = a;
+	return OK;
+}
+
+aclError aclrtFreeHost(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_HOST);
+	if (!m || m->p != (uintptr_t)p) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtFreeHost(%p): not an aclrtMallocHost allocation", p);
+	}
+	if (find((uintptr_t)p, 0, M_HOSTREG)) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtFreeHost(%p): still registered (aclrtHostUnregister first)", p);
+	}
+	drop(m);
+	pthread_mutex_unlock(&mu);
+	munmap(p, m->maplen);
+	free(m);
+	return OK;
+}
+
+aclError aclrtHostRegister(void *p, uint64_t n, int type, void **dev) {
+	NEED_CTX();
+	if (no_host_register) return fail(E_FEATURE, "fakeacl: aclrtHostRegister: not supported on this device (FAKEACL_NO_HOST_REGISTER)");
+	if (type != 0) return fail(E_RT_PARAM, "fakeacl: aclrtHostRegister: type %d, want MAPPED (0)", type);
+	if ((uintptr_t)p % PAGE || n == 0) return fail(E_RT_PARAM, "fakeacl: aclrtHostRegister(%p, %llu): want a 4K-aligned pointer and a size", p, (unsigned long long)n);
+	pthread_mutex_lock(&mu);
+	for (struct mem *m = mems; m; m = m->next) {
+		if (m->kind == M_HOSTREG && (uintptr_t)p < m->p + m->n && m->p < (uintptr_t)p + n) {
+			pthread_mutex_unlock(&mu);
+			return fail(E_ALREADY_REGISTERED, "fakeacl: aclrtHostRegister(%p): overlaps registered memory", p);
+		}
+	}
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_HOSTREG;
+	m->p = (uintptr_t)p;
+	m->n = (size_t)n;
+	m->view = (uintptr_t)p | VIEW_BIT;
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*dev = (void *)m->view;
+	return OK;
+}
+
+aclError aclrtHostUnregister(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_HOSTREG);
+	if (!m || m->p != (uintptr_t)p) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_NOT_REGISTERED, "fakeacl: aclrtHostUnregister(%p): not registered", p);
+	}
+	drop(m);
+	pthread_mutex_unlock(&mu);
+	free(m);
+	return OK;
+}
+
+aclError aclrtMemGetAddressRange(void *p, void **base, size_t *size) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, 0);
+	if (m && m->kind != M_HOSTREG) {
+		*base = (void *)m->p;
+		*size = m->n;
+	}
+	pthread_mutex_unlock(&mu);
+	return m && m->kind != M_HOSTREG ? OK : fail(E_RT_PARAM, "fakeacl: aclrtMemGetAddressRange(%p): unknown address", p);
+}
+
+/* check_copy validates a copy against what kind says the two sides are.
+ * It returns OK, sets *pageable when the host side is not pinned. */
+static aclError check_copy(void *dst, size_t dmax, const void *src, size_t n, int kind, int *pageable) {
+	uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+	*pageable = 0;
+	if (!dst || !src) return fail(E_RT_PARAM, "fakeacl: copy with a NULL address");
+	if (n > dmax) return fail(E_RT_PARAM, "fakeacl: copy of %zu B into destMax %zu", n, dmax);
+	pthread_mutex_lock(&mu);
+	aclError rc = OK;
+	const char *what = NULL;
+	uintptr_t host = 0;
+	switch (kind) {
+	case H2D:
+		if (!is_dev(d, n)) what = "H2D destination is not device memory";
+		host = s;
+		break;
+	case D2H:
+		if (!is_dev(s, n)) what = "D2H source is not device memory";
+		host = d;
+		break;
+	case D2D:
+		if (!is_dev(s, n) || !is_dev(d, n)) what = "D2D side is not device memory";
+		break;
+	case H2H:
+		host = d;
+		break;
+	default:
+		what = "unknown aclrtMemcpyKind";
+	}
+	if (!what && host) {
+		if (find_view(host) || (host & VIEW_BIT)) what = "host side is the DEVICE view of registered host memory, which is not a memcpy address";
+		else if (is_dev(host, n)) what = "host side is device memory";
+		else if (!is_pinned(host, n)) *pageable = 1;
+	}
+	if (what) rc = fail(E_RT_PARAM, "fakeacl: copy %p <- %p (%zu B, kind %d): %s", dst, src, n, kind, what);
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemcpy(void *dst, size_t dmax, const void *src, size_t n, int kind) {
+	NEED_CTX();
+	int pageable;
+	aclError rc = check_copy(dst, dmax, src, n, kind, &pageable);
+	if (rc) return rc;
+	memmove(dst, src, n);
+	return OK;
+}
+
+/* ---- streams ---- */
+
+enum { T_COPY = 1, T_RECORD };
+
+struct event {
+	uint64_t recorded; /* generation of the last record */
+	uint64_t done;     /* generation the worker reached */
+	uint32_t flags;
+};
+
+struct task {
+	int type;
+	void *dst;
+	const void *src;
+	size_t n;
+	long seq;
+	struct event *ev;
+	uint64_t gen;
+	struct task *next;
+};
+
+struct stream {
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv, idle;
+	struct task *head, *tail;
+	int busy, stop;
+	aclError err;
+	char errmsg[256];
+};
+
+static pthread_mutex_t pause_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pause_cv = PTHREAD_COND_INITIALIZER;
+static int paused;
+static long n_streams, n_events;
+
+static void *worker(void *arg) {
+	struct stream *s = arg;
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->head) break;
+		struct task *t = s->head;
+		s->head = t->next;
+		if (!s->head) s->tail = NULL;
+		s->busy = 1;
+		int failed = s->err != 0;
+		pthread_mutex_unlock(&s->mu);
+
+		pthread_mutex_lock(&pause_mu);
+		while (paused) pthread_cond_wait(&pause_cv, &pause_mu);
+		pthread_mutex_unlock(&pause_mu);
+
+		aclError err = OK;
+		char msg[256] = "";
+		if (failed) {
+			/* A failed stream runs nothing more: its later events never complete. */
+		} else if (t->type == T_COPY) {
+			if (fail_copy_at && t->seq == fail_copy_at) {
+				err = E_SYS_DMA;
+				snprintf(msg, sizeof msg, "fakeacl: DMA error in async copy #%ld (%zu B %p -> %p), injected by FAKEACL_FAIL_COPY", t->seq, t->n, t->src, t->dst);
+			} else {
+				memmove(t->dst, t->src, t->n);
+			}
+		} else {
+			__atomic_store_n(&t->ev->done, t->gen, __ATOMIC_RELEASE);
+		}
+		free(t);
+
+		pthread_mutex_lock(&s->mu);
+		if (err && !s->err) {
+			s->err = err;
+			memcpy(s->errmsg, msg, sizeof s->errmsg);
+		}
+		s->busy = 0;
+		if (!s->head) pthread_cond_broadcast(&s->idle);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+static void push(struct stream *s, struct task *t) {
+	pthread_mutex_lock(&s->mu);
+	if (s->tail) s->tail->next = t;
+	else s->head = t;
+	s->tail = t;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* wait_idle waits for s to run dry: ms < 0 forever. */
+static aclError wait_idle(struct stream *s, int32_t ms) {
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	if (ms > 0) {
+		dl.tv_sec += ms / 1000;
+		dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+		if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+	}
+	pthread_mutex_lock(&s->mu);
+	while (s->head || s->busy) {
+		if (ms < 0) pthread_cond_wait(&s->idle, &s->mu);
+		else if (pthread_cond_timedwait(&s->idle, &s->mu, &dl) == ETIMEDOUT) {
+			pthread_mutex_unlock(&s->mu);
+			return fail(E_STREAM_TIMEOUT, "fakeacl: stream still busy after %d ms", ms);
+		}
+	}
+	aclError err = s->err;
+	char msg[256];
+	memcpy(msg, s->errmsg, sizeof msg);
+	pthread_mutex_unlock(&s->mu);
+	if (err) return fail(err, "%s", msg);
+	return OK;
+}
+
+static aclError new_stream(void **out) {
+	struct stream *s = calloc(1, sizeof *s);
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	pthread_cond_init(&s->idle, NULL);
+	if (pthread_create(&s->th, NULL, worker, s) != 0) {
+		free(s);
+		return fail(207008, "fakeacl: no thread for a stream");
+	}
+	__atomic_add_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+	*out = s;
+	return OK;
+}
+
+aclError aclrtCreateStream(void **s) { NEED_CTX(); return new_stream(s); }
+
+#ifndef FAKEACL_NO_STREAM_CONFIG
+aclError aclrtCreateStreamWithConfig(void **s, uint32_t prio, uint32_t flags) {
+	NEED_CTX();
+	__atomic_add_fetch(&n_stream_config, 1, __ATOMIC_RELAXED);
+	if (stream_config_err) return fail(stream_config_err, "fakeacl: aclrtCreateStreamWithConfig refused (FAKEACL_STREAM_CONFIG_ERR)");
+	if (prio != 0) return fail(E_RT_PARAM, "fakeacl: priority %u is reserved, must be 0", prio);
+	if (flags & ~0x3fu) return fail(E_RT_PARAM, "fakeacl: stream flags %#x", flags);
+	return new_stream(s);
+}
+#endif
+
+aclError aclrtDestroyStream(void *p) {
+	NEED_CTX();
+	struct stream *s = p;
+	if (!s) return fail(E_RT_PARAM, "fakeacl: aclrtDestroyStream(NULL)");
+	pthread_mutex_lock(&s->mu);
+	s->stop = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->th, NULL);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	pthread_cond_destroy(&s->idle);
+	free(s);
+	__atomic_sub_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtSynchronizeStreamWithTimeout(void *s, int32_t ms) {
+	NEED_CTX();
+	if (!s) return fail(E_RT_PARAM, "fakeacl: sync of the default stream is not emulated");
+	if (ms == 0 || ms < -1) return fail(E_RT_PARAM, "fakeacl: timeout %d: want -1 or > 0", ms);
+	return wait_idle(s, ms);
+}
+
+static aclError enqueue_copy(void *dst, size_t dmax, const void *src, size_t n, int kind, void *st) {
+	if (!st) return fail(E_RT_PARAM, "fakeacl: async copy on the default (NULL) stream is not emulated");
+	int pageable;
+	aclError rc = check_copy(dst, dmax, src, n, kind, &pageable);
+	if (rc) return rc;
+	if (pageable) {
+		/* CANN: with pageable host memory the call returns after the copy. */
+		rc = wait_idle(st, -1);
+		if (rc) return rc;
+		memmove(dst, src, n);
+		__atomic_add_fetch(&n_sync_copies, 1, __ATOMIC_RELAXED);
+		return OK;
+	}
+	struct task *t = calloc(1, sizeof *t);
+	t->type = T_COPY;
+	t->dst = dst;
+	t->src = src;
+	t->n = n;
+	t->seq = __atomic_add_fetch(&n_copies, 1, __ATOMIC_RELAXED);
+	if (kind == D2D) __atomic_add_fetch(&n_d2d, 1, __ATOMIC_RELAXED);
+	push(st, t);
+	return OK;
+}
+
+aclError aclrtMemcpyAsync(void *dst, size_t dmax, const void *src, size_t n, int kind, void *st) {
+	NEED_CTX();
+	return enqueue_copy(dst, dmax, src, n, kind, st);
+}
+
+#ifndef FAKEACL_NO_BATCH
+typedef struct { uint32_t id; int32_t type; } loc_t;
+typedef struct { loc_t dst, src; uint8_t rsv[16]; } attr_t;
+
+aclError aclrtMemcpyBatchAsync(void **dsts, size_t *dmaxs, void **srcs, size_t *sizes, size_t count,
+                               attr_t *attrs, size_t *idxs, size_t nattrs, size_t *failIdx, void *st) {
+	NEED_CTX();
+	__atomic_add_fetch(&n_batch, 1, __ATOMIC_RELAXED);
+	if (failIdx) *failIdx = (size_t)-1;
+	if (batch_unsupported) return fail(E_FEATURE, "fakeacl: aclrtMemcpyBatchAsync: not supported on this device (FAKEACL_BATCH_UNSUPPORTED)");
+	if (!dsts || !dmaxs || !srcs || !sizes || !attrs || !idxs || !failIdx || count == 0 || nattrs == 0 || nattrs > count || idxs[0] != 0)
+		return fail(E_RT_PARAM, "fakeacl: aclrtMemcpyBatchAsync: bad arrays (count %zu, numAttrs %zu)", count, nattrs);
+	for (size_t a = 0; a < nattrs; a++) {
+		if (a > 0 && idxs[a] <= idxs[a - 1]) return fail(E_RT_PARAM, "fakeacl: attrsIndexes not increasing");
+		for (int i = 0; i < 16; i++)
+			if (attrs[a].rsv[i]) return fail(E_RT_PARAM, "fakeacl: attr %zu: rsv must be 0", a);
+		int h2d = attrs[a].src.type == 0 && attrs[a].dst.type == 1;
+		int d2h = attrs[a].src.type == 1 && attrs[a].dst.type == 0;
+		if (!h2d && !d2h) return fail(E_RT_PARAM, "fakeacl: attr %zu: only host->device or device->host (src type %d, dst type %d)", a, attrs[a].src.type, attrs[a].dst.type);
+		if (a > 0 && attrs[a].src.type != attrs[0].src.type) return fail(E_RT_PARAM, "fakeacl: one direction per batch");
+	}
+	int kind = attrs[0].src.type == 1 ? D2H : H2D;
+	for (size_t i = 0; i < count; i++) {
+		int pageable;
+		aclError rc = check_copy(dsts[i], dmaxs[i], srcs[i], sizes[i], kind, &pageable);
+		if (rc) { *failIdx = i; return rc; }
+	}
+	for (size_t i = 0; i < count; i++) {
+		aclError rc = enqueue_copy(dsts[i], dmaxs[i], srcs[i], sizes[i], kind, st);
+		if (rc) { *failIdx = i; return rc; }
+	}
+	return OK;
+}
+#endif
+
+/* ---- events ---- */
+
+aclError aclrtCreateEventWithFlag(void **e, uint32_t flags) {
+	NEED_CTX();
+	if (flags == 0 || (flags & ~0x3bu)) return fail(E_RT_PARAM, "fakeacl: event flags %#x", flags);
+	if ((flags & 0x20) && flags != 0x20) return fail(E_RT_PARAM, "fakeacl: ACL_EVENT_EXTERNAL goes alone");
+	struct event *ev = calloc(1, sizeof *ev);
+	ev->flags = flags;
+	__atomic_add_fetch(&n_events, 1, __ATOMIC_RELAXED);
+	*e = ev;
+	return OK;
+}
+
+aclError aclrtDestroyEvent(void *e) {
+	NEED_CTX();
+	if (!e) return fail(E_RT_PARAM, "fakeacl: aclrtDestroyEvent(NULL)");
+	free(e);
+	__atomic_sub_fetch(&n_events, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtRecordEvent(void *e, void *st) {
+	NEED_CTX();
+	if (!e || !st) return fail(E_RT_PARAM, "fakeacl: aclrtRecordEvent(%p, %p)", e, st);
+	struct event *ev = e;
+	struct task *t = calloc(1, sizeof *t);
+	t->type = T_RECORD;
+	t->ev = ev;
+	t->gen = __atomic_add_fetch(&ev->recorded, 1, __ATOMIC_ACQ_REL);
+	push(st, t);
+	return OK;
+}
+
+static int complete(struct event *ev) {
+	uint64_t r = __atomic_load_n(&ev->recorded, __ATOMIC_ACQUIRE);
+	return r != 0 && __atomic_load_n(&ev->done, __ATOMIC_ACQUIRE) == r;
+}
+
+/* aclrtEventRecordedStatus: NOT_READY 0 (not recorded, not run yet, or
+ * failed), COMPLETE 1. */
+aclError aclrtQueryEventStatus(void *e, int32_t *status) {
+	NEED_CTX();
+	if (!e || !status) return fail(E_RT_PARAM, "fakeacl: aclrtQueryEventStatus(%p, %p)", e, (void *)status);
+	*status = complete(e) ? 1 : 0;
+	return OK;
+}
+
+/* The legacy call: aclrtEventStatus, COMPLETE 0, NOT_READY 1. stage must not
+ * use it; fakeacl_legacy_queries counts calls so a test can say so. */
+aclError aclrtQueryEvent(void *e, int32_t *status) {
+	NEED_CTX();
+	__atomic_add_fetch(&n_legacy_query, 1, __ATOMIC_RELAXED);
+	*status = complete(e) ? 0 : 1;
+	return OK;
+}
+
+/* ---- IPC: keys name the memfd as seen from another process ---- */
+
+#ifndef FAKEACL_NO_IPC
+aclError aclrtIpcMemGetExportKey(void *p, size_t n, char *key, size_t len, uint64_t flags) {
+	NEED_CTX();
+	if (len != 65 || !key) return fail(E_RT_PARAM, "fakeacl: export key buffer of %zu B, want 65", len);
+	if (flags > 1) return fail(E_RT_PARAM, "fakeacl: export flags %llu", (unsigned long long)flags);
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, n, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl: export of %p+%zu: not inside one aclrtMalloc allocation", p, n);
+	else if (((uintptr_t)p - m->p) % PAGE) rc = fail(E_RT_PARAM, "fakeacl: export of %p: not page-aligned inside its allocation (export the base, carry the offset)", p);
+	else if (m->key[0]) rc = fail(E_RT_PARAM, "fakeacl: allocation %p already exported as %s", (void *)m->p, m->key);
+	if (!rc) {
+		snprintf(m->key, sizeof m->key, "fakeacl:%d:%d:%lx:%lx:%zx", (int)getpid(), heap_fd,
+		         (unsigned long)((char *)m->meta - heap), (unsigned long)((uintptr_t)p - m->p), n);
+		m->meta->no_validation = (uint32_t)flags;
+		m->meta->npids = 0;
+		__atomic_store_n(&m->meta->exported, 1, __ATOMIC_RELEASE);
+		memcpy(key, m->key, 65);
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+static struct mem *find_key(const char *key, int kind) {
+	for (struct mem *m = mems; m; m = m->next)
+		if (m->kind == kind && strcmp(m->key, key) == 0) return m;
+	return NULL;
+}
+
+aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pids, size_t n) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_key(key, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtIpcMemSetImportPid(%s): not a key this process exported", key);
+	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl: more than 64 whitelisted pids");
+	else
+		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
+	NEED_CTX();
+	int pid, fd;
+	unsigned long metaoff, off;
+	size_t n;
+	if (flags > 1) return fail(E_RT_PARAM, "fakeacl: import flags %llu", (unsigned long long)flags);
+	if (!key || sscanf(key, "fakeacl:%d:%d:%lx:%lx:%zx", &pid, &fd, &metaoff, &off, &n) != 5 || metaoff % PAGE || off % PAGE)
+		return fail(E_RT_PARAM, "fakeacl: %s is not a fakeacl key", key ? key : "(null)");
+	pthread_mutex_lock(&mu);
+	struct mem *dup = find_key(key, M_IMPORT);
+	pthread_mutex_unlock(&mu);
+	if (dup) return fail(E_RT_PARAM, "fakeacl: key %s is already imported in this process", key);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+	int f = open(path, O_RDWR | O_CLOEXEC);
+	if (f < 0) return fail(E_IPC, "fakeacl: key %s: open %s: %s (exporter gone?)", key, path, strerror(errno));
+	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f, (off_t)metaoff);
+	if (meta == MAP_FAILED || meta->magic != MAGIC || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE) || off + n > meta->size) {
+		if (meta != MAP_FAILED) munmap(meta, PAGE);
+		close(f);
+		return fail(E_IPC, "fakeacl: key %s is not exported (closed, freed, or not a fakeacl allocation)", key);
+	}
+	if (!meta->no_validation) {
+		int ok = 0;
+		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
+			if (meta->pids[i] == (int32_t)getpid()) ok = 1;
+		if (!ok) {
+			munmap(meta, PAGE);
+			close(f);
+			return fail(E_NO_PERMISSION, "fakeacl: pid %d is not on the import whitelist of key %s (aclrtIpcMemSetImportPid)", (int)getpid(), key);
+		}
+	}
+	void *a = mmap(NULL, up(n), PROT_READ | PROT_WRITE, MAP_SHARED, f, (off_t)(metaoff + PAGE + off));
+	close(f);
+	if (a == MAP_FAILED) {
+		munmap(meta, PAGE);
+		return fail(E_IPC, "fakeacl: key %s: mmap: %s", key, strerror(errno));
+	}
+	__atomic_add_fetch(&meta->importers, 1, __ATOMIC_ACQ_REL);
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_IMPORT;
+	m->p = (uintptr_t)a;
+	m->n = n;
+	m->maplen = up(n);
+	m->meta = meta;
+	snprintf(m->key, sizeof m->key, "%s", key);
+	pthread_mutex_lock(&mu);
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*p = a;
+	return OK;
+}
+
+aclError aclrtIpcMemClose(const char *key) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_key(key, M_IMPORT);
+	if (m) { /* importer side */
+		drop(m);
+		pthread_mutex_unlock(&mu);
+		munmap((void *)m->p, m->maplen);
+		__atomic_sub_fetch(&m->meta->importers, 1, __ATOMIC_ACQ_REL);
+		munmap(m->meta, PAGE);
+		free(m);
+		return OK;
+	}
+	m = find_key(key, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtIpcMemClose(%s): unknown key", key);
+	else if (__atomic_load_n(&m->meta->importers, __ATOMIC_ACQUIRE) > 0)
+		rc = fail(E_IPC, "fakeacl: aclrtIpcMemClose(%s): still imported by %d process(es); importers close first", key, m->meta->importers);
+	else {
+		__atomic_store_n(&m->meta->exported, 0, __ATOMIC_RELEASE);
+		m->key[0] = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+#endif
+
+/* ---- test hooks ---- */
+
+long fakeacl_live(void) {
+	pthread_mutex_lock(&mu);
+	long n = 0;
+	for (struct mem *m = mems; m; m = m->next) n++;
+	for (int i = 0; i < 8; i++) n += ctxs[i].refs;
+	pthread_mutex_unlock(&mu);
+	return n + __atomic_load_n(&n_streams, __ATOMIC_RELAXED) + __atomic_load_n(&n_events, __ATOMIC_RELAXED);
+}
+
+long fakeacl_pause(void) {
+	pthread_mutex_lock(&pause_mu);
+	paused = 1;
+	pthread_mutex_unlock(&pause_mu);
+	return 0;
+}
+
+long fakeacl_resume(void) {
+	pthread_mutex_lock(&pause_mu);
+	paused = 0;
+	pthread_cond_broadcast(&pause_cv);
+	pthread_mutex_unlock(&pause_mu);
+	return 0;
+}
+
+long fakeacl_init_calls(void) { return n_init; }
+long fakeacl_setdevice_calls(void) { return n_setdevice; }
+long fakeacl_device_refs(void) { return ctxs[0].refs; }
+long fakeacl_ctx_sets(void) { return n_ctx_sets; }
+long fakeacl_copies(void) { return n_copies; }
+long fakeacl_d2d_copies(void) { return n_d2d; }
+long fakeacl_sync_copies(void) { return n_sync_copies; }
+long fakeacl_batch_calls(void) { return n_batch; }
+long fakeacl_legacy_queries(void) { return n_legacy_query; }
+long fakeacl_stream_config_calls(void) { return n_stream_config; }

@@ -1,0 +1,632 @@
+/* fakeacl_cuda.c: the same emulation of libascendcl as fakeacl.c, but over
+ * the CUDA runtime, for the GPU tests: "NPU memory" is real GPU memory
+ * (cudaMalloc), pinned host memory is cudaHostAlloc'd, streams are
+ * non-blocking cudaStreams, events are cudaEvents, copies are
+ * cudaMemcpyAsync. It lets the acl backend run its real data path (async
+ * copies from pinned memory, events, IPC across processes) against a real
+ * accelerator. Build on a CUDA machine:
+ *
+ *   nvcc -shared -Xcompiler -fPIC -o libascendcl.so fakeacl_cuda.c -lpthread
+ *
+ * CUDA runtime prototypes are declared here by hand (no CUDA header needed
+ * to compile; link with cudart).
+ *
+ * IPC: an export key (at most 64 characters) cannot carry the 64-byte
+ * cudaIpcMemHandle in hex, so it names a one-page memfd of the exporter,
+ * as /proc/<pid>/fd/<fd>, that holds the handle, the offset, the pid
+ * whitelist and the importer count.
+ *
+ * Differences from fakeacl.c: aclrtMemcpyBatchAsync is a loop of
+ * cudaMemcpyAsync (CUDA 12.8's batched copy has a different ABI per
+ * version); the device view of registered host memory is CUDA's mapped
+ * pointer (equal to the host pointer under UVA), so misuse of it is not
+ * caught here. Environment: FAKEACL_FAIL_COPY=N, FAKEACL_BATCH_UNSUPPORTED=1
+ * as in fakeacl.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the CUDA runtime, by hand ---- */
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
+cudaError_t cudaSetDevice(int);
+cudaError_t cudaGetDeviceCount(int *);
+cudaError_t cudaMalloc(void **, size_t);
+cudaError_t cudaFree(void *);
+cudaError_t cudaHostAlloc(void **, size_t, unsigned);
+cudaError_t cudaFreeHost(void *);
+cudaError_t cudaHostRegister(void *, size_t, unsigned);
+cudaError_t cudaHostUnregister(void *);
+cudaError_t cudaHostGetDevicePointer(void **, void *, unsigned);
+cudaError_t cudaMemcpy(void *, const void *, size_t, int);
+cudaError_t cudaMemcpyAsync(void *, const void *, size_t, int, cudaStream_t);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *, unsigned);
+cudaError_t cudaStreamDestroy(cudaStream_t);
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+cudaError_t cudaStreamQuery(cudaStream_t);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *, unsigned);
+cudaError_t cudaEventDestroy(cudaEvent_t);
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t);
+cudaError_t cudaEventQuery(cudaEvent_t);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *, void *);
+cudaError_t cudaIpcOpenMemHandle(void **, cudaIpcMemHandle_t, unsigned);
+cudaError_t cudaIpcCloseMemHandle(void *);
+const char *cudaGetErrorString(cudaError_t);
+#define cudaErrorMemoryAllocation 2
+#define cudaErrorNotReady 600
+#define cudaHostAllocPortable 1
+#define cudaHostAllocMapped 2
+#define cudaHostRegisterPortable 1
+#define cudaHostRegisterMapped 2
+#define cudaStreamNonBlocking 1
+#define cudaEventDisableTiming 2
+#define cudaIpcMemLazyEnablePeerAccess 1
+
+typedef int aclError;
+enum {
+	OK = 0,
+	E_REPEAT_INIT = 100002,
+	E_RT_PARAM = 107000,
+	E_RT_DEVICE = 107001,
+	E_RT_CONTEXT_NULL = 107002,
+	E_RT_HANDLE = 107017,
+	E_FEATURE = 207000,
+	E_MEM_ALLOC = 207001,
+	E_NO_PERMISSION = 207006,
+	E_SYS_DMA = 507013,
+	E_IPC = 507022,
+	E_STREAM_TIMEOUT = 507046,
+	E_DRV = 507899,
+	E_NOT_REGISTERED = 507911,
+};
+#define PAGE 4096UL
+#define MAGIC 0x55434c46u
+
+static __thread char errmsg[512], errout[512];
+
+static aclError fail(aclError rc, const char *fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* cu maps a CUDA error onto an aclError with CUDA's text. */
+static aclError cu(cudaError_t e, const char *what) {
+	if (e == 0) return OK;
+	return fail(e == cudaErrorMemoryAllocation ? E_MEM_ALLOC : E_DRV, "fakeacl_cuda: %s: CUDA error %d: %s", what, e, cudaGetErrorString(e));
+}
+
+const char *aclGetRecentErrMsg(void) {
+	if (!errmsg[0]) return NULL;
+	memcpy(errout, errmsg, sizeof errout);
+	errmsg[0] = 0;
+	return errout;
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized, ndev, batch_unsupported;
+static long fail_copy_at, n_copies, n_setdevice, n_ctx_sets, n_batch, n_d2d, n_legacy_query, n_streams, n_events;
+
+struct ctx { int dev; int refs; };
+static struct ctx ctxs[16];
+static __thread struct ctx *cur;
+
+#define NEED_CTX() do { \
+	if (!cur || __atomic_load_n(&cur->refs, __ATOMIC_ACQUIRE) <= 0) \
+		return fail(E_RT_CONTEXT_NULL, "fakeacl_cuda: %s: no current context on this thread", __func__); \
+} while (0)
+
+aclError aclInit(const char *cfg) {
+	(void)cfg;
+	pthread_mutex_lock(&mu);
+	int again = initialized;
+	initialized = 1;
+	const char *v = getenv("FAKEACL_FAIL_COPY");
+	fail_copy_at = v ? atol(v) : 0;
+	v = getenv("FAKEACL_BATCH_UNSUPPORTED");
+	batch_unsupported = v && atoi(v);
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	ndev = n > 16 ? 16 : n;
+	pthread_mutex_unlock(&mu);
+	if (e) return cu(e, "cudaGetDeviceCount");
+	return again ? fail(E_REPEAT_INIT, "fakeacl_cuda: aclInit: already initialized") : OK;
+}
+
+aclError aclrtGetDeviceCount(uint32_t *n) { *n = (uint32_t)ndev; return OK; }
+
+aclError aclrtSetDevice(int32_t dev) {
+	if (dev < 0 || dev >= ndev) return fail(E_RT_DEVICE, "fakeacl_cuda: device %d of %d", dev, ndev);
+	aclError rc = cu(cudaSetDevice(dev), "cudaSetDevice");
+	if (rc) return rc;
+	ctxs[dev].dev = dev;
+	__atomic_add_fetch(&ctxs[dev].refs, 1, __ATOMIC_ACQ_REL);
+	cur = &ctxs[dev];
+	__atomic_add_fetch(&n_setdevice, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtResetDevice(int32_t dev) {
+	if (dev < 0 || dev >= ndev) return fail(E_RT_DEVICE, "fakeacl_cuda: device %d", dev);
+	__atomic_sub_fetch(&ctxs[dev].refs, 1, __ATOMIC_ACQ_REL);
+	return OK;
+}
+
+aclError aclrtGetCurrentContext(void **c) {
+	if (!cur) return fail(E_RT_CONTEXT_NULL, "fakeacl_cuda: no context on this thread");
+	*c = cur;
+	return OK;
+}
+
+aclError aclrtSetCurrentContext(void *c) {
+	struct ctx *x = c;
+	if (x < ctxs || x >= ctxs + 16 || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) <= 0)
+		return fail(E_RT_HANDLE, "fakeacl_cuda: aclrtSetCurrentContext(%p): no such live context", c);
+	aclError rc = cu(cudaSetDevice(x->dev), "cudaSetDevice");
+	if (rc) return rc;
+	cur = x;
+	__atomic_add_fetch(&n_ctx_sets, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtDeviceGetBareTgid(int32_t *pid) { *pid = (int32_t)getpid(); return OK; }
+
+/* ---- memory table ---- */
+
+enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG };
+
+struct meta {
+	uint32_t magic, exported, no_validation, npids;
+	int32_t importers;
+	int32_t pids[64];
+	uint64_t off, size;
+	cudaIpcMemHandle_t handle;
+};
+
+struct mem {
+	int kind;
+	uintptr_t p;
+	size_t n;
+	void *base;          /* M_IMPORT: what cudaIpcOpenMemHandle returned */
+	int registered;      /* M_HOSTREG: cudaHostRegister'd by us */
+	int metafd;          /* M_DEV exported: the key's memfd */
+	struct meta *meta;
+	char key[65];
+	struct mem *next;
+};
+static struct mem *mems;
+
+static struct mem *find(uintptr_t p, size_t n, int kind) {
+	for (struct mem *m = mems; m; m = m->next) {
+		if (kind && m->kind != kind) continue;
+		if (p >= m->p && p - m->p < m->n && n <= m->n - (p - m->p)) return m;
+	}
+	return NULL;
+}
+
+static struct mem *find_key(const char *key, int kind) {
+	for (struct mem *m = mems; m; m = m->next)
+		if (m->kind == kind && strcmp(m->key, key) == 0) return m;
+	return NULL;
+}
+
+static void add(struct mem *m) { m->next = mems; mems = m; }
+
+static void drop(struct mem *x) {
+	for (struct mem **m = &mems; *m; m = &(*m)->next)
+		if (*m == x) { *m = x->next; return; }
+}
+
+static struct mem *track(int kind, void *p, size_t n) {
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = kind;
+	m->p = (uintptr_t)p;
+	m->n = n;
+	m->metafd = -1;
+	pthread_mutex_lock(&mu);
+	add(m);
+	pthread_mutex_unlock(&mu);
+	return m;
+}
+
+aclError aclrtMalloc(void **p, size_t n, int policy) {
+	NEED_CTX();
+	if (policy < 0 || policy > 2 || n == 0) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMalloc(%zu, policy %d)", n, policy);
+	aclError rc = cu(cudaMalloc(p, n), "cudaMalloc");
+	if (!rc) track(M_DEV, *p, n);
+	return rc;
+}
+
+aclError aclrtFree(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_DEV);
+	aclError rc = OK;
+	if (!m || m->p != (uintptr_t)p) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtFree(%p): not an aclrtMalloc allocation", p);
+	else if (m->key[0]) rc = fail(E_IPC, "fakeacl_cuda: aclrtFree(%p): export key %s still open", p, m->key);
+	else drop(m);
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	free(m);
+	return cu(cudaFree(p), "cudaFree");
+}
+
+aclError aclrtMallocHost(void **p, size_t n) {
+	NEED_CTX();
+	aclError rc = cu(cudaHostAlloc(p, n, cudaHostAllocPortable | cudaHostAllocMapped), "cudaHostAlloc");
+	if (!rc) track(M_HOST, *p, n);
+	return rc;
+}
+
+aclError aclrtFreeHost(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_HOST);
+	aclError rc = OK;
+	if (!m || m->p != (uintptr_t)p) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtFreeHost(%p): not an aclrtMallocHost allocation", p);
+	else if (find((uintptr_t)p, 0, M_HOSTREG)) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtFreeHost(%p): still registered", p);
+	else drop(m);
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	free(m);
+	return cu(cudaFreeHost(p), "cudaFreeHost");
+}
+
+aclError aclrtHostRegister(void *p, uint64_t n, int type, void **dev) {
+	NEED_CTX();
+	if (type != 0 || (uintptr_t)p % PAGE) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtHostRegister(%p, type %d)", p, type);
+	pthread_mutex_lock(&mu);
+	int pinned = find((uintptr_t)p, (size_t)n, M_HOST) != NULL;
+	pthread_mutex_unlock(&mu);
+	int registered = 0;
+	if (!pinned) {
+		aclError rc = cu(cudaHostRegister(p, (size_t)n, cudaHostRegisterPortable | cudaHostRegisterMapped), "cudaHostRegister");
+		if (rc) return rc;
+		registered = 1;
+	}
+	aclError rc = cu(cudaHostGetDevicePointer(dev, p, 0), "cudaHostGetDevicePointer");
+	if (rc) {
+		if (registered) cudaHostUnregister(p);
+		return rc;
+	}
+	track(M_HOSTREG, p, (size_t)n)->registered = registered;
+	return OK;
+}
+
+aclError aclrtHostUnregister(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, M_HOSTREG);
+	if (m && m->p == (uintptr_t)p) drop(m);
+	else m = NULL;
+	pthread_mutex_unlock(&mu);
+	if (!m) return fail(E_NOT_REGISTERED, "fakeacl_cuda: aclrtHostUnregister(%p): not registered", p);
+	int reg = m->registered;
+	free(m);
+	return reg ? cu(cudaHostUnregister(p), "cudaHostUnregister") : OK;
+}
+
+aclError aclrtMemGetAddressRange(void *p, void **base, size_t *size) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, 0, 0);
+	if (m && m->kind != M_HOSTREG) {
+		*base = (void *)m->p;
+		*size = m->n;
+	}
+	pthread_mutex_unlock(&mu);
+	return m && m->kind != M_HOSTREG ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemGetAddressRange(%p): unknown", p);
+}
+
+aclError aclrtMemcpy(void *dst, size_t dmax, const void *src, size_t n, int kind) {
+	NEED_CTX();
+	if (n > dmax || kind < 0 || kind > 3) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemcpy(%zu B into %zu, kind %d)", n, dmax, kind);
+	return cu(cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
+}
+
+/* ---- streams and events ---- */
+
+struct stream { cudaStream_t cs; aclError err; char msg[256]; };
+struct event { cudaEvent_t ce; int recorded, dropped; };
+
+static aclError new_stream(void **out) {
+	struct stream *s = calloc(1, sizeof *s);
+	aclError rc = cu(cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+	if (rc) { free(s); return rc; }
+	__atomic_add_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+	*out = s;
+	return OK;
+}
+
+aclError aclrtCreateStream(void **s) { NEED_CTX(); return new_stream(s); }
+
+aclError aclrtCreateStreamWithConfig(void **s, uint32_t prio, uint32_t flags) {
+	NEED_CTX();
+	if (prio != 0 || (flags & ~0x3fu)) return fail(E_RT_PARAM, "fakeacl_cuda: stream priority %u flags %#x", prio, flags);
+	return new_stream(s);
+}
+
+aclError aclrtDestroyStream(void *p) {
+	NEED_CTX();
+	struct stream *s = p;
+	aclError rc = cu(cudaStreamDestroy(s->cs), "cudaStreamDestroy");
+	free(s);
+	__atomic_sub_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+	return rc;
+}
+
+aclError aclrtSynchronizeStreamWithTimeout(void *p, int32_t ms) {
+	NEED_CTX();
+	struct stream *s = p;
+	if (!s || ms == 0 || ms < -1) return fail(E_RT_PARAM, "fakeacl_cuda: sync(%p, %d)", p, ms);
+	if (ms < 0) {
+		aclError rc = cu(cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
+		if (rc) return rc;
+	} else {
+		struct timespec t0, t;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			cudaError_t e = cudaStreamQuery(s->cs);
+			if (e == 0) break;
+			if (e != cudaErrorNotReady) return cu(e, "cudaStreamQuery");
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
+				return fail(E_STREAM_TIMEOUT, "fakeacl_cuda: stream still busy after %d ms", ms);
+			usleep(20);
+		}
+	}
+	return s->err ? fail(s->err, "%s", s->msg) : OK;
+}
+
+static aclError copy_async(void *dst, size_t dmax, const void *src, size_t n, int kind, struct stream *s) {
+	if (!s) return fail(E_RT_PARAM, "fakeacl_cuda: async copy on the default stream is not emulated");
+	if (n > dmax || kind < 0 || kind > 3) return fail(E_RT_PARAM, "fakeacl_cuda: copy of %zu B into %zu, kind %d", n, dmax, kind);
+	long seq = __atomic_add_fetch(&n_copies, 1, __ATOMIC_RELAXED);
+	if (kind == 3) __atomic_add_fetch(&n_d2d, 1, __ATOMIC_RELAXED);
+	if (s->err) return OK; /* a failed stream runs nothing more */
+	if (fail_copy_at && seq == fail_copy_at) {
+		s->err = E_SYS_DMA;
+		snprintf(s->msg, sizeof s->msg, "fakeacl_cuda: DMA error in async copy #%ld (%zu B), injected by FAKEACL_FAIL_COPY", seq, n);
+		return OK;
+	}
+	return cu(cudaMemcpyAsync(dst, src, n, kind, s->cs), "cudaMemcpyAsync");
+}
+
+aclError aclrtMemcpyAsync(void *dst, size_t dmax, const void *src, size_t n, int kind, void *st) {
+	NEED_CTX();
+	return copy_async(dst, dmax, src, n, kind, st);
+}
+
+typedef struct { uint32_t id; int32_t type; } loc_t;
+typedef struct { loc_t dst, src; uint8_t rsv[16]; } attr_t;
+
+aclError aclrtMemcpyBatchAsync(void **dsts, size_t *dmaxs, void **srcs, size_t *sizes, size_t count,
+                               attr_t *attrs, size_t *idxs, size_t nattrs, size_t *failIdx, void *st) {
+	NEED_CTX();
+	__atomic_add_fetch(&n_batch, 1, __ATOMIC_RELAXED);
+	if (failIdx) *failIdx = (size_t)-1;
+	if (batch_unsupported) return fail(E_FEATURE, "fakeacl_cuda: batch copies not supported (FAKEACL_BATCH_UNSUPPORTED)");
+	if (!failIdx || count == 0 || nattrs != 1 || idxs[0] != 0) return fail(E_RT_PARAM, "fakeacl_cuda: batch arrays");
+	int d2h = attrs[0].src.type == 1 && attrs[0].dst.type == 0;
+	int h2d = attrs[0].src.type == 0 && attrs[0].dst.type == 1;
+	if (!d2h && !h2d) return fail(E_RT_PARAM, "fakeacl_cuda: batch direction");
+	for (size_t i = 0; i < count; i++) {
+		aclError rc = copy_async(dsts[i], dmaxs[i], srcs[i], sizes[i], d2h ? 2 : 1, st);
+		if (rc) { *failIdx = i; return rc; }
+	}
+	return OK;
+}
+
+aclError aclrtCreateEventWithFlag(void **e, uint32_t flags) {
+	NEED_CTX();
+	if (flags == 0 || (flags & ~0x3bu)) return fail(E_RT_PARAM, "fakeacl_cuda: event flags %#x", flags);
+	struct event *ev = calloc(1, sizeof *ev);
+	aclError rc = cu(cudaEventCreateWithFlags(&ev->ce, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+	if (rc) { free(ev); return rc; }
+	__atomic_add_fetch(&n_events, 1, __ATOMIC_RELAXED);
+	*e = ev;
+	return OK;
+}
+
+aclError aclrtDestroyEvent(void *e) {
+	NEED_CTX();
+	struct event *ev = e;
+	aclError rc = cu(cudaEventDestroy(ev->ce), "cudaEventDestroy");
+	free(ev);
+	__atomic_sub_fetch(&n_events, 1, __ATOMIC_RELAXED);
+	return rc;
+}
+
+aclError aclrtRecordEvent(void *e, void *st) {
+	NEED_CTX();
+	struct event *ev = e;
+	struct stream *s = st;
+	if (!ev || !s) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtRecordEvent(%p, %p)", e, st);
+	ev->recorded = 1;
+	ev->dropped = s->err != 0;
+	if (ev->dropped) return OK;
+	return cu(cudaEventRecord(ev->ce, s->cs), "cudaEventRecord");
+}
+
+static aclError status(struct event *ev, int *complete) {
+	*complete = 0;
+	if (!ev->recorded || ev->dropped) return OK;
+	cudaError_t e = cudaEventQuery(ev->ce);
+	if (e == cudaErrorNotReady) return OK;
+	if (e) return cu(e, "cudaEventQuery");
+	*complete = 1;
+	return OK;
+}
+
+aclError aclrtQueryEventStatus(void *e, int32_t *st) {
+	NEED_CTX();
+	int c;
+	aclError rc = status(e, &c);
+	*st = c ? 1 : 0; /* ACL_EVENT_RECORDED_STATUS_COMPLETE 1, NOT_READY 0 */
+	return rc;
+}
+
+aclError aclrtQueryEvent(void *e, int32_t *st) {
+	NEED_CTX();
+	__atomic_add_fetch(&n_legacy_query, 1, __ATOMIC_RELAXED);
+	int c;
+	aclError rc = status(e, &c);
+	*st = c ? 0 : 1; /* legacy aclrtEventStatus: COMPLETE 0, NOT_READY 1 */
+	return rc;
+}
+
+/* ---- IPC ---- */
+
+aclError aclrtIpcMemGetExportKey(void *p, size_t n, char *key, size_t len, uint64_t flags) {
+	NEED_CTX();
+	if (len != 65 || flags > 1) return fail(E_RT_PARAM, "fakeacl_cuda: export key buffer %zu, flags %llu", len, (unsigned long long)flags);
+	pthread_mutex_lock(&mu);
+	struct mem *m = find((uintptr_t)p, n, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl_cuda: export of %p+%zu: not inside one aclrtMalloc allocation", p, n);
+	else if (m->key[0]) rc = fail(E_RT_PARAM, "fakeacl_cuda: %p already exported", p);
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	cudaIpcMemHandle_t h;
+	if ((rc = cu(cudaIpcGetMemHandle(&h, (void *)m->p), "cudaIpcGetMemHandle"))) return rc;
+	int fd = memfd_create("fakeacl-cuda-key", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, PAGE) != 0) {
+		if (fd >= 0) close(fd);
+		return fail(E_IPC, "fakeacl_cuda: memfd: %s", strerror(errno));
+	}
+	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (meta == MAP_FAILED) {
+		close(fd);
+		return fail(E_IPC, "fakeacl_cuda: mmap: %s", strerror(errno));
+	}
+	meta->magic = MAGIC;
+	meta->no_validation = (uint32_t)flags;
+	meta->off = (uintptr_t)p - m->p;
+	meta->size = n;
+	meta->handle = h;
+	__atomic_store_n(&meta->exported, 1, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&mu);
+	m->metafd = fd;
+	m->meta = meta;
+	snprintf(m->key, sizeof m->key, "fakeaclcu:%d:%d", (int)getpid(), fd);
+	memcpy(key, m->key, 65);
+	pthread_mutex_unlock(&mu);
+	return OK;
+}
+
+aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pids, size_t n) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_key(key, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl_cuda: %s: not a key this process exported", key);
+	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl_cuda: too many pids");
+	else
+		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
+	NEED_CTX();
+	int pid, fd;
+	if (flags > 1 || !key || sscanf(key, "fakeaclcu:%d:%d", &pid, &fd) != 2) return fail(E_RT_PARAM, "fakeacl_cuda: %s is not a key", key ? key : "(null)");
+	pthread_mutex_lock(&mu);
+	struct mem *dup = find_key(key, M_IMPORT);
+	pthread_mutex_unlock(&mu);
+	if (dup) return fail(E_RT_PARAM, "fakeacl_cuda: %s already imported here", key);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+	int f = open(path, O_RDWR | O_CLOEXEC);
+	if (f < 0) return fail(E_IPC, "fakeacl_cuda: %s: open %s: %s", key, path, strerror(errno));
+	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+	close(f);
+	if (meta == MAP_FAILED || meta->magic != MAGIC || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE)) {
+		if (meta != MAP_FAILED) munmap(meta, PAGE);
+		return fail(E_IPC, "fakeacl_cuda: %s is not exported", key);
+	}
+	if (!meta->no_validation) {
+		int ok = 0;
+		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
+			if (meta->pids[i] == (int32_t)getpid()) ok = 1;
+		if (!ok) {
+			munmap(meta, PAGE);
+			return fail(E_NO_PERMISSION, "fakeacl_cuda: pid %d is not on the import whitelist of %s", (int)getpid(), key);
+		}
+	}
+	void *base = NULL;
+	aclError rc = cu(cudaIpcOpenMemHandle(&base, meta->handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+	if (rc) {
+		munmap(meta, PAGE);
+		return rc;
+	}
+	__atomic_add_fetch(&meta->importers, 1, __ATOMIC_ACQ_REL);
+	struct mem *m = track(M_IMPORT, (char *)base + meta->off, meta->size);
+	pthread_mutex_lock(&mu);
+	m->base = base;
+	m->meta = meta;
+	snprintf(m->key, sizeof m->key, "%s", key);
+	pthread_mutex_unlock(&mu);
+	*p = (char *)base + meta->off;
+	return OK;
+}
+
+aclError aclrtIpcMemClose(const char *key) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_key(key, M_IMPORT);
+	if (m) {
+		drop(m);
+		pthread_mutex_unlock(&mu);
+		aclError rc = cu(cudaIpcCloseMemHandle(m->base), "cudaIpcCloseMemHandle");
+		__atomic_sub_fetch(&m->meta->importers, 1, __ATOMIC_ACQ_REL);
+		munmap(m->meta, PAGE);
+		free(m);
+		return rc;
+	}
+	m = find_key(key, M_DEV);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtIpcMemClose(%s): unknown key", key);
+	else if (__atomic_load_n(&m->meta->importers, __ATOMIC_ACQUIRE) > 0)
+		rc = fail(E_IPC, "fakeacl_cuda: aclrtIpcMemClose(%s): still imported by %d process(es)", key, m->meta->importers);
+	else {
+		__atomic_store_n(&m->meta->exported, 0, __ATOMIC_RELEASE);
+		munmap(m->meta, PAGE);
+		close(m->metafd);
+		m->meta = NULL;
+		m->metafd = -1;
+		m->key[0] = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+/* ---- test hooks (as fakeacl.c, where they make sense) ---- */
+
+long fakeacl_live(void) {
+	pthread_mutex_lock(&mu);
+	long n = 0;
+	for (struct mem *m = mems; m; m = m->next) n++;
+	for (int i = 0; i < 16; i++) n += ctxs[i].refs;
+	pthread_mutex_unlock(&mu);
+	return n + __atomic_load_n(&n_streams, __ATOMIC_RELAXED) + __atomic_load_n(&n_events, __ATOMIC_RELAXED);
+}
+long fakeacl_setdevice_calls(void) { return n_setdevice; }
+long fakeacl_ctx_sets(void) { return n_ctx_sets; }
+long fakeacl_copies(void) { return n_copies; }
+long fakeacl_d2d_copies(void) { return n_d2d; }
+long fakeacl_batch_calls(void) { return n_batch; }
+long fakeacl_legacy_queries(void) { return n_legacy_query; }
