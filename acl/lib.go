@@ -15,7 +15,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/stage-kv/stage/acl/internal/dl"
+	"github.com/stage-kv/stage/internal/dl"
 )
 
 // DefaultLibraryName is the runtime opened when neither a path nor

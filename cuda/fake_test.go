@@ -34,7 +34,7 @@ func fakeLibraryLeaks(t *testing.T, checkLeaks bool, flags ...string) *Library {
 		t.Fatalf("OpenLibrary(fake): %v", err)
 	}
 	t.Cleanup(func() {
-		if n, err := l.h.CallLong("fake_live"); checkLeaks && (err != nil || n != 0) {
+		if n, err := l.h.Call("fake_live"); checkLeaks && (err != nil || n != 0) {
 			t.Errorf("fake libcuda: %d resources still live after the test (%v)", n, err)
 		}
 		l.Close()
@@ -161,7 +161,7 @@ func TestFakeGatherScatter(t *testing.T) {
 				checkGatherScatter(t, d, pool, data, segs, 7)
 			})
 			if mode == CopyKernel {
-				if n, _ := l.h.CallLong("fake_launches"); n == 0 {
+				if n, _ := l.h.Call("fake_launches"); n == 0 {
 					t.Error("kernel mode launched no kernel")
 				}
 			}
@@ -375,7 +375,7 @@ func TestFakeConcurrentThreads(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkConcurrent(t, d, pool, data, 8, 20)
-			if n, _ := l.h.CallLong("fake_ctx_sets"); n < 2 {
+			if n, _ := l.h.Call("fake_ctx_sets"); n < 2 {
 				t.Errorf("context made current %d times across 8 fresh threads", n)
 			}
 		})

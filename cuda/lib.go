@@ -14,7 +14,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/stage-kv/stage/cuda/internal/dl"
+	"github.com/stage-kv/stage/internal/dl"
 )
 
 // DefaultLibraryName is the driver library opened when neither a path nor

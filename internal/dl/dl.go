@@ -1,7 +1,7 @@
-// Package dl is the acl backend's door to the dynamic loader: open a shared
-// library at run time, look up symbols, unload it. Errors carry dlerror's
-// own text, so a missing file or an unresolved dependency reads as the
-// loader said it.
+// Package dl is the vendor backends' door to the dynamic loader (cuda, acl,
+// hip): open a shared library at run time, look up symbols, unload it.
+// Errors carry dlerror's own text, so a missing file or an unresolved
+// dependency reads as the loader said it.
 package dl
 
 /*
