@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"syscall"
 	"testing"
@@ -135,5 +136,62 @@ func TestStoppedPeer(t *testing.T) {
 	}
 	if err := kvsim.Verify(S, D, kvsim.Ranges(S, 1<<20), guard); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGracefulDrain: SIGTERM during a push lets it finish (within
+// drain_timeout), refuses new submits meanwhile, and exits 0; with a short
+// drain_timeout the push fails instead of being reported done.
+func TestGracefulDrain(t *testing.T) {
+	slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.05\n"
+	for _, tc := range []struct {
+		name, drain string
+		wantOK      bool
+	}{
+		{"finishes within the deadline", "drain_timeout: 20s\n", true},
+		{"fails past the deadline", "drain_timeout: 100ms\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Not pair(): the prefill sidecar exits during the test, so no
+			// idle check can run on it afterwards.
+			dec := startNode(t, "decode", nodeOpts{slots: 8, extra: slow})
+			pre := startNode(t, "prefill", nodeOpts{slots: 8, route: "decode", peer: dec.peers, extra: tc.drain})
+			pre.settle(1)
+			S, D := caches(t, pre, dec, 1, 32<<20)
+			cl := pre.cl
+			done := make(chan error, 1)
+			go func() {
+				_, err := cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "draining", S, D, kvsim.Ranges(S, 1<<20)))
+				done <- err
+			}()
+			time.Sleep(150 * time.Millisecond)
+			if err := pre.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			_, err := cl.Submit(context.Background(), kvsim.Transfer("decode", wire.Push, "late", S, D, kvsim.Ranges(S, 1<<20)))
+			if c := client.CodeOf(err); c != wire.CodeShutdown && !errors.Is(err, client.ErrClosed) {
+				t.Errorf("submit while draining: got %v, want shutting down", err)
+			}
+			err = <-done
+			if tc.wantOK {
+				if err != nil {
+					t.Fatalf("push in flight at SIGTERM: %v", err)
+				}
+				if err := kvsim.Verify(S, D, kvsim.Ranges(S, 1<<20), guard); err != nil {
+					t.Fatal(err)
+				}
+			} else if err == nil {
+				t.Fatal("a push cut off by the drain deadline was reported done")
+			}
+			select {
+			case err := <-pre.exited:
+				if err != nil {
+					t.Fatalf("staged exited with %v after SIGTERM\n%s", err, pre.tail())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("staged did not exit after SIGTERM")
+			}
+		})
 	}
 }

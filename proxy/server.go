@@ -65,8 +65,9 @@ type Server struct {
 	clients  map[*client]struct{}
 	links    map[string]*counters
 
-	seq     atomic.Uint64 // transfer ids, session ids
-	closing atomic.Bool
+	seq      atomic.Uint64 // transfer ids, session ids
+	closing  atomic.Bool
+	draining atomic.Bool // no new transfers from engines; in-flight ones may finish
 }
 
 // New opens the device, allocates the pinned pools and binds the listeners.
@@ -158,6 +159,27 @@ func (s *Server) Start(ctx context.Context) error {
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize))
 	return nil
+}
+
+// Drain stops taking new transfers from local engines and waits, at most
+// until ctx ends, for the ones in flight (sent or received) to finish. It
+// returns how many were still running when it gave up; Close fails those.
+// Peers' transfers into this sidecar keep landing meanwhile.
+func (s *Server) Drain(ctx context.Context) int {
+	s.draining.Store(true)
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := s.Snapshot().Transfers
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+		}
+	}
 }
 
 // Close stops everything: listeners, sessions, loops; fails what is in

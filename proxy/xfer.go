@@ -82,8 +82,8 @@ type outXfer struct {
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes.
 func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error) {
-	if s.closing.Load() {
-		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down")
+	if s.closing.Load() || s.draining.Load() {
+		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
 	s.mu.Lock()
 	r := s.routes[m.Route]

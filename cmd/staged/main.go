@@ -74,7 +74,9 @@ func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet) er
 	if err != nil {
 		return err
 	}
-	if err := srv.Start(ctx); err != nil {
+	// The server has its own context: a signal starts the drain below, and
+	// only Close ends the sessions.
+	if err := srv.Start(context.Background()); err != nil {
 		_ = srv.Close()
 		return err
 	}
@@ -119,7 +121,13 @@ func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet) er
 			reload(c)
 		}
 	}
-	log.Info("shutting down")
+	log.Info("shutting down: draining transfers in flight", zap.Duration("drain_timeout", cfg.Drain))
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.Drain)
+	left := srv.Drain(dctx)
+	cancel()
+	if left > 0 {
+		log.Warn("drain deadline passed; failing the transfers still in flight", zap.Int("transfers", left))
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Close() }()
 	select {
