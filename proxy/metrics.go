@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
@@ -51,7 +52,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "Transfers that could not use the transport a route asked for and fell back, by reason.",
 	}, []string{"reason"})
 	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, &collector{s: s, m: m},
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
