@@ -3,9 +3,11 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/stage-kv/stage/wire"
@@ -30,7 +32,7 @@ func (s *Server) Snapshot() Stats {
 	st := Stats{Node: s.cfg.Node.Name, Device: s.dev.String(), Listen: s.PeerAddr(), UptimeS: time.Since(s.start).Seconds(),
 		SlotSize: s.sendPool.SlotSize(), SendSlots: s.sendPool.Cap(), SendInUse: int(s.sendInUse.Load()),
 		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
-		Goroutines: runtime.NumGoroutine(), FDs: countFDs()}
+		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds()}
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
 	up := map[string]int{}
@@ -136,4 +138,26 @@ func countFDs() int {
 		return -1
 	}
 	return len(ents) - 1 // the directory being read
+}
+
+// rssBytes is this process's resident set size (0 if unknown).
+func rssBytes() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	var size, rss uint64
+	if _, err := fmt.Sscan(string(b), &size, &rss); err != nil {
+		return 0
+	}
+	return rss * uint64(os.Getpagesize())
+}
+
+// cpuSeconds is the user + system CPU time this process used so far.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }

@@ -19,8 +19,11 @@ type Stats struct {
 	Sessions  int     `json:"sessions"`
 	Transfers int     `json:"transfers_active"`
 	// Goroutines and FDs of the sidecar process, for leak checks.
-	Goroutines int         `json:"goroutines"`
-	FDs        int         `json:"fds"`
+	Goroutines int `json:"goroutines"`
+	FDs        int `json:"fds"`
+	// RSSBytes and CPUSeconds (user + system) of the sidecar process.
+	RSSBytes   uint64      `json:"rss_bytes"`
+	CPUSeconds float64     `json:"cpu_seconds"`
 	Links      []LinkStats `json:"links"`
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -160,11 +161,16 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			if addr == "" {
 				return fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
 			}
-			gbps, err := rawTCP(ctx, addr, *stripes, max(uint64(sz), 1<<30))
+			rawBytes := max(uint64(sz), 1<<30)
+			c0 := selfCPU()
+			gbps, err := rawTCP(ctx, addr, *stripes, rawBytes)
 			if err != nil {
 				return err
 			}
-			ceiling = &RawResult{Streams: *stripes, GBps: gbps}
+			ceiling = &RawResult{Streams: *stripes, GBps: gbps, CPUSecPerGB: (selfCPU() - c0) / (float64(rawBytes) / 1e9)}
+			if !*spawn {
+				ceiling.CPUSecPerGB = 0 // the far end's CPU is not ours to see
+			}
 		}
 		if *plot != "" {
 			host, _ := os.Hostname()
@@ -189,6 +195,8 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 type RawResult struct {
 	Streams int     `json:"streams"`
 	GBps    float64 `json:"gb_per_s"`
+	// CPUSecPerGB: both ends' CPU (stagectl runs both, in-process) per GB.
+	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
 }
 
 // BenchReport is bench's JSON output.
@@ -217,7 +225,19 @@ func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
 	}
 	_ = tw.Flush()
 	if raw != nil {
-		fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s\n", raw.Streams, raw.GBps)
+		fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s", raw.Streams, raw.GBps)
+		if raw.CPUSecPerGB > 0 {
+			fmt.Fprintf(w, ", %.3f CPU s/GB (both ends)", raw.CPUSecPerGB)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, r := range rs {
+		fmt.Fprintf(w, "%s blocks: sidecars used %.3f CPU s/GB (both)", config.ByteSize(r.Block), r.CPUSecPerGB)
+		if raw != nil && raw.CPUSecPerGB > 0 {
+			fmt.Fprintf(w, " = %.2fx raw TCP's", r.CPUSecPerGB/raw.CPUSecPerGB)
+		}
+		// On hostmem the RSS includes the engine memory the sidecar maps.
+		fmt.Fprintf(w, "; larger sidecar RSS %.0f MiB, pinned pool %.0f MiB\n", float64(r.MaxRSS)/(1<<20), float64(r.PoolBytes)/(1<<20))
 	}
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "devices %s; %d transfers of %s each per row; verified: %v\n", rs[0].Devices, rs[0].Iters, config.ByteSize(rs[0].Size), rs[0].Verified)
@@ -236,20 +256,25 @@ type benchOpts struct {
 
 // BenchResult is the summary of a benchmark.
 type BenchResult struct {
-	Route     string  `json:"route"`
-	Dir       string  `json:"dir"`
-	Pattern   string  `json:"pattern"`
-	Size      uint64  `json:"bytes_per_transfer"`
-	Block     uint64  `json:"block_bytes"`
-	Iters     int     `json:"iters"`
-	GBps      float64 `json:"gb_per_s"`
-	P50us     float64 `json:"p50_us"`
-	P90us     float64 `json:"p90_us"`
-	P99us     float64 `json:"p99_us"`
-	MaxUs     float64 `json:"max_us"`
-	Verified  bool    `json:"verified"`
-	Devices   string  `json:"devices"`
-	TotalSecs float64 `json:"total_s"`
+	Route    string  `json:"route"`
+	Dir      string  `json:"dir"`
+	Pattern  string  `json:"pattern"`
+	Size     uint64  `json:"bytes_per_transfer"`
+	Block    uint64  `json:"block_bytes"`
+	Iters    int     `json:"iters"`
+	GBps     float64 `json:"gb_per_s"`
+	P50us    float64 `json:"p50_us"`
+	P90us    float64 `json:"p90_us"`
+	P99us    float64 `json:"p99_us"`
+	MaxUs    float64 `json:"max_us"`
+	Verified bool    `json:"verified"`
+	Devices  string  `json:"devices"`
+	// CPU seconds both sidecars used per GB moved, the larger sidecar's
+	// resident size at the end, and its pinned pool.
+	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
+	MaxRSS      uint64  `json:"max_rss_bytes"`
+	PoolBytes   uint64  `json:"pool_bytes"`
+	TotalSecs   float64 `json:"total_s"`
 }
 
 func (r BenchResult) String() string {
@@ -308,7 +333,13 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	progress := o.iters >= 3 && isTerminal(os.Stderr)
 	lat := make([]time.Duration, 0, o.iters)
 	var busy time.Duration
+	var cpu0 float64
 	for i := 0; i < o.warmup+o.iters; i++ {
+		if i == o.warmup {
+			if cpu0, _, _, err = sidecarsCPU(ctx, lc, rc); err != nil {
+				return nil, err
+			}
+		}
 		if o.verify {
 			if err := dst.Poison(0xAB); err != nil {
 				return nil, err
@@ -337,6 +368,10 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if progress {
 		fmt.Fprintln(os.Stderr)
 	}
+	cpu1, rss, pool, err := sidecarsCPU(ctx, lc, rc)
+	if err != nil {
+		return nil, err
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(p float64) float64 {
 		if len(lat) == 0 {
@@ -352,7 +387,33 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat),
 		GBps: float64(uint64(len(lat))*o.size) / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
-		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String()}, nil
+		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
+		CPUSecPerGB: (cpu1 - cpu0) / (float64(uint64(len(lat))*o.size) / 1e9), MaxRSS: rss, PoolBytes: pool}, nil
+}
+
+// sidecarsCPU returns the CPU seconds both sidecars used so far, the larger
+// resident size of the two, and that sidecar's pinned pool size.
+func sidecarsCPU(ctx context.Context, cls ...*client.Client) (cpu float64, rss, pool uint64, err error) {
+	for _, c := range cls {
+		st, err := c.Stats(ctx)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		cpu += st.CPUSeconds
+		if st.RSSBytes > rss {
+			rss, pool = st.RSSBytes, uint64(st.SlotSize)*uint64(st.SendSlots+st.RecvSlots)
+		}
+	}
+	return cpu, rss, pool, nil
+}
+
+// selfCPU is this process's user + system CPU seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 func isTerminal(f *os.File) bool {
