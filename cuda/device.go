@@ -28,6 +28,7 @@ const (
 	memHostRegPortable    = 0x1 // CU_MEMHOSTREGISTER_PORTABLE
 	memHostRegDeviceMap   = 0x2 // CU_MEMHOSTREGISTER_DEVICEMAP
 	streamNonBlocking     = 0x1 // CU_STREAM_NON_BLOCKING
+	eventBlockingSync     = 0x1 // CU_EVENT_BLOCKING_SYNC
 	eventDisableTiming    = 0x2 // CU_EVENT_DISABLE_TIMING
 	ipcLazyPeerAccess     = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 	attrMultiprocessors   = 16  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -44,6 +45,9 @@ type Config struct {
 	// PTX replaces the embedded kernel module (kernels.GatherPTX); empty
 	// means $STAGE_CUDA_PTX (a file path) or the embedded one.
 	PTX string
+	// EventWait says how Event.Wait waits; the zero value reads
+	// $STAGE_CUDA_EVENT_WAIT and defaults to WaitHybrid.
+	EventWait EventWait
 }
 
 // Open opens CUDA device ordinal with the default library and configuration;
@@ -83,6 +87,7 @@ type Device struct {
 	fn        C.CUfunction
 	mode      CopyMode
 	modeWhy   string
+	wait      EventWait
 	fallback  CopyMode
 	kernelErr error
 	batchErr  error
@@ -110,6 +115,10 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	wait, err := eventWaitFromEnv(cfg.EventWait)
+	if err != nil {
+		return nil, err
+	}
 	if err := l.init(); err != nil {
 		return nil, err
 	}
@@ -123,6 +132,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	d := &Device{
 		lib:     l,
 		ordinal: ordinal,
+		wait:    wait,
 		pinned:  map[uintptr]pinnedRec{},
 		devMem:  map[device.Addr]uint64{},
 	}
@@ -350,14 +360,19 @@ func (d *Device) NewCUDAStream() (*Stream, error) {
 	return &Stream{d: d, s: s}, nil
 }
 
-// NewEvent creates an event without timing (CU_EVENT_DISABLE_TIMING).
+// NewEvent creates an event without timing (CU_EVENT_DISABLE_TIMING),
+// with CU_EVENT_BLOCKING_SYNC unless the device waits by spinning.
 func (d *Device) NewEvent() (device.Event, error) {
 	if d.closed.Load() {
 		return nil, d.errClosed("NewEvent")
 	}
 	var e C.CUevent
-	if rc := C.stage_event_create(d.lib.c, d.ctx, eventDisableTiming, &e); rc != 0 {
-		return nil, d.lib.errorf(rc, "cuEventCreate(DISABLE_TIMING)")
+	flags, what := C.uint(eventDisableTiming), "DISABLE_TIMING"
+	if d.wait != WaitSpin {
+		flags, what = flags|eventBlockingSync, "DISABLE_TIMING|BLOCKING_SYNC"
+	}
+	if rc := C.stage_event_create(d.lib.c, d.ctx, flags, &e); rc != 0 {
+		return nil, d.lib.errorf(rc, "cuEventCreate(%s)", what)
 	}
 	d.mu.Lock()
 	d.events++

@@ -88,3 +88,54 @@ func fallbackMode(batchErr error) CopyMode {
 	}
 	return CopyPerCopy
 }
+
+// EventWait says how a copy's completion is waited for. Spinning answers
+// soonest but keeps a core busy for the whole copy; blocking sleeps on an
+// interrupt and costs a wake-up; hybrid polls for hybridSpin, then blocks,
+// so short copies finish inside the poll and long ones cost no CPU.
+type EventWait string
+
+// Event wait modes ($STAGE_CUDA_EVENT_WAIT).
+const (
+	WaitAuto   EventWait = ""
+	WaitSpin   EventWait = "spin"
+	WaitBlock  EventWait = "block"
+	WaitHybrid EventWait = "hybrid"
+)
+
+// hybridSpin is how long WaitHybrid polls before it blocks: about the time
+// of a 1 MiB copy over PCIe Gen5, so small chunks never sleep.
+const hybridSpin = 20_000 // ns
+
+func (w EventWait) spin() int64 {
+	switch w {
+	case WaitSpin:
+		return 0 // cuEventSynchronize spins by itself on a non-blocking event
+	case WaitHybrid:
+		return hybridSpin
+	}
+	return 0
+}
+
+// ParseEventWait reads a mode as $STAGE_CUDA_EVENT_WAIT spells it; "" and
+// "auto" mean the default, WaitHybrid.
+func ParseEventWait(s string) (EventWait, error) {
+	switch s {
+	case "", "auto":
+		return WaitHybrid, nil
+	case "spin", "block", "hybrid":
+		return EventWait(s), nil
+	}
+	return "", fmt.Errorf("cuda: event wait %q: want spin, block, hybrid or auto", s)
+}
+
+func eventWaitFromEnv(want EventWait) (EventWait, error) {
+	if want != WaitAuto {
+		return ParseEventWait(string(want))
+	}
+	w, err := ParseEventWait(os.Getenv("STAGE_CUDA_EVENT_WAIT"))
+	if err != nil {
+		return "", fmt.Errorf("%w (from STAGE_CUDA_EVENT_WAIT)", err)
+	}
+	return w, nil
+}

@@ -75,3 +75,32 @@ func TestCopyModeEnv(t *testing.T) {
 		}
 	}
 }
+
+func TestEventWaitEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		cfg  EventWait
+		want EventWait
+		spin int64
+		bad  bool
+	}{
+		{"", WaitAuto, WaitHybrid, hybridSpin, false},
+		{"auto", WaitAuto, WaitHybrid, hybridSpin, false},
+		{"spin", WaitAuto, WaitSpin, 0, false},
+		{"block", WaitAuto, WaitBlock, 0, false},
+		{"block", WaitSpin, WaitSpin, 0, false}, // explicit config wins
+		{"busy", WaitAuto, "", 0, true},
+	} {
+		t.Setenv("STAGE_CUDA_EVENT_WAIT", tc.env)
+		got, err := eventWaitFromEnv(tc.cfg)
+		if tc.bad {
+			if err == nil || !strings.Contains(err.Error(), "STAGE_CUDA_EVENT_WAIT") {
+				t.Errorf("env %q: got (%q, %v), want an error naming STAGE_CUDA_EVENT_WAIT", tc.env, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want || got.spin() != tc.spin {
+			t.Errorf("env %q cfg %q: got (%q, spin %d, %v), want %q, spin %d", tc.env, tc.cfg, got, got.spin(), err, tc.want, tc.spin)
+		}
+	}
+}

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SYM(name, optional) { #name, optional, offsetof(stage_cu, name) }
 
@@ -155,6 +156,24 @@ CUresult stage_event_destroy(const stage_cu *l, CUcontext ctx, CUevent e) { CTX(
 CUresult stage_event_record(const stage_cu *l, CUcontext ctx, CUevent e, CUstream s) { CTX(); return l->cuEventRecord(e, s); }
 CUresult stage_event_query(const stage_cu *l, CUcontext ctx, CUevent e) { CTX(); return l->cuEventQuery(e); }
 CUresult stage_event_sync(const stage_cu *l, CUcontext ctx, CUevent e) { CTX(); return l->cuEventSynchronize(e); }
+
+/* Polls cuEventQuery for at most spin_ns, then blocks in cuEventSynchronize
+ * (which sleeps when the event was made with CU_EVENT_BLOCKING_SYNC). Short
+ * copies finish inside the spin and pay no wake-up; long ones cost no CPU. */
+CUresult stage_event_wait(const stage_cu *l, CUcontext ctx, CUevent e, int64_t spin_ns) {
+	CTX();
+	if (spin_ns > 0) {
+		struct timespec t0, t;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			CUresult r = l->cuEventQuery(e);
+			if (r != 600 /* CUDA_ERROR_NOT_READY */) return r;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((int64_t)(t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec) >= spin_ns) break;
+		}
+	}
+	return l->cuEventSynchronize(e);
+}
 
 CUresult stage_dtoh_async(const stage_cu *l, CUcontext ctx, uintptr_t dst, CUdeviceptr src, size_t n, CUstream s) {
 	CTX();

@@ -225,6 +225,7 @@ CUresult stage_event_destroy(const stage_cu *l, CUcontext ctx, CUevent e);
 CUresult stage_event_record(const stage_cu *l, CUcontext ctx, CUevent e, CUstream s);
 CUresult stage_event_query(const stage_cu *l, CUcontext ctx, CUevent e);
 CUresult stage_event_sync(const stage_cu *l, CUcontext ctx, CUevent e);
+CUresult stage_event_wait(const stage_cu *l, CUcontext ctx, CUevent e, int64_t spin_ns);
 
 /* Copies on a stream. Host addresses travel as integers. */
 CUresult stage_dtoh_async(const stage_cu *l, CUcontext ctx, uintptr_t dst, CUdeviceptr src, size_t n, CUstream s);

@@ -389,13 +389,14 @@ func (e *Event) Query() (bool, error) {
 }
 
 // Wait blocks the calling OS thread until the work before the event is done
-// (cuEventSynchronize) and returns its error.
+// and returns its error: cuEventSynchronize, after polling for a while
+// when the device waits in WaitHybrid mode (see EventWait).
 func (e *Event) Wait() error {
 	if e.d.closed.Load() {
 		return e.d.errClosed("Event.Wait")
 	}
-	if rc := C.stage_event_sync(e.d.lib.c, e.d.ctx, e.e); rc != 0 {
-		return e.d.lib.errorf(rc, "cuEventSynchronize")
+	if rc := C.stage_event_wait(e.d.lib.c, e.d.ctx, e.e, C.int64_t(e.d.wait.spin())); rc != 0 {
+		return e.d.lib.errorf(rc, "cuEventSynchronize (wait %s)", e.d.wait)
 	}
 	return nil
 }

@@ -55,8 +55,10 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	asJSON := f.Bool("json", false, "print the results as JSON")
 	sweep := f.Bool("sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
 	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
+	rawSpan := f.String("raw-span", "4MiB", "with --raw: each raw stream cycles 4 MiB writes (and reads) over a buffer this large; 4MiB keeps it in the CPU caches, a larger one measures TCP from cold memory as stage's staging slots are")
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
 	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
+	profDir := f.String("profile", "", "with --spawn: write CPU profiles of both sidecars over each row's timed transfers into this folder (read with go tool pprof)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		sz, err := config.ParseByteSize(*size)
@@ -94,7 +96,15 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			route = args[0]
 		}
 		local := socketPath(cmd)
+		var prof *profiler
+		if *profDir != "" && !*spawn {
+			return fmt.Errorf("--profile needs --spawn (it profiles the sidecars bench starts)")
+		}
 		if *spawn {
+			var extra []string
+			if *profDir != "" {
+				extra = []string{"--pprof", "127.0.0.1:0"}
+			}
 			bin, err := stagedPath(*staged)
 			if err != nil {
 				return err
@@ -105,17 +115,22 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			defer os.RemoveAll(tmp)
 			token := randomToken()
-			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0), token)
+			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0), token, extra...)
 			if err != nil {
 				return err
 			}
 			defer dec.stop()
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes), token)
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes), token, extra...)
 			if err != nil {
 				return err
 			}
 			defer pre.stop()
 			local, *remote = pre.socket, dec.socket
+			if *profDir != "" {
+				if prof, err = newProfiler(*profDir, pre, dec); err != nil {
+					return err
+				}
+			}
 		} else if len(args) == 0 {
 			return fmt.Errorf("name a ROUTE, or pass --spawn")
 		}
@@ -138,7 +153,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -148,10 +163,14 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 		}
 		var ceiling *RawResult
+		span, err := config.ParseByteSize(*rawSpan)
+		if err != nil || span < rawPiece || span%rawPiece != 0 {
+			return fmt.Errorf("--raw-span: want a multiple of 4MiB (got %q)", *rawSpan)
+		}
 		if *raw {
 			addr := *rawPeer
 			if *spawn {
-				sink, err := startSink("127.0.0.1:0")
+				sink, err := startSink("127.0.0.1:0", int(span), *stripes)
 				if err != nil {
 					return err
 				}
@@ -162,12 +181,11 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 				return fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
 			}
 			rawBytes := max(uint64(sz), 1<<30)
-			c0 := selfCPU()
-			gbps, err := rawTCP(ctx, addr, *stripes, rawBytes)
+			gbps, cpu, err := rawTCP(ctx, addr, *stripes, rawBytes, int(span))
 			if err != nil {
 				return err
 			}
-			ceiling = &RawResult{Streams: *stripes, GBps: gbps, CPUSecPerGB: (selfCPU() - c0) / (float64(rawBytes) / 1e9)}
+			ceiling = &RawResult{Streams: *stripes, Span: uint64(span), GBps: gbps, CPUSecPerGB: cpu / (float64(rawBytes) / 1e9)}
 			if !*spawn {
 				ceiling.CPUSecPerGB = 0 // the far end's CPU is not ours to see
 			}
@@ -194,6 +212,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 // RawResult is plain TCP measured beside stage.
 type RawResult struct {
 	Streams int     `json:"streams"`
+	Span    uint64  `json:"span_bytes"` // buffer each stream cycles over
 	GBps    float64 `json:"gb_per_s"`
 	// CPUSecPerGB: both ends' CPU (stagectl runs both, in-process) per GB.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
@@ -226,6 +245,9 @@ func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
 	_ = tw.Flush()
 	if raw != nil {
 		fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s", raw.Streams, raw.GBps)
+		if raw.Span > rawPiece {
+			fmt.Fprintf(w, " (4 MiB writes cycling over %s per stream)", config.ByteSize(raw.Span))
+		}
 		if raw.CPUSecPerGB > 0 {
 			fmt.Fprintf(w, ", %.3f CPU s/GB (both ends)", raw.CPUSecPerGB)
 		}
@@ -252,6 +274,7 @@ type benchOpts struct {
 	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
+	prof                 *profiler // nil: no profiles
 }
 
 // BenchResult is the summary of a benchmark.
@@ -331,13 +354,22 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	t := kvsim.Transfer(o.route, o.dir, tag, L, R, ms)
 	progress := o.iters >= 3 && isTerminal(os.Stderr)
+	pat := "ranges"
+	if o.blocks {
+		pat = "blocks"
+	}
 	lat := make([]time.Duration, 0, o.iters)
-	var busy time.Duration
+	var busy, warm time.Duration
 	var cpu0 float64
 	for i := 0; i < o.warmup+o.iters; i++ {
 		if i == o.warmup {
 			if cpu0, _, _, err = sidecarsCPU(ctx, lc, rc); err != nil {
 				return nil, err
+			}
+			if o.prof != nil {
+				// The profile spans about the timed transfers: their
+				// count times the last warm-up's time.
+				o.prof.start(ctx, fmt.Sprintf("%s-%s", pat, config.ByteSize(o.block)), warm*time.Duration(o.iters))
 			}
 		}
 		if o.verify {
@@ -350,6 +382,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 			return nil, fmt.Errorf("transfer %d: %w", i, err)
 		}
 		el := time.Since(start)
+		warm = el
 		if o.verify {
 			if err := kvsim.Verify(src, dst, ms, 0xAB); err != nil {
 				return nil, fmt.Errorf("transfer %d: %w", i, err)
@@ -372,6 +405,11 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.prof != nil {
+		if err := o.prof.wait(); err != nil {
+			return nil, err
+		}
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(p float64) float64 {
 		if len(lat) == 0 {
@@ -380,10 +418,6 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		i := int(p*float64(len(lat))+0.5) - 1
 		i = max(0, min(i, len(lat)-1))
 		return float64(lat[i].Nanoseconds()) / 1e3
-	}
-	pat := "ranges"
-	if o.blocks {
-		pat = "blocks"
 	}
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat),
 		GBps: float64(uint64(len(lat))*o.size) / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),

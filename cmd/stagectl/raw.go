@@ -22,29 +22,44 @@ import (
 
 const rawPiece = 4 << 20
 
+// mmapBuf maps n bytes, faulted in (MAP_POPULATE) so that no page fault
+// lands inside a timed loop.
 func mmapBuf(n int) ([]byte, error) {
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %d B: %w", n, err)
-	}
-	for i := range b {
-		b[i] = byte(i)
 	}
 	return b, nil
 }
 
 // rawSink accepts connections and reads everything they send.
 type rawSink struct {
-	ln net.Listener
-	wg sync.WaitGroup
+	ln    net.Listener
+	wg    sync.WaitGroup
+	spare chan []byte // buffers mapped ahead, one per expected connection
 }
 
-func startSink(addr string) (*rawSink, error) {
+// startSink listens on addr; each connection reads 4 MiB pieces into a
+// buffer of span bytes, one piece after the other (span = rawPiece keeps
+// the buffer hot in the CPU caches; a larger span reads into cold memory,
+// as stage's pinned slots are). Buffers for the first conns connections
+// are mapped before it returns, so mapping them is not timed.
+func startSink(addr string, span, conns int) (*rawSink, error) {
+	s := &rawSink{spare: make(chan []byte, conns)}
+	for range conns {
+		b, err := mmapBuf(span)
+		if err != nil {
+			s.unmapSpare()
+			return nil, fmt.Errorf("sink: %w", err)
+		}
+		s.spare <- b
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		s.unmapSpare()
 		return nil, fmt.Errorf("sink: listen on %s: %w", addr, err)
 	}
-	s := &rawSink{ln: ln}
+	s.ln = ln
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -62,13 +77,17 @@ func startSink(addr string) (*rawSink, error) {
 					return
 				}
 				defer rc.Done()
-				buf, err := mmapBuf(rawPiece)
-				if err != nil {
-					return
+				var buf []byte
+				select {
+				case buf = <-s.spare:
+				default:
+					if buf, err = mmapBuf(span); err != nil {
+						return
+					}
 				}
 				defer syscall.Munmap(buf)
-				for {
-					if err := rc.ReadFull(buf); err != nil {
+				for off := 0; ; off = (off + rawPiece) % span {
+					if err := rc.ReadFull(buf[off : off+rawPiece]); err != nil {
 						return
 					}
 				}
@@ -83,10 +102,25 @@ func (s *rawSink) Addr() string { return s.ln.Addr().String() }
 func (s *rawSink) Close() {
 	_ = s.ln.Close()
 	s.wg.Wait()
+	s.unmapSpare()
 }
 
-// rawTCP sends total bytes over streams connections to addr and returns GB/s.
-func rawTCP(ctx context.Context, addr string, streams int, total uint64) (float64, error) {
+func (s *rawSink) unmapSpare() {
+	for {
+		select {
+		case b := <-s.spare:
+			_ = syscall.Munmap(b)
+		default:
+			return
+		}
+	}
+}
+
+// rawTCP sends total bytes over streams connections to addr and returns
+// GB/s and the CPU seconds this process used meanwhile (both ends, when
+// the sink runs in it). Each stream writes 4 MiB pieces from a buffer of
+// span bytes in turn (see startSink).
+func rawTCP(ctx context.Context, addr string, streams int, total uint64, span int) (gbps, cpu float64, err error) {
 	per := (total/uint64(streams) + rawPiece - 1) / rawPiece * rawPiece
 	conns := make([]net.Conn, streams)
 	for i := range conns {
@@ -95,12 +129,32 @@ func rawTCP(ctx context.Context, addr string, streams int, total uint64) (float6
 			for _, c := range conns[:i] {
 				c.Close()
 			}
-			return 0, fmt.Errorf("raw: dial %s: %w", addr, err)
+			return 0, 0, fmt.Errorf("raw: dial %s: %w", addr, err)
 		}
 		conns[i] = c
 	}
+	// Buffers are mapped before the clock starts: only the sending is timed.
+	bufs := make([][]byte, streams)
+	defer func() {
+		for _, b := range bufs {
+			if b != nil {
+				_ = syscall.Munmap(b)
+			}
+		}
+	}()
+	for i := range bufs {
+		b, err := mmapBuf(span)
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return 0, 0, fmt.Errorf("raw: %w", err)
+		}
+		bufs[i] = b
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, streams)
+	cpu0 := selfCPU()
 	start := time.Now()
 	for i, c := range conns {
 		wg.Add(1)
@@ -113,15 +167,12 @@ func rawTCP(ctx context.Context, addr string, streams int, total uint64) (float6
 				return
 			}
 			defer rc.Done()
-			buf, err := mmapBuf(rawPiece)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer syscall.Munmap(buf)
+			buf := bufs[i]
 			var iov [1][]byte
+			off := 0
 			for sent := uint64(0); sent < per; sent += rawPiece {
-				iov[0] = buf
+				iov[0] = buf[off : off+rawPiece]
+				off = (off + rawPiece) % span
 				if err := rc.Writev(iov[:]); err != nil {
 					errs[i] = err
 					return
@@ -131,10 +182,11 @@ func rawTCP(ctx context.Context, addr string, streams int, total uint64) (float6
 	}
 	wg.Wait()
 	el := time.Since(start)
+	cpu = selfCPU() - cpu0
 	if err := errors.Join(errs...); err != nil {
-		return 0, fmt.Errorf("raw: %w", err)
+		return 0, 0, fmt.Errorf("raw: %w", err)
 	}
-	return float64(per*uint64(streams)) / el.Seconds() / 1e9, nil
+	return float64(per*uint64(streams)) / el.Seconds() / 1e9, cpu, nil
 }
 
 func sinkCmd() *cobra.Command {
@@ -145,7 +197,7 @@ func sinkCmd() *cobra.Command {
 	}
 	listen := cmd.Flags().String("listen", ":7300", "address to listen on")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		s, err := startSink(*listen)
+		s, err := startSink(*listen, rawPiece, 0)
 		if err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ type sidecar struct {
 	cmd    *exec.Cmd
 	peers  string // address peers dial
 	socket string
+	pprof  string // profiler address, when started with --pprof
 	log    string
 	exited chan error
 }
@@ -50,9 +51,9 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// startSidecar writes cfgYAML to dir/name.yaml and starts staged with it,
-// waiting for its "staged ready" line.
-func startSidecar(ctx context.Context, bin, dir, name, cfgYAML, token string) (*sidecar, error) {
+// startSidecar writes cfgYAML to dir/name.yaml and starts staged with it
+// and any extra flags, waiting for its "staged ready" line.
+func startSidecar(ctx context.Context, bin, dir, name, cfgYAML, token string, extra ...string) (*sidecar, error) {
 	cfgPath := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfgYAML), 0o600); err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func startSidecar(ctx context.Context, bin, dir, name, cfgYAML, token string) (*
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--config", cfgPath)
+	cmd := exec.Command(bin, append([]string{"--config", cfgPath}, extra...)...)
 	cmd.Env = append(os.Environ(), "STAGE_SECURITY_TOKEN="+token)
 	// If stagectl dies (a closed pipe, a kill), its sidecars go with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -103,6 +104,9 @@ func startSidecar(ctx context.Context, bin, dir, name, cfgYAML, token string) (*
 			}
 			if v, ok := strings.CutPrefix(f, "socket="); ok {
 				sc.socket = v
+			}
+			if v, ok := strings.CutPrefix(f, "pprof="); ok {
+				sc.pprof = v
 			}
 		}
 		return sc, nil

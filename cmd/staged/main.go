@@ -55,19 +55,21 @@ func newRoot() *cobra.Command {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		var pprofAddr string
 		if addr, _ := cmd.Flags().GetString("pprof"); addr != "" {
-			stop, err := servePprof(addr, log)
+			bound, stop, err := servePprof(addr, log)
 			if err != nil {
 				return err
 			}
 			defer stop()
+			pprofAddr = bound
 		}
-		return run(cfg, log, config.ConfigPath(cmd.Flags()), cmd.Flags())
+		return run(cfg, log, config.ConfigPath(cmd.Flags()), cmd.Flags(), pprofAddr)
 	}
 	return cmd
 }
 
-func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet) error {
+func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet, pprofAddr string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := proxy.New(cfg, log)
@@ -84,6 +86,9 @@ func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet) er
 	line := fmt.Sprintf("staged ready peers=%s socket=%s", srv.PeerAddr(), srv.SocketPath())
 	if m := srv.MetricsAddr(); m != "" {
 		line += " metrics=" + m
+	}
+	if pprofAddr != "" {
+		line += " pprof=" + pprofAddr
 	}
 	fmt.Println(line)
 

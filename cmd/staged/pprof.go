@@ -13,10 +13,11 @@ import (
 
 // servePprof serves the Go profiler on addr, on its own mux so nothing else
 // is exposed there. Bind it to loopback: profiles show memory contents.
-func servePprof(addr string, log *zap.Logger) (stop func(), err error) {
+// It returns the address it listens on (addr may name port 0).
+func servePprof(addr string, log *zap.Logger) (bound string, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--pprof %s: %w", addr, err)
+		return "", nil, fmt.Errorf("--pprof %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -31,5 +32,5 @@ func servePprof(addr string, log *zap.Logger) (stop func(), err error) {
 		}
 	}()
 	log.Info("serving profiles", zap.String("addr", "http://"+ln.Addr().String()+"/debug/pprof/"))
-	return func() { _ = srv.Close() }, nil
+	return ln.Addr().String(), func() { _ = srv.Close() }, nil
 }

@@ -213,7 +213,7 @@ struct event { int pending; };
 
 CUresult cuEventCreate(void **e, unsigned flags) {
 	NEED_CTX();
-	if (flags != 2) return INVALID_VALUE;
+	if (flags & ~3u) return INVALID_VALUE; /* DISABLE_TIMING (2) and BLOCKING_SYNC (1) only */
 	*e = calloc(1, sizeof(struct event));
 	__atomic_add_fetch(&live_events, 1, __ATOMIC_RELAXED);
 	return OK;
