@@ -45,6 +45,7 @@ type Staging struct {
 	Slots       int      `mapstructure:"slots"`        // pinned slots in the pool
 	Window      int      `mapstructure:"window"`       // credits granted to each peer session
 	CopyStreams int      `mapstructure:"copy_streams"` // device streams for staging copies
+	InlineMax   ByteSize `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
 }
 
 // Route is a named destination for transfers.

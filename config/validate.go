@@ -59,6 +59,7 @@ const (
 	MaxPoolSize    = 64 * GiB
 	MinSlots       = 2
 	MaxCopyStreams = 16
+	MaxInline      = 1 * MiB
 	MaxStripes     = 64
 	maxRouteName   = 63
 	maxSocketPath  = 107 // sizeof(sun_path) - 1 on Linux
@@ -120,6 +121,9 @@ func Validate(c *Config) error {
 	}
 	if s.CopyStreams < 1 || s.CopyStreams > MaxCopyStreams {
 		v.add("staging.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxCopyStreams, s.CopyStreams))
+	}
+	if s.InlineMax > MaxInline || (s.SlotSize >= MinSlotSize && s.InlineMax > s.SlotSize) {
+		v.add("staging.inline_max", fmt.Sprintf("must be 0..%s and at most staging.slot_size (got %s)", MaxInline, s.InlineMax))
 	}
 
 	v.routes(c.Routes)

@@ -149,6 +149,19 @@ type Stream interface {
 	Close() error
 }
 
+// SyncCopier is implemented by devices that can move a small buffer on the
+// calling goroutine, with no stream, event or hand-off: the latency path
+// for transfers that fit in one small slot. Callers use it for a few KiB;
+// a device without it is driven through a stream and an event instead.
+type SyncCopier interface {
+	// GatherSync copies segs, in order, into dst (device to host) and
+	// returns when the bytes are there.
+	GatherSync(dst Pinned, segs []Seg) error
+	// ScatterSync copies src into segs (host to device) and returns when
+	// the bytes are there.
+	ScatterSync(segs []Seg, src Pinned) error
+}
+
 // Event marks a point in a stream. It may be recorded again once complete.
 type Event interface {
 	// Query reports whether the work before the event is done, and that

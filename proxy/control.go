@@ -34,7 +34,7 @@ func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
 			return gnet.None
 		}
 		hdr, err := wire.ParseHeader(hb)
-		if err == nil && hdr.Type == wire.TypeChunk {
+		if err == nil && (hdr.Type == wire.TypeChunk || hdr.Flags&wire.FlagInline != 0) {
 			err = errChunkOnControl
 		}
 		if err != nil {
@@ -89,6 +89,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	now := time.Now()
 	switch m := m.(type) {
 	case *wire.Ack:
+		if s.isInline(ss, m.Transfer) {
+			s.inlineAnswered(ss, m.Transfer, nil)
+			return gnet.None
+		}
 		key, ok := ss.coreKey(m.Transfer)
 		if !ok {
 			// unknown transfer: still return the credits

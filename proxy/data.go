@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,6 +25,12 @@ type dataStream struct {
 	rc    *rawconn.Conn
 	sendq chan sendJob
 	wg    sync.WaitGroup
+
+	// wmu keeps whole frames together: the writer holds it for each
+	// chunk, an inline push (writeNow) for its frames.
+	wmu    sync.Mutex
+	queued atomic.Int32 // jobs enqueued and not yet written
+	dead   atomic.Bool  // stopped or lost: pick another stream
 
 	mu      sync.Mutex
 	stopped bool
@@ -94,6 +101,7 @@ func (ss *session) closeStreams() {
 func (ds *dataStream) stop() {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
+	ds.dead.Store(true)
 	if !ds.stopped {
 		ds.stopped = true
 		ds.rc.Shutdown()
@@ -109,11 +117,26 @@ func (ds *dataStream) enqueue(j sendJob) bool {
 	if ds.stopped {
 		return false
 	}
+	ds.queued.Add(1)
 	ds.sendq <- j
 	return true
 }
 
+// writeNow writes bufs as one writev between the writer's chunks, from the
+// calling goroutine (the latency path).
+func (ds *dataStream) writeNow(bufs [][]byte) error {
+	if ds.dead.Load() {
+		return errStreamClosed
+	}
+	ds.wmu.Lock()
+	defer ds.wmu.Unlock()
+	return ds.rc.Writev(bufs)
+}
+
 func (ds *dataStream) lost(err error) {
+	ds.dead.Store(true)
+	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %v", ds.idx, ds.ss.peerName, err),
+		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
 	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
 }
@@ -133,6 +156,7 @@ func (ds *dataStream) writeLoop() {
 		c := job.cmd
 		payload := s.sendPool.Slot(c.Slot).Host()[:c.C.Len]
 		if broken != nil {
+			ds.queued.Add(-1)
 			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
 			continue
 		}
@@ -141,10 +165,13 @@ func (ds *dataStream) writeLoop() {
 		for _, d := range c.C.Dst {
 			ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
 		}
-		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum)
+		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum, 0)
 		iov[0], iov[1] = head, payload
 		t0 := time.Now()
+		ds.wmu.Lock()
 		err := ds.rc.Writev(iov[:])
+		ds.wmu.Unlock()
+		ds.queued.Add(-1)
 		s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
 		if err != nil {
 			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
@@ -178,7 +205,8 @@ func (ds *dataStream) read() error {
 	meta := make([]byte, 0, wire.ChunkFixedSize+256*wire.ChunkSegSize)
 	var ch wire.Chunk
 	segs := make([]device.Seg, 0, 256)
-	var scratch []byte // for draining refused payloads, made on first use
+	var scratch []byte  // for draining refused payloads, made on first use
+	var announce []byte // inline Announce bodies, made on first use
 	rc := ds.rc
 	for {
 		if err := rc.ReadFull(hb[:wire.HeaderSize]); err != nil {
@@ -188,9 +216,16 @@ func (ds *dataStream) read() error {
 		if err != nil {
 			return err
 		}
+		if h.Type == wire.TypeAnnounce && h.Flags&wire.FlagInline != 0 {
+			if err := ds.readInlineAnnounce(h, &announce); err != nil {
+				return err
+			}
+			continue
+		}
 		if h.Type != wire.TypeChunk {
 			return fmt.Errorf("data stream got a %s frame", h.Type)
 		}
+		inline := h.Flags&wire.FlagInline != 0
 		if err := rc.ReadFull(hb[wire.HeaderSize:]); err != nil {
 			return fmt.Errorf("read chunk meta: %w", err)
 		}
@@ -217,6 +252,10 @@ func (ds *dataStream) read() error {
 		var lerr error
 		if x != nil {
 			segs, lerr = x.resolve(&ch, segs[:0])
+			if lerr == nil && inline && ch.Count != 1 {
+				x.release()
+				lerr = codeErr(wire.CodeMalformed, "inline chunk of transfer %d says %d chunks; an inline push has one", ch.Transfer, ch.Count)
+			}
 		}
 		if x == nil || lerr != nil {
 			// Unknown, finished or failed transfer, or a segment out of
@@ -228,10 +267,18 @@ func (ds *dataStream) read() error {
 			if err := rc.Discard(int64(ch.PayloadLen), scratch); err != nil {
 				return fmt.Errorf("drain chunk payload: %w", err)
 			}
-			ss.send(&wire.Credit{Grant: 1})
+			if !inline { // an inline chunk took no credit
+				ss.send(&wire.Credit{Grant: 1})
+			}
 			if lerr != nil {
 				s.log.Warn("refused chunk", zap.String("peer", ss.peerName), zap.Uint64("transfer", ch.Transfer), zap.Error(lerr))
 				x.fail(lerr, true)
+			}
+			continue
+		}
+		if inline {
+			if err := ds.landInline(h, &ch, meta, segs, x); err != nil {
+				return err
 			}
 			continue
 		}

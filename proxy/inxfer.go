@@ -32,6 +32,7 @@ type inXfer struct {
 	nLanded  uint32
 	bytes    uint64
 	inflight int
+	inline   bool // a small push on the latency path: it holds no credit
 	finished bool
 	released bool
 	progress time.Time
@@ -89,8 +90,11 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	}
 	x.mu.Lock()
 	if x.finished {
+		inline := x.inline
 		x.mu.Unlock()
-		x.ss.send(&wire.Credit{Grant: 1})
+		if !inline {
+			x.ss.send(&wire.Credit{Grant: 1})
+		}
 		return
 	}
 	w, b := idx/64, uint64(1)<<(idx%64)

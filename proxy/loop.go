@@ -147,6 +147,7 @@ func (s *Server) checkStalled(now time.Time) {
 	s.mu.Unlock()
 	for _, ss := range sess {
 		ss.checkStalled(now)
+		ss.expireInline(now)
 		ss.keepAlive(now)
 	}
 }

@@ -78,6 +78,7 @@ var (
 	descBytes     = prometheus.NewDesc("stage_bytes_total", "Payload bytes moved over data streams, by link and direction.", []string{"link", "direction"}, nil)
 	descChunks    = prometheus.NewDesc("stage_chunks_total", "Chunks moved over data streams, by link and direction.", []string{"link", "direction"}, nil)
 	descXfers     = prometheus.NewDesc("stage_transfers_total", "Finished transfers, by link and result.", []string{"link", "result"}, nil)
+	descInline    = prometheus.NewDesc("stage_transfers_inline_total", "Small pushes sent on the latency path (counted in stage_transfers_total too), by link.", []string{"link"}, nil)
 	descSessions  = prometheus.NewDesc("stage_sessions", "Peer sessions up, by link.", []string{"link"}, nil)
 	descSlots     = prometheus.NewDesc("stage_staging_slots", "Pinned staging slots, by pool.", []string{"pool"}, nil)
 	descSlotsUsed = prometheus.NewDesc("stage_staging_slots_in_use", "Pinned staging slots in use, by pool.", []string{"pool"}, nil)
@@ -90,7 +91,7 @@ var (
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descSessions, descSlots, descSlotsUsed,
+	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descInline, descSessions, descSlots, descSlotsUsed,
 		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet} {
 		ch <- d
 	}
@@ -105,6 +106,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descChunks, prometheus.CounterValue, float64(l.ChunksIn), l.Name, "in")
 		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(l.XfersOK), l.Name, "ok")
 		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(l.XfersFailed), l.Name, "failed")
+		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(l.XfersInline), l.Name)
 		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(l.Up), l.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(st.SendSlots), "send")

@@ -36,6 +36,10 @@ type Server struct {
 	copiers  []*staging.Copier
 	nextCp   atomic.Uint32
 
+	// The latency path (inline.go): small slots and synchronous copies.
+	inlinePool *staging.Pool // nil: our pushes never take the path
+	lane       *staging.Lane
+
 	regions *Regions
 
 	peerLn  net.Listener
@@ -109,6 +113,16 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.core = staging.NewSender(sendSlots)
+	// The lane also lands peers' inline pushes, so it exists even when
+	// our own pushes never take the latency path.
+	if s.lane, err = staging.NewLane(dev); err != nil {
+		return nil, err
+	}
+	if cfg.Staging.InlineMax > 0 {
+		if s.inlinePool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
+			return nil, err
+		}
+	}
 	for i := 0; i < cfg.Staging.CopyStreams; i++ {
 		c, err := staging.NewCopier(dev, cfg.Staging.Slots)
 		if err != nil {
@@ -233,6 +247,12 @@ func (s *Server) closeResources() error {
 	if s.recvPool != nil {
 		errs = append(errs, s.recvPool.Close())
 	}
+	if s.lane != nil {
+		errs = append(errs, s.lane.Close())
+	}
+	if s.inlinePool != nil {
+		errs = append(errs, s.inlinePool.Close())
+	}
 	if s.peerLn != nil {
 		_ = s.peerLn.Close()
 	}
@@ -254,6 +274,9 @@ func (s *Server) Leaks() string {
 	}
 	if n := s.sendInUse.Load(); n != 0 {
 		fmt.Fprintf(&b, "send slots in use: %d; ", n)
+	}
+	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {
+		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inlinePool.InUse())
 	}
 	s.mu.Lock()
 	if n := len(s.outs); n != 0 {
@@ -296,7 +319,7 @@ func hostIdentity() string {
 // counters are the figures of one link (a route, or a peer that dialed us).
 type counters struct {
 	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
-	XfersOK, XfersFailed                   atomic.Uint64
+	XfersOK, XfersFailed, XfersInline      atomic.Uint64
 }
 
 func (s *Server) link(name string) *counters {

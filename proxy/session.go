@@ -51,11 +51,12 @@ type session struct {
 	ready    chan struct{} // closed when every data stream is attached
 
 	mu       sync.Mutex
-	in       map[uint64]*inXfer  // chunks we receive, by wire id
-	served   map[uint64]uint64   // wire id of a pull we serve -> core key
-	gone     map[uint64]struct{} // recently finished or refused incoming transfers
-	goneRing []uint64            // their ids, oldest first (bounded)
-	announce *sync.Cond          // signalled when ss.in or ss.gone changes (on ss.mu)
+	in       map[uint64]*inXfer     // chunks we receive, by wire id
+	served   map[uint64]uint64      // wire id of a pull we serve -> core key
+	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
+	gone     map[uint64]struct{}    // recently finished or refused incoming transfers
+	goneRing []uint64               // their ids, oldest first (bounded)
+	announce *sync.Cond             // signalled when ss.in or ss.gone changes (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
 	attached int
 	closed   bool
@@ -67,7 +68,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]struct{}{},
+		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]struct{}{}, inline: map[uint64]*inlineXfer{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
@@ -440,6 +441,7 @@ func (ss *session) close(err error) {
 	for _, x := range in {
 		x.fail(perr, false)
 	}
+	ss.failInline(perr, nil)
 	s.mbox.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)
 	s.log.Info("session down", zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Error(err))

@@ -14,7 +14,7 @@ import (
 )
 
 var (
-	errChunkOnControl = errors.New("chunk frame on a control session")
+	errChunkOnControl = errors.New("chunk or inline frame on a control session (they belong on data streams)")
 	errPeerClosed     = errors.New("peer closed the connection")
 )
 
@@ -48,7 +48,8 @@ func (s *Server) Snapshot() Stats {
 	}
 	for name, c := range s.links {
 		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
-			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load()})
+			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load(),
+			XfersInline: c.XfersInline.Load()})
 	}
 	s.mu.Unlock()
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ type localXfer struct {
 	ended   time.Time
 	done    chan struct{}
 	onDone  []func() // run once when it finishes (SubmitWait answers)
+	inline  bool     // sent on the latency path (set before it is sent)
 }
 
 // whenDone runs f once the transfer has finished: at once if it has.
@@ -147,6 +149,9 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	keep = true
 
 	if m.Dir == wire.Push {
+		if s.tryInline(ss, lx, regions, m, ends, checksum) {
+			return lx, nil
+		}
 		ops := make([]staging.PlanOp, len(m.Ops))
 		for i, op := range m.Ops {
 			ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
@@ -164,10 +169,13 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
 		// and holds any chunk that overtook it until then, so nothing lands
-		// unchecked, and a refusal (Nack) fails the transfer here.
-		ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		// unchecked, and a refusal (Nack) fails the transfer here. The core
+		// hears of the transfer first: a Nack that came back before it did
+		// would find nothing to fail, and the transfer would wait out its
+		// deadline.
 		lx.setState(wire.StateRunning)
 		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: id, Plan: plan, Timeout: lx.timeout, Now: time.Now()})
+		ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
 		return lx, nil
 	}
 
@@ -210,34 +218,37 @@ func (lx *localXfer) setState(st wire.State) {
 	lx.mu.Unlock()
 }
 
-// acceptPush answers a peer's Announce: every destination region must exist,
-// grant remote write, and be large enough for what the transfer writes.
+// acceptPush answers a peer's Announce on the control session.
 func (s *Server) acceptPush(ss *session, m *wire.Announce) {
-	nack := func(err error) {
-		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", m.Transfer), zap.Error(err))
-		ss.mu.Lock()
-		ss.buryLocked(m.Transfer) // chunks already on their way are drained
-		ss.mu.Unlock()
-		ss.send(&wire.Nack{Transfer: m.Transfer, Code: errCode(err), Message: err.Error()})
-	}
-	if ss.ours(m.Transfer) {
-		nack(codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer))
+	if err := s.admitPush(ss, m); err != nil {
+		s.refusePush(ss, m.Transfer, err)
 		return
+	}
+	ss.send(&wire.Accept{Transfer: m.Transfer})
+}
+
+// errSessionGone: the session closed while a transfer was being admitted;
+// its transfers fail through the close, nothing more to say.
+var errSessionGone = errors.New("session closed")
+
+// admitPush checks a peer's Announce and registers the incoming transfer:
+// every destination region must exist, grant remote write, and be large
+// enough for what the transfer writes.
+func (s *Server) admitPush(ss *session, m *wire.Announce) error {
+	if ss.ours(m.Transfer) {
+		return codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
 	}
 	if len(m.Ends) != len(m.Regions) || m.Total == 0 {
-		nack(codeErr(wire.CodeMalformed, "announce with %d regions, %d ends, %d B", len(m.Regions), len(m.Ends), m.Total))
-		return
+		return codeErr(wire.CodeMalformed, "announce with %d regions, %d ends, %d B", len(m.Regions), len(m.Ends), m.Total)
 	}
 	regions, err := s.regions.AcquireAll(m.Regions, wire.AccessRemoteWrite)
 	if err != nil {
-		nack(err)
-		return
+		return err
 	}
 	for i, r := range regions {
 		if m.Ends[i] > r.Len {
 			releaseAll(regions)
-			nack(codeErr(wire.CodeOutOfRange, "transfer writes up to offset %d of region %s, which has %d B", m.Ends[i], r.Name, r.Len))
-			return
+			return codeErr(wire.CodeOutOfRange, "transfer writes up to offset %d of region %s, which has %d B", m.Ends[i], r.Name, r.Len)
 		}
 	}
 	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
@@ -252,19 +263,35 @@ func (s *Server) acceptPush(ss *session, m *wire.Announce) {
 		ss.in[m.Transfer] = x
 		ss.announce.Broadcast()
 	}
+	closed := ss.closed
 	ss.mu.Unlock()
-	if !ok {
-		releaseAll(regions)
-		switch {
-		case dup:
-			// Not buried again: the first transfer with this id goes on.
-			ss.send(&wire.Nack{Transfer: m.Transfer, Code: wire.CodeExists, Message: fmt.Sprintf("transfer %d already in progress or finished", m.Transfer)})
-		case n >= s.cfg.Limits.MaxTransfersPerPeer:
-			nack(codeErr(wire.CodeBusy, "limits.max_transfers_per_peer (%d) reached", s.cfg.Limits.MaxTransfersPerPeer))
-		}
+	if ok {
+		return nil
+	}
+	releaseAll(regions)
+	switch {
+	case dup:
+		return codeErr(wire.CodeExists, "transfer %d already in progress or finished", m.Transfer)
+	case closed:
+		return errSessionGone
+	}
+	return codeErr(wire.CodeBusy, "limits.max_transfers_per_peer (%d) reached", s.cfg.Limits.MaxTransfersPerPeer)
+}
+
+// refusePush tells the peer why its push was refused. Chunks of the
+// transfer already on their way are drained, except for a duplicate id:
+// the first transfer with it goes on.
+func (s *Server) refusePush(ss *session, id uint64, err error) {
+	if err == errSessionGone {
 		return
 	}
-	ss.send(&wire.Accept{Transfer: m.Transfer})
+	if errCode(err) != wire.CodeExists {
+		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", id), zap.Error(err))
+		ss.mu.Lock()
+		ss.buryLocked(id)
+		ss.mu.Unlock()
+	}
+	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})
 }
 
 // incomingTimeout is how long a peer's push may go without progress before
@@ -351,6 +378,10 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		x.fail(err, false)
 		return
 	}
+	if s.isInline(ss, m.Transfer) {
+		s.inlineAnswered(ss, m.Transfer, err)
+		return
+	}
 	if ss.ours(m.Transfer) {
 		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
 		return
@@ -433,6 +464,10 @@ func (s *Server) cancelXfer(id uint64) error {
 		if x := ss.lookupIn(lx.wireID); x != nil {
 			x.fail(err, false)
 		}
+		return nil
+	}
+	if ss.takeInline(lx.wireID) != nil {
+		s.finishLocal(lx, err)
 		return nil
 	}
 	s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})

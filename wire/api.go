@@ -12,7 +12,7 @@ import (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // knownFlags are the header flags this build understands.
-const knownFlags = FlagCRC | FlagFD
+const knownFlags = FlagCRC | FlagFD | FlagInline
 
 // knownTypes[t] says whether t is a frame type (one of typeNames), without
 // a map lookup on the chunk path.
@@ -71,6 +71,9 @@ func ParseHeader(b []byte) (Header, error) {
 	}
 	if h.Flags&FlagFD != 0 && !isLocal(h.Type) {
 		return Header{}, errorf(ErrMalformed, "header: %s: FlagFD on a peer frame", h.Type)
+	}
+	if h.Flags&FlagInline != 0 && h.Type != TypeAnnounce && h.Type != TypeChunk {
+		return Header{}, errorf(ErrMalformed, "header: %s: FlagInline is only for Announce and Chunk", h.Type)
 	}
 	if h.Flags&FlagCRC == 0 && h.CRC != 0 {
 		return Header{}, errorf(ErrMalformed, "header: %s: CRC field %#08x without FlagCRC", h.Type, h.CRC)

@@ -15,7 +15,7 @@ func BenchmarkAppendChunkHead(b *testing.B) {
 	dst := make([]byte, 0, 256)
 	b.ReportAllocs()
 	for b.Loop() {
-		dst = AppendChunkHead(dst[:0], c, payload, false)
+		dst = AppendChunkHead(dst[:0], c, payload, false, 0)
 	}
 }
 
@@ -25,13 +25,13 @@ func BenchmarkAppendChunkHeadCRC(b *testing.B) {
 	b.SetBytes(int64(len(payload)))
 	b.ReportAllocs()
 	for b.Loop() {
-		dst = AppendChunkHead(dst[:0], c, payload, true)
+		dst = AppendChunkHead(dst[:0], c, payload, true, 0)
 	}
 }
 
 func BenchmarkDecodeChunk(b *testing.B) {
 	c, payload := benchChunk()
-	frame := AppendChunkHead(nil, c, payload, false)
+	frame := AppendChunkHead(nil, c, payload, false, 0)
 	h, err := ParseHeader(frame)
 	if err != nil {
 		b.Fatal(err)

@@ -14,11 +14,12 @@ import (
 // c.PayloadLen. Nothing is checked here (the receiver checks everything);
 // payload is only read for the CRC. It allocates nothing when dst has room
 // for HeaderSize + ChunkFixedSize + len(c.Segs)*ChunkSegSize more bytes.
-func AppendChunkHead(dst []byte, c *Chunk, payload []byte, crc bool) []byte {
+// extra flags (FlagInline) are ORed into the header.
+func AppendChunkHead(dst []byte, c *Chunk, payload []byte, crc bool, extra Flags) []byte {
 	n := len(c.Segs)
-	var flags Flags
+	flags := extra &^ FlagCRC
 	if crc {
-		flags = FlagCRC
+		flags |= FlagCRC
 	}
 	start := len(dst)
 	dst = AppendHeader(dst, Header{

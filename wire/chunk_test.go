@@ -41,7 +41,7 @@ func readChunk(frame []byte, c *Chunk) (payload []byte, err error) {
 }
 
 func chunkFrame(c *Chunk, payload []byte, crc bool) []byte {
-	return append(AppendChunkHead(nil, c, payload, crc), payload...)
+	return append(AppendChunkHead(nil, c, payload, crc, 0), payload...)
 }
 
 func TestChunkRoundTrip(t *testing.T) {
@@ -229,7 +229,7 @@ func TestChunkZeroAlloc(t *testing.T) {
 	payload := make([]byte, c.PayloadLen)
 	dst := make([]byte, 0, HeaderSize+ChunkFixedSize+16*ChunkSegSize)
 	for _, crc := range []bool{false, true} {
-		if n := testing.AllocsPerRun(100, func() { dst = AppendChunkHead(dst[:0], c, payload, crc) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { dst = AppendChunkHead(dst[:0], c, payload, crc, 0) }); n != 0 {
 			t.Errorf("AppendChunkHead(crc=%v): got %v allocs, want 0", crc, n)
 		}
 	}

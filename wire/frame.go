@@ -53,6 +53,10 @@ const (
 	// FlagFD: (control socket only) one file descriptor travels with this
 	// frame as SCM_RIGHTS ancillary data.
 	FlagFD Flags = 1 << 1
+	// FlagInline: (data streams only, on Announce and Chunk) a small push
+	// travels whole on one data stream: an Announce, then its only chunk,
+	// which the receiver lands at once and acks on the control session.
+	FlagInline Flags = 1 << 2
 )
 
 // Header is a decoded frame header.

@@ -47,7 +47,12 @@ func TestParseHeader(t *testing.T) {
 		{"type 255", hdr(func(b []byte) { b[3] = 255 }), Header{}, ErrUnknownType, ""},
 		{"reserved lo", hdr(func(b []byte) { b[6] = 1 }), Header{}, ErrMalformed, "reserved field 0x0001"},
 		{"reserved hi", hdr(func(b []byte) { b[7] = 0x80 }), Header{}, ErrMalformed, "reserved"},
-		{"unknown flag", hdr(func(b []byte) { b[4] = 4 }), Header{}, ErrMalformed, "unknown flags 0x0004"},
+		{"unknown flag", hdr(func(b []byte) { b[4] = 8 }), Header{}, ErrMalformed, "unknown flags 0x0008"},
+		{"inline on ack", hdr(func(b []byte) { b[4] = byte(FlagInline) }), Header{}, ErrMalformed, "FlagInline is only for Announce and Chunk"},
+		{"ok inline announce", AppendHeader(nil, Header{Version: 1, Type: TypeAnnounce, Flags: FlagInline, Length: 40}),
+			Header{Version: 1, Type: TypeAnnounce, Flags: FlagInline, Length: 40}, nil, ""},
+		{"ok inline chunk", AppendHeader(nil, Header{Version: 1, Type: TypeChunk, Flags: FlagInline | FlagCRC, Length: 100, CRC: 5}),
+			Header{Version: 1, Type: TypeChunk, Flags: FlagInline | FlagCRC, Length: 100, CRC: 5}, nil, ""},
 		{"unknown flag hi", hdr(func(b []byte) { b[5] = 0x80 }), Header{}, ErrMalformed, "unknown flags"},
 		{"fd on peer frame", hdr(func(b []byte) { b[4] = byte(FlagFD) }), Header{}, ErrMalformed, "FlagFD on a peer frame"},
 		{"fd on chunk", AppendHeader(nil, Header{Version: 1, Type: TypeChunk, Flags: FlagFD, Length: 100}), Header{}, ErrMalformed, "FlagFD"},
@@ -149,7 +154,7 @@ func TestReadFrameErrors(t *testing.T) {
 	good := AppendFrame(nil, &Fail{Req: 1, Code: CodeBusy, Message: "busy"}, true, 0)
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)-1] ^= 0x20
-	chunk := AppendChunkHead(nil, &Chunk{Transfer: 1, Count: 1, PayloadLen: 4, Segs: []ChunkSeg{{Len: 4}}}, []byte("data"), false)
+	chunk := AppendChunkHead(nil, &Chunk{Transfer: 1, Count: 1, PayloadLen: 4, Segs: []ChunkSeg{{Len: 4}}}, []byte("data"), false, 0)
 	chunk = append(chunk, "data"...)
 	bigClaim := AppendHeader(nil, Header{Version: 1, Type: TypeQueryReply, Length: MaxControlBody})
 	bigClaim = append(bigClaim, make([]byte, 100)...)

@@ -110,7 +110,7 @@ func FuzzParseHeader(f *testing.F) {
 // reaches the segments often.
 func FuzzChunk(f *testing.F) {
 	add := func(c *Chunk) {
-		frame := AppendChunkHead(nil, c, nil, false)
+		frame := AppendChunkHead(nil, c, nil, false, 0)
 		h, _ := ParseHeader(frame)
 		f.Add(h.Length, frame[HeaderSize:])
 	}
@@ -152,7 +152,7 @@ func FuzzChunk(f *testing.F) {
 			return
 		}
 		metaLen := ChunkFixedSize + nsegs*ChunkSegSize
-		re := AppendChunkHead(nil, &c, nil, false)
+		re := AppendChunkHead(nil, &c, nil, false, 0)
 		if got := le.Uint32(re[8:]); got != length {
 			t.Fatalf("re-encoded length: got %d, want %d", got, length)
 		}
@@ -186,7 +186,7 @@ func FuzzReadFrame(f *testing.F) {
 		all = append(all, fr...)
 	}
 	f.Add(all)
-	f.Add(append(AppendChunkHead(nil, &Chunk{Count: 1, PayloadLen: 1, Segs: []ChunkSeg{{Len: 1}}}, []byte("x"), true), 'x'))
+	f.Add(append(AppendChunkHead(nil, &Chunk{Count: 1, PayloadLen: 1, Segs: []ChunkSeg{{Len: 1}}}, []byte("x"), true, 0), 'x'))
 	f.Add(AppendHeader(nil, Header{Version: 1, Type: TypeQueryReply, Length: MaxControlBody}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := bytes.NewReader(data)

@@ -224,7 +224,7 @@ func TestGolden(t *testing.T) {
 		{
 			name: "ChunkHead",
 			got: AppendChunkHead(nil, &Chunk{Transfer: 7, Index: 1, Count: 3, PayloadLen: 5,
-				Segs: []ChunkSeg{{Region: 2, Len: 3, Offset: 0x10}, {Region: 0, Len: 2, Offset: 0x100}}}, []byte("hello"), false),
+				Segs: []ChunkSeg{{Region: 2, Len: 3, Offset: 0x10}, {Region: 0, Len: 2, Offset: 0x100}}}, []byte("hello"), false, 0),
 			want: hexBytes(
 				"SG", 1, 64, 0, 0, 0, 0, 61, 0, 0, 0, 0, 0, 0, 0, // 24 + 2*16 + 5
 				7, 0, 0, 0, 0, 0, 0, 0, // transfer

@@ -38,6 +38,8 @@ type LinkStats struct {
 	ChunksIn    uint64 `json:"chunks_in"`
 	XfersOK     uint64 `json:"transfers_ok"`
 	XfersFailed uint64 `json:"transfers_failed"`
+	// XfersInline: of XfersOK, the small pushes sent on the latency path.
+	XfersInline uint64 `json:"transfers_inline"`
 }
 
 // RouteInfo is one element of the QueryRoutes answer.

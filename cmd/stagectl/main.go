@@ -109,14 +109,14 @@ func printStats(w io.Writer, st, prev *wire.Stats, dt time.Duration) {
 	fmt.Fprintf(w, "slots %s: send %d/%d in use, recv %d/%d in use; regions %d (mappings %d); sessions %d; transfers active %d\n",
 		config.ByteSize(st.SlotSize), st.SendInUse, st.SendSlots, st.RecvInUse, st.RecvSlots, st.Regions, st.Mappings, st.Sessions, st.Transfers)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	hdr := "LINK\tUP\tBYTES OUT\tBYTES IN\tCHUNKS OUT\tCHUNKS IN\tOK\tFAILED\t"
+	hdr := "LINK\tUP\tBYTES OUT\tBYTES IN\tCHUNKS OUT\tCHUNKS IN\tOK\tFAILED\tINLINE\t"
 	if prev != nil {
 		hdr += "OUT/s\tIN/s\t"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, l := range st.Links {
-		row := fmt.Sprintf("%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t", l.Name, l.Up, config.ByteSize(l.BytesOut), config.ByteSize(l.BytesIn),
-			l.ChunksOut, l.ChunksIn, l.XfersOK, l.XfersFailed)
+		row := fmt.Sprintf("%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t", l.Name, l.Up, config.ByteSize(l.BytesOut), config.ByteSize(l.BytesIn),
+			l.ChunksOut, l.ChunksIn, l.XfersOK, l.XfersFailed, l.XfersInline)
 		if prev != nil {
 			var p wire.LinkStats
 			for _, q := range prev.Links {

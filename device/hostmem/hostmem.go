@@ -59,6 +59,10 @@ type Dev struct {
 	skipped   atomic.Uint64
 	streamIDs atomic.Uint64
 
+	// syncMu is held shared by synchronous copies and exclusively by Close
+	// before it unmaps anything, so no copy runs on memory going away.
+	syncMu sync.RWMutex
+
 	mu       sync.Mutex
 	closed   bool
 	pinned   map[uintptr]*pinnedBuf // by address of the first byte
@@ -253,6 +257,8 @@ func (d *Dev) NewEvent() (device.Event, error) {
 // in an error wrapping ErrLeaked. A second Close returns an error wrapping
 // device.ErrClosed.
 func (d *Dev) Close() error {
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -114,7 +114,7 @@ func (s *stream) Scatter(segs []device.Seg, src device.Pinned) error {
 }
 
 func (s *stream) enqueueCopy(kind opKind, p device.Pinned, segs []device.Seg) error {
-	if err := s.checkCopy(kind, p, segs); err != nil {
+	if err := checkCopy(s.name, kind, p, segs); err != nil {
 		return err
 	}
 	b := segPool.Get().(*segBuf)
@@ -126,33 +126,35 @@ func (s *stream) enqueueCopy(kind opKind, p device.Pinned, segs []device.Seg) er
 	return nil
 }
 
-func (s *stream) checkCopy(kind opKind, p device.Pinned, segs []device.Seg) error {
+// checkCopy checks a copy request before anything moves; what names the
+// stream (or the synchronous path) in errors.
+func checkCopy(what string, kind opKind, p device.Pinned, segs []device.Seg) error {
 	h := p.Host()
 	if len(h) == 0 || len(segs) == 0 {
-		return fmt.Errorf("%s: %s of %d B in %d segments: nothing to copy", s.name, kind, len(h), len(segs))
+		return fmt.Errorf("%s: %s of %d B in %d segments: nothing to copy", what, kind, len(h), len(segs))
 	}
 	if a := addrOf(h); p.DeviceAddr() != device.Addr(a) {
 		return fmt.Errorf("%s: %s: pinned buffer at %#x has device view %#x; want one from hostmem AllocPinned (device view = host address): %w",
-			s.name, kind, a, uint64(p.DeviceAddr()), device.ErrBadHandle)
+			what, kind, a, uint64(p.DeviceAddr()), device.ErrBadHandle)
 	}
 	var sum uint64
 	for i, sg := range segs {
 		if sg.Len == 0 {
-			return fmt.Errorf("%s: %s: segment %d at %#x is empty", s.name, kind, i, uint64(sg.Addr))
+			return fmt.Errorf("%s: %s: segment %d at %#x is empty", what, kind, i, uint64(sg.Addr))
 		}
 		if sg.Addr == 0 {
-			return fmt.Errorf("%s: %s: segment %d (%d B) is at address 0", s.name, kind, i, sg.Len)
+			return fmt.Errorf("%s: %s: segment %d (%d B) is at address 0", what, kind, i, sg.Len)
 		}
 		if end := uint64(sg.Addr) + sg.Len; end < uint64(sg.Addr) || end-1 > uint64(math.MaxUint) {
-			return fmt.Errorf("%s: %s: segment %d at %#x + %d B wraps around the address space", s.name, kind, i, uint64(sg.Addr), sg.Len)
+			return fmt.Errorf("%s: %s: segment %d at %#x + %d B wraps around the address space", what, kind, i, uint64(sg.Addr), sg.Len)
 		}
 		if sum+sg.Len < sum {
-			return fmt.Errorf("%s: %s: segment lengths overflow at segment %d", s.name, kind, i)
+			return fmt.Errorf("%s: %s: segment lengths overflow at segment %d", what, kind, i)
 		}
 		sum += sg.Len
 	}
 	if sum != uint64(len(h)) {
-		return fmt.Errorf("%s: %s: %d segments add up to %d B, pinned buffer is %d B", s.name, kind, len(segs), sum, len(h))
+		return fmt.Errorf("%s: %s: %d segments add up to %d B, pinned buffer is %d B", what, kind, len(segs), sum, len(h))
 	}
 	return nil
 }
@@ -261,27 +263,30 @@ func (s *stream) run() {
 
 // copy moves the bytes of one gather or scatter, then waits out the rest of
 // the time the speed model gives it.
-func (s *stream) copy(o *op) error {
-	d := s.d
-	segs := o.segs.s
-	n := uint64(len(o.host))
+func (s *stream) copy(o *op) error { return s.d.move(s.name, o.kind, o.host, o.segs.s) }
+
+// move copies between host and the emulated device memory of segs, with
+// the fault injection and the bandwidth/latency model of the device; what
+// names the caller (a stream, or the synchronous path) in errors.
+func (d *Dev) move(what string, kind opKind, host []byte, segs []device.Seg) error {
+	n := uint64(len(host))
 	if d.injectFault() {
 		d.failed.Add(1)
-		return fmt.Errorf("%s: %s of %d B in %d segments: %w", s.name, o.kind, n, len(segs), ErrInjected)
+		return fmt.Errorf("%s: %s of %d B in %d segments: %w", what, kind, n, len(segs), ErrInjected)
 	}
 	start := time.Now()
 	off := 0
 	for _, sg := range segs {
 		mem := bytesAt(sg.Addr, sg.Len) // see bytesAt for why this is safe
-		if o.kind == opGather {
-			off += copy(o.host[off:], mem)
+		if kind == opGather {
+			off += copy(host[off:], mem)
 		} else {
-			off += copy(mem, o.host[off:])
+			off += copy(mem, host[off:])
 		}
 	}
 	if d.bw > 0 || d.lat > 0 {
 		l := &d.d2h
-		if o.kind == opScatter {
+		if kind == opScatter {
 			l = &d.h2d
 		}
 		end := start

@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// inlineCount is how many pushes a sender has sent on the latency path.
+func inlineCount(n *node) uint64 {
+	var sum uint64
+	for _, l := range n.stats().Links {
+		sum += l.XfersInline
+	}
+	return sum
+}
+
+// TestInlinePushes: small pushes take the latency path and land byte-exact:
+// one range, scattered blocks of several layers, with and without CRC32C,
+// and into a receiver whose own latency path is off (it lands them in a
+// receive slot). Subscribers hear of each, and a larger push still takes
+// the pipeline.
+func TestInlinePushes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		decEnv  []string
+		check   uint8
+		blocks  bool
+		total   uint64
+		inlined bool
+	}{
+		{"4KiB range", nil, wire.ChecksumRoute, false, 4 << 10, true},
+		{"scattered 16 x 4KiB with CRC", nil, wire.ChecksumOn, true, 64 << 10, true},
+		{"receiver path off", []string{"STAGE_STAGING_INLINE_MAX=0"}, wire.ChecksumRoute, true, 32 << 10, true},
+		{"above inline_max", nil, wire.ChecksumRoute, false, 256 << 10, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pre, dec := pair(t, nodeOpts{slots: 8, decEnv: tc.decEnv})
+			S, D := caches(t, pre, dec, 2, 1<<20)
+			notes, err := dec.cl.Subscribe(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ms []kvsim.Move
+			if tc.blocks {
+				for _, m := range kvsim.Blocks(S, 4<<10, 11) {
+					if kvsim.Bytes(ms) < tc.total {
+						ms = append(ms, m)
+					}
+				}
+			} else {
+				ms = []kvsim.Move{{Layer: 1, SrcOff: 12345, DstOff: 777777, Len: tc.total}}
+			}
+			before := inlineCount(pre)
+			const n = 20
+			for i := 0; i < n; i++ {
+				tr := kvsim.Transfer("decode", wire.Push, fmt.Sprintf("small-%d", i), S, D, ms)
+				tr.Checksum = tc.check
+				st, err := pre.cl.Do(context.Background(), tr)
+				if err != nil {
+					t.Fatalf("push %d: %v", i, err)
+				}
+				if st.State != wire.StateDone || st.Done != kvsim.Bytes(ms) {
+					t.Fatalf("push %d: state %s, %d of %d B", i, st.State, st.Done, kvsim.Bytes(ms))
+				}
+				if err := kvsim.Verify(S, D, ms, guard); err != nil {
+					t.Fatalf("push %d: %v", i, err)
+				}
+				select {
+				case note := <-notes:
+					if note.Code != wire.CodeOK || note.Tag != tr.Tag || note.Bytes != kvsim.Bytes(ms) {
+						t.Fatalf("push %d: notification %+v", i, note)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("push %d: no notification", i)
+				}
+			}
+			got := inlineCount(pre) - before
+			want := uint64(0)
+			if tc.inlined {
+				want = n
+			}
+			if got != want {
+				t.Errorf("%d of %d pushes took the latency path, want %d", got, n, want)
+			}
+		})
+	}
+}
+
+// TestInlineRefused: a small push the receiver must refuse fails with the
+// receiver's reason and writes nothing, and the path keeps working.
+func TestInlineRefused(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{slots: 8})
+	S, D := caches(t, pre, dec, 2, 1<<20)
+	good := func() client.Transfer {
+		return kvsim.Transfer("decode", wire.Push, "small", S, D, []kvsim.Move{{Layer: 0, SrcOff: 0, DstOff: 4096, Len: 8192}})
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*client.Transfer)
+		code   wire.Code
+	}{
+		{"remote past the end", func(t *client.Transfer) { t.Ops[0].RemoteOff = (1 << 20) - 100 }, wire.CodeOutOfRange},
+		{"unknown remote region", func(t *client.Transfer) { t.RemoteNames = []string{"nope/0", "nope/1"} }, wire.CodeUnknownRegion},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := good()
+			tc.mutate(&tr)
+			_, err := pre.cl.Do(context.Background(), tr)
+			if got := client.CodeOf(err); got != tc.code {
+				t.Fatalf("got %v (code %s), want code %s", err, got, tc.code)
+			}
+			all, err := D.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(all, bytes.Repeat([]byte{guard}, len(all))) {
+				t.Fatal("the destination changed")
+			}
+		})
+	}
+	tr := good()
+	if _, err := pre.cl.Do(context.Background(), tr); err != nil {
+		t.Fatalf("a good small push after the refusals: %v", err)
+	}
+	if err := kvsim.Verify(S, D, []kvsim.Move{{Layer: 0, SrcOff: 0, DstOff: 4096, Len: 8192}}, guard); err != nil {
+		t.Fatal(err)
+	}
+	if inlineCount(pre) == 0 {
+		t.Error("no push took the latency path")
+	}
+}

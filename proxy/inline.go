@@ -1,0 +1,257 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// The latency path. A push of at most staging.inline_max bytes skips the
+// pipeline: the submitting goroutine gathers it into a small pinned slot
+// synchronously (staging.Lane) and writes an Announce and the whole
+// payload, both flagged wire.FlagInline, on one data stream in one writev.
+// That stream's reader on the receiver admits the transfer, lands the
+// payload synchronously and acks on the control session, as for any chunk.
+// No credit is taken or returned, no Accept is sent, and the Sender core
+// never sees the transfer. Everything a peer names is checked exactly as
+// on the pipeline (admitPush, inXfer.resolve).
+
+// inlineSlots is how many small pinned slots the latency path has; a push
+// that finds none free takes the pipeline instead.
+const inlineSlots = 16
+
+// maxInlineAnnounce bounds the Announce a data stream accepts before an
+// inline chunk: the body is read into memory before it is decoded.
+const maxInlineAnnounce = 256 << 10
+
+// inlineXfer is a small push sent on the latency path, waiting for the
+// peer's Ack or Nack.
+type inlineXfer struct {
+	lx       *localXfer
+	stream   int
+	deadline time.Time // zero: none
+}
+
+// tryInline sends a small push on the latency path and reports true, or
+// does nothing and reports false when the push does not qualify (too
+// large, no free inline slot, no live data stream, more than one chunk)
+// and must take the pipeline. regions are the push's source regions; it
+// lets go of them once their bytes are gathered.
+func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wire.Submit, ends []uint64, checksum bool) bool {
+	if s.inlinePool == nil || lx.total > uint64(s.inlinePool.SlotSize()) {
+		return false
+	}
+	ops := make([]staging.PlanOp, len(m.Ops))
+	for i, op := range m.Ops {
+		ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
+	}
+	plan, err := staging.MakePlan(ops, s.inlinePool.SlotSize())
+	if err != nil || len(plan.Chunks) != 1 {
+		return false
+	}
+	ds := ss.quietStream()
+	if ds == nil {
+		return false
+	}
+	slot, ok := s.inlinePool.TryAcquire()
+	if !ok {
+		return false
+	}
+	defer s.inlinePool.Release(slot)
+	c := &plan.Chunks[0]
+	buf := s.inlinePool.Slot(slot).Slice(0, int(c.Len))
+	err = s.lane.Gather(buf, c.Src)
+	releaseAll(regions)
+	if err != nil {
+		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %v", c.Len, s.dev, lx.id, err))
+		return true
+	}
+	lx.inline = true
+	ix := &inlineXfer{lx: lx, stream: ds.idx}
+	if lx.timeout > 0 {
+		ix.deadline = time.Now().Add(lx.timeout)
+	}
+	ss.mu.Lock()
+	closed := ss.closed
+	if !closed {
+		ss.inline[lx.wireID] = ix
+	}
+	ss.mu.Unlock()
+	if closed {
+		s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+		return true
+	}
+	lx.setState(wire.StateRunning)
+	head := wire.AppendFrame(make([]byte, 0, 512), &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: ends}, false, wire.FlagInline)
+	ch := wire.Chunk{Transfer: lx.wireID, Index: 0, Count: 1, PayloadLen: c.Len}
+	for _, d := range c.Dst {
+		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
+	}
+	head = wire.AppendChunkHead(head, &ch, buf.Host(), checksum, wire.FlagInline)
+	if err := ds.writeNow([][]byte{head, buf.Host()}); err != nil {
+		if ix := ss.takeInline(lx.wireID); ix != nil {
+			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %v", c.Len, ss.peerName, ds.idx, err))
+		}
+		return true
+	}
+	ss.link.BytesOut.Add(uint64(c.Len))
+	ss.link.ChunksOut.Add(1)
+	return true
+}
+
+// takeInline removes and returns the inline push with wire id id, if any.
+func (ss *session) takeInline(id uint64) *inlineXfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ix := ss.inline[id]
+	delete(ss.inline, id)
+	return ix
+}
+
+// inlineAnswered handles the peer's Ack (err nil) or Nack of one of our
+// inline pushes; a late answer to one already ended is dropped.
+func (s *Server) inlineAnswered(ss *session, id uint64, err error) {
+	ix := ss.takeInline(id)
+	if ix == nil {
+		return
+	}
+	if err == nil {
+		ix.lx.addDone(ix.lx.total)
+		ss.link.XfersInline.Add(1)
+	}
+	s.finishLocal(ix.lx, err)
+}
+
+// isInline reports whether our wire id id was an inline push: its Ack
+// carries no credit and must not reach the Sender core.
+func (s *Server) isInline(ss *session, id uint64) bool {
+	if !ss.ours(id) {
+		return false
+	}
+	s.mu.Lock()
+	lx := s.xfers[id>>1]
+	s.mu.Unlock()
+	return lx != nil && lx.inline
+}
+
+// failInline fails the inline pushes of a session for which keep says
+// false (all of them when keep is nil).
+func (ss *session) failInline(err error, keep func(*inlineXfer) bool) {
+	ss.mu.Lock()
+	var failed []*inlineXfer
+	for id, ix := range ss.inline {
+		if keep == nil || !keep(ix) {
+			failed = append(failed, ix)
+			delete(ss.inline, id)
+		}
+	}
+	ss.mu.Unlock()
+	for _, ix := range failed {
+		ss.s.finishLocal(ix.lx, err)
+	}
+}
+
+// expireInline fails inline pushes past their progress deadline.
+func (ss *session) expireInline(now time.Time) {
+	ss.failInline(codeErr(wire.CodeTimeout, "no answer from %s to a small push before its progress deadline", ss.peerName),
+		func(ix *inlineXfer) bool { return ix.deadline.IsZero() || now.Before(ix.deadline) })
+}
+
+// quietStream picks the live data stream with the least queued for
+// writing, so a small push does not wait behind a large chunk.
+func (ss *session) quietStream() *dataStream {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var best *dataStream
+	for _, ds := range ss.streams {
+		if ds == nil || ds.dead.Load() {
+			continue
+		}
+		if best == nil || ds.queued.Load() < best.queued.Load() {
+			best = ds
+		}
+	}
+	return best
+}
+
+// readInlineAnnounce admits the transfer an inline Announce on a data
+// stream names, or refuses it (its chunk, which follows, is then drained).
+// Only a stream-level failure is returned.
+func (ds *dataStream) readInlineAnnounce(h wire.Header, body *[]byte) error {
+	if h.Length > maxInlineAnnounce {
+		return fmt.Errorf("inline announce of %d B exceeds %d", h.Length, maxInlineAnnounce)
+	}
+	if cap(*body) < int(h.Length) {
+		*body = make([]byte, h.Length)
+	}
+	b := (*body)[:h.Length]
+	if err := ds.rc.ReadFull(b); err != nil {
+		return fmt.Errorf("read inline announce: %w", err)
+	}
+	if err := wire.VerifyCRC(h, b); err != nil {
+		return err
+	}
+	m, err := wire.Decode(wire.TypeAnnounce, b)
+	if err != nil {
+		return err
+	}
+	a := m.(*wire.Announce)
+	s := ds.ss.s
+	if err := s.admitPush(ds.ss, a); err != nil {
+		s.refusePush(ds.ss, a.Transfer, err)
+		return nil
+	}
+	if x := ds.ss.lookupIn(a.Transfer); x != nil {
+		x.mu.Lock()
+		x.inline = true
+		x.mu.Unlock()
+	}
+	return nil
+}
+
+// landInline reads an inline chunk's payload into a small slot, checks it,
+// scatters it synchronously and records it landed (which acks it). x holds
+// the inflight reference resolve took. Only a stream-level failure is
+// returned.
+func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, segs []device.Seg, x *inXfer) error {
+	s, ss := ds.ss.s, ds.ss
+	defer x.release()
+	pool := s.inlinePool
+	slot, ok := -1, false
+	if pool != nil && int(ch.PayloadLen) <= pool.SlotSize() {
+		slot, ok = pool.TryAcquire()
+	}
+	if !ok {
+		// No small slot here (or the path is off on our side): a receive
+		// slot does, as for any chunk.
+		pool = s.recvPool
+		var err error
+		if slot, err = pool.Acquire(ss.ctx); err != nil {
+			return err
+		}
+	}
+	defer pool.Release(slot)
+	buf := pool.Slot(slot).Slice(0, int(ch.PayloadLen))
+	if err := ds.rc.ReadFull(buf.Host()); err != nil {
+		return fmt.Errorf("read inline payload: %w", err)
+	}
+	if h.Flags&wire.FlagCRC != 0 {
+		if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
+			x.fail(codeErr(wire.CodeChecksum, "inline transfer %d from %s: CRC32C %08x, header says %08x", ch.Transfer, ss.peerName, got, h.CRC), true)
+			return nil
+		}
+	}
+	ss.link.BytesIn.Add(uint64(ch.PayloadLen))
+	ss.link.ChunksIn.Add(1)
+	err := s.lane.Scatter(segs, buf)
+	if err != nil {
+		s.log.Warn("inline scatter failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", ch.Transfer), zap.Error(err))
+	}
+	x.landed(ch.Index, uint64(ch.PayloadLen), err)
+	return nil
+}
