@@ -34,6 +34,7 @@ type inXfer struct {
 	inflight int
 	finished bool
 	released bool
+	ring     bool // chunks come through the shared ring (indirect.go)
 	progress time.Time
 }
 
@@ -89,8 +90,11 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	}
 	x.mu.Lock()
 	if x.finished {
+		ring := x.ring
 		x.mu.Unlock()
-		x.ss.send(&wire.Credit{Grant: 1})
+		if !ring {
+			x.ss.send(&wire.Credit{Grant: 1})
+		}
 		return
 	}
 	w, b := idx/64, uint64(1)<<(idx%64)
@@ -108,8 +112,11 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	if complete && bad == nil {
 		x.finished = true
 	}
+	ring := x.ring
 	x.mu.Unlock()
-	x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+	if !ring {
+		x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+	}
 	if bad != nil {
 		x.fail(bad, true)
 		return
