@@ -21,6 +21,24 @@ func (c *Config) SocketPath() string {
 	return filepath.Join("/tmp", "stage-"+strconv.Itoa(os.Getuid()), "staged.sock")
 }
 
+// NodeSocketDir returns the directory of the same-node sockets:
+// node.socket_dir when set, else "node" inside the default control socket
+// directory ($XDG_RUNTIME_DIR/stage/node, else /tmp/stage-<uid>/node). It
+// creates nothing.
+func (c *Config) NodeSocketDir() string {
+	if c.Node.SocketDir != "" {
+		return c.Node.SocketDir
+	}
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); dir != "" {
+		return filepath.Join(dir, "stage", "node")
+	}
+	return filepath.Join("/tmp", "stage-"+strconv.Itoa(os.Getuid()), "node")
+}
+
+// NodeSocketName is the length of the node socket file names the sidecar
+// creates in NodeSocketDir ("n-" + 16 hex digits + ".sock").
+const NodeSocketName = 23
+
 // ResolveToken returns the peer auth token: security.token, or the contents
 // of security.token_file with surrounding white space trimmed. It returns ""
 // and no error when neither is set (allow_insecure).

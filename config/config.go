@@ -24,6 +24,10 @@ type Config struct {
 type Node struct {
 	Name   string `mapstructure:"name"`    // shown to peers and in stats
 	HostID string `mapstructure:"host_id"` // same-node identity; empty: from boot id and machine id
+	// SocketDir holds the node sockets of the same-node paths; sidecars of
+	// one node (or pods mounting one directory) find each other there.
+	// Empty: beside the default control socket directory ("node" in it).
+	SocketDir string `mapstructure:"socket_dir"`
 }
 
 // Device selects the backend.

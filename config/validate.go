@@ -95,6 +95,10 @@ func Validate(c *Config) error {
 		v.add("control_socket", fmt.Sprintf("path too long for a Unix socket (got %d bytes, at most %d); use a shorter path", n, maxSocketPath))
 	}
 
+	if n := len(c.Node.SocketDir) + 1 + NodeSocketName; c.Node.SocketDir != "" && n > maxSocketPath {
+		v.add("node.socket_dir", fmt.Sprintf("path too long for the node sockets in it (got %d bytes, at most %d); use a shorter path", len(c.Node.SocketDir), maxSocketPath-1-NodeSocketName))
+	}
+
 	v.oneOf("device.kind", c.Device.Kind, DeviceKinds)
 	if c.Device.Ordinal < 0 {
 		v.add("device.ordinal", fmt.Sprintf("must be >= 0 (got %d)", c.Device.Ordinal))

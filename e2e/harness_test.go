@@ -80,6 +80,12 @@ type nodeOpts struct {
 	// for pair(): the receiver's extra YAML and environment
 	decExtra string
 	decEnv   []string
+	// nodeDir, when set, puts the sidecar on one "node" with every other
+	// sidecar given the same nodeDir: a shared host id and node socket
+	// directory. Otherwise each sidecar has a host id of its own, so
+	// sidecars of one test machine talk TCP as on separate nodes.
+	nodeDir   string
+	transport string // the route's transport; empty: the default (auto)
 }
 
 // startNode starts staged with a config built from o and waits until it is ready.
@@ -96,10 +102,17 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 	if o.slot == "" {
 		o.slot = "1MiB"
 	}
-	cfg := fmt.Sprintf("node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
-		name, sock, o.slot, o.slots, o.slots/2)
+	hostID, sockDir := "e2e-"+name, filepath.Join(dir, "node")
+	if o.nodeDir != "" {
+		hostID, sockDir = "e2e-one-node", o.nodeDir
+	}
+	cfg := fmt.Sprintf("node:\n  name: %s\n  host_id: %s\n  socket_dir: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
+		name, hostID, sockDir, sock, o.slot, o.slots, o.slots/2)
 	if o.route != "" {
 		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 10s\n", o.route, o.peer, o.stripes)
+		if o.transport != "" {
+			cfg += fmt.Sprintf("    transport: %s\n", o.transport)
+		}
 	}
 	cfg += o.extra
 	n := &node{}
@@ -210,7 +223,7 @@ func (n *node) checkIdle() {
 	for {
 		st = n.stats()
 		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
-			st.Mappings == n.base.Mappings && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
+			st.Mappings == n.base.Mappings && st.PeerMappings == 0 && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -218,8 +231,8 @@ func (n *node) checkIdle() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), goroutines %d (was %d), fds %d (was %d)",
-		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings,
+	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), peer mappings %d, goroutines %d (was %d), fds %d (was %d)",
+		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings, st.PeerMappings,
 		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
 }
 
@@ -248,7 +261,7 @@ func (n *node) stop() {
 // "decode" between them, and waits for the session.
 func pair(t *testing.T, o nodeOpts) (pre, dec *node) {
 	t.Helper()
-	dec = startNode(t, "decode", nodeOpts{token: o.token, slots: o.slots, extra: o.decExtra, env: o.decEnv})
+	dec = startNode(t, "decode", nodeOpts{token: o.token, slots: o.slots, extra: o.decExtra, env: o.decEnv, nodeDir: o.nodeDir})
 	o.route, o.peer = "decode", dec.peers
 	pre = startNode(t, "prefill", o)
 	pre.settle(1)

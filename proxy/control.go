@@ -120,6 +120,12 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		if ch != nil {
 			ch <- m.Regions
 		}
+	case *wire.NodeInfo:
+		ss.node.setInfo(m)
+	case *wire.Revoke:
+		if err := ss.node.maps.revoke(m.RegionID); err != nil {
+			s.log.Warn("revoke a peer region", zap.String("peer", ss.peerName), zap.Error(err))
+		}
 	case *wire.Heartbeat:
 	case *wire.Goodbye:
 		return gnet.Close

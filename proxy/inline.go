@@ -40,11 +40,17 @@ type inlineXfer struct {
 // tryInline sends a small push on the latency path and reports true, or
 // does nothing and reports false when the push does not qualify (too
 // large, no free inline slot, no live data stream, more than one chunk)
-// and must take the pipeline. regions are the push's source regions; it
+// and must take the pipeline, or the route names a same-node transport
+// (ipc, shm). regions are the push's source regions; it
 // lets go of them once their bytes are gathered.
 func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wire.Submit, ends []uint64, checksum bool) bool {
 	if s.inlinePool == nil || lx.total > uint64(s.inlinePool.SlotSize()) {
 		return false
+	}
+	if ss.route != nil {
+		if t := ss.route.conf().Transport; t == "ipc" || t == "shm" {
+			return false // the route asked for a same-node path by name
+		}
 	}
 	ops := make([]staging.PlanOp, len(m.Ops))
 	for i, op := range m.Ops {

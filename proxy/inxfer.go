@@ -35,6 +35,7 @@ type inXfer struct {
 	inline   bool // a small push on the latency path: it holds no credit
 	finished bool
 	released bool
+	ring     bool // chunks come through the shared ring (indirect.go)
 	progress time.Time
 }
 
@@ -90,9 +91,9 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	}
 	x.mu.Lock()
 	if x.finished {
-		inline := x.inline
+		quiet := x.inline || x.ring // no credit was taken
 		x.mu.Unlock()
-		if !inline {
+		if !quiet {
 			x.ss.send(&wire.Credit{Grant: 1})
 		}
 		return
@@ -112,8 +113,11 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	if complete && bad == nil {
 		x.finished = true
 	}
+	ring := x.ring
 	x.mu.Unlock()
-	x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+	if !ring {
+		x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+	}
 	if bad != nil {
 		x.fail(bad, true)
 		return

@@ -146,15 +146,16 @@ func (c *client) writeLoop() {
 	}
 }
 
-// readFrame reads one frame and, with FlagFD, the fd sent with it. Any fd
-// that arrives unasked is closed.
-func (c *client) readFrame(buf []byte) (wire.Header, wire.Msg, int, []byte, error) {
+// readUnixFrame reads one frame from a Unix socket (the control socket, a
+// node socket) and, with FlagFD, the fd sent with it. Any fd that arrives
+// unasked is closed.
+func readUnixFrame(conn *net.UnixConn, buf []byte) (wire.Header, wire.Msg, int, []byte, error) {
 	fd := -1
 	var hb [wire.HeaderSize]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	got := 0
 	for got < wire.HeaderSize {
-		n, oobn, _, _, err := c.conn.ReadMsgUnix(hb[got:], oob)
+		n, oobn, _, _, err := conn.ReadMsgUnix(hb[got:], oob)
 		if oobn > 0 {
 			fds := parseFDs(oob[:oobn])
 			for _, f := range fds {
@@ -188,7 +189,7 @@ func (c *client) readFrame(buf []byte) (wire.Header, wire.Msg, int, []byte, erro
 		buf = make([]byte, h.Length)
 	}
 	body := buf[:h.Length]
-	if _, err := io.ReadFull(c.conn, body); err != nil {
+	if _, err := io.ReadFull(conn, body); err != nil {
 		closeFD(fd)
 		return h, nil, -1, buf, err
 	}
@@ -254,7 +255,7 @@ func (c *client) readLoop() {
 			fd  int
 			err error
 		)
-		_, m, fd, buf, err = c.readFrame(buf)
+		_, m, fd, buf, err = readUnixFrame(c.conn, buf)
 		var bad *badRequest
 		if errors.As(err, &bad) && bad.req != 0 {
 			code := wire.CodeMalformed

@@ -21,6 +21,7 @@ type Region struct {
 	Off    uint64 // offset of the region inside the allocation
 	Len    uint64
 	Handle device.HandleKind
+	ID     uint64 // unique per registration in this sidecar (peers' Revoke names it)
 	imp    *importEntry
 	refs   atomic.Int64 // 1 for the registration + 1 per transfer using it
 	table  *Regions
@@ -58,7 +59,8 @@ func (r *Region) Release() {
 type importEntry struct {
 	key     string
 	mapping device.Mapping
-	refs    int // regions using it (guarded by Regions.mu)
+	exp     device.Handle // what a same-node peer imports (see export.go)
+	refs    int           // regions using it (guarded by Regions.mu)
 }
 
 // Regions is the table of registered regions and the imported allocations
@@ -69,6 +71,10 @@ type Regions struct {
 	byName  map[string]*Region
 	imports map[string]*importEntry
 	mapped  atomic.Int64 // mappings open
+	nextID  atomic.Uint64
+	// onUnregister, when set, hears of every region unregistered (to
+	// revoke the handles same-node peers were given).
+	onUnregister func(r *Region)
 }
 
 func newRegions(dev device.Device) *Regions {
@@ -115,14 +121,19 @@ func (t *Regions) Register(name string, h device.Handle, access wire.Access, off
 		if err != nil {
 			return codeErr(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %v", name, h.Kind, h.Size, t.dev, err)
 		}
-		imp = &importEntry{key: key, mapping: m}
+		exp, err := exportHandle(h)
+		if err != nil {
+			_ = m.Close()
+			return codeErr(wire.CodeInternal, "region %q: keep its handle for same-node peers: %v", name, err)
+		}
+		imp = &importEntry{key: key, mapping: m, exp: exp}
 		t.imports[key] = imp
 		t.mapped.Add(1)
 	} else if imp.mapping.Size() < h.Size {
 		return codeErr(wire.CodeBadRequest, "region %q: allocation already imported with %d B, now claimed %d B", name, imp.mapping.Size(), h.Size)
 	}
 	imp.refs++
-	r := &Region{Name: name, Access: access, Off: off, Len: length, Handle: h.Kind, imp: imp, table: t}
+	r := &Region{Name: name, Access: access, Off: off, Len: length, Handle: h.Kind, ID: t.nextID.Add(1), imp: imp, table: t}
 	r.refs.Store(1)
 	t.byName[name] = r
 	return nil
@@ -137,6 +148,9 @@ func (t *Regions) Unregister(name string) error {
 	t.mu.Unlock()
 	if r == nil {
 		return codeErr(wire.CodeUnknownRegion, "region %q is not registered", name)
+	}
+	if t.onUnregister != nil {
+		t.onUnregister(r)
 	}
 	r.Release()
 	return nil
@@ -191,6 +205,7 @@ func (t *Regions) dropImport(imp *importEntry) {
 	t.mu.Unlock()
 	if last {
 		_ = imp.mapping.Close()
+		closeExport(imp.exp)
 		t.mapped.Add(-1)
 	}
 }

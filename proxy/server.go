@@ -46,6 +46,12 @@ type Server struct {
 	localLn *net.UnixListener
 	gcli    *gnet.Client
 
+	// same-node paths: our node socket, its connections, fault injection
+	nodeLn      *net.UnixListener
+	nodeName    string
+	nodeConns   map[*net.UnixConn]struct{}
+	faultImport bool
+
 	metrics    *metrics
 	metricsLn  net.Listener
 	metricsSrv *http.Server
@@ -92,8 +98,10 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		regions: newRegions(dev), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
-		links: map[string]*counters{}}
+		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
 	s.metrics = newMetrics(s)
+	s.regions.onUnregister = s.revokeRegion
+	s.faultImport = os.Getenv(FaultImportEnv) == "1"
 	s.hostID = cfg.Node.HostID
 	if s.hostID == "" {
 		s.hostID = hostIdentity()
@@ -136,6 +144,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.localLn, err = listenLocal(cfg.SocketPath()); err != nil {
 		return nil, err
 	}
+	s.listenNode()
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err
@@ -166,6 +175,10 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.loop()
 	go s.acceptPeers()
 	go s.acceptLocal()
+	if s.nodeLn != nil {
+		s.wg.Add(1)
+		go s.acceptNode()
+	}
 	for i := range s.cfg.Routes {
 		s.addRoute(s.cfg.Routes[i])
 	}
@@ -207,6 +220,7 @@ func (s *Server) Close() error {
 	}
 	_ = s.peerLn.Close()
 	_ = s.localLn.Close()
+	s.closeNode()
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
 	}
@@ -258,6 +272,9 @@ func (s *Server) closeResources() error {
 	}
 	if s.localLn != nil {
 		_ = s.localLn.Close()
+	}
+	if s.nodeLn != nil {
+		_ = s.nodeLn.Close()
 	}
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
@@ -320,6 +337,9 @@ func hostIdentity() string {
 type counters struct {
 	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
 	XfersOK, XfersFailed, XfersInline      atomic.Uint64
+	XfersIPC, XfersShm                     atomic.Uint64 // moved on a same-node path
+	fbMu                                   sync.Mutex
+	fallbacks                              map[string]uint64 // same-node path unavailable, by reason
 }
 
 func (s *Server) link(name string) *counters {

@@ -45,6 +45,7 @@ type session struct {
 
 	gc      gnet.Conn
 	streams []*dataStream
+	node    *nodeState // same-node paths (nodestate.go)
 
 	lastRecv atomic.Int64  // unix nanos of the last control frame from the peer
 	lastSent atomic.Int64  // unix nanos of the last control frame to the peer
@@ -72,6 +73,7 @@ func (s *Server) newSession(dialer bool, stripes int) *session {
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
+	ss.node = newNodeState(s)
 	ss.announce = sync.NewCond(&ss.mu)
 	now := time.Now().UnixNano()
 	ss.lastRecv.Store(now)
@@ -242,7 +244,10 @@ func (s *Server) register(ss *session, c net.Conn) error {
 		_ = gc.Close()
 	}
 	s.log.Info("session up", zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
-		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize))
+		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost()))
+	if ss.sameHost() {
+		ss.send(&wire.NodeInfo{Socket: s.nodeName, Device: s.dev.String()})
+	}
 	return nil
 }
 
@@ -433,6 +438,7 @@ func (ss *session) close(err error) {
 		_ = gc.Close()
 	}
 	ss.closeStreams()
+	ss.node.shut()
 	s := ss.s
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
@@ -516,6 +522,7 @@ func (ss *session) keepAlive(now time.Time) {
 		ss.close(fmt.Errorf("peer silent for %v (no heartbeat): dead, stopped, or the connection is half-open", silent.Round(time.Millisecond)))
 		return
 	}
+	ss.node.expire(now)
 	if now.Sub(time.Unix(0, ss.lastSent.Load())) >= heartbeatEvery {
 		ss.send(&wire.Heartbeat{Seq: uint64(now.UnixNano()), UnixNanos: now.UnixNano()})
 	}

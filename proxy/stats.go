@@ -35,6 +35,9 @@ func (s *Server) Snapshot() Stats {
 		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds()}
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
+	for _, ss := range s.sessions {
+		st.PeerMappings += int(ss.node.maps.open.Load())
+	}
 	up := map[string]int{}
 	for _, ss := range s.sessions {
 		up[ss.linkName]++
@@ -49,7 +52,7 @@ func (s *Server) Snapshot() Stats {
 	for name, c := range s.links {
 		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
 			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load(),
-			XfersInline: c.XfersInline.Load()})
+			XfersInline: c.XfersInline.Load(), XfersIPC: c.XfersIPC.Load(), XfersShm: c.XfersShm.Load(), Fallbacks: c.fallbackCounts()})
 	}
 	s.mu.Unlock()
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
@@ -67,15 +70,13 @@ func (s *Server) Routes() []RouteInfo {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
-		ri := RouteInfo{Name: r.conf().Name, Transport: "tcp", Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
-		if r.conf().Transport != "auto" && r.conf().Transport != "tcp" {
-			ri.Transport = "tcp (" + r.conf().Transport + " is not built yet)"
-		}
+		ri := RouteInfo{Name: r.conf().Name, Transport: r.conf().Transport, Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
 		r.mu.Lock()
 		for _, addr := range r.conf().Peers {
 			p := PeerInfo{Addr: addr, State: "connecting"}
 			if ss := r.sess[addr]; ss != nil {
-				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.peerHost == s.hostID, ss.stripeCount(), ss.chunkSize
+				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.sameHost(), ss.stripeCount(), ss.chunkSize
+				p.Transport = s.transportOf(r.conf().Transport, ss)
 			} else if e := r.lastErr[addr]; e != nil {
 				p.State, p.Error = "down", e.Error()
 			}

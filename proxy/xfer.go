@@ -174,8 +174,10 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// would find nothing to fail, and the transfer would wait out its
 		// deadline.
 		lx.setState(wire.StateRunning)
-		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: id, Plan: plan, Timeout: lx.timeout, Now: time.Now()})
-		ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		announce := sync.OnceFunc(func() {
+			ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		})
+		s.startPush(r, ox, m.RemoteNames, announce)
 		return lx, nil
 	}
 
@@ -206,7 +208,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		return lx, nil
 	}
 	lx.setState(wire.StateRunning)
-	ss.send(&wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
+	s.startPull(r, x, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
 	return lx, nil
 }
 
@@ -374,6 +376,9 @@ func (s *Server) accepted(*session, uint64) {}
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {
 	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
+	if ss.node.nack(m.Transfer, err) { // a direct push (direct.go)
+		return
+	}
 	if x := ss.lookupIn(m.Transfer); x != nil {
 		x.fail(err, false)
 		return
@@ -470,7 +475,9 @@ func (s *Server) cancelXfer(id uint64) error {
 		s.finishLocal(lx, err)
 		return nil
 	}
-	s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
+	if !ss.node.nack(lx.wireID, err) { // a direct push stops at its next step
+		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
+	}
 	return nil
 }
 

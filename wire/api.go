@@ -272,7 +272,7 @@ func decodeMsg(t Type, d *decoder) Msg {
 		m.decode(d)
 		return m
 	}
-	return nil
+	return decodeNodeMsg(t, d)
 }
 
 // VerifyCRC checks h.CRC against body when h has FlagCRC.

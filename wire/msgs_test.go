@@ -32,7 +32,7 @@ type sample struct {
 }
 
 func samples() []sample {
-	return []sample{
+	return append([]sample{
 		{"Hello", &Hello{VersionMin: 1, VersionMax: 3, NodeName: "prefill-0", HostID: "host-7f3a", Nonce: nonce(1), SlotSize: 4 << 20, Window: 64}},
 		{"Challenge", &Challenge{Version: 1, NodeName: "decode-1", HostID: "host-9", Nonce: nonce(40), Proof: nonce(90)}},
 		{"Auth", &Auth{Proof: nonce(200)}},
@@ -83,7 +83,7 @@ func samples() []sample {
 		{"QueryReplyEmpty", &QueryReply{Req: 14}},
 		{"OK", &OK{Req: 15}},
 		{"Fail", &Fail{Req: 16, Code: CodeUnknownRoute, Message: "no route \"x\""}},
-	}
+	}, nodeSamples()...)
 }
 
 func TestSamplesCoverEveryType(t *testing.T) {

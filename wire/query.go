@@ -16,8 +16,11 @@ type Stats struct {
 	RecvInUse int     `json:"recv_in_use"`
 	Regions   int     `json:"regions"`
 	Mappings  int     `json:"mappings"`
-	Sessions  int     `json:"sessions"`
-	Transfers int     `json:"transfers_active"`
+	// PeerMappings: allocations of same-node peers imported from the
+	// handles they handed over (closed on Revoke or when the session ends).
+	PeerMappings int `json:"peer_mappings"`
+	Sessions     int `json:"sessions"`
+	Transfers    int `json:"transfers_active"`
 	// Goroutines and FDs of the sidecar process, for leak checks.
 	Goroutines int `json:"goroutines"`
 	FDs        int `json:"fds"`
@@ -40,6 +43,11 @@ type LinkStats struct {
 	XfersFailed uint64 `json:"transfers_failed"`
 	// XfersInline: of XfersOK, the small pushes sent on the latency path.
 	XfersInline uint64 `json:"transfers_inline"`
+	// Transfers moved on a same-node path (also counted in XfersOK), and
+	// transfers that could not use one and fell back to TCP, by reason.
+	XfersIPC  uint64            `json:"transfers_ipc"`
+	XfersShm  uint64            `json:"transfers_shm"`
+	Fallbacks map[string]uint64 `json:"fallbacks,omitempty"`
 }
 
 // RouteInfo is one element of the QueryRoutes answer.
@@ -59,7 +67,10 @@ type PeerInfo struct {
 	SameHost bool   `json:"same_host"`
 	Stripes  int    `json:"stripes"`
 	Chunk    int    `json:"chunk_bytes"`
-	Error    string `json:"error,omitempty"`
+	// Transport the next transfer to this peer uses, and why not a
+	// same-node path when it could have been one.
+	Transport string `json:"transport,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // QueryRegions and QueryCatalog answer with a JSON array of RegionInfo.

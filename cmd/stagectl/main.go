@@ -133,6 +133,7 @@ func printStats(w io.Writer, st, prev *wire.Stats, dt time.Duration) {
 		fmt.Fprintln(tw, "(no links yet)\t")
 	}
 	_ = tw.Flush()
+	printSameNode(w, st)
 }
 
 func rate(b uint64, sec float64) string {
@@ -169,7 +170,7 @@ func routesCmd() *cobra.Command {
 		for _, r := range rs {
 			for _, p := range r.Peers {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%s\t%s\t%s\n", r.Name, p.Addr, p.State, p.Node, p.SameHost, p.Stripes,
-					config.ByteSize(p.Chunk), r.Transport, p.Error)
+					config.ByteSize(p.Chunk), transportCell(r.Transport, p.Transport), p.Error)
 			}
 		}
 		if len(rs) == 0 {

@@ -69,6 +69,8 @@ type Dev struct {
 	mappings map[*mapping]struct{}
 	streams  map[*stream]struct{}
 	events   map[*event]struct{}
+	// registered: RegisterHost buffers by address -> length
+	registered map[uintptr]int
 }
 
 type pinnedBuf struct {
@@ -101,6 +103,8 @@ func Open(ordinal int, opts device.Options) (device.Device, error) {
 		mappings: map[*mapping]struct{}{},
 		streams:  map[*stream]struct{}{},
 		events:   map[*event]struct{}{},
+
+		registered: map[uintptr]int{},
 	}
 	if v, ok := os.LookupEnv(FailAfterEnv); ok && strings.TrimSpace(v) != "" {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)

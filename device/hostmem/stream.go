@@ -20,6 +20,7 @@ const (
 	opGather opKind = iota + 1
 	opScatter
 	opRecord
+	opDtoD
 )
 
 func (k opKind) String() string {
@@ -28,6 +29,8 @@ func (k opKind) String() string {
 		return "gather"
 	case opScatter:
 		return "scatter"
+	case opDtoD:
+		return "dtod"
 	}
 	return "record"
 }
@@ -40,6 +43,9 @@ type op struct {
 	segs *segBuf // gather, scatter: a copy of the caller's segments
 	ev   *event  // record
 	gen  uint64  // record: the event's generation
+
+	dst, src device.Addr // dtod
+	n        uint64      // dtod
 }
 
 // segBuf holds a copy of a caller's []Seg while its op is queued: callers may
@@ -239,16 +245,18 @@ func (s *stream) run() {
 	var sticky error // the worker's copy of s.err
 	for o := range s.ops {
 		switch o.kind {
-		case opGather, opScatter:
+		case opGather, opScatter, opDtoD:
 			if sticky != nil {
 				s.d.skipped.Add(1)
-			} else if err := s.copy(&o); err != nil {
+			} else if err := s.exec(&o); err != nil {
 				sticky = err
 				s.mu.Lock()
 				s.err = err
 				s.mu.Unlock()
 			}
-			putSegs(o.segs)
+			if o.segs != nil {
+				putSegs(o.segs)
+			}
 		case opRecord:
 			o.ev.complete(o.gen, sticky)
 		}

@@ -1,0 +1,22 @@
+package device
+
+// Optional capabilities of the same-node paths. A backend that lacks one
+// makes the sidecar fall back to staging over TCP (counted, with a reason).
+
+// DtoD is implemented by Streams that copy device to device: inside one
+// device, between two devices of this node, or into and out of memory
+// imported from another process (an IPC handle, a POSIX fd, a memfd).
+type DtoD interface {
+	// CopyDtoD enqueues a copy of n bytes from src to dst.
+	CopyDtoD(dst, src Addr, n uint64) error
+}
+
+// HostRegisterer is implemented by Devices that can pin host memory the
+// caller mapped (a memfd shared with another sidecar) and give it a device
+// view, so that Gather and Scatter can use it like an AllocPinned buffer.
+type HostRegisterer interface {
+	// RegisterHost pins b (which must stay mapped until UnregisterHost).
+	RegisterHost(b []byte) (Pinned, error)
+	// UnregisterHost undoes RegisterHost; pass what it returned.
+	UnregisterHost(p Pinned) error
+}

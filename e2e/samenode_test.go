@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// oneNode returns a node socket directory for sidecars that share a node.
+func oneNode(t *testing.T) string {
+	t.Helper()
+	// Short: a Unix socket path has at most 107 bytes.
+	dir, err := os.MkdirTemp("", "stn-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "n")
+}
+
+// link returns the stats of the named link.
+func link(t *testing.T, n *node, name string) wire.LinkStats {
+	t.Helper()
+	for _, l := range n.stats().Links {
+		if l.Name == name {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link %q", n.name, name)
+	return wire.LinkStats{}
+}
+
+// sameNodeMoves are the shapes the same-node tests move: whole ranges and
+// scattered blocks, pushed and pulled, between regions that are views at
+// non-zero offsets inside larger allocations (kvsim's layout).
+var sameNodeMoves = []struct {
+	name  string
+	dir   wire.Direction
+	moves func(c *kvsim.Cache) []kvsim.Move
+}{
+	{"push ranges", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"push blocks", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 31) }},
+	{"pull ranges", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"pull blocks", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 32) }},
+}
+
+// moveAndVerify runs one shape from pre to dec and checks every byte.
+func moveAndVerify(t *testing.T, pre, dec *node, dir wire.Direction, moves func(*kvsim.Cache) []kvsim.Move) {
+	t.Helper()
+	var S, D *kvsim.Cache
+	if dir == wire.Push {
+		S, D = caches(t, pre, dec, 4, 8<<20)
+	} else {
+		S, D = caches(t, dec, pre, 4, 8<<20)
+	}
+	ms := moves(S)
+	if dir == wire.Push {
+		run(t, pre.cl, wire.Push, "sn", S, D, ms)
+	} else {
+		run(t, pre.cl, wire.Pull, "sn", D, S, ms)
+	}
+	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSameNodeIPC: two hostmem sidecars on one node move every shape
+// through each other's mapped memory (no chunk crosses TCP), byte-exact.
+func TestSameNodeIPC(t *testing.T) {
+	for _, tc := range sameNodeMoves {
+		t.Run(tc.name, func(t *testing.T) {
+			pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc"})
+			moveAndVerify(t, pre, dec, tc.dir, tc.moves)
+			l := link(t, pre, "decode")
+			if l.XfersIPC == 0 || l.ChunksOut+l.ChunksIn != 0 || len(l.Fallbacks) != 0 {
+				t.Fatalf("link decode: %d ipc transfers, %d+%d chunks over TCP, fallbacks %v; want ipc only", l.XfersIPC, l.ChunksOut, l.ChunksIn, l.Fallbacks)
+			}
+		})
+	}
+}
+
+// TestSameNodeAuto: transport auto picks ipc for two sidecars of one node
+// with the same device kind, and stagectl routes says so.
+func TestSameNodeAuto(t *testing.T) {
+	dir := oneNode(t)
+	pre, dec := pair(t, nodeOpts{nodeDir: dir})
+	checkModes(t, dir)
+	rs, err := pre.cl.Routes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || len(rs[0].Peers) != 1 || rs[0].Peers[0].Transport != "ipc" || !rs[0].Peers[0].SameHost {
+		t.Fatalf("routes: got %+v, want one same-host peer on ipc", rs)
+	}
+	moveAndVerify(t, pre, dec, wire.Push, sameNodeMoves[1].moves)
+	if l := link(t, pre, "decode"); l.XfersIPC == 0 {
+		t.Fatalf("auto on one node: got %d ipc transfers, want some (link %+v)", l.XfersIPC, l)
+	}
+}
+
+// TestSameNodeShm: transport shm moves pushes through the shared ring
+// (payloads never on a socket), byte-exact; pulls fall back to TCP, counted.
+func TestSameNodeShm(t *testing.T) {
+	for _, tc := range sameNodeMoves {
+		t.Run(tc.name, func(t *testing.T) {
+			pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "shm"})
+			moveAndVerify(t, pre, dec, tc.dir, tc.moves)
+			l := link(t, pre, "decode")
+			if tc.dir == wire.Push {
+				if l.XfersShm == 0 || l.ChunksOut != 0 {
+					t.Fatalf("link decode: %d shm transfers, %d chunks over TCP; want shm only (%+v)", l.XfersShm, l.ChunksOut, l)
+				}
+				return
+			}
+			if l.Fallbacks["shm_pull_unsupported"] == 0 || l.ChunksIn == 0 {
+				t.Fatalf("pull over shm: fallbacks %v, %d chunks in; want a counted fallback to TCP", l.Fallbacks, l.ChunksIn)
+			}
+		})
+	}
+}
+
+// TestSameNodeFallback: with imports of peer handles failing on purpose, an
+// ipc transfer falls back to TCP, still lands byte-exact, and the fallback
+// shows in stats (per route, by reason) and in the metrics.
+func TestSameNodeFallback(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc", env: []string{"STAGE_FAULT_IPC_IMPORT=1"},
+		extra: "metrics:\n  listen: 127.0.0.1:0\n"})
+	S, D := caches(t, pre, dec, 4, 4<<20)
+	ms := kvsim.Ranges(S, 1<<20)
+	for _, tag := range []string{"f1", "f2"} { // the second goes straight to TCP
+		run(t, pre.cl, wire.Push, tag, S, D, ms)
+		if err := kvsim.Verify(S, D, ms, guard); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := link(t, pre, "decode")
+	if l.Fallbacks["import_failed"] == 0 || l.XfersIPC != 0 || l.ChunksOut == 0 {
+		t.Fatalf("link decode: fallbacks %v, %d ipc transfers, %d chunks out; want import_failed counted and TCP used", l.Fallbacks, l.XfersIPC, l.ChunksOut)
+	}
+	logText, err := os.ReadFile(pre.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(logText), "same-node path unavailable"); n != 1 {
+		t.Fatalf("fallback logged %d times, want once per session\n%s", n, pre.tail())
+	}
+	_, body := scrape(t, pre.metrics, "/metrics")
+	if v, ok := metricValue(body, `stage_transport_fallbacks_total{reason="import_failed"}`); !ok || v < 1 {
+		t.Fatalf("metric stage_transport_fallbacks_total{reason=import_failed}: got %v (present %v), want >= 1", v, ok)
+	}
+}
+
+// TestSameNodeTCP: transport tcp keeps two sidecars of one node on TCP,
+// with no fallback counted.
+func TestSameNodeTCP(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "tcp"})
+	moveAndVerify(t, pre, dec, wire.Push, sameNodeMoves[1].moves)
+	l := link(t, pre, "decode")
+	if l.XfersIPC+l.XfersShm != 0 || len(l.Fallbacks) != 0 || l.ChunksOut == 0 {
+		t.Fatalf("transport tcp: %d ipc, %d shm, fallbacks %v, %d chunks; want TCP only", l.XfersIPC, l.XfersShm, l.Fallbacks, l.ChunksOut)
+	}
+}
+
+// TestSameNodeRevoke: unregistering a region whose handle the peer holds
+// makes the peer close its mapping at once (the session stays up), and a
+// new registration is imported afresh.
+func TestSameNodeRevoke(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc"})
+	S, D := caches(t, pre, dec, 2, 1<<20)
+	ms := kvsim.Ranges(S, 1<<20)
+	run(t, pre.cl, wire.Push, "r1", S, D, ms)
+	if got := pre.stats().PeerMappings; got != 1 {
+		t.Fatalf("after a push into one allocation: %d peer mappings, want 1 (imported once)", got)
+	}
+	if err := D.Unregister(context.Background(), dec.cl); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for pre.stats().PeerMappings != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("peer mappings still %d 5s after the receiver unregistered its regions", pre.stats().PeerMappings)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := D.Register(context.Background(), dec.cl, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := D.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
+	run(t, pre.cl, wire.Push, "r2", S, D, ms)
+	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatal(err)
+	}
+	if l := link(t, pre, "decode"); l.XfersIPC != 4 {
+		t.Fatalf("got %d ipc transfers, want 4 (2 layers, twice)", l.XfersIPC)
+	}
+}
+
+// checkModes: the node socket directory is 0700 and each socket in it 0600.
+func checkModes(t *testing.T, dir string) {
+	t.Helper()
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := st.Mode().Perm(); m != 0o700 {
+		t.Fatalf("node socket directory mode %#o, want 0700", m)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2 {
+		t.Fatalf("%d entries in the node socket directory, want 2 (one per sidecar)", len(ents))
+	}
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: mode %v, want a socket with 0600", e.Name(), fi.Mode())
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/stage-kv/stage/wire"
+)
+
+// nodeConn is the importer's end of a node connection: requests go out and
+// answers come back in order, one transfer at a time. Connections are
+// pooled per session and closed after idleNodeConn unused.
+type nodeConn struct {
+	c    *net.UnixConn
+	buf  []byte
+	ring *shmRing // the shared ring of this connection (shm), nil until used
+	last time.Time
+}
+
+// getConn returns an idle connection to the peer's node socket or dials one.
+func (n *nodeState) getConn(ss *session) (*nodeConn, error) {
+	n.mu.Lock()
+	if k := len(n.idle); k > 0 {
+		nc := n.idle[k-1]
+		n.idle = n.idle[:k-1]
+		n.mu.Unlock()
+		return nc, nil
+	}
+	n.mu.Unlock()
+	path := filepath.Join(n.s.cfg.NodeSocketDir(), n.peerSock)
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("dial the node socket of %s at %s (is node.socket_dir the same directory for both sidecars?): %w", ss.peerName, path, err)
+	}
+	if !n.track(c) {
+		_ = c.Close()
+		return nil, fmt.Errorf("session with %s closed", ss.peerName)
+	}
+	nc := &nodeConn{c: c}
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	if err := nc.call(&wire.NodeHello{SessionID: ss.sid, Proof: ss.nodeProof()}, -1); err != nil {
+		n.drop(nc)
+		return nil, fmt.Errorf("node socket of %s: %w", ss.peerName, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return nc, nil
+}
+
+// putConn returns a connection for reuse, or closes it when it may be out
+// of step (an error happened on it) or the session closed.
+func (n *nodeState) putConn(nc *nodeConn, reuse bool) {
+	n.mu.Lock()
+	if reuse && !n.closed {
+		nc.last = time.Now()
+		n.idle = append(n.idle, nc)
+		n.mu.Unlock()
+		return
+	}
+	n.mu.Unlock()
+	n.drop(nc)
+}
+
+// drop closes a connection and its ring.
+func (n *nodeState) drop(nc *nodeConn) {
+	n.untrack(nc.c)
+	_ = nc.c.Close()
+	if nc.ring != nil {
+		if err := nc.ring.close(); err != nil {
+			n.s.log.Warn("close shared ring: " + err.Error())
+		}
+		nc.ring = nil
+	}
+}
+
+// read reads one answer; the fd that came with it is the caller's.
+func (nc *nodeConn) read() (wire.Msg, int, error) {
+	var m wire.Msg
+	var fd int
+	var err error
+	_, m, fd, nc.buf, err = readUnixFrame(nc.c, nc.buf)
+	if err != nil {
+		return nil, -1, fmt.Errorf("read from node socket: %w", err)
+	}
+	return m, fd, nil
+}
+
+// call writes m (with fd) and expects OK; a Fail becomes a coded error.
+func (nc *nodeConn) call(m wire.Msg, fd int) error {
+	if err := writeNode(nc.c, m, fd); err != nil {
+		return err
+	}
+	a, afd, err := nc.read()
+	closeFD(afd)
+	if err != nil {
+		return err
+	}
+	switch a := a.(type) {
+	case *wire.OK:
+		return nil
+	case *wire.Fail:
+		return codeErr(a.Code, "peer refused %s: %s", m.Type(), a.Message)
+	}
+	return fmt.Errorf("answer to %s is %s, want OK or Fail", m.Type(), a.Type())
+}
+
+// handles sends a HandleRequest and reads one RegionHandle per region, in
+// order. The fds returned (-1 where none) are the caller's to close; on
+// error none are left open.
+func (nc *nodeConn) handles(req *wire.HandleRequest) ([]*wire.RegionHandle, []int, error) {
+	if err := writeNode(nc.c, req, -1); err != nil {
+		return nil, nil, err
+	}
+	hs := make([]*wire.RegionHandle, 0, len(req.Regions))
+	fds := make([]int, 0, len(req.Regions))
+	fail := func(err error) ([]*wire.RegionHandle, []int, error) {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	for len(hs) < len(req.Regions) {
+		m, fd, err := nc.read()
+		if err != nil {
+			return fail(err)
+		}
+		switch m := m.(type) {
+		case *wire.Fail:
+			closeFD(fd)
+			return fail(codeErr(m.Code, "%s", m.Message))
+		case *wire.RegionHandle:
+			fds = append(fds, fd)
+			if m.Transfer != req.Transfer || int(m.Index) != len(hs) {
+				return fail(fmt.Errorf("got the handle of transfer %d region #%d, want transfer %d region #%d", m.Transfer, m.Index, req.Transfer, len(hs)))
+			}
+			hs = append(hs, m)
+		default:
+			closeFD(fd)
+			return fail(fmt.Errorf("answer to HandleRequest is %s", m.Type()))
+		}
+	}
+	return hs, fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		closeFD(fd)
+	}
+}

@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/wire"
+)
+
+// The shared ring of transport shm: a memfd both sidecars map and pin with
+// their own runtimes (device.HostRegisterer). The sender gathers a chunk
+// from its device into a slot (D2H), the receiver scatters it from there to
+// its device (H2D): no socket carries the payload.
+
+const (
+	shmSlots    = 4       // slots per ring (one ring per node connection)
+	maxShmSlots = 64      // the most a receiver maps
+	maxShmBytes = 1 << 30 // the largest ring a receiver maps
+)
+
+type shmRing struct {
+	dev      device.HostRegisterer
+	mem      []byte
+	pin      device.Pinned
+	slots    int
+	slotSize int
+}
+
+// newRing creates a ring of slots slots of slotSize bytes; it returns the
+// memfd to hand to the peer (the caller closes it).
+func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, error) {
+	fd, err := unix.MemfdCreate("stage-shm-ring", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, -1, fmt.Errorf("memfd_create(stage-shm-ring): %w", err)
+	}
+	size := slots * slotSize
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		closeFD(fd)
+		return nil, -1, fmt.Errorf("ftruncate(ring memfd, %d): %w", size, err)
+	}
+	r, err := mapRing(dev, fd, slots, slotSize)
+	if err != nil {
+		closeFD(fd)
+		return nil, -1, err
+	}
+	return r, fd, nil
+}
+
+// mapRing maps and pins a ring's memfd (fd stays the caller's).
+func mapRing(dev device.HostRegisterer, fd, slots, slotSize int) (*shmRing, error) {
+	size := slots * slotSize
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat ring fd %d: %w", fd, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < int64(size) {
+		return nil, fmt.Errorf("ring fd %d: %d B (mode %#o), want a memfd of at least %d B", fd, st.Size, st.Mode, size)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap ring (%d B): %w", size, err)
+	}
+	pin, err := dev.RegisterHost(mem)
+	if err != nil {
+		_ = unix.Munmap(mem)
+		return nil, fmt.Errorf("pin ring of %d B: %w", size, err)
+	}
+	return &shmRing{dev: dev, mem: mem, pin: pin, slots: slots, slotSize: slotSize}, nil
+}
+
+// slot is the first n bytes of slot i.
+func (r *shmRing) slot(i, n int) device.Pinned { return r.pin.Slice(i*r.slotSize, n) }
+
+// close unpins and unmaps the ring; no copy may be using it.
+func (r *shmRing) close() error {
+	err := r.dev.UnregisterHost(r.pin)
+	if uerr := unix.Munmap(r.mem); uerr != nil {
+		err = errors.Join(err, fmt.Errorf("munmap ring: %w", uerr))
+	}
+	return err
+}
+
+// ensureRing sets up the connection's ring (once) with the peer.
+func (s *Server) ensureRing(nc *nodeConn, slotSize int) error {
+	if nc.ring != nil {
+		return nil
+	}
+	hr, ok := s.dev.(device.HostRegisterer)
+	if !ok {
+		return fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring", s.dev))
+	}
+	r, fd, err := newRing(hr, shmSlots, slotSize)
+	if err != nil {
+		return fallback(fbShmSetup, err)
+	}
+	err = nc.call(&wire.ShmRing{Slots: shmSlots, SlotSize: uint32(slotSize)}, fd)
+	closeFD(fd)
+	if err != nil {
+		_ = r.close()
+		return fallback(fbShmSetup, err)
+	}
+	nc.ring = r
+	return nil
+}
+
+// shmPush sends a push's chunks through the ring: gather into a free slot,
+// announce it, and take the slot back when the receiver says it landed.
+func (s *Server) shmPush(ox *outXfer) (err error) {
+	ss := ox.ss
+	nc, err := ss.node.getConn(ss)
+	if err != nil {
+		return fallback(fbPeerUnreachable, err)
+	}
+	defer func() { ss.node.putConn(nc, err == nil) }()
+	if err := s.ensureRing(nc, ss.chunkSize); err != nil {
+		return err
+	}
+	free := make([]int, 0, shmSlots)
+	for i := shmSlots - 1; i >= 0; i-- {
+		free = append(free, i)
+	}
+	inflight := 0
+	wait := func() error {
+		m, fd, err := nc.read()
+		closeFD(fd)
+		if err != nil {
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+		}
+		l, ok := m.(*wire.ShmLanded)
+		if !ok || l.Transfer != ox.wireID || int(l.Slot) >= shmSlots {
+			return codeErr(wire.CodeMalformed, "shared ring with %s: unexpected answer %s", ss.peerName, m.Type())
+		}
+		if l.Code != wire.CodeOK {
+			return codeErr(l.Code, "peer %s: chunk %d: %s", ss.peerName, l.Index, l.Message)
+		}
+		free = append(free, int(l.Slot))
+		inflight--
+		return nil
+	}
+	count := uint32(len(ox.plan.Chunks))
+	for i := range ox.plan.Chunks {
+		c := &ox.plan.Chunks[i]
+		if len(free) == 0 {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+		k := free[len(free)-1]
+		free = free[:len(free)-1]
+		if err := s.gatherSync(nc.ring.slot(k, int(c.Len)), c.Src); err != nil {
+			return err
+		}
+		m := &wire.ShmChunk{Transfer: ox.wireID, Slot: uint32(k), Index: uint32(i), Count: count, PayloadLen: c.Len, Segs: make([]wire.ChunkSeg, len(c.Dst))}
+		for j, d := range c.Dst {
+			m.Segs[j] = wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off}
+		}
+		if err := writeNode(nc.c, m, -1); err != nil {
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+		}
+		inflight++
+	}
+	for inflight > 0 {
+		if err := wait(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gatherSync copies segs into dst on a copy stream and waits.
+func (s *Server) gatherSync(dst device.Pinned, segs []device.Seg) error {
+	done := make(chan error, 1)
+	if err := s.copier().Gather(dst, segs, func(err error) { done <- err }); err != nil {
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+	}
+	if err := <-done; err != nil {
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+	}
+	return nil
+}
+
+// openRing maps the ring a sender handed over (ShmRing).
+func (e *exporter) openRing(m *wire.ShmRing, fd int) error {
+	switch {
+	case fd < 0:
+		return codeErr(wire.CodeBadRequest, "ShmRing came without its memfd")
+	case e.ring != nil:
+		return codeErr(wire.CodeExists, "this connection already has a ring")
+	case m.Slots == 0 || m.Slots > maxShmSlots || m.SlotSize == 0 || uint64(m.Slots)*uint64(m.SlotSize) > maxShmBytes:
+		return codeErr(wire.CodeBadRequest, "ring of %d slots of %d B: want 1..%d slots and at most %d B", m.Slots, m.SlotSize, maxShmSlots, maxShmBytes)
+	}
+	hr, ok := e.s.dev.(device.HostRegisterer)
+	if !ok {
+		return codeErr(wire.CodeUnsupported, "%s cannot pin a shared ring", e.s.dev)
+	}
+	r, err := mapRing(hr, fd, int(m.Slots), int(m.SlotSize))
+	if err != nil {
+		return codeErr(wire.CodeDevice, "%v", err)
+	}
+	e.ring = r
+	return nil
+}
+
+// shmChunk lands one ring slot: checked like a chunk from a data stream,
+// scattered to the device, answered with ShmLanded once there.
+func (e *exporter) shmChunk(m *wire.ShmChunk) error {
+	if e.ring == nil || int(m.Slot) >= e.ring.slots || m.PayloadLen == 0 || int(m.PayloadLen) > e.ring.slotSize {
+		return fmt.Errorf("ShmChunk for slot %d of %d B does not fit the ring", m.Slot, m.PayloadLen)
+	}
+	reply := func(err error) error {
+		return e.write(&wire.ShmLanded{Transfer: m.Transfer, Slot: m.Slot, Index: m.Index, Code: errCode(err), Message: err.Error()}, -1)
+	}
+	x := e.ss.incoming(m.Transfer)
+	if x == nil || x.dir != wire.Push || x.local != nil {
+		return reply(codeErr(wire.CodeUnknownTransfer, "push %d is unknown here: refused, finished or never announced", m.Transfer))
+	}
+	x.viaRing()
+	ch := wire.Chunk{Transfer: m.Transfer, Index: m.Index, Count: m.Count, PayloadLen: m.PayloadLen, Segs: m.Segs}
+	segs, err := x.resolve(&ch, nil)
+	if err != nil {
+		x.fail(err, true)
+		return reply(err)
+	}
+	idx, n := m.Index, uint64(m.PayloadLen)
+	e.busy.Add(1)
+	err = e.s.copier().Scatter(segs, e.ring.slot(int(m.Slot), int(m.PayloadLen)), func(err error) {
+		defer e.busy.Done()
+		x.landed(idx, n, err)
+		x.release()
+		e.ss.link.BytesIn.Add(n)
+		a := &wire.ShmLanded{Transfer: m.Transfer, Slot: m.Slot, Index: idx}
+		if err != nil {
+			a.Code, a.Message = wire.CodeDevice, err.Error()
+		}
+		if werr := e.write(a, -1); werr != nil {
+			e.logf("answer a ring chunk", werr)
+		}
+	})
+	if err != nil {
+		e.busy.Done()
+		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %v", idx, e.s.dev, err)
+		x.fail(err, true)
+		x.release()
+		return reply(err)
+	}
+	return nil
+}
+
+// closeRing unmaps the ring once no scatter uses it.
+func (e *exporter) closeRing() {
+	e.busy.Wait()
+	if e.ring != nil {
+		if err := e.ring.close(); err != nil {
+			e.logf("close shared ring", err)
+		}
+		e.ring = nil
+	}
+}
