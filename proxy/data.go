@@ -31,6 +31,7 @@ type dataStream struct {
 	wmu    sync.Mutex
 	queued atomic.Int32 // jobs enqueued and not yet written
 	dead   atomic.Bool  // stopped or lost: pick another stream
+	ctl    ctlQueue     // small frames (inline acks) to write ahead of chunks
 
 	mu      sync.Mutex
 	stopped bool
@@ -59,7 +60,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		_ = c.Close()
 		return false
 	}
-	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1)}
+	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1), ctl: newCtlQueue()}
 	ss.mu.Lock()
 	if ss.closed || ss.streams[i] != nil {
 		ss.mu.Unlock()
@@ -130,6 +131,9 @@ func (ds *dataStream) writeNow(bufs [][]byte) error {
 	}
 	ds.wmu.Lock()
 	defer ds.wmu.Unlock()
+	if err := ds.flushCtl(); err != nil {
+		return err
+	}
 	return ds.rc.Writev(bufs)
 }
 
@@ -147,42 +151,79 @@ func (ds *dataStream) writeLoop() {
 	defer ds.ss.s.wg.Done()
 	defer ds.wg.Done()
 	defer ds.rc.Done()
-	s := ds.ss.s
-	head := make([]byte, 0, wire.HeaderSize+wire.ChunkFixedSize+64*wire.ChunkSegSize)
-	var ch wire.Chunk
-	var iov [2][]byte
-	var broken error
-	for job := range ds.sendq {
-		c := job.cmd
-		payload := s.sendPool.Slot(c.Slot).Host()[:c.C.Len]
-		if broken != nil {
-			ds.queued.Add(-1)
-			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
-			continue
+	w := &chunkWriter{ds: ds, head: make([]byte, 0, wire.HeaderSize+wire.ChunkFixedSize+64*wire.ChunkSegSize)}
+	for {
+		select {
+		case job, ok := <-ds.sendq:
+			if !ok {
+				return
+			}
+			w.write(job)
+		case <-ds.ctl.kick:
+			if w.broken == nil {
+				ds.wmu.Lock()
+				if err := ds.flushCtl(); err != nil {
+					w.fail(err)
+				}
+				ds.wmu.Unlock()
+			}
 		}
-		ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
-		ch.Segs = ch.Segs[:0]
-		for _, d := range c.C.Dst {
-			ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
-		}
-		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum, 0)
-		iov[0], iov[1] = head, payload
-		t0 := time.Now()
-		ds.wmu.Lock()
-		err := ds.rc.Writev(iov[:])
-		ds.wmu.Unlock()
-		ds.queued.Add(-1)
-		s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
-		if err != nil {
-			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
-			ds.rc.Shutdown()
-			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: broken, Now: time.Now()})
-			continue
-		}
-		ds.ss.link.BytesOut.Add(uint64(c.C.Len))
-		ds.ss.link.ChunksOut.Add(1)
-		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Now: time.Now()})
 	}
+}
+
+// chunkWriter is the writer goroutine's state.
+type chunkWriter struct {
+	ds     *dataStream
+	head   []byte
+	ch     wire.Chunk
+	iov    [2][]byte
+	broken error
+}
+
+func (w *chunkWriter) fail(err error) {
+	ds := w.ds
+	w.broken = fmt.Errorf("write to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
+	ds.rc.Shutdown()
+}
+
+// write sends one chunk (after any queued small frames) and reports it.
+func (w *chunkWriter) write(job sendJob) {
+	ds := w.ds
+	s := ds.ss.s
+	c := job.cmd
+	defer ds.queued.Add(-1)
+	written := func(err error) {
+		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: err, Now: time.Now()})
+	}
+	if w.broken != nil {
+		written(w.broken)
+		return
+	}
+	payload := s.sendPool.Slot(c.Slot).Host()[:c.C.Len]
+	ch := &w.ch
+	ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
+	ch.Segs = ch.Segs[:0]
+	for _, d := range c.C.Dst {
+		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
+	}
+	w.head = wire.AppendChunkHead(w.head[:0], ch, payload, job.checksum, 0)
+	w.iov[0], w.iov[1] = w.head, payload
+	t0 := time.Now()
+	ds.wmu.Lock()
+	err := ds.flushCtl()
+	if err == nil {
+		err = ds.rc.Writev(w.iov[:])
+	}
+	ds.wmu.Unlock()
+	s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
+	if err != nil {
+		w.fail(err)
+		written(w.broken)
+		return
+	}
+	ds.ss.link.BytesOut.Add(uint64(c.C.Len))
+	ds.ss.link.ChunksOut.Add(1)
+	written(nil)
 }
 
 // readLoop lands chunks: meta into a reused buffer, payload straight into a
@@ -216,8 +257,14 @@ func (ds *dataStream) read() error {
 		if err != nil {
 			return err
 		}
-		if h.Type == wire.TypeAnnounce && h.Flags&wire.FlagInline != 0 {
+		switch {
+		case h.Type == wire.TypeAnnounce && h.Flags&wire.FlagInline != 0:
 			if err := ds.readInlineAnnounce(h, &announce); err != nil {
+				return err
+			}
+			continue
+		case h.Type == wire.TypeAck || h.Type == wire.TypeNack:
+			if err := ds.readInlineAnswer(h, &announce); err != nil {
 				return err
 			}
 			continue

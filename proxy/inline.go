@@ -185,6 +185,42 @@ func (ss *session) quietStream() *dataStream {
 	return best
 }
 
+// readInlineAnswer handles an Ack or Nack frame on a data stream: the
+// answer to one of our inline pushes. Only a stream-level failure is
+// returned.
+func (ds *dataStream) readInlineAnswer(h wire.Header, body *[]byte) error {
+	if h.Length > maxInlineAnnounce {
+		return fmt.Errorf("%s of %d B on a data stream exceeds %d", h.Type, h.Length, maxInlineAnnounce)
+	}
+	if cap(*body) < int(h.Length) {
+		*body = make([]byte, h.Length)
+	}
+	b := (*body)[:h.Length]
+	if err := ds.rc.ReadFull(b); err != nil {
+		return fmt.Errorf("read %s: %w", h.Type, err)
+	}
+	if err := wire.VerifyCRC(h, b); err != nil {
+		return err
+	}
+	m, err := wire.Decode(h.Type, b)
+	if err != nil {
+		return err
+	}
+	s, ss := ds.ss.s, ds.ss
+	switch m := m.(type) {
+	case *wire.Ack:
+		if !s.isInline(ss, m.Transfer) {
+			return fmt.Errorf("data stream got an Ack for transfer %d, not one of our small pushes", m.Transfer)
+		}
+		s.inlineAnswered(ss, m.Transfer, nil)
+	case *wire.Nack:
+		if s.isInline(ss, m.Transfer) {
+			s.inlineAnswered(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message))
+		}
+	}
+	return nil
+}
+
 // readInlineAnnounce admits the transfer an inline Announce on a data
 // stream names, or refuses it (its chunk, which follows, is then drained).
 // Only a stream-level failure is returned.
@@ -214,7 +250,7 @@ func (ds *dataStream) readInlineAnnounce(h wire.Header, body *[]byte) error {
 	}
 	if x := ds.ss.lookupIn(a.Transfer); x != nil {
 		x.mu.Lock()
-		x.inline = true
+		x.inline, x.ackOn = true, ds
 		x.mu.Unlock()
 	}
 	return nil

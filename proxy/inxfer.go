@@ -32,7 +32,8 @@ type inXfer struct {
 	nLanded  uint32
 	bytes    uint64
 	inflight int
-	inline   bool // a small push on the latency path: it holds no credit
+	inline   bool        // a small push on the latency path: it holds no credit
+	ackOn    *dataStream // inline: acks go on this data stream, not the control session
 	finished bool
 	released bool
 	ring     bool // chunks come through the shared ring (indirect.go)
@@ -116,7 +117,12 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	ring := x.ring
 	x.mu.Unlock()
 	if !ring {
-		x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+		if ds := x.ackOn; ds != nil {
+			var b [64]byte
+			ds.sendCtl(wire.AppendFrame(b[:0], &wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}}, false, 0))
+		} else {
+			x.ss.send(&wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}})
+		}
 	}
 	if bad != nil {
 		x.fail(bad, true)

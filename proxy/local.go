@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/valyala/bytebufferpool"
@@ -52,12 +53,23 @@ func listenLocal(path string) (*net.UnixListener, error) {
 type client struct {
 	s     *Server
 	conn  *net.UnixConn
+	raw   syscall.RawConn
 	out   chan *bytebufferpool.ByteBuffer
 	wg    sync.WaitGroup
 	once  sync.Once
 	dead  chan struct{}
 	waits sync.WaitGroup
+
+	// A small answer goes straight out from whoever produced it when the
+	// writer has nothing in hand (wmu guards pending, the answers queued
+	// or being written by writeLoop), so answers stay in order and the
+	// latency path saves a goroutine hand-off.
+	wmu     sync.Mutex
+	pending int
 }
+
+// directMax is the largest answer written straight from the producer.
+const directMax = 64 << 10
 
 // clientQueue bounds answers and notifications queued for one client; a
 // client that lets it fill is not reading and is disconnected.
@@ -82,7 +94,14 @@ func (s *Server) acceptLocal() {
 			s.log.Warn("control socket: limits.max_clients reached; refused a connection", zap.Int("max", s.cfg.Limits.MaxClients))
 			continue
 		}
-		cl := &client{s: s, conn: c, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
+		raw, err := c.SyscallConn()
+		if err != nil {
+			s.mu.Unlock()
+			_ = c.Close()
+			s.log.Warn("control socket: connection without a file descriptor", zap.Error(err))
+			continue
+		}
+		cl := &client{s: s, conn: c, raw: raw, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
 		s.clients[cl] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(2)
@@ -103,10 +122,22 @@ func (c *client) close() {
 	})
 }
 
-// reply queues a message for the client; it never blocks.
+// reply sends or queues a message for the client; it never blocks.
 func (c *client) reply(m wire.Msg) {
 	buf := bytebufferpool.Get()
 	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
+	c.wmu.Lock()
+	if c.pending == 0 && len(buf.B) <= directMax {
+		n := c.tryWrite(buf.B)
+		if n == len(buf.B) {
+			c.wmu.Unlock()
+			bytebufferpool.Put(buf)
+			return
+		}
+		buf.B = append(buf.B[:0], buf.B[n:]...) // the writer sends the rest
+	}
+	c.pending++
+	c.wmu.Unlock()
 	select {
 	case <-c.dead:
 		bytebufferpool.Put(buf)
@@ -116,6 +147,27 @@ func (c *client) reply(m wire.Msg) {
 		c.s.log.Error("control client is not reading its answers; disconnecting it")
 		c.close()
 	}
+}
+
+// tryWrite sends what of b the socket takes now, without blocking; a
+// failed socket takes nothing (the writer meets the error).
+func (c *client) tryWrite(b []byte) int {
+	var n int
+	if err := c.raw.Write(func(fd uintptr) bool {
+		for {
+			k, err := unix.SendmsgN(int(fd), b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil {
+				n = k
+			}
+			return true
+		}
+	}); err != nil {
+		return 0
+	}
+	return n
 }
 
 func (c *client) fail(req uint64, err error) {
@@ -139,6 +191,9 @@ func (c *client) writeLoop() {
 		case b := <-c.out:
 			_, err := c.conn.Write(b.B)
 			bytebufferpool.Put(b)
+			c.wmu.Lock()
+			c.pending--
+			c.wmu.Unlock()
 			if err != nil {
 				c.close()
 			}

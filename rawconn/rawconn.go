@@ -103,6 +103,24 @@ func (r *Conn) Writev(bufs [][]byte) error {
 	return nil
 }
 
+// TryWrite sends what of b fits in the socket's buffer now, without
+// blocking (MSG_DONTWAIT): n may be anything from 0 (buffer full) to
+// len(b). A goroutine that must never wait on the peer (a reader) uses it.
+func (r *Conn) TryWrite(b []byte) (int, error) {
+	for {
+		n, err := unix.SendmsgN(r.fd, b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		switch {
+		case err == nil:
+			return n, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return 0, nil
+		}
+		return 0, err
+	}
+}
+
 // Read implements io.Reader (for headers): one recv, whatever arrived.
 func (r *Conn) Read(p []byte) (int, error) {
 	for {

@@ -106,3 +106,44 @@ func TestShutdownWakesReader(t *testing.T) {
 	a.Done()
 	a.Done()
 }
+
+// TestTryWriteNeverBlocks: with nobody reading, TryWrite fills the socket
+// buffers and then returns 0 instead of blocking; every byte it said it
+// sent arrives, in order.
+func TestTryWriteNeverBlocks(t *testing.T) {
+	a, b := pair(t)
+	defer func() {
+		a.Shutdown()
+		a.Done()
+		a.Done()
+		b.Shutdown()
+		b.Done()
+		b.Done()
+	}()
+	p := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
+	var sent int
+	full := false
+	deadline := time.Now().Add(10 * time.Second)
+	for !full && time.Now().Before(deadline) {
+		n, err := a.TryWrite(p)
+		if err != nil {
+			t.Fatalf("TryWrite: %v", err)
+		}
+		if n == 0 {
+			full = true
+		}
+		sent += n
+		p = append(p[n:], p[:n]...) // keep the stream a repeating pattern
+	}
+	if !full {
+		t.Fatalf("sent %d B without the buffers filling", sent)
+	}
+	got := make([]byte, sent)
+	if err := b.ReadFull(got); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte("0123456789abcdef"), sent/16+1)[:sent]
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes differ")
+	}
+}

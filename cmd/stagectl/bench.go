@@ -58,6 +58,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	rawSpan := f.String("raw-span", "4MiB", "with --raw: each raw stream cycles 4 MiB writes (and reads) over a buffer this large; 4MiB keeps it in the CPU caches, a larger one measures TCP from cold memory as stage's staging slots are")
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
 	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
+	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles of both sidecars over each row's timed transfers into this folder (read with go tool pprof)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -115,12 +116,12 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			defer os.RemoveAll(tmp)
 			token := randomToken()
-			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0), token, extra...)
+			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0, ""), token, extra...)
 			if err != nil {
 				return err
 			}
 			defer dec.stop()
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes), token, extra...)
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes, *transport), token, extra...)
 			if err != nil {
 				return err
 			}

@@ -41,6 +41,7 @@ throughput and both sidecars' stats.`,
 	hold := f.Bool("hold", false, "after the demo, keep both sidecars running (and print their sockets) until interrupted")
 	devFlag := f.String("device", "hostmem", "prefill side's device: hostmem or cuda:N")
 	rdevFlag := f.String("remote-device", "", "decode side's device (default: as --device)")
+	transport := f.String("transport", "tcp", "the route's transport: tcp shows the staging path (pinned slots, TCP); auto, ipc or shm the same-node paths")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		sz, err := config.ParseByteSize(*size)
 		if err != nil {
@@ -83,7 +84,7 @@ throughput and both sidecars' stats.`,
 			fmt.Println("configs and logs in", dir)
 		}
 		return runDemo(cmd.Context(), demoOpts{bin: bin, dir: dir, layers: *layers, layerBytes: layerBytes, block: uint64(bl),
-			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots, pdev: pdev, ddev: ddev, hold: *hold})
+			rng: uint64(rg), stripes: *stripes, slot: *slot, slots: *slots, pdev: pdev, ddev: ddev, hold: *hold, transport: *transport})
 	}
 	return cmd
 }
@@ -98,6 +99,7 @@ type demoOpts struct {
 	slots             int
 	pdev, ddev        engineDevice
 	hold              bool
+	transport         string
 }
 
 type phaseResult struct {
@@ -111,12 +113,12 @@ type phaseResult struct {
 func runDemo(ctx context.Context, o demoOpts) (err error) {
 	token := randomToken()
 	fmt.Printf("starting two sidecars (emulated devices) in %s\n", o.dir)
-	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.ddev, o.slot, o.slots, "", "", 0), token)
+	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.ddev, o.slot, o.slots, "", "", 0, ""), token)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, dec.stop()) }()
-	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.pdev, o.slot, o.slots, "decode", dec.peers, o.stripes), token)
+	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.pdev, o.slot, o.slots, "decode", dec.peers, o.stripes, o.transport), token)
 	if err != nil {
 		return err
 	}

@@ -149,14 +149,15 @@ func tail(path string, n int) string {
 }
 
 // sidecarYAML is a config for a local sidecar, on top of the embedded default.
-func sidecarYAML(name, socket string, dev engineDevice, slot string, slots int, route, peer string, stripes int) string {
+// transport is the route's transport (auto, tcp, ipc, shm).
+func sidecarYAML(name, socket string, dev engineDevice, slot string, slots int, route, peer string, stripes int, transport string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\n", name, socket)
 	fmt.Fprintf(&b, "device:\n  kind: %s\n  ordinal: %d\n", dev.kind, dev.ordinal)
 	fmt.Fprintf(&b, "staging:\n  slot_size: %s\n  slots: %d\n  window: %d\n", slot, slots, slots/2)
 	fmt.Fprintf(&b, "log:\n  level: info\n")
 	if route != "" {
-		fmt.Fprintf(&b, "routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n", route, peer, stripes)
+		fmt.Fprintf(&b, "routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    transport: %s\n", route, peer, stripes, transport)
 	}
 	return b.String()
 }
