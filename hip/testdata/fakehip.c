@@ -56,37 +56,27 @@ enum { H2D = 1, D2H = 2, D2D = 3 };
 #define MAGIC 0x50494846u /* "FHIP" */
 #define HEAP_SIZE (64UL << 30)
 
-const char *hipGetErrorName(hipError_t e) {
-	switch (e) {
-	case OK: return "hipSuccess";
-	case E_VALUE: return "hipErrorInvalidValue";
-	case E_OOM: return "hipErrorOutOfMemory";
-	case E_DEVPTR: return "hipErrorInvalidDevicePointer";
-	case E_DEVICE: return "hipErrorInvalidDevice";
-	case E_MAPPED: return "hipErrorAlreadyMapped";
-	case E_HANDLE: return "hipErrorInvalidHandle";
-	case E_NOT_READY: return "hipErrorNotReady";
-	case E_ILLEGAL: return "hipErrorIllegalAddress";
-	case E_PEER_ON: return "hipErrorPeerAccessAlreadyEnabled";
-	}
-	return "hipErrorUnknown";
+static const struct { hipError_t code; const char *name, *text; } errtab[] = {
+	{ OK, "hipSuccess", "no error" },
+	{ E_VALUE, "hipErrorInvalidValue", "invalid argument" },
+	{ E_OOM, "hipErrorOutOfMemory", "out of memory" },
+	{ E_DEVPTR, "hipErrorInvalidDevicePointer", "invalid device pointer" },
+	{ E_DEVICE, "hipErrorInvalidDevice", "invalid device ordinal" },
+	{ E_MAPPED, "hipErrorAlreadyMapped", "resource already mapped" },
+	{ E_HANDLE, "hipErrorInvalidHandle", "invalid resource handle" },
+	{ E_NOT_READY, "hipErrorNotReady", "device not ready" },
+	{ E_ILLEGAL, "hipErrorIllegalAddress", "an illegal memory access was encountered" },
+	{ E_PEER_ON, "hipErrorPeerAccessAlreadyEnabled", "peer access is already enabled" },
+};
+
+static int errix(hipError_t e) {
+	for (int i = 0; i < (int)(sizeof errtab / sizeof errtab[0]); i++)
+		if (errtab[i].code == e) return i;
+	return -1;
 }
 
-const char *hipGetErrorString(hipError_t e) {
-	switch (e) {
-	case OK: return "no error";
-	case E_VALUE: return "invalid argument";
-	case E_OOM: return "out of memory";
-	case E_DEVPTR: return "invalid device pointer";
-	case E_DEVICE: return "invalid device ordinal";
-	case E_MAPPED: return "resource already mapped";
-	case E_HANDLE: return "invalid resource handle";
-	case E_NOT_READY: return "device not ready";
-	case E_ILLEGAL: return "an illegal memory access was encountered";
-	case E_PEER_ON: return "peer access is already enabled";
-	}
-	return "unknown error";
-}
+const char *hipGetErrorName(hipError_t e) { int i = errix(e); return i < 0 ? "hipErrorUnknown" : errtab[i].name; }
+const char *hipGetErrorString(hipError_t e) { int i = errix(e); return i < 0 ? "unknown error" : errtab[i].text; }
 
 /* ---- setup, devices ---- */
 
