@@ -20,6 +20,7 @@ import (
 	"github.com/stage-kv/stage/config"
 	_ "github.com/stage-kv/stage/cuda"           // NVIDIA, loaded with dlopen when configured
 	_ "github.com/stage-kv/stage/device/hostmem" // the emulated backend
+	_ "github.com/stage-kv/stage/hip"            // AMD, loaded with dlopen when configured
 	"github.com/stage-kv/stage/proxy"
 )
 
