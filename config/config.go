@@ -45,11 +45,13 @@ type Hostmem struct {
 
 // Staging sizes the pinned pool. Pool memory = Slots * SlotSize.
 type Staging struct {
-	SlotSize    ByteSize `mapstructure:"slot_size"`    // chunk payload size; "4MiB"
-	Slots       int      `mapstructure:"slots"`        // pinned slots in the pool
-	Window      int      `mapstructure:"window"`       // credits granted to each peer session
-	CopyStreams int      `mapstructure:"copy_streams"` // device streams for staging copies
-	InlineMax   ByteSize `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
+	SlotSize    ByteSize      `mapstructure:"slot_size"`    // chunk payload size; "4MiB"
+	Slots       int           `mapstructure:"slots"`        // pinned slots in the pool
+	Window      int           `mapstructure:"window"`       // credits granted to each peer session
+	CopyStreams int           `mapstructure:"copy_streams"` // device streams for staging copies
+	InlineMax   ByteSize      `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
+	ReadSpin    time.Duration `mapstructure:"read_spin"`    // data-stream readers poll this long before sleeping; 0: never
+	StreamDepth int           `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; 0: as slots and credits allow
 }
 
 // Route is a named destination for transfers.

@@ -60,6 +60,8 @@ const (
 	MinSlots       = 2
 	MaxCopyStreams = 16
 	MaxInline      = 1 * MiB
+	MaxReadSpin    = 10 * time.Millisecond
+	MaxStreamDepth = 64
 	MaxStripes     = 64
 	maxRouteName   = 63
 	maxSocketPath  = 107 // sizeof(sun_path) - 1 on Linux
@@ -125,6 +127,12 @@ func Validate(c *Config) error {
 	}
 	if s.CopyStreams < 1 || s.CopyStreams > MaxCopyStreams {
 		v.add("staging.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxCopyStreams, s.CopyStreams))
+	}
+	if s.StreamDepth < 0 || s.StreamDepth > MaxStreamDepth {
+		v.add("staging.stream_depth", fmt.Sprintf("must be 0..%d (got %d); 0: as slots and credits allow", MaxStreamDepth, s.StreamDepth))
+	}
+	if s.ReadSpin < 0 || s.ReadSpin > MaxReadSpin {
+		v.add("staging.read_spin", fmt.Sprintf("must be 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}
 	if s.InlineMax > MaxInline || (s.SlotSize >= MinSlotSize && s.InlineMax > s.SlotSize) {
 		v.add("staging.inline_max", fmt.Sprintf("must be 0..%s and at most staging.slot_size (got %s)", MaxInline, s.InlineMax))

@@ -128,8 +128,8 @@ func (c *Cache) Fill(seed uint64) error {
 
 // Poison sets every byte to v.
 func (c *Cache) Poison(v byte) error {
-	buf := bytes.Repeat([]byte{v}, fillChunk)
 	size := 2*c.Guard + uint64(c.Layers)*c.LayerBytes
+	buf := bytes.Repeat([]byte{v}, int(min(fillChunk, size)))
 	for off := uint64(0); off < size; off += fillChunk {
 		if err := c.mem.WriteAt(buf[:min(fillChunk, size-off)], off); err != nil {
 			return err

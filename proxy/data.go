@@ -55,6 +55,9 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		return false
 	}
 	rc, err := rawconn.New(c, 2)
+	if err == nil {
+		rc.SetSpin(ss.s.cfg.Staging.ReadSpin)
+	}
 	if err != nil {
 		ss.s.log.Warn("data stream refused", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
 		_ = c.Close()

@@ -120,7 +120,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
-	s.core = staging.NewSender(sendSlots)
+	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth)
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.lane, err = staging.NewLane(dev); err != nil {

@@ -147,3 +147,35 @@ func TestTryWriteNeverBlocks(t *testing.T) {
 		t.Fatal("bytes differ")
 	}
 }
+
+// TestSpinRead: with polling on, frames that arrive during the poll, after
+// it, and in pieces all read whole and in order; EOF still reports.
+func TestSpinRead(t *testing.T) {
+	a, b := pair(t)
+	defer func() {
+		a.Shutdown()
+		a.Done()
+		a.Done()
+		b.Done()
+		b.Done()
+	}()
+	b.SetSpin(2 * time.Millisecond)
+	for _, gap := range []time.Duration{0, 500 * time.Microsecond, 20 * time.Millisecond} {
+		want := bytes.Repeat([]byte{byte(gap.Microseconds())}, 100000)
+		go func() {
+			time.Sleep(gap)
+			_ = a.Writev([][]byte{want[:7], want[7:]})
+		}()
+		got := make([]byte, len(want))
+		if err := b.ReadFull(got); err != nil {
+			t.Fatalf("gap %v: %v", gap, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("gap %v: bytes differ", gap)
+		}
+	}
+	b.Shutdown()
+	if err := b.ReadFull(make([]byte, 1)); err == nil {
+		t.Fatal("read after shutdown: got nil, want an error")
+	}
+}

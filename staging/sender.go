@@ -112,6 +112,7 @@ type ssess struct {
 	streams []sstream
 	active  []*sxfer // round robin
 	rr      int
+	ahead   int // chunks copying or queued on a stream, not yet written
 }
 
 type sxfer struct {
@@ -135,6 +136,7 @@ type sxfer struct {
 type Sender struct {
 	free     []int
 	slots    int
+	depth    int // chunks ahead of the socket per live stream; 0: no limit
 	sessions map[uint64]*ssess
 	order    []*ssess
 	rr       int
@@ -144,8 +146,15 @@ type Sender struct {
 }
 
 // NewSender makes a core that owns slots 0..slots-1 of the send pool.
-func NewSender(slots int) *Sender {
-	s := &Sender{slots: slots, sessions: map[uint64]*ssess{}, xfers: map[uint64]*sxfer{}}
+func NewSender(slots int) *Sender { return NewSenderDepth(slots, 0) }
+
+// NewSenderDepth is NewSender that keeps at most depth chunks per live
+// data stream gathered (or being gathered) and not yet written: a chunk is
+// copied to its slot shortly before a socket takes it, while the bytes the
+// copy engine wrote may still sit in the CPU's cache, instead of waiting
+// behind a long queue. 0 means no limit but slots and credits.
+func NewSenderDepth(slots, depth int) *Sender {
+	s := &Sender{slots: slots, depth: depth, sessions: map[uint64]*ssess{}, xfers: map[uint64]*sxfer{}}
 	for i := slots - 1; i >= 0; i-- {
 		s.free = append(s.free, i)
 	}
@@ -266,6 +275,7 @@ func (s *Sender) copyDone(ev Event) {
 	}
 	if x.finished || ev.Err != nil {
 		// The chunk will not be sent: give back the credit it took.
+		x.sess.ahead--
 		s.refund(x.sess)
 		s.release(x, ev.Slot)
 		if ev.Err != nil && !x.finished {
@@ -282,6 +292,7 @@ func (s *Sender) copyDone(ev Event) {
 		}
 	}
 	if best < 0 {
+		ss.ahead--
 		s.refund(ss)
 		s.release(x, ev.Slot)
 		s.fail(x, ErrNoStreams)
@@ -303,6 +314,7 @@ func (s *Sender) written(ev Event) {
 		return
 	}
 	ss := x.sess
+	ss.ahead--
 	if ev.Stream >= 0 && ev.Stream < len(ss.streams) {
 		ss.streams[ev.Stream].inflight--
 	}
@@ -459,7 +471,7 @@ func (s *Sender) schedule() {
 		started := false
 		for i := 0; i < len(s.order) && len(s.free) > 0; i++ {
 			ss := s.order[(s.rr+i)%len(s.order)]
-			if ss.credits <= 0 || len(ss.active) == 0 {
+			if ss.credits <= 0 || len(ss.active) == 0 || !s.roomAhead(ss) {
 				continue
 			}
 			if s.startOne(ss) {
@@ -471,6 +483,21 @@ func (s *Sender) schedule() {
 			return
 		}
 	}
+}
+
+// roomAhead reports whether ss may have one more chunk gathered ahead of
+// its sockets.
+func (s *Sender) roomAhead(ss *ssess) bool {
+	if s.depth <= 0 {
+		return true
+	}
+	alive := 0
+	for _, st := range ss.streams {
+		if st.alive {
+			alive++
+		}
+	}
+	return ss.ahead < s.depth*max(alive, 1)
 }
 
 func (s *Sender) startOne(ss *ssess) bool {
@@ -491,6 +518,7 @@ func (s *Sender) startOne(ss *ssess) bool {
 		slot := s.free[len(s.free)-1]
 		s.free = s.free[:len(s.free)-1]
 		ss.credits--
+		ss.ahead++
 		x.busy++
 		x.state[c] = chCopying
 		ss.rr = k + 1

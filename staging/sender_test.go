@@ -357,3 +357,33 @@ func BenchmarkSenderChunk(b *testing.B) {
 		pend = append(pend, r.Copies...)
 	}
 }
+
+// TestSenderDepth: with a depth, no more chunks per live stream are copied
+// or queued ahead of the sockets than it allows, however many slots and
+// credits there are; the transfer still completes.
+func TestSenderDepth(t *testing.T) {
+	for _, tc := range []struct {
+		depth, streams, want int
+	}{
+		{1, 2, 2},
+		{2, 3, 6},
+		{0, 2, 16}, // no limit: slots (16) bound it
+	} {
+		h := newHarness(t, 16)
+		h.s = NewSenderDepth(16, tc.depth)
+		h.step(Event{Kind: EvSessionUp, Session: 1, N: tc.streams, Credits: 64})
+		h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 7, Plan: plan(t, 100)})
+		if got := len(h.copies); got != tc.want {
+			t.Errorf("depth %d, %d streams: %d copies started, want %d", tc.depth, tc.streams, got, tc.want)
+		}
+		h.finishCopies(nil)
+		if got := len(h.sends) + len(h.copies); got != tc.want {
+			t.Errorf("depth %d, %d streams: %d chunks ahead after the copies, want %d", tc.depth, tc.streams, got, tc.want)
+		}
+		h.run()
+		if err, ok := h.done[7]; !ok || err != nil {
+			t.Errorf("depth %d: transfer done %v, err %v", tc.depth, ok, err)
+		}
+		h.idle()
+	}
+}

@@ -59,7 +59,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
 	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
-	profDir := f.String("profile", "", "with --spawn: write CPU profiles of both sidecars over each row's timed transfers into this folder (read with go tool pprof)")
+	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		sz, err := config.ParseByteSize(*size)

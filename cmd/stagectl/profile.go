@@ -37,21 +37,26 @@ func newProfiler(dir string, sidecars ...*sidecar) (*profiler, error) {
 	return p, nil
 }
 
-// start asks every sidecar for a CPU profile lasting d (whole seconds,
-// at least one), written to DIR/<label>-<sidecar>.pprof.
+// start asks every sidecar for a CPU profile and an execution trace
+// lasting d (whole seconds, at least one), written to
+// DIR/<label>-<sidecar>.pprof and .trace (go tool trace reads the latter:
+// where a goroutine waited, and for whom).
 func (p *profiler) start(ctx context.Context, label string, d time.Duration) {
 	secs := max(1, int(math.Ceil(d.Seconds())))
 	for name, addr := range p.targets {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			path := filepath.Join(p.dir, label+"-"+name+".pprof")
-			if err := fetchProfile(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), path, secs); err != nil {
-				p.mu.Lock()
-				p.err = fmt.Errorf("profile of %s: %w", name, err)
-				p.mu.Unlock()
-			}
-		}()
+		for _, k := range []struct{ endpoint, ext string }{{"profile", ".pprof"}, {"trace", ".trace"}} {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				path := filepath.Join(p.dir, label+"-"+name+k.ext)
+				url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, k.endpoint, secs)
+				if err := fetchProfile(ctx, url, path, secs); err != nil {
+					p.mu.Lock()
+					p.err = fmt.Errorf("%s of %s: %w", k.endpoint, name, err)
+					p.mu.Unlock()
+				}
+			}()
+		}
 	}
 }
 
