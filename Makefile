@@ -26,11 +26,13 @@ demo: build
 # Micro-benchmarks of the hot paths, then end-to-end throughput on two
 # local sidecars (emulated devices): a block-size sweep with one stream and
 # a 4-stream run, each beside raw TCP with as many streams, measured in the
-# same run.
+# same run; then UCX over TCP at the same sizes where ucx_perftest is
+# installed (Debian: ucx-utils).
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./wire/ ./staging/ ./device/hostmem/
 	./$(BIN)/stagectl bench --spawn --sweep --raw --stripes 1 --size 256MiB --iters 5
 	./$(BIN)/stagectl bench --spawn --raw --stripes 4 --size 1GiB --block 4MiB --iters 5
+	BIN=$(BIN) bash scripts/ucx-compare.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
