@@ -417,3 +417,9 @@ func (e *Event) Close() error {
 	}
 	return nil
 }
+
+// The same-node paths: ipc copies with CopyDtoD, shm pins the shared ring.
+var (
+	_ device.DtoD           = (*Stream)(nil)
+	_ device.HostRegisterer = (*Device)(nil)
+)

@@ -261,3 +261,6 @@ var (
 	_ = [1]struct{}{}[unsafe.Sizeof(device.Seg{})-C.sizeof_sthip_seg]
 	_ = [1]struct{}{}[unsafe.Offsetof(device.Seg{}.Len)-8]
 )
+
+// The same-node ipc path copies through imported mappings with CopyDtoD.
+var _ device.DtoD = (*Stream)(nil)
