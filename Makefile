@@ -51,12 +51,13 @@ fuzz:
 	done
 
 # GPU test binaries and daemons for the GPU machine (see docs/BENCHMARKS.md).
+# Stripped (-s -w): what travels to the GPU machine must stay under 64 MiB.
 gpu-build:
 	@mkdir -p .dev/bench
-	$(GO) test -c -tags gpu -o .dev/cuda.test ./cuda/
-	$(GO) test -c -tags gpu -o .dev/e2e.test ./e2e/
-	$(GO) test -c -tags gpu -o .dev/acl.test ./acl/
-	$(GO) build -o .dev/ ./cmd/staged ./cmd/stagectl
+	$(GO) test -c -tags gpu -ldflags='-s -w' -o .dev/cuda.test ./cuda/
+	$(GO) test -c -tags gpu -ldflags='-s -w' -o .dev/e2e.test ./e2e/
+	$(GO) test -c -tags gpu -ldflags='-s -w' -o .dev/acl.test ./acl/
+	$(GO) build -ldflags='-s -w' -o .dev/ ./cmd/staged ./cmd/stagectl
 	cp ../shared/bench/* .dev/bench/
 	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go
 

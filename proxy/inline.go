@@ -77,7 +77,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %v", c.Len, s.dev, lx.id, err))
 		return true
 	}
-	lx.inline = true
+	lx.inline.Store(true)
 	ix := &inlineXfer{lx: lx, stream: ds.idx}
 	if lx.timeout > 0 {
 		ix.deadline = time.Now().Add(lx.timeout)
@@ -142,7 +142,7 @@ func (s *Server) isInline(ss *session, id uint64) bool {
 	s.mu.Lock()
 	lx := s.xfers[id>>1]
 	s.mu.Unlock()
-	return lx != nil && lx.inline
+	return lx != nil && lx.inline.Load()
 }
 
 // failInline fails the inline pushes of a session for which keep says

@@ -114,10 +114,10 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	if complete && bad == nil {
 		x.finished = true
 	}
-	ring := x.ring
+	ring, ackOn := x.ring, x.ackOn
 	x.mu.Unlock()
 	if !ring {
-		if ds := x.ackOn; ds != nil {
+		if ds := ackOn; ds != nil {
 			var b [64]byte
 			ds.sendCtl(wire.AppendFrame(b[:0], &wire.Ack{Transfer: x.wireID, Chunks: []uint32{idx}}, false, 0))
 		} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -34,8 +35,8 @@ type localXfer struct {
 	started time.Time
 	ended   time.Time
 	done    chan struct{}
-	onDone  []func() // run once when it finishes (SubmitWait answers)
-	inline  bool     // sent on the latency path (set before it is sent)
+	onDone  []func()    // run once when it finishes (SubmitWait answers)
+	inline  atomic.Bool // sent on the latency path (set before it is sent)
 }
 
 // whenDone runs f once the transfer has finished: at once if it has.
