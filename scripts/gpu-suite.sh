@@ -47,6 +47,8 @@ if [ "$part" = all ] || [ "$part" = 1 ]; then
     set -- $pat
     step "bench-tcp-$1-$2" $B $GPUS --stripes 8 --slots 64 --size 1GiB --block "$2" --pattern "$1" --iters 3 --verify --raw
   done
+  step bench-tcp-ranges-crc $B $GPUS --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 3 --verify --raw --checksum on
+  step bench-tcp-ranges-depth1 env STAGE_STAGING_STREAM_DEPTH=1 $B $GPUS --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 3 --verify --raw
   step bench-ipc-ranges-4GiB $B $GPUS --transport auto --size 4GiB --block 1GiB --iters 3 --verify
   step bench-ipc-blocks-16KiB $B $GPUS --transport auto --size 1GiB --block 16KiB --pattern blocks --iters 3 --verify
   step latency-4KiB $B --stripes 1 --size 4KiB --block 4KiB --iters 5000 --warmup 300 --verify

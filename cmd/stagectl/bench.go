@@ -58,6 +58,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	rawSpan := f.String("raw-span", "4MiB", "with --raw: each raw stream cycles 4 MiB writes (and reads) over a buffer this large; 4MiB keeps it in the CPU caches, a larger one measures TCP from cold memory as stage's staging slots are")
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
 	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
+	checksum := f.String("checksum", "route", "CRC32C per chunk: on, off, or route (as the route says)")
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -78,6 +79,17 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			d = wire.Pull
 		default:
 			return fmt.Errorf("--dir must be push or pull (got %q)", *dir)
+		}
+		var sum uint8
+		switch *checksum {
+		case "route":
+			sum = wire.ChecksumRoute
+		case "on":
+			sum = wire.ChecksumOn
+		case "off":
+			sum = wire.ChecksumOff
+		default:
+			return fmt.Errorf("--checksum must be on, off or route (got %q)", *checksum)
 		}
 		if *pattern != "ranges" && *pattern != "blocks" {
 			return fmt.Errorf("--pattern must be ranges or blocks (got %q)", *pattern)
@@ -154,7 +166,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof, checksum: sum})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -276,6 +288,7 @@ type benchOpts struct {
 	iters, warmup        int
 	verify               bool
 	prof                 *profiler // nil: no profiles
+	checksum             uint8     // wire.ChecksumRoute, On or Off
 }
 
 // BenchResult is the summary of a benchmark.
@@ -354,6 +367,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		ms = kvsim.Ranges(src, o.block)
 	}
 	t := kvsim.Transfer(o.route, o.dir, tag, L, R, ms)
+	t.Checksum = o.checksum
 	progress := o.iters >= 3 && isTerminal(os.Stderr)
 	pat := "ranges"
 	if o.blocks {
