@@ -24,6 +24,7 @@ type toxi struct {
 // newToxi proxies listen (host:0 picks a port) to upstream until the test ends.
 func newToxi(t *testing.T, name, listen, upstream string) *toxi {
 	t.Helper()
+	zerolog.SetGlobalLevel(zerolog.Disabled) // its toxics log through the global logger
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	p := toxiproxy.NewProxy(srv, name, listen, upstream)
 	if err := p.Start(); err != nil {
