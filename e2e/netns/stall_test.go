@@ -21,7 +21,7 @@ type relay struct {
 	wg       sync.WaitGroup
 
 	mu     sync.Mutex
-	thaw   chan struct{} // not nil while frozen; closed on thawing
+	thaw   chan struct{}     // not nil while frozen; closed on thawing
 	conns  map[net.Conn]bool // dialer side -> is a data stream
 	closed bool
 }
