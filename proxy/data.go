@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,6 +28,8 @@ type dataStream struct {
 
 	mu      sync.Mutex
 	stopped bool
+	// readerDone: the reader exited; the stream carries nothing more.
+	readerDone atomic.Bool
 }
 
 type sendJob struct {
@@ -113,9 +116,28 @@ func (ds *dataStream) enqueue(j sendJob) bool {
 	return true
 }
 
+// lost reports a stream gone while its session lives. When it was the
+// session's last one, the session closes too: nothing could move on it
+// again, while its heartbeats would keep it up (and the route from
+// redialing) forever.
 func (ds *dataStream) lost(err error) {
 	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
+	if !ds.ss.streamsLeft() {
+		ds.ss.close(fmt.Errorf("every data stream was lost (last: %v)", err))
+	}
+}
+
+// streamsLeft reports whether any attached data stream still reads.
+func (ss *session) streamsLeft() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, ds := range ss.streams {
+		if ds != nil && !ds.readerDone.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // writeLoop writes each chunk as one writev: frame header and meta from a
@@ -166,6 +188,7 @@ func (ds *dataStream) readLoop() {
 	defer ds.wg.Done()
 	defer ds.rc.Done()
 	err := ds.read()
+	ds.readerDone.Store(true)
 	if ds.ss.ctx.Err() == nil {
 		ds.lost(err)
 	}
