@@ -78,7 +78,7 @@ func (p *pushes) attachDst() {
 	if err := p.D.Register(context.Background(), p.dst.cl, wire.AccessAll); err != nil {
 		p.t.Fatalf("register %s on %s: %v", p.D.Name, p.dst.name, err)
 	}
-	p.book = watch(p.t, p.dst.cl)
+	p.book = p.dst.notes()
 }
 
 // fillLayer writes bytes seeded by seed over one layer of c.

@@ -49,6 +49,7 @@ type sidecar struct {
 	cmd    *exec.Cmd
 	exited chan error
 	cl     *client.Client
+	book   *noteBook // its notifications, once asked for
 }
 
 func (s spec) yaml(ip, socket string) string {
@@ -143,7 +144,18 @@ func (sc *sidecar) start() error {
 	if err != nil {
 		return fmt.Errorf("dial %s's socket: %w", sc.name, err)
 	}
+	sc.book = nil
 	return nil
+}
+
+// notes returns the sidecar's notifications, subscribing on first use
+// (one subscription per client connection, shared by every user).
+func (sc *sidecar) notes() *noteBook {
+	sc.t.Helper()
+	if sc.book == nil {
+		sc.book = watch(sc.t, sc.cl)
+	}
+	return sc.book
 }
 
 func (sc *sidecar) pid() int { return sc.cmd.Process.Pid }
@@ -285,27 +297,25 @@ func procFDs(t *testing.T, pid int) int {
 	return len(ents)
 }
 
-// procMem reads the current and peak resident set of a process, in bytes,
-// from /proc/PID/status.
-func procMem(pid int) (rss, peak uint64, err error) {
+// procStatus reads the memory figures (the lines in kB) of
+// /proc/PID/status, in bytes: VmRSS, VmHWM, RssAnon, RssShmem, ...
+func procStatus(pid int) (map[string]uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, fmt.Errorf("read status of %d: %w", pid, err)
+		return nil, fmt.Errorf("read status of %d: %w", pid, err)
 	}
+	m := map[string]uint64{}
 	for _, line := range strings.Split(string(b), "\n") {
 		key, val, ok := strings.Cut(line, ":")
-		if !ok || (key != "VmRSS" && key != "VmHWM") {
+		num, isKB := strings.CutSuffix(strings.TrimSpace(val), " kB")
+		if !ok || !isKB {
 			continue
 		}
-		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(val), " kB"), 10, 64)
+		kb, err := strconv.ParseUint(num, 10, 64)
 		if err != nil {
-			return 0, 0, fmt.Errorf("status of %d: %s: %w", pid, line, err)
+			return nil, fmt.Errorf("status of %d: %q: %w", pid, line, err)
 		}
-		if key == "VmRSS" {
-			rss = kb << 10
-		} else {
-			peak = kb << 10
-		}
+		m[key] = kb << 10
 	}
-	return rss, peak, nil
+	return m, nil
 }
