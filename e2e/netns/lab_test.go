@@ -34,6 +34,9 @@ type lab struct {
 
 var labSeq atomic.Int32
 
+// addr is where the sidecar of namespace i listens for peers.
+func (l *lab) addr(i int) string { return l.IPs[i] + ":" + strconv.Itoa(peerPort) }
+
 // inLab runs the calling test inside a lab of n sidecar namespaces. In the
 // outer run it builds the lab, runs the test again inside the hub, deletes
 // the lab and returns nil: the caller returns at once. In the inner run

@@ -47,9 +47,12 @@ func leakCheck(code int) int {
 	if code != 0 {
 		return code
 	}
-	// toxiproxy leaves the goroutines of its toxics blocked after
-	// Proxy.Stop (its own leak, in the test process only): ignore those.
-	if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run")); err != nil {
+	// toxiproxy leaves the goroutines of its links and toxics blocked
+	// after Proxy.Stop (its own leak, in the test process only): ignore
+	// those.
+	const tp = "github.com/Shopify/toxiproxy/v2"
+	if err := goleak.Find(goleak.IgnoreAnyFunction(tp+"/toxics.(*ToxicStub).Run"),
+		goleak.IgnoreAnyFunction(tp+".(*ToxicLink).read"), goleak.IgnoreAnyFunction(tp+".(*ToxicLink).write")); err != nil {
 		fmt.Fprintln(os.Stderr, "goroutines leaked in the test process:", err)
 		return 1
 	}

@@ -40,16 +40,17 @@ type spec struct {
 // sidecar is one staged process in its own namespace; it can be killed,
 // stopped and started again with the same config and address.
 type sidecar struct {
-	t      *testing.T
-	name   string
-	ns, ip string
-	config string
-	log    string
-	socket string
-	cmd    *exec.Cmd
-	exited chan error
-	cl     *client.Client
-	book   *noteBook // its notifications, once asked for
+	t        *testing.T
+	name     string
+	ns, ip   string
+	peerAddr string
+	config   string
+	log      string
+	socket   string
+	cmd      *exec.Cmd
+	exited   chan error
+	cl       *client.Client
+	book     *noteBook // its notifications, once asked for
 }
 
 func (s spec) yaml(ip, socket string) string {
@@ -85,7 +86,7 @@ func (s spec) yaml(ip, socket string) string {
 func startSidecar(t *testing.T, l *lab, i int, s spec) *sidecar {
 	t.Helper()
 	dir := t.TempDir()
-	sc := &sidecar{t: t, name: s.name, ns: l.NS[i], ip: l.IPs[i],
+	sc := &sidecar{t: t, name: s.name, ns: l.NS[i], ip: l.IPs[i], peerAddr: l.addr(i),
 		config: filepath.Join(dir, s.name+".yaml"), log: filepath.Join(dir, s.name+".log"),
 		socket: filepath.Join(dir, "s", s.name+".sock")}
 	if err := os.WriteFile(sc.config, []byte(s.yaml(sc.ip, sc.socket)), 0o600); err != nil {
@@ -99,7 +100,7 @@ func startSidecar(t *testing.T, l *lab, i int, s spec) *sidecar {
 }
 
 // addr is where peers reach the sidecar.
-func (sc *sidecar) addr() string { return sc.ip + ":" + strconv.Itoa(peerPort) }
+func (sc *sidecar) addr() string { return sc.peerAddr }
 
 func (sc *sidecar) start() error {
 	logf, err := os.OpenFile(sc.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
