@@ -34,6 +34,7 @@ type spec struct {
 	routes    []route
 	slotSize  string // default 256KiB
 	slots     int    // default 16
+	window    int    // credits granted to each peer; default slots/2
 	extraYAML string
 }
 
@@ -61,9 +62,13 @@ func (s spec) yaml(ip, socket string) string {
 	if slots == 0 {
 		slots = 16
 	}
+	window := s.window
+	if window == 0 {
+		window = slots / 2
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "node:\n  name: %s\nlisten: %s:%d\ncontrol_socket: %s\n", s.name, ip, peerPort, socket)
-	fmt.Fprintf(&b, "staging:\n  slot_size: %s\n  slots: %d\n  window: %d\ndrain_timeout: 2s\n", slotSize, slots, slots/2)
+	fmt.Fprintf(&b, "staging:\n  slot_size: %s\n  slots: %d\n  window: %d\ndrain_timeout: 2s\n", slotSize, slots, window)
 	if len(s.routes) > 0 {
 		b.WriteString("routes:\n")
 	}
@@ -175,7 +180,8 @@ func (sc *sidecar) kill() {
 	sc.closeClient()
 	sc.signal(syscall.SIGKILL)
 	select {
-	case <-sc.exited:
+	case err := <-sc.exited:
+		sc.exited <- err // for stop: gone already
 	case <-time.After(10 * time.Second):
 		sc.t.Fatalf("%s still running 10s after SIGKILL", sc.name)
 	}

@@ -172,18 +172,21 @@ func (r *relay) close() {
 // TestReceiverStopsReading (trial d): the receiver stops reading its data
 // streams (a relay in front of it stops reading them) while its control
 // session stays alive. The push to it must fail by its progress deadline,
-// never be reported done; meanwhile the sender's other route, to a
-// healthy receiver, must keep landing pushes; once the receiver reads
-// again, a push to it lands and every sidecar goes back to idle.
+// never be reported done; after that, the sender's other route, to a
+// healthy receiver, must land pushes (the failed push must not keep the
+// send slots its blocked writes hold); once the receiver reads again, a
+// push to it lands and every sidecar goes back to idle.
 func TestReceiverStopsReading(t *testing.T) {
 	l := inLab(t, 3)
 	if l == nil {
 		return
 	}
 	const progress = 3 * time.Second
-	// Slots of 4 MiB, window as large as the send pool (as in the
-	// default config): more than the kernel's socket buffers hold.
-	dec := startSidecar(t, l, 1, spec{name: "decode", slotSize: "4MiB"})
+	// Slots of 4 MiB, and the receiver grants more credits than the
+	// sender has send slots (a valid config: staging.window may be up to
+	// staging.slots): the stuck session can take every send slot,
+	// whatever the kernel's socket buffers absorb.
+	dec := startSidecar(t, l, 1, spec{name: "decode", slotSize: "4MiB", window: 16})
 	other := startSidecar(t, l, 2, spec{name: "other", slotSize: "4MiB"})
 	r := newRelay(t, l.HubIP+":0", dec.addr())
 	pre := startSidecar(t, l, 0, spec{name: "prefill", slotSize: "4MiB", routes: []route{
@@ -203,13 +206,7 @@ func TestReceiverStopsReading(t *testing.T) {
 	done := inFlight(t, p, "unread")
 	failsWithin(t, done, time.Now(), progress+3*time.Second, wire.CodeTimeout)
 	st := pre.stats()
-	t.Logf("while the receiver does not read: sender send slots in use %d of %d, sessions %d", st.SendInUse, st.SendSlots, st.Sessions)
-	if st.SendInUse >= st.SendSlots {
-		t.Errorf("the unread receiver holds all %d send slots: no other route can send", st.SendSlots)
-	}
-	if st.Sessions != 2 {
-		t.Errorf("sender has %d sessions, want 2: the unread receiver's control session should be alive", st.Sessions)
-	}
+	t.Logf("once the push failed, the receiver still not reading: sender send slots in use %d of %d, sessions %d", st.SendInUse, st.SendSlots, st.Sessions)
 	for i := 0; i < 3; i++ {
 		if err := q.one(ctx, 0, i); err != nil {
 			t.Errorf("a push to the healthy receiver while the other does not read: %v", err)
