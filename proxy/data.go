@@ -30,6 +30,8 @@ type dataStream struct {
 	stopped bool
 	// readerDone: the reader exited; the stream carries nothing more.
 	readerDone atomic.Bool
+	// writing: unix nanos when the writev in progress began; 0 when none.
+	writing atomic.Int64
 }
 
 type sendJob struct {
@@ -128,6 +130,36 @@ func (ds *dataStream) lost(err error) {
 	}
 }
 
+// stuckWrite is how long a writev must have been blocked, when a transfer
+// on its session misses its progress deadline, for its stream to count
+// as stuck (see unstick).
+const stuckWrite = time.Second
+
+// unstick shuts down the session's data streams whose writer has been
+// blocked in one writev for more than stuckWrite. It runs when a transfer
+// on the session missed its progress deadline: a peer that stopped
+// reading would otherwise keep the send slots of the chunks blocked in,
+// and queued behind, those writes after the transfer failed, starving
+// every other route. Their writes fail, so the slots come back (the core
+// resends other transfers' chunks on a live stream); a session left
+// with no stream closes, and its route redials.
+func (ss *session) unstick(now time.Time) int {
+	ss.mu.Lock()
+	streams := append([]*dataStream(nil), ss.streams...)
+	ss.mu.Unlock()
+	n := 0
+	for _, ds := range streams {
+		if ds == nil {
+			continue
+		}
+		if since := ds.writing.Load(); since != 0 && now.Sub(time.Unix(0, since)) > stuckWrite {
+			ds.rc.Shutdown()
+			n++
+		}
+	}
+	return n
+}
+
 // streamsLeft reports whether any attached data stream still reads.
 func (ss *session) streamsLeft() bool {
 	ss.mu.Lock()
@@ -166,7 +198,9 @@ func (ds *dataStream) writeLoop() {
 		head = wire.AppendChunkHead(head[:0], &ch, payload, job.checksum)
 		iov[0], iov[1] = head, payload
 		t0 := time.Now()
+		ds.writing.Store(t0.UnixNano())
 		err := ds.rc.Writev(iov[:])
+		ds.writing.Store(0)
 		s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
 		if err != nil {
 			broken = fmt.Errorf("write chunk to %s stream %d: %w", ds.ss.peerName, ds.idx, err)

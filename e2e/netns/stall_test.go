@@ -206,7 +206,14 @@ func TestReceiverStopsReading(t *testing.T) {
 	done := inFlight(t, p, "unread")
 	failsWithin(t, done, time.Now(), progress+3*time.Second, wire.CodeTimeout)
 	st := pre.stats()
-	t.Logf("once the push failed, the receiver still not reading: sender send slots in use %d of %d, sessions %d", st.SendInUse, st.SendSlots, st.Sessions)
+	t.Logf("as the push failed: sender send slots in use %d of %d", st.SendInUse, st.SendSlots)
+	for deadline := time.Now().Add(5 * time.Second); st.SendInUse > 0; st = pre.stats() {
+		if time.Now().After(deadline) {
+			t.Errorf("5s after the push failed, the receiver still not reading: %d of %d send slots still in use", st.SendInUse, st.SendSlots)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	for i := 0; i < 3; i++ {
 		if err := q.one(ctx, 0, i); err != nil {
 			t.Errorf("a push to the healthy receiver while the other does not read: %v", err)
