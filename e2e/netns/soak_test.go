@@ -164,7 +164,7 @@ func TestSoak(t *testing.T) {
 	}
 	big.check()
 	small.check()
-	t.Logf("faults a->b: %s; b->a: %s", fa.summary(), fb.summary())
+	t.Logf("faults a->b: %s; b->a: %s (toxiproxy replaced after a hang: %d)", fa.summary(), fb.summary(), ab.replacements()+ba.replacements())
 	s.growth()
 	a.waitSessions(2, 20*time.Second)
 	b.waitSessions(2, 20*time.Second)

@@ -50,7 +50,7 @@ func TestToxicPushes(t *testing.T) {
 		t.Fatalf("%v\nsender log:\n%s\nreceiver log:\n%s", err, pre.tail(), dec.tail())
 	}
 	p.check()
-	t.Logf("%d transfers in %v under faults: %s", n, time.Since(start).Round(time.Millisecond), f.summary())
+	t.Logf("%d transfers in %v under faults: %s (toxiproxy replaced after a hang: %d)", n, time.Since(start).Round(time.Millisecond), f.summary(), x.replacements())
 	if f.injected("blackhole") == 0 || f.injected("reset_peer") == 0 {
 		t.Errorf("the run ended before the blackhole and a reset burst were injected (%s): raise STAGE_FAULT_TRANSFERS", f.summary())
 	}
