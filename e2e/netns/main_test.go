@@ -51,7 +51,7 @@ func leakCheck(code int) int {
 	// Proxy.Stop, and those of a hung removal (see toxi): its own leaks,
 	// in the test process only. Ignore those.
 	var opts []goleak.Option
-	for _, f := range []string{"/toxics.(*ToxicStub).Run", ".(*ToxicLink).read", ".(*ToxicLink).write",
+	for _, f := range []string{"/toxics.(*ToxicStub).Run", "/toxics.(*ToxicStub).InterruptToxic", ".(*ToxicLink).read", ".(*ToxicLink).write",
 		".(*ToxicCollection).RemoveToxic", ".(*Proxy).Stop", ".(*Proxy).server", ".(*Proxy).freeBlocker"} {
 		opts = append(opts, goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2"+f))
 	}
