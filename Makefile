@@ -39,6 +39,7 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags gpu ./cuda/... ./acl/... ./e2e/
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+	cd e2e/netns && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 STATICCHECK_VERSION ?= v0.7.0
 
@@ -84,3 +85,34 @@ image-test: image
 # `stagectl config check` on the ConfigMaps' staged.yaml too.
 deploy-check: build
 	cd deploy/k8s && STAGECTL=$(CURDIR)/$(BIN)/stagectl $(GO) test -count=1 ./...
+
+# --- Fault injection (e2e/netns, a module of its own): real sidecars, each
+# in its own network namespace, with toxiproxy and nftables between them.
+# Needs root, iproute2 and nftables; the tests skip without them, except
+# under STAGE_NETNS_REQUIRED=1 (CI). docs/OPERATIONS.md, "Fault tests".
+.PHONY: faults faults-short load soak
+
+FAULT_TRIALS    ?= 20
+FAULT_TRANSFERS ?= 1000
+DURATION        ?= 30m
+FAULT_TESTS     := TestKillReceiver|TestHalfOpen|TestStopPeer|TestToxicPushes|TestReceiverStopsReading|TestDataStreamsCut
+
+# Every fault trial at full counts: 20 receiver kills, 1000 toxic pushes.
+faults:
+	cd e2e/netns && STAGE_NETNS_REQUIRED=1 STAGE_FAULT_TRIALS=$(FAULT_TRIALS) STAGE_FAULT_TRANSFERS=$(FAULT_TRANSFERS) \
+	  $(GO) test -race -count=1 -timeout 60m -v -run '^($(FAULT_TESTS))$$' .
+
+# The CI variant: the same trials at their default counts (3 kills, 100
+# toxic pushes), about two minutes.
+faults-short:
+	cd e2e/netns && STAGE_NETNS_REQUIRED=1 $(GO) test -race -count=1 -timeout 15m -run '^($(FAULT_TESTS))$$' .
+
+# Fan-in (16 senders -> 1 receiver) and fan-out (1 -> 16), one namespace
+# each: rates per flow within 1.5x, the busy side's memory within staging.
+load:
+	cd e2e/netns && STAGE_NETNS_REQUIRED=1 STAGE_LOAD=1 $(GO) test -count=1 -timeout 20m -v -run '^(TestFanIn|TestFanOut)$$' .
+
+# Mixed pushes both ways for DURATION with faults toggled at random;
+# RSS, goroutines and fds sampled and required not to grow.
+soak:
+	cd e2e/netns && STAGE_NETNS_REQUIRED=1 STAGE_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout 0 -v -run '^TestSoak$$' .

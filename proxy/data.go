@@ -35,6 +35,10 @@ type dataStream struct {
 
 	mu      sync.Mutex
 	stopped bool
+	// readerDone: the reader exited; the stream carries nothing more.
+	readerDone atomic.Bool
+	// writing: unix nanos when the writev in progress began; 0 when none.
+	writing atomic.Int64
 }
 
 type sendJob struct {
@@ -134,18 +138,69 @@ func (ds *dataStream) writeNow(bufs [][]byte) error {
 	}
 	ds.wmu.Lock()
 	defer ds.wmu.Unlock()
+	ds.writing.Store(time.Now().UnixNano())
+	defer ds.writing.Store(0)
 	if err := ds.flushCtl(); err != nil {
 		return err
 	}
 	return ds.rc.Writev(bufs)
 }
 
+// lost reports a stream gone while its session lives. When it was the
+// session's last one, the session closes too: nothing could move on it
+// again, while its heartbeats would keep it up (and the route from
+// redialing) forever.
 func (ds *dataStream) lost(err error) {
 	ds.dead.Store(true)
 	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %v", ds.idx, ds.ss.peerName, err),
 		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
 	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
+	if !ds.ss.streamsLeft() {
+		ds.ss.close(fmt.Errorf("every data stream was lost (last: %v)", err))
+	}
+}
+
+// stuckWrite is how long a writev must have been blocked, when a transfer
+// on its session misses its progress deadline, for its stream to count
+// as stuck (see unstick).
+const stuckWrite = time.Second
+
+// unstick shuts down the session's data streams whose writer has been
+// blocked in one writev for more than stuckWrite. It runs when a transfer
+// on the session missed its progress deadline: a peer that stopped
+// reading would otherwise keep the send slots of the chunks blocked in,
+// and queued behind, those writes after the transfer failed, starving
+// every other route. Their writes fail, so the slots come back (the core
+// resends other transfers' chunks on a live stream); a session left
+// with no stream closes, and its route redials.
+func (ss *session) unstick(now time.Time) int {
+	ss.mu.Lock()
+	streams := append([]*dataStream(nil), ss.streams...)
+	ss.mu.Unlock()
+	n := 0
+	for _, ds := range streams {
+		if ds == nil {
+			continue
+		}
+		if since := ds.writing.Load(); since != 0 && now.Sub(time.Unix(0, since)) > stuckWrite {
+			ds.rc.Shutdown()
+			n++
+		}
+	}
+	return n
+}
+
+// streamsLeft reports whether any attached data stream still reads.
+func (ss *session) streamsLeft() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, ds := range ss.streams {
+		if ds != nil && !ds.readerDone.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // writeLoop writes each chunk as one writev: frame header and meta from a
@@ -213,10 +268,12 @@ func (w *chunkWriter) write(job sendJob) {
 	w.iov[0], w.iov[1] = w.head, payload
 	t0 := time.Now()
 	ds.wmu.Lock()
+	ds.writing.Store(t0.UnixNano())
 	err := ds.flushCtl()
 	if err == nil {
 		err = ds.rc.Writev(w.iov[:])
 	}
+	ds.writing.Store(0)
 	ds.wmu.Unlock()
 	s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
 	if err != nil {
@@ -237,6 +294,7 @@ func (ds *dataStream) readLoop() {
 	defer ds.wg.Done()
 	defer ds.rc.Done()
 	err := ds.read()
+	ds.readerDone.Store(true)
 	if ds.ss.ctx.Err() == nil {
 		ds.lost(err)
 	}

@@ -162,10 +162,22 @@ func (ss *session) failInline(err error, keep func(*inlineXfer) bool) {
 	}
 }
 
-// expireInline fails inline pushes past their progress deadline.
+// expireInline fails inline pushes past their progress deadline, and, as
+// for the pipeline's, shuts down streams stuck writing to a peer that
+// stopped reading (a small push's writer may be blocked there).
 func (ss *session) expireInline(now time.Time) {
+	expired := 0
 	ss.failInline(codeErr(wire.CodeTimeout, "no answer from %s to a small push before its progress deadline", ss.peerName),
-		func(ix *inlineXfer) bool { return ix.deadline.IsZero() || now.Before(ix.deadline) })
+		func(ix *inlineXfer) bool {
+			keep := ix.deadline.IsZero() || now.Before(ix.deadline)
+			if !keep {
+				expired++
+			}
+			return keep
+		})
+	if expired > 0 {
+		ss.unstick(now)
+	}
 }
 
 // quietStream picks the live data stream with the least queued for

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -94,6 +96,12 @@ func (s *Server) perform(r *staging.Ready) {
 		s.mu.Unlock()
 		if ox == nil {
 			continue
+		}
+		if errors.Is(d.Err, staging.ErrTimeout) {
+			if n := ox.ss.unstick(time.Now()); n > 0 {
+				s.log.Warn("data streams stuck in a write shut down after a transfer missed its deadline",
+					zap.String("peer", ox.ss.peerName), zap.Int("streams", n))
+			}
 		}
 		err := coreErr(d.Err)
 		if ox.local != nil {

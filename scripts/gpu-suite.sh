@@ -48,7 +48,7 @@ if [ "$part" = all ] || [ "$part" = 1 ]; then
     step "bench-tcp-$1-$2" $B $GPUS --stripes 8 --slots 64 --size 1GiB --block "$2" --pattern "$1" --iters 3 --verify --raw
   done
   step bench-tcp-ranges-crc $B $GPUS --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 3 --verify --raw --checksum on
-  step bench-tcp-ranges-depth1 env STAGE_STAGING_STREAM_DEPTH=1 $B $GPUS --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 3 --verify --raw
+  step bench-tcp-ranges-depth0 env STAGE_STAGING_STREAM_DEPTH=0 $B $GPUS --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 3 --verify --raw
   step bench-ipc-ranges-4GiB $B $GPUS --transport auto --size 4GiB --block 1GiB --iters 3 --verify
   step bench-ipc-blocks-16KiB $B $GPUS --transport auto --size 1GiB --block 16KiB --pattern blocks --iters 3 --verify
   step latency-4KiB $B --stripes 1 --size 4KiB --block 4KiB --iters 5000 --warmup 300 --verify
@@ -56,6 +56,9 @@ if [ "$part" = all ] || [ "$part" = 1 ]; then
 fi
 if [ "$part" = all ] || [ "$part" = 2 ]; then
   step sweep $B $GPUS --stripes 8 --slots 64 --size 1GiB --sweep --raw --iters 3
+  for d in 0 1 0 1; do
+    step "bench-tcp-depth$d" env STAGE_STAGING_STREAM_DEPTH=$d $B $GPUS --stripes 8 --slots 64 --size 2GiB --block 1MiB --iters 4 --raw
+  done
   # Memory and CPU while moving 64 GiB: 8 transfers of 8 GiB.
   step bench-64GiB $B $GPUS --stripes 8 --slots 64 --size 8GiB --block 1MiB --iters 8 --raw
   # The Ascend backend over an emulation of ACL built on the CUDA runtime: an

@@ -1,0 +1,5 @@
+//go:build !race
+
+package netns
+
+const raceBuild = false
