@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,9 +71,11 @@ func (c *Client) readLoop() {
 	defer close(c.done)
 	var buf []byte
 	var err error
+	// Buffered, so a frame's header and body usually arrive in one read.
+	r := bufio.NewReaderSize(c.conn, 64<<10)
 	for {
 		var m wire.Msg
-		_, m, buf, err = wire.ReadFrame(c.conn, buf)
+		_, m, buf, err = wire.ReadFrame(r, buf)
 		if err != nil {
 			break
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/trace"
 	"sync"
 	"time"
 )
@@ -43,6 +44,7 @@ func newProfiler(dir string, sidecars ...*sidecar) (*profiler, error) {
 // where a goroutine waited, and for whom).
 func (p *profiler) start(ctx context.Context, label string, d time.Duration) {
 	secs := max(1, int(math.Ceil(d.Seconds())))
+	p.traceSelf(label, time.Duration(secs)*time.Second)
 	for name, addr := range p.targets {
 		for _, k := range []struct{ endpoint, ext string }{{"profile", ".pprof"}, {"trace", ".trace"}} {
 			p.wg.Add(1)
@@ -58,6 +60,32 @@ func (p *profiler) start(ctx context.Context, label string, d time.Duration) {
 			}()
 		}
 	}
+}
+
+// traceSelf traces this process (the engine's side of the transfers) for d
+// into DIR/<label>-engine.trace, so its share of a transfer's time can be
+// read beside the sidecars'.
+func (p *profiler) traceSelf(label string, d time.Duration) {
+	f, err := os.Create(filepath.Join(p.dir, label+"-engine.trace"))
+	if err == nil {
+		err = trace.Start(f)
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.err = fmt.Errorf("trace of the engine side: %w", err)
+		p.mu.Unlock()
+		if f != nil {
+			f.Close()
+		}
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		time.Sleep(d)
+		trace.Stop()
+		f.Close()
+	}()
 }
 
 // wait returns once every profile asked for is written.
