@@ -170,7 +170,10 @@ func (p *pushes) attempt(ctx context.Context, tag string, ms []kvsim.Move) error
 
 // run moves n transfers with one worker per layer; the first error stops
 // them all and is returned.
-func (p *pushes) run(ctx context.Context, n int) error {
+func (p *pushes) run(ctx context.Context, n int) error { return p.runRange(ctx, 0, n) }
+
+// runRange is run for transfers from..to-1 (their indices name them).
+func (p *pushes) runRange(ctx context.Context, from, to int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -179,7 +182,7 @@ func (p *pushes) run(ctx context.Context, n int) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < n; i += p.S.Layers {
+			for i := from + w; i < to; i += p.S.Layers {
 				if err := p.one(ctx, w, i); err != nil {
 					errs <- err
 					cancel()

@@ -67,7 +67,9 @@ func (s spec) yaml(ip, socket string) string {
 		window = slots / 2
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "node:\n  name: %s\nlisten: %s:%d\ncontrol_socket: %s\n", s.name, ip, peerPort, socket)
+	// Each namespace stands for a host of its own: a host id of its own
+	// keeps the sidecars off the same-node paths, on TCP through the lab.
+	fmt.Fprintf(&b, "node:\n  name: %s\n  host_id: lab-%s\nlisten: %s:%d\ncontrol_socket: %s\n", s.name, s.name, ip, peerPort, socket)
 	fmt.Fprintf(&b, "staging:\n  slot_size: %s\n  slots: %d\n  window: %d\ndrain_timeout: 2s\n", slotSize, slots, window)
 	if len(s.routes) > 0 {
 		b.WriteString("routes:\n")
@@ -290,8 +292,23 @@ func (sc *sidecar) checkIdle(base idle) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	sc.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, goroutines %d (idle %d), fds %d (idle %d)\n%s",
-		sc.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Goroutines, base.goroutines, fds, base.fds, sc.tail())
+	sc.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, goroutines %d (idle %d), fds %d (idle %d): %s\n%s",
+		sc.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Goroutines, base.goroutines, fds, base.fds, procFDNames(sc.pid()), sc.tail())
+}
+
+// procFDNames lists what the process's fds point at, for a leak report.
+func procFDNames(pid int) string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err.Error()
+	}
+	var names []string
+	for _, e := range ents {
+		l, _ := os.Readlink(dir + "/" + e.Name())
+		names = append(names, e.Name()+"="+l)
+	}
+	return strings.Join(names, " ")
 }
 
 // procFDs counts the process's open fds from /proc.

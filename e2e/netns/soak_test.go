@@ -134,9 +134,9 @@ func TestSoak(t *testing.T) {
 	b := startSidecar(t, l, 1, spec{name: "b", routes: []route{{name: "a", peer: ba.addr(), progress: 10 * time.Second}}})
 	a.waitSessions(2, 15*time.Second)
 	b.waitSessions(2, 15*time.Second)
-	aBase, bBase := a.baseline(), b.baseline()
 	big := newPushes(t, "big", a, b, "b", 3, 4<<20)
 	small := newPushes(t, "small", b, a, "a", 3, 256<<10)
+	aBase, bBase := a.baseline(), b.baseline() // after the regions are registered: each keeps an fd
 	small.block = 4 << 10
 	s := &sampler{t: t, scs: []*sidecar{a, b}, rows: make([][]sample, 2)}
 	ctx, cancel := context.WithTimeout(context.Background(), dur)

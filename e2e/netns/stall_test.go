@@ -194,9 +194,9 @@ func TestReceiverStopsReading(t *testing.T) {
 		{name: "other", peer: other.addr(), progress: progress},
 	}})
 	pre.waitSessions(2, 15*time.Second)
-	preBase, decBase := pre.baseline(), dec.baseline()
 	p := newPushes(t, "stuck", pre, dec, "decode", 1, 64<<20)
 	q := newPushes(t, "healthy", pre, other, "other", 1, 4<<20)
+	preBase, decBase := pre.baseline(), dec.baseline() // after the regions are registered: each keeps an fd
 	q.attempts = 1
 	ctx := context.Background()
 	if err := p.one(ctx, 0, 0); err != nil {
@@ -244,8 +244,8 @@ func TestDataStreamsCut(t *testing.T) {
 		r = newRelay(t, l.HubIP+":0", dec.addr())
 		return r.addr()
 	})
-	preBase := pre.baseline()
 	p := newPushes(t, "cut", pre, dec, "decode", 1, 32<<20)
+	preBase := pre.baseline() // after the regions are registered: each keeps an fd
 	p.attempts = 10
 	ctx := context.Background()
 	done := inFlight(t, p, "cut-mid-push")

@@ -115,8 +115,8 @@ func TestKillReceiver(t *testing.T) {
 	}
 	const progress = 5 * time.Second
 	pre, dec := pair(t, l, slowDevice, progress, direct)
-	base := pre.baseline()
 	p := newPushes(t, "kill", pre, dec, "decode", 1, 32<<20)
+	base := pre.baseline() // after the regions are registered: each keeps an fd
 	trials := envInt(t, "STAGE_FAULT_TRIALS", 3)
 	for k := 0; k < trials; k++ {
 		done := inFlight(t, p, fmt.Sprintf("killed-%d", k))
@@ -143,8 +143,8 @@ func TestHalfOpen(t *testing.T) {
 	}
 	const progress = 20 * time.Second
 	pre, dec := pair(t, l, slowDevice, progress, direct)
-	base := pre.baseline()
 	p := newPushes(t, "halfopen", pre, dec, "decode", 1, 32<<20)
+	base := pre.baseline() // after the regions are registered: each keeps an fd
 	done := inFlight(t, p, "half-open")
 	if err := dropPorts(dec.ns, "halfopen", peerPort); err != nil {
 		t.Fatal(err)
@@ -174,8 +174,8 @@ func TestStopPeer(t *testing.T) {
 	}
 	const progress = 20 * time.Second
 	pre, dec := pair(t, l, slowDevice, progress, direct)
-	preBase, decBase := pre.baseline(), dec.baseline()
 	p := newPushes(t, "stop", pre, dec, "decode", 1, 32<<20)
+	preBase, decBase := pre.baseline(), dec.baseline() // after the regions are registered: each keeps an fd
 	for k, tc := range []struct {
 		who    *sidecar
 		pause  time.Duration
