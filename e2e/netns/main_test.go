@@ -52,7 +52,8 @@ func leakCheck(code int) int {
 	// in the test process only. Ignore those.
 	var opts []goleak.Option
 	for _, f := range []string{"/toxics.(*ToxicStub).Run", "/toxics.(*ToxicStub).InterruptToxic", ".(*ToxicLink).read", ".(*ToxicLink).write",
-		".(*ToxicCollection).RemoveToxic", ".(*Proxy).Stop", ".(*Proxy).server", ".(*Proxy).freeBlocker"} {
+		".(*ToxicCollection).RemoveToxic", ".(*ToxicCollection).chainRemoveToxic", ".(*ToxicLink).RemoveToxic",
+		"/toxics.(*ToxicStub).WriteOutput", ".(*Proxy).Stop", ".(*Proxy).server", ".(*Proxy).freeBlocker"} {
 		opts = append(opts, goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2"+f))
 	}
 	if err := goleak.Find(opts...); err != nil {
