@@ -36,16 +36,18 @@ func pair(t *testing.T) (a, b *Conn) {
 	return a, b
 }
 
+// closePair shuts both ends down and releases them for their two users.
+func closePair(a, b *Conn) {
+	for _, c := range []*Conn{a, b} {
+		c.Shutdown()
+		c.Done()
+		c.Done()
+	}
+}
+
 func TestWritevReadFull(t *testing.T) {
 	a, b := pair(t)
-	defer func() {
-		a.Shutdown()
-		a.Done()
-		a.Done()
-		b.Shutdown()
-		b.Done()
-		b.Done()
-	}()
+	defer closePair(a, b)
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, sizes := range [][]int{{16, 1 << 20}, {1}, {3, 5, 7, 4 << 20}, {64 << 10, 0, 9}} {
 		var want []byte
@@ -112,14 +114,7 @@ func TestShutdownWakesReader(t *testing.T) {
 // sent arrives, in order.
 func TestTryWriteNeverBlocks(t *testing.T) {
 	a, b := pair(t)
-	defer func() {
-		a.Shutdown()
-		a.Done()
-		a.Done()
-		b.Shutdown()
-		b.Done()
-		b.Done()
-	}()
+	defer closePair(a, b)
 	p := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
 	var sent int
 	full := false
