@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The data-plane and same-node targets in one job on the GPU machine, with
+# their ceilings measured in the same job, printed as one table. Runs from
+# the repository root with what `make gpu-build` put in .dev/ (no Go there).
+#
+#   make gpu-build                                        # here
+#   STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-targets.sh   # there
+#
+# Logs and the JSON of every run go to $OUT (or ./gpu-out).
+set -u
+out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-1}
+B=".dev/stagectl bench --spawn --staged .dev/staged"
+G="--device cuda:$src --remote-device cuda:$dst"
+
+CONNS=8 bash .dev/bench/ceilings.sh > "$out/ceilings.txt" 2>&1
+run() { # name, bench flags...
+  local name=$1; shift
+  $B "$@" --json > "$out/$name.json" 2> "$out/$name.err" || { echo "bench $name failed:"; tail -5 "$out/$name.err"; }
+}
+run ranges $G --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 5 --verify --raw
+run blocks $G --stripes 8 --slots 64 --size 1GiB --block 16KiB --pattern blocks --iters 5 --verify --raw
+run gib64 $G --stripes 8 --slots 64 --size 8GiB --block 1MiB --iters 8 --raw
+run ipc $G --transport auto --size 4GiB --block 1GiB --iters 5 --verify
+run latency --stripes 1 --size 4KiB --block 4KiB --iters 5000 --warmup 300 --verify
+CONNS=8 bash .dev/bench/ceilings.sh 2>/dev/null | grep loopback > "$out/ceilings-after.txt"
+
+OUT_DIR=$out python3 - <<'PY'
+import json, os, re
+d = os.environ["OUT_DIR"]
+ceil = open(os.path.join(d, "ceilings.txt")).read()
+def num(pat, text=ceil):
+    m = re.search(pat, text)
+    return float(m.group(1)) if m else float("nan")
+tcpbw = num(r"tcp loopback\s+8 conns:\s+([\d.]+)")
+d2h = num(r"D2H pinned 512MiB\s+([\d.]+)")
+peer = num(r"peer copy 0->1 512MiB\s+([\d.]+)")
+ceiling = min(tcpbw, d2h)
+def res(name):
+    try:
+        return json.load(open(os.path.join(d, name + ".json")))
+    except Exception:
+        return None
+rows = []
+def row(what, fig, target, ok):
+    rows.append((what, fig, target, "met" if ok else "NOT met"))
+r = res("ranges")
+if r:
+    g = r["results"][0]["gb_per_s"]
+    row("1 MiB ranges, 8 stripes", f"{g:.2f} GB/s = {100*g/ceiling:.0f}% of min(tcpbw 8 {tcpbw:.2f}, D2H {d2h:.2f}); {100*g/r['raw_tcp']['gb_per_s']:.0f}% of raw TCP in the bench", ">= 90%", g >= 0.9 * ceiling)
+b = res("blocks")
+if b:
+    g = b["results"][0]["gb_per_s"]
+    row("65,536 x 16 KiB blocks", f"{g:.2f} GB/s = {100*g/ceiling:.0f}% of the same", ">= 85%", g >= 0.85 * ceiling)
+l = res("latency")
+if l:
+    x = l["results"][0]
+    row("4 KiB push until landed (host memory)", f"p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us", "p50 <= 40, p99 <= 100", x["p50_us"] <= 40 and x["p99_us"] <= 100)
+m = res("gib64")
+if m:
+    x = m["results"][0]
+    extra = (x["max_rss_bytes"] - x["pool_bytes"]) / 2**20
+    row("64 GiB: resident memory", f"{x['max_rss_bytes']/2**20:.0f} MiB, pool {x['pool_bytes']/2**20:.0f} MiB (+{extra:.0f} MiB)", "<= pool + 64 MiB", extra <= 64)
+    ratio = x["cpu_s_per_gb"] / m["raw_tcp"]["cpu_s_per_gb"]
+    row("64 GiB: CPU seconds per GB", f"{x['cpu_s_per_gb']:.3f} = {ratio:.2f}x raw TCP's two ends ({m['raw_tcp']['cpu_s_per_gb']:.3f})", "<= 1.3x", ratio <= 1.3)
+i = res("ipc")
+if i:
+    g = i["results"][0]["gb_per_s"]
+    row("same-node ipc, 4 GiB, verified", f"{g:.1f} GB/s = {100*g/peer:.1f}% of the peer copy ({peer:.1f})", ">= 90%", g >= 0.9 * peer)
+w = max(len(r[0]) for r in rows)
+for what, fig, target, ok in rows:
+    print(f"{what:<{w}}  {fig}  [{target}: {ok}]")
+after = open(os.path.join(d, "ceilings-after.txt")).read().strip().replace("\n", "; ")
+print(f"ceilings in this job: tcpbw 8 {tcpbw:.2f} GB/s (after the rows: {after}), D2H {d2h:.2f}, peer copy {peer:.2f}")
+PY
