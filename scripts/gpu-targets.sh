@@ -6,7 +6,8 @@
 #   make gpu-build                                        # here
 #   STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-targets.sh   # there
 #
-# Logs and the JSON of every run go to $OUT (or ./gpu-out).
+# The JSON of every run, the ceilings and one log go to $OUT (or ./gpu-out):
+# eight files.
 set -u
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -17,7 +18,8 @@ G="--device cuda:$src --remote-device cuda:$dst"
 CONNS=8 bash .dev/bench/ceilings.sh > "$out/ceilings.txt" 2>&1
 run() { # name, bench flags...
   local name=$1; shift
-  $B "$@" --json > "$out/$name.json" 2> "$out/$name.err" || { echo "bench $name failed:"; tail -5 "$out/$name.err"; }
+  echo "== $name: $*" >> "$out/bench.log"
+  $B "$@" --json > "$out/$name.json" 2>> "$out/bench.log" || { echo "bench $name failed (see $out/bench.log)"; tail -5 "$out/bench.log"; }
 }
 run ranges $G --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 5 --verify --raw
 run blocks $G --stripes 8 --slots 64 --size 1GiB --block 16KiB --pattern blocks --iters 5 --verify --raw
