@@ -206,7 +206,7 @@ func FuzzReadFrame(f *testing.F) {
 				}
 				return
 			}
-			re := AppendFrame(nil, m, h.Flags&FlagCRC != 0, h.Flags&FlagFD)
+			re := AppendFrame(nil, m, h.Flags&FlagCRC != 0, h.Flags&(FlagFD|FlagInline))
 			if !bytes.Equal(re, b) {
 				t.Fatalf("re-encoded frame differs:\n got %x\nwant %x", re, b)
 			}
