@@ -134,27 +134,13 @@ func absentReason(name string) string {
 	return "unused"
 }
 
-var (
-	libMu   sync.Mutex
-	libByFn = map[string]*Library{}
-)
+var libs dl.Cache[*Library]
 
 // DefaultLibrary returns the process-wide library for $STAGE_ACL_LIBRARY (or
 // libascendcl.so), opening it on first use. A failed open is not remembered:
 // a later call tries again. Libraries opened here are never closed.
 func DefaultLibrary() (*Library, error) {
-	path := libraryPath("")
-	libMu.Lock()
-	defer libMu.Unlock()
-	if l := libByFn[path]; l != nil {
-		return l, nil
-	}
-	l, err := OpenLibrary(path)
-	if err != nil {
-		return nil, err
-	}
-	libByFn[path] = l
-	return l, nil
+	return libs.Get(libraryPath(""), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
@@ -203,13 +189,7 @@ func (l *Library) BareTgid() (int32, error) {
 // Close unloads a library that no open Device uses. Libraries from
 // DefaultLibrary must not be closed.
 func (l *Library) Close() error {
-	libMu.Lock()
-	for k, v := range libByFn {
-		if v == l {
-			delete(libByFn, k)
-		}
-	}
-	libMu.Unlock()
+	libs.Forget(l)
 	if l.c != nil {
 		C.stacl_acl_free(l.c)
 		l.c = nil

@@ -106,28 +106,14 @@ func batchAbsentReason(name string) string {
 	return "CUDA 12.8 batched copies absent (driver older than 12.8); batch copy mode needs cuMemcpyBatchAsync_v2"
 }
 
-var (
-	libMu   sync.Mutex
-	libByFn = map[string]*Library{}
-)
+var libs dl.Cache[*Library]
 
 // DefaultLibrary returns the process-wide library for $STAGE_CUDA_LIBRARY
 // (or libcuda.so.1), opening it on first use. A failed open is not
 // remembered: a later call tries again. Libraries opened here are never
 // closed (drivers do not like dlclose).
 func DefaultLibrary() (*Library, error) {
-	path := libraryPath("")
-	libMu.Lock()
-	defer libMu.Unlock()
-	if l := libByFn[path]; l != nil {
-		return l, nil
-	}
-	l, err := OpenLibrary(path)
-	if err != nil {
-		return nil, err
-	}
-	libByFn[path] = l
-	return l, nil
+	return libs.Get(libraryPath(""), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
@@ -170,13 +156,7 @@ func (l *Library) DriverVersion() (int, error) {
 // Close unloads a library that no open Device uses. Libraries from
 // DefaultLibrary must not be closed.
 func (l *Library) Close() error {
-	libMu.Lock()
-	for k, v := range libByFn {
-		if v == l {
-			delete(libByFn, k)
-		}
-	}
-	libMu.Unlock()
+	libs.Forget(l)
 	if l.c != nil {
 		C.stage_cu_free(l.c)
 		l.c = nil

@@ -93,28 +93,14 @@ func absentReason(name string) string {
 	return "unused"
 }
 
-var (
-	libMu     sync.Mutex
-	libByPath = map[string]*Library{}
-)
+var libs dl.Cache[*Library]
 
 // DefaultLibrary returns the process-wide library for $STAGE_HIP_LIBRARY (or
 // libamdhip64.so), opening it on first use. A failed open is not
 // remembered: a later call tries again. Libraries opened here are never
 // closed.
 func DefaultLibrary() (*Library, error) {
-	path := libraryPath("")
-	libMu.Lock()
-	defer libMu.Unlock()
-	if l := libByPath[path]; l != nil {
-		return l, nil
-	}
-	l, err := OpenLibrary(path)
-	if err != nil {
-		return nil, err
-	}
-	libByPath[path] = l
-	return l, nil
+	return libs.Get(libraryPath(""), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
@@ -134,13 +120,7 @@ func (l *Library) Absent() []string {
 // Close unloads a library that no open Device uses. Libraries from
 // DefaultLibrary must not be closed.
 func (l *Library) Close() error {
-	libMu.Lock()
-	for k, v := range libByPath {
-		if v == l {
-			delete(libByPath, k)
-		}
-	}
-	libMu.Unlock()
+	libs.Forget(l)
 	if l.c != nil {
 		C.sthip_hip_free(l.c)
 		l.c = nil
