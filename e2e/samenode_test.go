@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
@@ -228,5 +230,65 @@ func checkModes(t *testing.T, dir string) {
 		if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: mode %v, want a socket with 0600", e.Name(), fi.Mode())
 		}
+	}
+}
+
+// TestSameNodeRefused: an ipc push the receiver refuses (its Announce
+// travels on the node socket, just before the handle request) fails at
+// once with the receiver's reason, writes nothing, and leaves the session
+// usable for the next push.
+func TestSameNodeRefused(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc"})
+	ctx := context.Background()
+	S, D := caches(t, pre, dec, 2, 1<<20)
+	ro, err := kvsim.New("dec-ro", 1, 1<<20, 12288)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ro.Close() })
+	if err := ro.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
+	if err := ro.Register(ctx, dec.cl, wire.AccessLocalRead|wire.AccessLocalWrite|wire.AccessRemoteRead); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ro.Unregister(context.Background(), dec.cl) })
+	ms := kvsim.Ranges(S, 1<<20)[:1]
+	for _, tc := range []struct {
+		name string
+		xfer func() client.Transfer
+		want wire.Code
+	}{
+		{"unknown region", func() client.Transfer {
+			tr := kvsim.Transfer("decode", wire.Push, "unknown", S, D, ms)
+			tr.RemoteNames = []string{"no-such-region"}
+			return tr
+		}, wire.CodeUnknownRegion},
+		{"no remote write", func() client.Transfer { return kvsim.Transfer("decode", wire.Push, "ro", S, ro, ms) }, wire.CodeAccessDenied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := pre.cl.Do(ctx, tc.xfer())
+			if client.CodeOf(err) != tc.want {
+				t.Fatalf("push: got %v (code %s), want code %s", err, client.CodeOf(err), tc.want)
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("refusal took %s: the push waited out a deadline instead of hearing the Nack", el)
+			}
+			b, err := ro.ReadLayer(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := bytes.Count(b, []byte{guard}); n != len(b) {
+				t.Fatalf("refused push wrote into the read-only region: %d of %d bytes changed", len(b)-n, len(b))
+			}
+		})
+	}
+	run(t, pre.cl, wire.Push, "after", S, D, kvsim.Ranges(S, 1<<20))
+	if err := kvsim.Verify(S, D, kvsim.Ranges(S, 1<<20), guard); err != nil {
+		t.Fatal(err)
+	}
+	if l := link(t, pre, "decode"); l.XfersIPC == 0 {
+		t.Fatalf("link decode: no ipc transfer after the refusals (%+v)", l)
 	}
 }

@@ -70,19 +70,20 @@ func (s *Server) takeHandles(nc *nodeConn, ss *session, req *wire.HandleRequest,
 }
 
 // ipcPush copies a push straight into the receiver's regions and tells it.
-func (s *Server) ipcPush(ox *outXfer, names []string) (err error) {
+func (s *Server) ipcPush(ox *outXfer, names []string, announce *announcer) (err error) {
 	ss := ox.ss
 	nc, err := ss.node.getConn(ss)
 	if err != nil {
 		return fallback(fbPeerUnreachable, err)
 	}
 	defer func() { ss.node.putConn(nc, err == nil) }()
+	announce.viaNode(nc)
 	p, err := s.takeHandles(nc, ss, &wire.HandleRequest{Transfer: ox.wireID, Dir: wire.Push, Tag: ox.tag, Regions: names}, wire.AccessRemoteWrite)
 	if err != nil {
 		return err
 	}
 	defer p.release()
-	ps, err := planPieces(ox.plan, p)
+	ps, err := opPieces(ox.ops, p)
 	if err != nil {
 		return err
 	}
@@ -92,35 +93,19 @@ func (s *Server) ipcPush(ox *outXfer, names []string) (err error) {
 	if err := s.copyDirect(ps); err != nil {
 		return err
 	}
-	return nc.call(&wire.DirectDone{Transfer: ox.wireID, Bytes: ox.plan.Total}, -1)
+	return nc.call(&wire.DirectDone{Transfer: ox.wireID, Bytes: ox.local.total}, -1)
 }
 
-// planPieces turns a push plan into copies: each chunk's source segments
-// against its destination segments, resolved in the peer's regions.
-func planPieces(plan *staging.Plan, p *peerRegions) ([]piece, error) {
-	var ps []piece
-	for ci := range plan.Chunks {
-		c := &plan.Chunks[ci]
-		si, so := 0, uint64(0)
-		for _, d := range c.Dst {
-			off, left := d.Off, uint64(d.Len)
-			for left > 0 {
-				if si >= len(c.Src) {
-					return nil, codeErr(wire.CodeInternal, "chunk %d: destination segments outlast the source", ci)
-				}
-				src := c.Src[si]
-				n := min(left, src.Len-so)
-				dst, err := p.addr(d.Region, off, n)
-				if err != nil {
-					return nil, err
-				}
-				ps = appendPiece(ps, piece{dst: dst, src: src.Addr + device.Addr(so), n: n})
-				off, left, so = off+n, left-n, so+n
-				if so == src.Len {
-					si, so = si+1, 0
-				}
-			}
+// opPieces turns a push's ops into copies, each destination resolved (and
+// bounds-checked) in the peer's regions; adjacent ops merge.
+func opPieces(ops []staging.PlanOp, p *peerRegions) ([]piece, error) {
+	ps := make([]piece, 0, min(len(ops), 1024))
+	for i, op := range ops {
+		dst, err := p.addr(op.DstRegion, op.DstOff, op.Len)
+		if err != nil {
+			return nil, codeErr(errCode(err), "op %d: %v", i, err)
 		}
+		ps = appendPiece(ps, piece{dst: dst, src: op.Src, n: op.Len})
 	}
 	return ps, nil
 }

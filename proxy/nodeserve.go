@@ -62,6 +62,13 @@ func (s *Server) serveNode(c *net.UnixConn) error {
 // handle answers one frame; an error ends the connection.
 func (e *exporter) handle(m wire.Msg, fd int) error {
 	switch m := m.(type) {
+	case *wire.Announce:
+		// An ipc push announced here rather than on the control session,
+		// just before its HandleRequest: admitted (or refused, with a Nack
+		// on the control session) exactly as there.
+		closeFD(fd)
+		e.s.acceptPush(e.ss, m)
+		return nil
 	case *wire.HandleRequest:
 		closeFD(fd)
 		return e.handles(m)

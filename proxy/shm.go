@@ -140,9 +140,13 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		inflight--
 		return nil
 	}
-	count := uint32(len(ox.plan.Chunks))
-	for i := range ox.plan.Chunks {
-		c := &ox.plan.Chunks[i]
+	plan, err := ox.getPlan()
+	if err != nil {
+		return err
+	}
+	count := uint32(len(plan.Chunks))
+	for i := range plan.Chunks {
+		c := &plan.Chunks[i]
 		if len(free) == 0 {
 			if err := wait(); err != nil {
 				return err

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -9,24 +10,58 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
+// announcer sends a push's Announce once: on the control session, or, for
+// an ipc push, on the node connection right before the handle request, so
+// the peer admits the push and answers the request in one wake-up instead
+// of waiting for the Announce to come through its control loop.
+type announcer struct {
+	once sync.Once
+	ss   *session
+	m    *wire.Announce
+}
+
+// viaControl sends the Announce on the control session unless it went out.
+func (a *announcer) viaControl() { a.once.Do(func() { a.ss.send(a.m) }) }
+
+// viaNode sends the Announce on nc unless it went out. If nc fails, the
+// Announce goes on the control session instead: the transfer then falls
+// back to TCP, which needs it.
+func (a *announcer) viaNode(nc *nodeConn) {
+	a.once.Do(func() {
+		if err := writeNode(nc.c, a.m, -1); err != nil {
+			a.ss.send(a.m)
+		}
+	})
+}
+
 // startPush announces and moves a push: on a same-node path when the route
 // and the peer allow it, else (or when that path cannot start) through the
 // sender core over TCP.
-func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce func()) {
+func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *announcer) {
 	ss := ox.ss
 	tcp := func() {
-		// The core hears of the transfer before the peer does (announce
-		// runs once: a same-node attempt that fell back sent it already).
-		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: ox.plan, Timeout: ox.timeout, Now: time.Now()})
-		announce()
+		plan, err := ox.getPlan()
+		if err != nil {
+			ss.node.unwatch(ox.wireID)
+			s.mu.Lock()
+			delete(s.outs, ox.key)
+			s.mu.Unlock()
+			releaseAll(ox.regions)
+			s.finishLocal(ox.local, err)
+			return
+		}
+		// The core hears of the transfer before the peer does (a
+		// same-node attempt that fell back announced it already).
+		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+		announce.viaControl()
 	}
 	run := func(t transport) error {
-		announce()
 		ss.node.watchNacks(ox.wireID)
 		if t == viaShm {
+			announce.viaControl()
 			return s.shmPush(ox)
 		}
-		return s.ipcPush(ox, remote)
+		return s.ipcPush(ox, remote, announce)
 	}
 	finish := func(t transport, err error) { s.finishDirectPush(ox, t, err) }
 	s.direct(r, ss, wire.Push, run, finish, tcp)
@@ -54,8 +89,8 @@ func (s *Server) finishDirectPush(ox *outXfer, t transport, err error) {
 	s.mu.Unlock()
 	releaseAll(ox.regions)
 	if err == nil {
-		ox.local.addDone(ox.plan.Total)
-		ss.link.BytesOut.Add(ox.plan.Total)
+		ox.local.addDone(ox.local.total)
+		ss.link.BytesOut.Add(ox.local.total)
 		ss.link.countDirect(t)
 	}
 	s.finishLocal(ox.local, err)

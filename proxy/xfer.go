@@ -77,9 +77,28 @@ type outXfer struct {
 	checksum bool
 	local    *localXfer // nil for a pull we serve
 	regions  []*Region
-	plan     *staging.Plan
 	timeout  time.Duration
 	tag      string
+
+	// The chunk plan is made when the push goes to the sender core: a
+	// same-node push copies ops as they are and never needs one (planning
+	// a 4 GiB push costs about 100 us of its critical path).
+	ops      []staging.PlanOp
+	chunk    int
+	planOnce sync.Once
+	plan     *staging.Plan
+	planErr  error
+}
+
+// getPlan cuts the push into chunks, once.
+func (ox *outXfer) getPlan() (*staging.Plan, error) {
+	ox.planOnce.Do(func() {
+		ox.plan, ox.planErr = staging.MakePlan(ox.ops, ox.chunk)
+		if ox.planErr != nil {
+			ox.planErr = codeErr(wire.CodeBadRequest, "%v", ox.planErr)
+		}
+	})
+	return ox.plan, ox.planErr
 }
 
 // submit validates and starts an engine's transfer. Nothing moves and no
@@ -157,13 +176,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		for i, op := range m.Ops {
 			ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
 		}
-		plan, err := staging.MakePlan(ops, ss.chunkSize)
-		if err != nil {
-			releaseAll(regions)
-			s.finishLocal(lx, codeErr(wire.CodeBadRequest, "%v", err))
-			return lx, nil
-		}
-		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, plan: plan, timeout: lx.timeout, tag: m.Tag}
+		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: ops, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.mu.Lock()
 		s.outs[id] = ox
 		s.mu.Unlock()
@@ -175,9 +188,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// would find nothing to fail, and the transfer would wait out its
 		// deadline.
 		lx.setState(wire.StateRunning)
-		announce := sync.OnceFunc(func() {
-			ss.send(&wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
-		})
+		announce := &announcer{ss: ss, m: &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends}}
 		s.startPush(r, ox, m.RemoteNames, announce)
 		return lx, nil
 	}

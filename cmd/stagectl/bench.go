@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/config"
-	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -60,6 +57,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
 	checksum := f.String("checksum", "route", "CRC32C per chunk: on, off, or route (as the route says)")
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
+	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -90,6 +88,9 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			sum = wire.ChecksumOff
 		default:
 			return fmt.Errorf("--checksum must be on, off or route (got %q)", *checksum)
+		}
+		if *inflight < 1 || *inflight > 64 {
+			return fmt.Errorf("--inflight must be 1 to 64 (got %d)", *inflight)
 		}
 		if *pattern != "ranges" && *pattern != "blocks" {
 			return fmt.Errorf("--pattern must be ranges or blocks (got %q)", *pattern)
@@ -166,7 +167,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof, checksum: sum})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof, checksum: sum, inflight: *inflight})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -275,7 +276,7 @@ func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
 		fmt.Fprintf(w, "; larger sidecar RSS %.0f MiB, pinned pool %.0f MiB\n", float64(r.MaxRSS)/(1<<20), float64(r.PoolBytes)/(1<<20))
 	}
 	if len(rs) > 0 {
-		fmt.Fprintf(w, "devices %s; %d transfers of %s each per row; verified: %v\n", rs[0].Devices, rs[0].Iters, config.ByteSize(rs[0].Size), rs[0].Verified)
+		fmt.Fprintf(w, "devices %s; %d transfers of %s each per row, %d in flight; verified: %v\n", rs[0].Devices, rs[0].Iters, config.ByteSize(rs[0].Size), rs[0].Inflight, rs[0].Verified)
 	}
 }
 
@@ -289,6 +290,7 @@ type benchOpts struct {
 	verify               bool
 	prof                 *profiler // nil: no profiles
 	checksum             uint8     // wire.ChecksumRoute, On or Off
+	inflight             int       // transfers in flight at once, each on its own buffers
 }
 
 // BenchResult is the summary of a benchmark.
@@ -305,6 +307,7 @@ type BenchResult struct {
 	P99us    float64 `json:"p99_us"`
 	MaxUs    float64 `json:"max_us"`
 	Verified bool    `json:"verified"`
+	Inflight int     `json:"inflight"`
 	Devices  string  `json:"devices"`
 	// CPU seconds both sidecars used per GB moved, the larger sidecar's
 	// resident size at the end, and its pinned pool.
@@ -321,123 +324,6 @@ func (r BenchResult) String() string {
 	}
 	return fmt.Sprintf("%s %s %s (%s): %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s",
 		r.Route, r.Dir, r.Pattern, r.Devices, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v)
-}
-
-func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
-	lc, err := client.Dial(o.local)
-	if err != nil {
-		return nil, err
-	}
-	defer lc.Close()
-	rc, err := client.Dial(o.remote)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	tag := fmt.Sprintf("bench-%d", time.Now().UnixNano()%1e6)
-	L, err := newCache(o.ldev, tag+"-local", 1, o.size, 4096)
-	if err != nil {
-		return nil, err
-	}
-	defer L.Close()
-	R, err := newCache(o.rdev, tag+"-remote", 1, o.size, 4096)
-	if err != nil {
-		return nil, err
-	}
-	defer R.Close()
-	if err := L.Register(ctx, lc, wire.AccessLocalRead|wire.AccessLocalWrite); err != nil {
-		return nil, err
-	}
-	defer L.Unregister(context.Background(), lc)
-	if err := R.Register(ctx, rc, wire.AccessRemoteRead|wire.AccessRemoteWrite); err != nil {
-		return nil, err
-	}
-	defer R.Unregister(context.Background(), rc)
-	src, dst := L, R
-	if o.dir == wire.Pull {
-		src, dst = R, L
-	}
-	if err := src.Fill(uint64(time.Now().UnixNano())); err != nil {
-		return nil, err
-	}
-	var ms []kvsim.Move
-	if o.blocks {
-		ms = kvsim.Blocks(src, o.block, 3)
-	} else {
-		ms = kvsim.Ranges(src, o.block)
-	}
-	t := kvsim.Transfer(o.route, o.dir, tag, L, R, ms)
-	t.Checksum = o.checksum
-	progress := o.iters >= 3 && isTerminal(os.Stderr)
-	pat := "ranges"
-	if o.blocks {
-		pat = "blocks"
-	}
-	lat := make([]time.Duration, 0, o.iters)
-	var busy, warm time.Duration
-	var cpu0 float64
-	for i := 0; i < o.warmup+o.iters; i++ {
-		if i == o.warmup {
-			if cpu0, _, _, err = sidecarsCPU(ctx, lc, rc); err != nil {
-				return nil, err
-			}
-			if o.prof != nil {
-				// The profile spans about the timed transfers: their
-				// count times the last warm-up's time.
-				o.prof.start(ctx, fmt.Sprintf("%s-%s", pat, config.ByteSize(o.block)), warm*time.Duration(o.iters))
-			}
-		}
-		if o.verify {
-			if err := dst.Poison(0xAB); err != nil {
-				return nil, err
-			}
-		}
-		start := time.Now()
-		if _, err := lc.Do(ctx, t); err != nil {
-			return nil, fmt.Errorf("transfer %d: %w", i, err)
-		}
-		el := time.Since(start)
-		warm = el
-		if o.verify {
-			if err := kvsim.Verify(src, dst, ms, 0xAB); err != nil {
-				return nil, fmt.Errorf("transfer %d: %w", i, err)
-			}
-		}
-		if i >= o.warmup {
-			lat = append(lat, el)
-			busy += el
-			if progress {
-				done := len(lat)
-				bar := strings.Repeat("=", done*30/o.iters) + strings.Repeat(" ", 30-done*30/o.iters)
-				fmt.Fprintf(os.Stderr, "\rbench [%s] %d/%d  %.3f GB/s", bar, done, o.iters, float64(uint64(done)*o.size)/busy.Seconds()/1e9)
-			}
-		}
-	}
-	if progress {
-		fmt.Fprintln(os.Stderr)
-	}
-	cpu1, rss, pool, err := sidecarsCPU(ctx, lc, rc)
-	if err != nil {
-		return nil, err
-	}
-	if o.prof != nil {
-		if err := o.prof.wait(); err != nil {
-			return nil, err
-		}
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) float64 {
-		if len(lat) == 0 {
-			return 0
-		}
-		i := int(p*float64(len(lat))+0.5) - 1
-		i = max(0, min(i, len(lat)-1))
-		return float64(lat[i].Nanoseconds()) / 1e3
-	}
-	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat),
-		GBps: float64(uint64(len(lat))*o.size) / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
-		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
-		CPUSecPerGB: (cpu1 - cpu0) / (float64(uint64(len(lat))*o.size) / 1e9), MaxRSS: rss, PoolBytes: pool}, nil
 }
 
 // sidecarsCPU returns the CPU seconds both sidecars used so far, the larger
