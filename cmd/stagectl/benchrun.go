@@ -103,12 +103,15 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if o.blocks {
 		pat = "blocks"
 	}
-	// Warm-up: one transfer at a time on the first pair, each verified.
+	// Warm-up: one transfer at a time on every pair (the first moves of a
+	// region include its imports on a same-node path), each verified.
 	var warm time.Duration
 	p0 := pairs[0]
-	for i := 0; i < o.warmup; i++ {
-		if warm, err = timedTransfer(ctx, lc, p0, o.verify, true); err != nil {
-			return nil, fmt.Errorf("warm-up transfer %d: %w", i, err)
+	for j, p := range pairs {
+		for i := 0; i < o.warmup; i++ {
+			if warm, err = timedTransfer(ctx, lc, p, o.verify, true); err != nil {
+				return nil, fmt.Errorf("warm-up transfer %d on pair %d: %w", i, j, err)
+			}
 		}
 	}
 	cpu0, _, _, err := sidecarsCPU(ctx, lc, rc)
