@@ -138,6 +138,8 @@ func coreErr(err error) error {
 		return codeErr(wire.CodeCancelled, "%v", err)
 	case errors.Is(err, staging.ErrNoStreams), errors.Is(err, staging.ErrNoSession):
 		return codeErr(wire.CodePeerUnavailable, "%v", err)
+	case errors.Is(err, staging.ErrDamaged):
+		return codeErr(wire.CodeChecksum, "%v", err)
 	}
 	if _, ok := err.(*codeError); ok {
 		return err

@@ -44,6 +44,7 @@ type session struct {
 	peerWindow     uint32 // credits the peer granted us
 
 	gc      gnet.Conn
+	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
 	node    *nodeState // same-node paths (nodestate.go)
 
@@ -55,7 +56,7 @@ type session struct {
 	in       map[uint64]*inXfer     // chunks we receive, by wire id
 	served   map[uint64]uint64      // wire id of a pull we serve -> core key
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
-	gone     map[uint64]struct{}    // recently finished or refused incoming transfers
+	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
 	goneRing []uint64               // their ids, oldest first (bounded)
 	announce *sync.Cond             // signalled when ss.in or ss.gone changes (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
@@ -69,7 +70,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]struct{}{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
@@ -206,6 +207,9 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// A session (or sidecar) closing meanwhile ends the handshake at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	if err := writeMsg(c, &wire.DataHello{SessionID: ss.sid, Stream: idx, Proof: ss.dataProof(idx)}); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -404,8 +408,11 @@ func (ss *session) stripeCount() int {
 // send encodes m and queues it on the control connection.
 func (ss *session) send(m wire.Msg) {
 	ss.mu.Lock()
-	gc, closed := ss.gc, ss.closed
+	gc, closed, sent := ss.gc, ss.closed, ss.sent
 	ss.mu.Unlock()
+	if sent != nil {
+		sent(m)
+	}
 	if gc == nil || closed {
 		return
 	}
@@ -458,11 +465,12 @@ const maxGone = 4096
 
 // buryLocked records that an incoming transfer finished or was refused, so
 // its late chunks are drained at once instead of waited for (ss.mu held).
-func (ss *session) buryLocked(wireID uint64) {
+// complete says every chunk landed: a late chunk of it is a second copy.
+func (ss *session) buryLocked(wireID uint64, complete bool) {
 	if _, ok := ss.gone[wireID]; ok {
 		return
 	}
-	ss.gone[wireID] = struct{}{}
+	ss.gone[wireID] = complete
 	ss.goneRing = append(ss.goneRing, wireID)
 	if len(ss.goneRing) > maxGone {
 		delete(ss.gone, ss.goneRing[0])
