@@ -342,8 +342,8 @@ type counters struct {
 	// the peer's request, chunks that arrived here damaged, second copies
 	// of chunks that had landed here already.
 	Redials, Resends, ChecksumErrors, Duplicates atomic.Uint64
-	fbMu                                   sync.Mutex
-	fallbacks                              map[string]uint64 // same-node path unavailable, by reason
+	fbMu                                         sync.Mutex
+	fallbacks                                    map[string]uint64 // same-node path unavailable, by reason
 }
 
 func (s *Server) link(name string) *counters {
