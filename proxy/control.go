@@ -100,6 +100,8 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 			return gnet.None
 		}
 		s.mbox.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
+	case *wire.Resend:
+		s.resendAsked(ss, m, now)
 	case *wire.Credit:
 		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
 	case *wire.Announce:
@@ -149,4 +151,24 @@ func (ss *session) coreKey(wireID uint64) (uint64, bool) {
 	k, ok := ss.served[wireID]
 	ss.mu.Unlock()
 	return k, ok
+}
+
+// resendAsked handles the peer's Resend: a chunk we sent arrived damaged.
+// The core sends it again (and takes back the chunk's credit); a Resend
+// for a transfer we no longer know still returns the credit, and one for
+// a small push (which takes no credit and is never sent again) is
+// ignored: its receiver answers a damaged small push with a Nack.
+func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
+	if s.isInline(ss, m.Transfer) {
+		return
+	}
+	key, ok := ss.coreKey(m.Transfer)
+	if !ok {
+		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: 1, Now: now})
+		return
+	}
+	ss.link.Resends.Add(1)
+	s.log.Info("peer found a chunk damaged; sending it again", zap.String("peer", ss.peerName),
+		zap.Uint64("transfer", m.Transfer), zap.Uint32("chunk", m.Chunk))
+	s.mbox.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
 }

@@ -49,14 +49,22 @@ type sendJob struct {
 
 // attach takes over c as stream i, writes greet on it first when not nil
 // (the accepting side's DataAccept, before any chunk can follow it), and
-// starts the stream's goroutines; false if i is taken or c unusable.
+// starts the stream's goroutines; false if i is taken by a live stream or
+// c unusable. A dead stream i (its reader ended: the stream was lost) is
+// replaced: it is stopped and its goroutines waited for first, so every
+// chunk it held is reported to the core before the new stream exists.
 func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	ss.mu.Lock()
-	taken := ss.closed || ss.streams[i] != nil
+	old := ss.streams[i]
+	taken := ss.closed || (old != nil && !old.readerDone.Load())
 	ss.mu.Unlock()
 	if taken {
 		_ = c.Close()
 		return false
+	}
+	if old != nil {
+		old.stop()
+		old.wg.Wait()
 	}
 	rc, err := rawconn.New(c, 2)
 	if err == nil {
@@ -69,7 +77,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	}
 	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1), ctl: newCtlQueue()}
 	ss.mu.Lock()
-	if ss.closed || ss.streams[i] != nil {
+	if ss.closed || ss.streams[i] != old {
 		ss.mu.Unlock()
 		rc.Shutdown()
 		rc.Done()
@@ -158,7 +166,9 @@ func (ds *dataStream) lost(err error) {
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
 	if !ds.ss.streamsLeft() {
 		ds.ss.close(fmt.Errorf("every data stream was lost (last: %v)", err))
+		return
 	}
+	ds.ss.startRedial(ds.idx)
 }
 
 // stuckWrite is how long a writev must have been blocked, when a transfer
@@ -375,7 +385,7 @@ func (ds *dataStream) read() error {
 			if err := rc.Discard(int64(ch.PayloadLen), scratch); err != nil {
 				return fmt.Errorf("drain chunk payload: %w", err)
 			}
-			if !inline { // an inline chunk took no credit
+			if !inline && !ss.secondCopy(x, lerr, &ch) { // an inline chunk took no credit
 				ss.send(&wire.Credit{Grant: 1})
 			}
 			if lerr != nil {
@@ -407,9 +417,7 @@ func (ds *dataStream) read() error {
 		if h.Flags&wire.FlagCRC != 0 {
 			if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
 				s.recvPool.Release(slot)
-				err := codeErr(wire.CodeChecksum, "chunk %d of transfer %d from %s: CRC32C %08x, header says %08x", ch.Index, ch.Transfer, ss.peerName, got, h.CRC)
-				ss.send(&wire.Credit{Grant: 1})
-				x.fail(err, true)
+				ss.damaged(x, &ch, got, h.CRC)
 				x.release()
 				continue
 			}

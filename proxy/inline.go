@@ -296,6 +296,7 @@ func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, seg
 	}
 	if h.Flags&wire.FlagCRC != 0 {
 		if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
+			ss.link.ChecksumErrors.Add(1)
 			x.fail(codeErr(wire.CodeChecksum, "inline transfer %d from %s: CRC32C %08x, header says %08x", ch.Transfer, ss.peerName, got, h.CRC), true)
 			return nil
 		}

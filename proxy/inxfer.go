@@ -92,20 +92,30 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	}
 	x.mu.Lock()
 	if x.finished {
-		quiet := x.inline || x.ring // no credit was taken
+		// A second copy of a chunk that landed (sent again after a stream
+		// loss) is answered with nothing: the first copy's Ack returned
+		// the credit. Any other chunk of a finished transfer returns its
+		// credit, unless it took none.
+		dup := x.hasLocked(idx)
+		quiet := x.inline || x.ring || dup
 		x.mu.Unlock()
+		if dup {
+			x.ss.link.Duplicates.Add(1)
+		}
 		if !quiet {
 			x.ss.send(&wire.Credit{Grant: 1})
 		}
 		return
 	}
-	w, b := idx/64, uint64(1)<<(idx%64)
-	if x.bits[w]&b == 0 {
-		x.bits[w] |= b
-		x.nLanded++
-		x.bytes += n
-	}
 	x.progress = time.Now()
+	if x.hasLocked(idx) {
+		x.mu.Unlock()
+		x.ss.link.Duplicates.Add(1)
+		return // a second copy: landed again (same bytes), answered once
+	}
+	x.bits[idx/64] |= uint64(1) << (idx % 64)
+	x.nLanded++
+	x.bytes += n
 	complete := x.nLanded == x.count
 	var bad error
 	if complete && x.bytes != x.total {
@@ -133,6 +143,18 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	}
 }
 
+// hasLocked reports whether chunk idx landed already (x.mu held).
+func (x *inXfer) hasLocked(idx uint32) bool {
+	return idx < x.count && x.bits[idx/64]&(uint64(1)<<(idx%64)) != 0
+}
+
+// has is hasLocked for callers without x.mu.
+func (x *inXfer) has(idx uint32) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.hasLocked(idx)
+}
+
 // fail ends the transfer with err; tellPeer sends a Nack.
 func (x *inXfer) fail(err error, tellPeer bool) {
 	x.mu.Lock()
@@ -155,8 +177,8 @@ func (x *inXfer) done(err error) {
 	if ss.in[x.wireID] == x {
 		delete(ss.in, x.wireID)
 	}
-	if x.local == nil {
-		ss.buryLocked(x.wireID)
+	if x.local == nil || err == nil {
+		ss.buryLocked(x.wireID, err == nil)
 	}
 	ss.mu.Unlock()
 	x.mu.Lock()
@@ -230,4 +252,37 @@ func (x *inXfer) nLandedNow() uint32 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.nLanded
+}
+
+// damaged handles a chunk whose CRC32C did not match: nothing of it lands,
+// and the peer is asked to send it again with Resend, which also returns
+// the chunk's credit (the sender gives up after staging.MaxResends and
+// fails the transfer). A damaged second copy of a chunk that landed
+// already is answered with nothing, like any second copy.
+func (ss *session) damaged(x *inXfer, ch *wire.Chunk, got, want uint32) {
+	ss.link.ChecksumErrors.Add(1)
+	ss.s.log.Warn("chunk arrived damaged; asking the peer to send it again", zap.String("peer", ss.peerName),
+		zap.Uint64("transfer", ch.Transfer), zap.Uint32("chunk", ch.Index),
+		zap.String("crc32c", fmt.Sprintf("%08x, header says %08x", got, want)))
+	if x.has(ch.Index) {
+		return
+	}
+	x.mu.Lock()
+	x.progress = time.Now()
+	x.mu.Unlock()
+	ss.send(&wire.Resend{Transfer: ch.Transfer, Chunk: ch.Index})
+}
+
+// secondCopy reports whether a chunk that will not land (x nil: its
+// transfer is unknown or gone; else resolve's error lerr) is a second copy
+// of one that landed already, which is answered with nothing: the first
+// copy's Ack returned its credit.
+func (ss *session) secondCopy(x *inXfer, lerr error, ch *wire.Chunk) bool {
+	if x == nil {
+		ss.mu.Lock()
+		complete := ss.gone[ch.Transfer]
+		ss.mu.Unlock()
+		return complete
+	}
+	return lerr == errFinished && x.has(ch.Index)
 }

@@ -105,6 +105,12 @@ func (s *Server) perform(r *staging.Ready) {
 		}
 		err := coreErr(d.Err)
 		if ox.local != nil {
+			// Our push failed here (chunks damaged past the resend bound,
+			// a copy failed, no progress): the receiver lets go of it at
+			// once rather than at its own deadline.
+			if err != nil && errCode(err) != wire.CodePeerUnavailable && errCode(err) != wire.CodeCancelled {
+				ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
+			}
 			ox.local.addDone(d.Bytes)
 			s.finishLocal(ox.local, err)
 			continue
@@ -138,6 +144,8 @@ func coreErr(err error) error {
 		return codeErr(wire.CodeCancelled, "%v", err)
 	case errors.Is(err, staging.ErrNoStreams), errors.Is(err, staging.ErrNoSession):
 		return codeErr(wire.CodePeerUnavailable, "%v", err)
+	case errors.Is(err, staging.ErrDamaged):
+		return codeErr(wire.CodeChecksum, "%v", err)
 	}
 	if _, ok := err.(*codeError); ok {
 		return err

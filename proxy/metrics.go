@@ -87,12 +87,16 @@ var (
 	descMappings  = prometheus.NewDesc("stage_mappings", "Engine allocations mapped into the sidecar.", nil, nil)
 	descActive    = prometheus.NewDesc("stage_transfers_active", "Transfers submitted by local engines and not finished.", nil, nil)
 	descCopy      = prometheus.NewDesc("stage_copy_seconds_total", "Device copy time of staging chunks, enqueue to completion, by kind.", []string{"kind"}, nil)
+	descRedials   = prometheus.NewDesc("stage_stream_redials_total", "Data streams dialed again after one was lost, by link.", []string{"link"}, nil)
+	descResent    = prometheus.NewDesc("stage_chunks_resent_total", "Chunks sent again because the peer found them damaged (CRC32C), by link.", []string{"link"}, nil)
+	descCRCErrs   = prometheus.NewDesc("stage_checksum_errors_total", "Chunks that arrived damaged (CRC32C mismatch), by link.", []string{"link"}, nil)
+	descDups      = prometheus.NewDesc("stage_duplicate_chunks_total", "Second copies of chunks that had landed already (sent again after a stream loss), by link.", []string{"link"}, nil)
 	descNet       = prometheus.NewDesc("stage_network_seconds_total", "Time spent in socket calls moving chunk payloads, by direction.", []string{"direction"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descInline, descSessions, descSlots, descSlotsUsed,
-		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet} {
+		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet, descRedials, descResent, descCRCErrs, descDups} {
 		ch <- d
 	}
 }
@@ -108,6 +112,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(l.XfersFailed), l.Name, "failed")
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(l.XfersInline), l.Name)
 		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(l.Up), l.Name)
+		ch <- prometheus.MustNewConstMetric(descRedials, prometheus.CounterValue, float64(l.Redials), l.Name)
+		ch <- prometheus.MustNewConstMetric(descResent, prometheus.CounterValue, float64(l.Resends), l.Name)
+		ch <- prometheus.MustNewConstMetric(descCRCErrs, prometheus.CounterValue, float64(l.ChecksumErrors), l.Name)
+		ch <- prometheus.MustNewConstMetric(descDups, prometheus.CounterValue, float64(l.Duplicates), l.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(st.SendSlots), "send")
 	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(st.RecvSlots), "recv")

@@ -338,8 +338,12 @@ type counters struct {
 	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
 	XfersOK, XfersFailed, XfersInline      atomic.Uint64
 	XfersIPC, XfersShm                     atomic.Uint64 // moved on a same-node path
-	fbMu                                   sync.Mutex
-	fallbacks                              map[string]uint64 // same-node path unavailable, by reason
+	// Recovery: data streams redialed after a loss, chunks sent again at
+	// the peer's request, chunks that arrived here damaged, second copies
+	// of chunks that had landed here already.
+	Redials, Resends, ChecksumErrors, Duplicates atomic.Uint64
+	fbMu                                         sync.Mutex
+	fallbacks                                    map[string]uint64 // same-node path unavailable, by reason
 }
 
 func (s *Server) link(name string) *counters {

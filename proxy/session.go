@@ -44,6 +44,7 @@ type session struct {
 	peerWindow     uint32 // credits the peer granted us
 
 	gc      gnet.Conn
+	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
 	node    *nodeState // same-node paths (nodestate.go)
 
@@ -55,7 +56,7 @@ type session struct {
 	in       map[uint64]*inXfer     // chunks we receive, by wire id
 	served   map[uint64]uint64      // wire id of a pull we serve -> core key
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
-	gone     map[uint64]struct{}    // recently finished or refused incoming transfers
+	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
 	goneRing []uint64               // their ids, oldest first (bounded)
 	announce *sync.Cond             // signalled when ss.in or ss.gone changes (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
@@ -69,7 +70,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]struct{}{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
@@ -206,6 +207,9 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// A session (or sidecar) closing meanwhile ends the handshake at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	if err := writeMsg(c, &wire.DataHello{SessionID: ss.sid, Stream: idx, Proof: ss.dataProof(idx)}); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -404,8 +408,11 @@ func (ss *session) stripeCount() int {
 // send encodes m and queues it on the control connection.
 func (ss *session) send(m wire.Msg) {
 	ss.mu.Lock()
-	gc, closed := ss.gc, ss.closed
+	gc, closed, sent := ss.gc, ss.closed, ss.sent
 	ss.mu.Unlock()
+	if sent != nil {
+		sent(m)
+	}
 	if gc == nil || closed {
 		return
 	}
@@ -451,59 +458,6 @@ func (ss *session) close(err error) {
 	s.mbox.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)
 	s.log.Info("session down", zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Error(err))
-}
-
-// maxGone bounds the tombstones of finished incoming transfers kept per session.
-const maxGone = 4096
-
-// buryLocked records that an incoming transfer finished or was refused, so
-// its late chunks are drained at once instead of waited for (ss.mu held).
-func (ss *session) buryLocked(wireID uint64) {
-	if _, ok := ss.gone[wireID]; ok {
-		return
-	}
-	ss.gone[wireID] = struct{}{}
-	ss.goneRing = append(ss.goneRing, wireID)
-	if len(ss.goneRing) > maxGone {
-		delete(ss.gone, ss.goneRing[0])
-		ss.goneRing = ss.goneRing[1:]
-	}
-	ss.announce.Broadcast()
-}
-
-// announceWait is how long a chunk that arrived ahead of its transfer's
-// Announce waits for it. The sender starts sending right after it queued
-// the Announce, on another connection, so the two may cross.
-const announceWait = time.Second
-
-// incoming finds the transfer a chunk belongs to, waiting briefly for an
-// Announce that has not arrived yet; nil for a finished, refused or
-// unknown transfer.
-func (ss *session) incoming(wireID uint64) *inXfer {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if x := ss.in[wireID]; x != nil {
-		return x
-	}
-	if ss.ours(wireID) {
-		return nil // our pull: created before the request went out
-	}
-	deadline := time.Now().Add(announceWait)
-	timer := time.AfterFunc(announceWait, func() {
-		ss.mu.Lock()
-		ss.announce.Broadcast()
-		ss.mu.Unlock()
-	})
-	defer timer.Stop()
-	for {
-		if x := ss.in[wireID]; x != nil {
-			return x
-		}
-		if _, dead := ss.gone[wireID]; dead || ss.closed || !time.Now().Before(deadline) {
-			return nil
-		}
-		ss.announce.Wait()
-	}
 }
 
 // Liveness of control sessions: a side that has sent nothing for

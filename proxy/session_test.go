@@ -7,7 +7,7 @@ import (
 )
 
 func testSession(dialer bool) *session {
-	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, gone: map[uint64]struct{}{}}
+	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, gone: map[uint64]bool{}}
 	ss.announce = sync.NewCond(&ss.mu)
 	return ss
 }
@@ -41,7 +41,7 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 	go func() { got <- ss.incoming(6) }()
 	time.Sleep(20 * time.Millisecond)
 	ss.mu.Lock()
-	ss.buryLocked(6) // the Announce was refused
+	ss.buryLocked(6, false) // the Announce was refused
 	ss.mu.Unlock()
 	select {
 	case g := <-got:
@@ -66,7 +66,7 @@ func TestBuryIsBounded(t *testing.T) {
 	ss := testSession(false)
 	ss.mu.Lock()
 	for i := uint64(0); i < 3*maxGone; i++ {
-		ss.buryLocked(i)
+		ss.buryLocked(i, false)
 	}
 	ss.mu.Unlock()
 	if len(ss.gone) != maxGone || len(ss.goneRing) != maxGone {

@@ -52,7 +52,8 @@ func (s *Server) Snapshot() Stats {
 	for name, c := range s.links {
 		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
 			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load(),
-			XfersInline: c.XfersInline.Load(), XfersIPC: c.XfersIPC.Load(), XfersShm: c.XfersShm.Load(), Fallbacks: c.fallbackCounts()})
+			XfersInline: c.XfersInline.Load(), XfersIPC: c.XfersIPC.Load(), XfersShm: c.XfersShm.Load(), Fallbacks: c.fallbackCounts(),
+			Redials: c.Redials.Load(), Resends: c.Resends.Load(), ChecksumErrors: c.ChecksumErrors.Load(), Duplicates: c.Duplicates.Load()})
 	}
 	s.mu.Unlock()
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
@@ -76,6 +77,7 @@ func (s *Server) Routes() []RouteInfo {
 			p := PeerInfo{Addr: addr, State: "connecting"}
 			if ss := r.sess[addr]; ss != nil {
 				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.sameHost(), ss.stripeCount(), ss.chunkSize
+				p.StreamsUp = ss.streamsUp()
 				p.Transport = s.transportOf(r.conf().Transport, ss)
 			} else if e := r.lastErr[addr]; e != nil {
 				p.State, p.Error = "down", e.Error()

@@ -302,7 +302,7 @@ func (s *Server) refusePush(ss *session, id uint64, err error) {
 	if errCode(err) != wire.CodeExists {
 		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", id), zap.Error(err))
 		ss.mu.Lock()
-		ss.buryLocked(id)
+		ss.buryLocked(id, false)
 		ss.mu.Unlock()
 	}
 	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})

@@ -23,7 +23,12 @@ const (
 	EvStreamLost                       // Session, Stream, Err
 	EvCancel                           // Transfer
 	EvTick                             // Now
+	EvResend                           // Session, Transfer, Chunk: the chunk arrived damaged; returns its credit
 )
+
+// MaxResends is how many chunks of one transfer may be sent again because
+// the receiver found them damaged (EvResend) before the transfer fails.
+const MaxResends = 8
 
 // Event is one input to Sender.Step. Now is the time of the event; the core
 // reads no clock of its own.
@@ -90,6 +95,7 @@ var (
 	ErrNoStreams   = errors.New("every data stream to the peer was lost")
 	ErrNoSession   = errors.New("no session to the peer")
 	ErrDuplicateID = errors.New("duplicate transfer id")
+	ErrDamaged     = errors.New("chunks keep arriving damaged")
 )
 
 // chunk states
@@ -123,6 +129,12 @@ type sxfer struct {
 	onStream []uint16
 	next     int      // next never-started chunk
 	redo     []uint32 // chunks to send again
+	// refunded[c]: chunk c waits in redo and the credit of the copy last
+	// sent was given back because that copy may never have arrived. If
+	// it did arrive after all, its answer (Ack or Resend) must not return
+	// that credit a second time.
+	refunded []bool
+	resends  int // chunks sent again at the receiver's request
 	acked    int
 	bytes    uint64
 	busy     int // chunks holding a slot (copying or sending)
@@ -163,6 +175,15 @@ func NewSenderDepth(slots, depth int) *Sender {
 
 // FreeSlots is the number of send slots not handed out.
 func (s *Sender) FreeSlots() int { return len(s.free) }
+
+// Credits is the number of chunks session may still send before the peer
+// answers more; -1 for an unknown session.
+func (s *Sender) Credits(session uint64) int {
+	if ss := s.sessions[session]; ss != nil {
+		return ss.credits
+	}
+	return -1
+}
 
 // Active is the number of transfers not yet finished or still holding slots.
 func (s *Sender) Active() int { return len(s.xfers) }
@@ -216,6 +237,8 @@ func (s *Sender) Step(ev Event) *Ready {
 		}
 	case EvTick:
 		s.tick()
+	case EvResend:
+		s.resend(ev)
 	}
 	s.schedule()
 	return &s.ready
@@ -262,7 +285,7 @@ func (s *Sender) submit(ev Event) {
 	}
 	n := len(ev.Plan.Chunks)
 	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n),
-		timeout: ev.Timeout, progress: s.now}
+		refunded: make([]bool, n), timeout: ev.Timeout, progress: s.now}
 	s.xfers[x.id] = x
 	ss.active = append(ss.active, x)
 }
@@ -329,6 +352,7 @@ func (s *Sender) written(ev Event) {
 		}
 		if x.state[ev.Chunk] == chSending {
 			x.redoChunk(ev.Chunk)
+			x.refunded[ev.Chunk] = true
 		}
 		s.streamLost(ss, ev.Stream, ev.Err)
 		return
@@ -343,10 +367,14 @@ func (s *Sender) written(ev Event) {
 
 func (s *Sender) ack(ev Event) {
 	ss := s.sessions[ev.Session]
-	if ss != nil {
-		ss.credits += len(ev.Chunks)
-	}
 	x := s.xfers[ev.Transfer]
+	if ss != nil {
+		for _, c := range ev.Chunks {
+			if !x.creditGiven(ss, c) {
+				ss.credits++
+			}
+		}
+	}
 	if x == nil || x.finished || x.sess != ss {
 		return
 	}
@@ -367,56 +395,10 @@ func (s *Sender) ack(ev Event) {
 	}
 }
 
-func (s *Sender) streamLost(ss *ssess, stream int, err error) {
-	if stream < 0 || stream >= len(ss.streams) || !ss.streams[stream].alive {
-		return
-	}
-	ss.streams[stream].alive = false
-	alive := false
-	for _, st := range ss.streams {
-		alive = alive || st.alive
-	}
-	if !alive {
-		if err == nil {
-			err = ErrNoStreams
-		} else {
-			err = fmt.Errorf("%w (last: %v)", ErrNoStreams, err)
-		}
-		for len(ss.active) > 0 {
-			s.fail(ss.active[0], err)
-		}
-		return
-	}
-	// Chunks written on the lost stream and not yet acked may never have
-	// arrived: send them again and give back the credit they took.
-	for _, x := range ss.active {
-		for c, st := range x.state {
-			if st == chSent && int(x.onStream[c]) == stream {
-				x.redoChunk(uint32(c))
-				ss.credits++
-			}
-		}
-	}
-}
-
 func (s *Sender) tick() {
 	for _, x := range s.xfers {
 		if !x.finished && x.timeout > 0 && s.now.Sub(x.progress) > x.timeout {
 			s.fail(x, fmt.Errorf("%w (%v without an ack; %d of %d chunks acked)", ErrTimeout, x.timeout, x.acked, len(x.plan.Chunks)))
-		}
-	}
-}
-
-func (x *sxfer) redoChunk(c uint32) {
-	x.state[c] = chPending
-	x.redo = append(x.redo, c)
-}
-
-func (x *sxfer) dropRedo(c uint32) {
-	for i, r := range x.redo {
-		if r == c {
-			x.redo = append(x.redo[:i], x.redo[i+1:]...)
-			return
 		}
 	}
 }
@@ -430,13 +412,6 @@ func (s *Sender) release(x *sxfer, slot int) {
 }
 
 func (s *Sender) fail(x *sxfer, err error) { s.finish(x, err) }
-
-// refund gives back a credit taken by a chunk that will not arrive.
-func (s *Sender) refund(ss *ssess) {
-	if s.sessions[ss.id] == ss {
-		ss.credits++
-	}
-}
 
 func (s *Sender) finish(x *sxfer, err error) {
 	if x.finished {
@@ -517,6 +492,7 @@ func (s *Sender) startOne(ss *ssess) bool {
 		}
 		slot := s.free[len(s.free)-1]
 		s.free = s.free[:len(s.free)-1]
+		x.refunded[c] = false
 		ss.credits--
 		ss.ahead++
 		x.busy++

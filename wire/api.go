@@ -199,6 +199,10 @@ func decodeMsg(t Type, d *decoder) Msg {
 		m := new(Credit)
 		m.decode(d)
 		return m
+	case TypeResend:
+		m := new(Resend)
+		m.decode(d)
+		return m
 	case TypeHeartbeat:
 		m := new(Heartbeat)
 		m.decode(d)

@@ -104,6 +104,7 @@ const (
 	TypeHeartbeat      Type = 15
 	TypeGoodbye        Type = 16
 	TypeError          Type = 17 // session-level error, then close
+	TypeResend         Type = 20 // chunk receiver -> sender: a chunk arrived damaged; send it again
 	TypeChunk          Type = 64 // data stream: chunk meta + payload
 )
 
@@ -138,7 +139,7 @@ var typeNames = map[Type]string{
 	TypeDataHello: "DataHello", TypeDataAccept: "DataAccept", TypeCatalogRequest: "CatalogRequest",
 	TypeCatalog: "Catalog", TypeAnnounce: "Announce", TypePullRequest: "PullRequest", TypeAccept: "Accept",
 	TypeAck: "Ack", TypeNack: "Nack", TypeCredit: "Credit", TypeHeartbeat: "Heartbeat", TypeGoodbye: "Goodbye",
-	TypeError: "Error", TypeChunk: "Chunk",
+	TypeError: "Error", TypeResend: "Resend", TypeChunk: "Chunk",
 	TypeRegister: "Register", TypeUnregister: "Unregister", TypeSubmit: "Submit", TypeSubmitted: "Submitted",
 	TypeWait: "Wait", TypeStatus: "Status", TypeXferStatus: "XferStatus", TypeCancel: "Cancel",
 	TypeSubscribe: "Subscribe", TypeNotify: "Notify", TypeQuery: "Query", TypeQueryReply: "QueryReply",

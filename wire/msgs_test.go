@@ -58,6 +58,7 @@ func samples() []sample {
 		{"AckEmpty", &Ack{Transfer: 12}},
 		{"Nack", &Nack{Transfer: 13, Code: CodeOutOfRange, Message: "region kv.layer0: end 5000 beyond size 4096"}},
 		{"Credit", &Credit{Grant: 17}},
+		{"Resend", &Resend{Transfer: 1<<40 | 3, Chunk: math.MaxUint32}},
 		{"Heartbeat", &Heartbeat{Seq: 5, UnixNanos: -1234567890123}},
 		{"Goodbye", &Goodbye{Reason: "shutting down"}},
 		{"Error", &Error{Code: CodeAuthFailed, Message: "bad proof ✗"}},
@@ -222,6 +223,15 @@ func TestGolden(t *testing.T) {
 			),
 		},
 		{
+			name: "Resend",
+			got:  AppendFrame(nil, &Resend{Transfer: 0x0102030405060708, Chunk: 0x0A0B0C0D}, false, 0),
+			want: hexBytes(
+				"SG", 1, 20, 0, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0,
+				8, 7, 6, 5, 4, 3, 2, 1, // transfer
+				0x0D, 0x0C, 0x0B, 0x0A, // chunk index
+			),
+		},
+		{
 			name: "ChunkHead",
 			got: AppendChunkHead(nil, &Chunk{Transfer: 7, Index: 1, Count: 3, PayloadLen: 5,
 				Segs: []ChunkSeg{{Region: 2, Len: 3, Offset: 0x10}, {Region: 0, Len: 2, Offset: 0x100}}}, []byte("hello"), false, 0),
@@ -360,6 +370,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"ops over bytes", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(3).zeros(64)...), ErrMalformed,
 			"Submit.Ops: count 3 needs at least 96 bytes, 64 remain"},
 		{"ack chunks 2^32-1", TypeAck, body(nil).u64(1).u32(math.MaxUint32).zeros(2), ErrTooLarge, "Ack.Chunks: count 4294967295"},
+		{"resend short", TypeResend, body(nil).u64(1).u16(0), ErrMalformed, "Resend.Chunk"},
+		{"resend trailing", TypeResend, body(nil).u64(1).u32(2).u8(0), ErrMalformed, "trailing"},
 		{"ack chunks over bytes", TypeAck, body(nil).u64(1).u32(MaxAckChunks).zeros(8), ErrMalformed, "Ack.Chunks"},
 		{"names over limit", TypeAnnounce, body(nil).u64(1).str("").u64(0).u32(MaxNames + 1), ErrTooLarge, "Announce.Regions: count 4097 exceeds limit 4096"},
 		{"regions over limit", TypeCatalog, body(nil).u64(1).u32(MaxRegions + 1), ErrTooLarge, "Catalog.Regions"},

@@ -120,6 +120,15 @@ type Nack struct {
 	Message  string
 }
 
+// Resend says one chunk of a transfer arrived damaged (its CRC32C did not
+// match) and was not landed: the sender gathers it again from its source
+// and sends it again. Like an Ack, it returns the credit the damaged
+// chunk took.
+type Resend struct {
+	Transfer uint64
+	Chunk    uint32
+}
+
 // Credit grants more chunk credits.
 type Credit struct {
 	Grant uint32
@@ -187,6 +196,7 @@ func (*Accept) Type() Type         { return TypeAccept }
 func (*Ack) Type() Type            { return TypeAck }
 func (*Nack) Type() Type           { return TypeNack }
 func (*Credit) Type() Type         { return TypeCredit }
+func (*Resend) Type() Type         { return TypeResend }
 func (*Heartbeat) Type() Type      { return TypeHeartbeat }
 func (*Goodbye) Type() Type        { return TypeGoodbye }
 func (*Error) Type() Type          { return TypeError }

@@ -287,6 +287,17 @@ func (m *Credit) AppendBody(dst []byte) []byte { return appendU32(dst, m.Grant) 
 
 func (m *Credit) decode(d *decoder) { m.Grant = d.u32("Grant") }
 
+// AppendBody appends the encoded Resend body to dst.
+func (m *Resend) AppendBody(dst []byte) []byte {
+	dst = appendU64(dst, m.Transfer)
+	return appendU32(dst, m.Chunk)
+}
+
+func (m *Resend) decode(d *decoder) {
+	m.Transfer = d.u64("Transfer")
+	m.Chunk = d.u32("Chunk")
+}
+
 // AppendBody appends the encoded Heartbeat body to dst.
 func (m *Heartbeat) AppendBody(dst []byte) []byte {
 	dst = appendU64(dst, m.Seq)

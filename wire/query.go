@@ -48,6 +48,16 @@ type LinkStats struct {
 	XfersIPC  uint64            `json:"transfers_ipc"`
 	XfersShm  uint64            `json:"transfers_shm"`
 	Fallbacks map[string]uint64 `json:"fallbacks,omitempty"`
+	// Recovery. Redials: data streams dialed again after one was lost
+	// (dialing side). Resends: chunks sent again because the peer found
+	// them damaged. ChecksumErrors: chunks that arrived here damaged
+	// (each answered with a Resend, or failing its small push).
+	// Duplicates: second copies of chunks that had landed here already
+	// (sent again after a stream loss), landed and answered once.
+	Redials        uint64 `json:"stream_redials"`
+	Resends        uint64 `json:"chunks_resent"`
+	ChecksumErrors uint64 `json:"checksum_errors"`
+	Duplicates     uint64 `json:"duplicate_chunks"`
 }
 
 // RouteInfo is one element of the QueryRoutes answer.
@@ -66,7 +76,10 @@ type PeerInfo struct {
 	Node     string `json:"node,omitempty"`
 	SameHost bool   `json:"same_host"`
 	Stripes  int    `json:"stripes"`
-	Chunk    int    `json:"chunk_bytes"`
+	// StreamsUp: data streams attached and reading now; below Stripes
+	// while lost streams are being redialed.
+	StreamsUp int `json:"streams_up"`
+	Chunk     int `json:"chunk_bytes"`
 	// Transport the next transfer to this peer uses, and why not a
 	// same-node path when it could have been one.
 	Transport string `json:"transport,omitempty"`
