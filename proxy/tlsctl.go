@@ -28,6 +28,7 @@ type tlsControl struct {
 	buf    []byte // frames to write, in order
 	spare  []byte // the other buffer, swapped in while one is written
 	closed bool
+	over   bool          // the backlog overflowed: the session is closing
 	kick   chan struct{} // capacity 1: buf has bytes
 	done   chan struct{} // closed by close
 }
@@ -53,7 +54,12 @@ func (tc *tlsControl) write(frame []byte) {
 		tc.mu.Unlock()
 		return
 	}
+	if tc.over {
+		tc.mu.Unlock()
+		return
+	}
 	if len(tc.buf)+len(frame) > maxCtlBacklog {
+		tc.over = true
 		tc.mu.Unlock()
 		go tc.ss.close(fmt.Errorf("peer reads none of its control frames (%d B waiting)", maxCtlBacklog))
 		return
