@@ -65,12 +65,28 @@ type Route struct {
 	ProgressTimeout time.Duration `mapstructure:"progress_timeout"` // no progress for this long fails a transfer
 }
 
-// Security: peers authenticate with a shared token before naming any region.
+// Security: peers authenticate with a shared token before naming any region,
+// and optionally with certificates (mutual TLS) below that.
 type Security struct {
 	Token         string `mapstructure:"token"`
 	TokenFile     string `mapstructure:"token_file"`
 	AllowInsecure bool   `mapstructure:"allow_insecure"` // no token at all (tests only)
+	TLS           TLS    `mapstructure:"tls"`
 }
+
+// TLS turns on mutual TLS 1.3 for every peer connection (control sessions
+// and data streams, both directions) when CertFile is set. Each sidecar's
+// certificate serves as its server and its client certificate; both ends
+// verify the other's against CAFile. The token challenge still runs inside.
+type TLS struct {
+	CertFile   string `mapstructure:"cert_file"`   // PEM certificate (chain) of this sidecar
+	KeyFile    string `mapstructure:"key_file"`    // PEM private key of CertFile
+	CAFile     string `mapstructure:"ca_file"`     // PEM CA certificate(s) peers' certificates must chain to
+	ServerName string `mapstructure:"server_name"` // name checked in the acceptor's certificate; empty: the host dialed
+}
+
+// Enabled reports whether peer connections use TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" || t.CAFile != "" }
 
 // Metrics serves Prometheus /metrics.
 type Metrics struct {

@@ -342,11 +342,11 @@ func editDistance(a, b string) int {
 }
 
 // showKey is show, except that it hides values under security (but
-// token_file, a path) and of secret-looking keys anywhere, so a token never
+// token_file and the tls files: paths) and of secret-looking keys anywhere, so a token never
 // lands in an error message or a log.
 func showKey(key string, v any) string {
-	if key == "security.token_file" {
-		return show(v)
+	if key == "security.token_file" || (strings.HasPrefix(key, "security.tls.") && strings.HasSuffix(key, "_file")) {
+		return show(v) // paths, not secrets
 	}
 	if key == "security" || strings.HasPrefix(key, "security.") {
 		return "<redacted>"

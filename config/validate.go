@@ -275,6 +275,9 @@ func (v *validator) security(s Security) {
 	case !s.AllowInsecure:
 		v.add("security.token", "empty; set security.token or security.token_file (or security.allow_insecure: true for local tests only)")
 	}
+	if s.TLS.Enabled() {
+		v.tls(s.TLS, time.Now())
+	}
 }
 
 // approxSize writes a size that may not fit a ByteSize exactly.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,8 +14,39 @@ import (
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/tlsconn"
 	"github.com/stage-kv/stage/wire"
 )
+
+// streamConn is what a data stream's reader and writer need of their
+// connection: a rawconn.Conn (plaintext: blocking system calls straight
+// from and into pinned slots) or, with security.tls, a tlsconn.Conn.
+type streamConn interface {
+	Writev(bufs [][]byte) error
+	TryWrite(b []byte) (int, error) // what fits now, never blocking; 0 is fine
+	Read(p []byte) (int, error)
+	ReadFull(p []byte) error
+	Discard(n int64, scratch []byte) error
+	Shutdown() // wakes reader and writer
+	Done()     // once per user; the last closes
+	SetSpin(d time.Duration)
+}
+
+// newStreamConn takes over an established data stream connection.
+func newStreamConn(c net.Conn) (streamConn, error) {
+	if tc, ok := c.(*tls.Conn); ok {
+		sc, err := tlsconn.New(tc, 2)
+		if err != nil {
+			return nil, err
+		}
+		return sc, nil
+	}
+	rc, err := rawconn.New(c, 2)
+	if err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
 
 // dataStream is one TCP connection of a session carrying chunks both ways:
 // a writer goroutine sends what the Sender core schedules on it, a reader
@@ -22,7 +54,7 @@ import (
 type dataStream struct {
 	ss    *session
 	idx   int
-	rc    *rawconn.Conn
+	rc    streamConn
 	sendq chan sendJob
 	wg    sync.WaitGroup
 
@@ -66,7 +98,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		old.stop()
 		old.wg.Wait()
 	}
-	rc, err := rawconn.New(c, 2)
+	rc, err := newStreamConn(c)
 	if err == nil {
 		rc.SetSpin(ss.s.cfg.Staging.ReadSpin)
 	}

@@ -28,6 +28,7 @@ type Server struct {
 	log    *zap.Logger
 	dev    device.Device
 	token  []byte
+	tls    *peerTLS // nil: peer connections in plaintext
 	hostID string
 	start  time.Time
 
@@ -102,6 +103,12 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s.metrics = newMetrics(s)
 	s.regions.onUnregister = s.revokeRegion
 	s.faultImport = os.Getenv(FaultImportEnv) == "1"
+	if cfg.Security.TLS.Enabled() {
+		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {
+			_ = dev.Close()
+			return nil, err
+		}
+	}
 	s.hostID = cfg.Node.HostID
 	if s.hostID == "" {
 		s.hostID = hostIdentity()

@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -43,7 +46,8 @@ type session struct {
 	stripes        int
 	peerWindow     uint32 // credits the peer granted us
 
-	gc      gnet.Conn
+	gc      gnet.Conn      // the control connection on gnet (plaintext)
+	tctl    *tlsControl    // or over TLS (security.tls)
 	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
 	node    *nodeState // same-node paths (nodestate.go)
@@ -139,8 +143,13 @@ func expect[T wire.Msg](c net.Conn, what string) (T, error) {
 // data streams, then hands the control connection to gnet.
 func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
 	d := net.Dialer{Timeout: r.conf().ConnectTimeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		return nil, err
+	}
+	c, err := s.dialTLS(ctx, raw, addr)
+	if err != nil {
+		_ = raw.Close()
 		return nil, err
 	}
 	ss := s.newSession(true, r.conf().Stripes)
@@ -160,7 +169,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	ch, err := expect[*wire.Challenge](c, "challenge")
 	if err != nil {
-		return fail(err)
+		return fail(s.tlsDialErr(addr, err))
 	}
 	ss.nonceS = ch.Nonce
 	if want := proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:]); !hmac.Equal(want[:], ch.Proof[:]) {
@@ -202,8 +211,13 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 
 func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		return nil, err
+	}
+	c, err := ss.s.dialTLS(ctx, raw, addr)
+	if err != nil {
+		_ = raw.Close()
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
@@ -216,7 +230,7 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	}
 	if _, err := expect[*wire.DataAccept](c, "data accept"); err != nil {
 		_ = c.Close()
-		return nil, err
+		return nil, ss.s.tlsDialErr(addr, err)
 	}
 	_ = c.SetDeadline(time.Time{})
 	return c, nil
@@ -235,20 +249,35 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 	s.sessions[ss.id] = ss
 	s.mu.Unlock()
-	gc, err := s.gcli.EnrollContext(c, ss)
-	if err != nil {
-		ss.close(fmt.Errorf("enroll control connection: %w", err))
-		return fmt.Errorf("enroll control connection: %w", err)
+	if tc, ok := c.(*tls.Conn); ok {
+		// gnet drives raw sockets only: a TLS session gets goroutines.
+		ss.mu.Lock()
+		ss.tctl = s.startTLSControl(ss, tc)
+		closed := ss.closed
+		ss.mu.Unlock()
+		if closed {
+			ss.tctl.close()
+		}
+	} else {
+		gc, err := s.gcli.EnrollContext(c, ss)
+		if err != nil {
+			ss.close(fmt.Errorf("enroll control connection: %w", err))
+			return fmt.Errorf("enroll control connection: %w", err)
+		}
+		ss.mu.Lock()
+		ss.gc = gc
+		closed := ss.closed
+		ss.mu.Unlock()
+		if closed {
+			_ = gc.Close()
+		}
 	}
-	ss.mu.Lock()
-	ss.gc = gc
-	closed := ss.closed
-	ss.mu.Unlock()
-	if closed {
-		_ = gc.Close()
+	fields := []zap.Field{zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
+		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost())}
+	if name := peerCertName(c); name != "" {
+		fields = append(fields, zap.String("tls_peer", name))
 	}
-	s.log.Info("session up", zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
-		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost()))
+	s.log.Info("session up", fields...)
 	if ss.sameHost() {
 		ss.send(&wire.NodeInfo{Socket: s.nodeName, Device: s.dev.String()})
 	}
@@ -295,7 +324,20 @@ func (s *Server) serveConn(c net.Conn) error {
 		case <-hsDone:
 		}
 	}()
-	_, m, _, err := wire.ReadFrame(c, nil)
+	c, err := s.acceptTLS(c)
+	if err != nil {
+		return err
+	}
+	// The first bytes tell a dialer with security.tls from a plaintext one.
+	var hb [wire.HeaderSize]byte
+	if _, err := io.ReadFull(c, hb[:]); err != nil {
+		return fmt.Errorf("first frame: %w", err)
+	}
+	if s.tls == nil && looksLikeTLS(hb[:]) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "this peer does not use TLS (no security.tls)"})
+		return errors.New("peer opened with a TLS handshake but security.tls is not set here; set security.tls on both sides, or on neither")
+	}
+	_, m, _, err := wire.ReadFrame(io.MultiReader(bytes.NewReader(hb[:]), c), nil)
 	if err != nil {
 		return fmt.Errorf("first frame: %w", err)
 	}
@@ -408,16 +450,22 @@ func (ss *session) stripeCount() int {
 // send encodes m and queues it on the control connection.
 func (ss *session) send(m wire.Msg) {
 	ss.mu.Lock()
-	gc, closed, sent := ss.gc, ss.closed, ss.sent
+	gc, tctl, closed, sent := ss.gc, ss.tctl, ss.closed, ss.sent
 	ss.mu.Unlock()
 	if sent != nil {
 		sent(m)
 	}
-	if gc == nil || closed {
+	if (gc == nil && tctl == nil) || closed {
 		return
 	}
 	ss.lastSent.Store(time.Now().UnixNano())
 	buf := bytebufferpool.Get()
+	if tctl != nil {
+		buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
+		tctl.write(buf.B)
+		bytebufferpool.Put(buf)
+		return
+	}
 	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
 	if err := gc.AsyncWrite(buf.B, func(_ gnet.Conn, _ error) error {
 		bytebufferpool.Put(buf)
@@ -435,7 +483,7 @@ func (ss *session) close(err error) {
 		return
 	}
 	ss.closed, ss.err = true, err
-	gc := ss.gc
+	gc, tctl := ss.gc, ss.tctl
 	in := ss.in
 	ss.in = map[uint64]*inXfer{}
 	ss.announce.Broadcast()
@@ -443,6 +491,9 @@ func (ss *session) close(err error) {
 	ss.cancel()
 	if gc != nil {
 		_ = gc.Close()
+	}
+	if tctl != nil {
+		tctl.close()
 	}
 	ss.closeStreams()
 	ss.node.shut()

@@ -58,6 +58,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	checksum := f.String("checksum", "route", "CRC32C per chunk: on, off, or route (as the route says)")
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
+	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -111,6 +112,9 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 		}
 		local := socketPath(cmd)
 		var prof *profiler
+		if *useTLS && !*spawn {
+			return fmt.Errorf("--tls needs --spawn (it configures the sidecars bench starts; for your own, set security.tls in their configs)")
+		}
 		if *profDir != "" && !*spawn {
 			return fmt.Errorf("--profile needs --spawn (it profiles the sidecars bench starts)")
 		}
@@ -129,12 +133,18 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			defer os.RemoveAll(tmp)
 			token := randomToken()
-			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0, ""), token, extra...)
+			var decTLS, preTLS string
+			if *useTLS {
+				if decTLS, preTLS, err = throwawayTLS(tmp); err != nil {
+					return err
+				}
+			}
+			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0, "")+decTLS, token, extra...)
 			if err != nil {
 				return err
 			}
 			defer dec.stop()
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes, *transport), token, extra...)
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes, *transport)+preTLS, token, extra...)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/stage-kv/stage/internal/certgen"
 )
 
 // sidecar is a staged process started by stagectl (demo, local benchmarks).
@@ -160,4 +162,18 @@ func sidecarYAML(name, socket string, dev engineDevice, slot string, slots int, 
 		fmt.Fprintf(&b, "routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    transport: %s\n", route, peer, stripes, transport)
 	}
 	return b.String()
+}
+
+// throwawayTLS makes a CA and a certificate for each of the two sidecars
+// in dir, and returns the security.tls YAML of each.
+func throwawayTLS(dir string) (decode, prefill string, err error) {
+	set, err := certgen.WriteSet(dir, "decode", "prefill")
+	if err != nil {
+		return "", "", err
+	}
+	yaml := func(name string) string {
+		f := set.Leaves[name]
+		return fmt.Sprintf("security:\n  tls:\n    cert_file: %q\n    key_file: %q\n    ca_file: %q\n", f.Cert, f.Key, set.CA)
+	}
+	return yaml("decode"), yaml("prefill"), nil
 }
