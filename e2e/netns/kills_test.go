@@ -86,7 +86,7 @@ func TestKillSender(t *testing.T) {
 }
 
 // TestKillPull: TestKillReceiver and TestKillSender for pulls, alternating
-// over STAGE_FAULT_TRIALS trials (default 3): the peer serving the pull is
+// over STAGE_FAULT_TRIALS trials (default 2): the peer serving the pull is
 // killed (even trials: the requester's pull fails within the progress
 // deadline, the requester goes idle, a pull lands once the peer is back),
 // or the requester is (odd trials: the serving peer notifies a failure,
@@ -100,7 +100,7 @@ func TestKillPull(t *testing.T) {
 	pre, dec := pair(t, l, slowDevice, progress, direct)
 	p := newPulls(t, "killpull", pre, dec, "decode", 1, 32<<20)
 	preBase, decBase := pre.baseline(), dec.baseline() // after the regions are registered: each keeps an fd
-	trials := envInt(t, "STAGE_FAULT_TRIALS", 3)
+	trials := envInt(t, "STAGE_FAULT_TRIALS", 2)
 	for k := 0; k < trials; k++ {
 		if k%2 == 0 {
 			killPeer(t, p, progress, preBase, k)
@@ -119,5 +119,5 @@ func TestKillPull(t *testing.T) {
 func TestHalfOpenPull(t *testing.T) { halfOpen(t, wire.Pull) }
 
 // TestStopPeerPull is TestStopPeer for a pull: the serving peer, or the
-// requester, is stopped mid-pull.
+// requester, is stopped for 8s mid-pull; the serving peer for 2s.
 func TestStopPeerPull(t *testing.T) { stopPeer(t, wire.Pull) }

@@ -168,7 +168,8 @@ func halfOpen(t *testing.T, dir wire.Direction) {
 // ridden out and the push lands.
 func TestStopPeer(t *testing.T) { stopPeer(t, wire.Push) }
 
-// stopPeer is TestStopPeer for transfers of direction dir.
+// stopPeer is TestStopPeer for transfers of direction dir (for a pull,
+// without the short stop of the requester).
 func stopPeer(t *testing.T, dir wire.Direction) {
 	l := inLab(t, 2)
 	if l == nil {
@@ -188,6 +189,11 @@ func stopPeer(t *testing.T, dir wire.Direction) {
 		{pre, 2 * time.Second, true},
 		{dec, 2 * time.Second, true},
 	} {
+		if dir == wire.Pull && tc.who == pre && tc.wantOK {
+			// Kept out of the pull trial to keep the CI run short: a short
+			// stop of the serving peer covers a pull that resumes.
+			continue
+		}
 		tag := fmt.Sprintf("stop-%s-%v", tc.who.name, tc.pause)
 		t.Run(tag, func(t *testing.T) {
 			done := inFlight(t, p, tag)
