@@ -102,8 +102,8 @@ faults:
 	cd e2e/netns && STAGE_NETNS_REQUIRED=1 STAGE_FAULT_TRIALS=$(FAULT_TRIALS) STAGE_FAULT_TRANSFERS=$(FAULT_TRANSFERS) \
 	  $(GO) test -race -count=1 -timeout 60m -v -run '^($(FAULT_TESTS))$$' .
 
-# The CI variant: the same trials at their default counts (3 kills, 100
-# toxic pushes), about two minutes.
+# The CI variant: the same trials at their default counts (2 or 3 kills,
+# 100 toxic pushes), about three and a half minutes.
 faults-short:
 	cd e2e/netns && STAGE_NETNS_REQUIRED=1 $(GO) test -race -count=1 -timeout 15m -run '^($(FAULT_TESTS))$$' .
 

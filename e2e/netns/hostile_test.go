@@ -98,7 +98,9 @@ type hostileCase struct {
 // replayed handshake, forged Acks and Nacks for a transfer of another
 // session, chunks out of their region, huge declared lengths and
 // truncated frames. Each is refused (the frame answered as the protocol
-// says, or the connection closed) and logged; no byte of the victim
+// says, or the connection closed) and logged (forged Acks and Nacks are
+// only required to change nothing: the sidecar does not log an Ack or
+// Nack of a transfer id it does not know); no byte of the victim
 // region or its guards changes; the legitimate peer's session stays up
 // throughout, a pull it makes while the forged frames arrive lands
 // whole, its pushes land after; and the receiver goes back to idle.
