@@ -20,19 +20,21 @@ import (
 // guard is the byte destination memory holds before anything lands.
 const guard = 0xAB
 
-// pushes moves verified transfers from src to dst over one route. Worker
-// w owns layer w of both caches: before transfer i it fills the source
-// layer with bytes of its own (seeded by i), pushes them to a random
-// permutation of the destination layer's blocks, and on success checks
-// that the receiver notified it exactly once and that every byte landed.
-// A failed attempt is retried (same bytes, new tag) when its code is one
-// a fault may cause.
+// pushes moves verified transfers from src to dst over one route (or,
+// made by newPulls, pulls dst's bytes into src). Worker w owns layer w of
+// both caches: before transfer i it fills the source layer with bytes of
+// its own (seeded by i), moves them to a random permutation of the
+// destination layer's blocks, and on success checks that the peer (dst)
+// notified it exactly once and that every byte landed. A failed attempt
+// is retried (same bytes, new tag) when its code is one a fault may
+// cause.
 type pushes struct {
 	t         *testing.T
 	name      string
-	src, dst  *sidecar
+	src, dst  *sidecar // src's engine submits; dst is its route's peer
 	route     string
-	S, D      *kvsim.Cache
+	dir       wire.Direction
+	S, D      *kvsim.Cache // registered on src and on dst
 	block     uint64
 	attempts  int           // per transfer, before giving up
 	hang      time.Duration // an attempt with no answer by then hung
@@ -50,7 +52,7 @@ type pushes struct {
 // subscribes to dst's notifications.
 func newPushes(t *testing.T, name string, src, dst *sidecar, route string, layers int, layerBytes uint64) *pushes {
 	t.Helper()
-	p := &pushes{t: t, name: name, src: src, dst: dst, route: route, block: 16 << 10, attempts: 30, hang: 60 * time.Second,
+	p := &pushes{t: t, name: name, src: src, dst: dst, route: route, dir: wire.Push, block: 16 << 10, attempts: 30, hang: 60 * time.Second,
 		mayFailAs: map[wire.Code]bool{wire.CodePeerUnavailable: true, wire.CodeTimeout: true}, failed: map[string]int{}}
 	var err error
 	if p.S, err = kvsim.New(name+"-src", layers, layerBytes, 8192); err != nil {
@@ -64,11 +66,48 @@ func newPushes(t *testing.T, name string, src, dst *sidecar, route string, layer
 	if err := p.D.Poison(guard); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.S.Register(context.Background(), src.cl, wire.AccessAll); err != nil {
-		t.Fatalf("register %s on %s: %v", p.S.Name, src.name, err)
-	}
+	p.attachSrc()
 	p.attachDst()
 	return p
+}
+
+// newPulls is newPushes for pulls: src's engine pulls dst's cache D into
+// its own cache S, which starts poisoned.
+func newPulls(t *testing.T, name string, src, dst *sidecar, route string, layers int, layerBytes uint64) *pushes {
+	t.Helper()
+	p := newPushes(t, name, src, dst, route, layers, layerBytes)
+	p.dir = wire.Pull
+	if err := p.S.Poison(guard); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// data returns the cache the bytes come from and the one they land in.
+func (p *pushes) data() (from, to *kvsim.Cache) {
+	if p.dir == wire.Pull {
+		return p.D, p.S
+	}
+	return p.S, p.D
+}
+
+// verify checks that ms landed, and the guard bytes around them held.
+func (p *pushes) verify(ms []kvsim.Move) error {
+	from, to := p.data()
+	return kvsim.Verify(from, to, ms, guard)
+}
+
+// transfer is the engine's request for ms, tagged tag.
+func (p *pushes) transfer(tag string, ms []kvsim.Move) client.Transfer {
+	return kvsim.Transfer(p.route, p.dir, tag, p.S, p.D, ms)
+}
+
+// attachSrc registers the local cache on src (again, after a restart).
+func (p *pushes) attachSrc() {
+	p.t.Helper()
+	if err := p.S.Register(context.Background(), p.src.cl, wire.AccessAll); err != nil {
+		p.t.Fatalf("register %s on %s: %v", p.S.Name, p.src.name, err)
+	}
 }
 
 // attachDst registers the destination cache on dst (again, after a
@@ -97,7 +136,8 @@ func fillLayer(c *kvsim.Cache, layer int, seed uint64) error {
 // one moves transfer i on layer w, retrying attempts that failed cleanly.
 func (p *pushes) one(ctx context.Context, w, i int) error {
 	seed := uint64(i)*0x9e3779b9 + 1
-	if err := fillLayer(p.S, w, seed); err != nil {
+	from, _ := p.data()
+	if err := fillLayer(from, w, seed); err != nil {
 		return err
 	}
 	ms := kvsim.ByLayer(p.S, kvsim.Blocks(p.S, p.block, seed))[w]
@@ -138,12 +178,12 @@ type faultErr struct {
 
 func (e *faultErr) Error() string { return e.err.Error() }
 
-// attempt pushes once. nil: done, notified once, every byte verified; a
+// attempt moves ms once. nil: done, notified once, every byte verified; a
 // *faultErr: failed cleanly; any other error: the test fails.
 func (p *pushes) attempt(ctx context.Context, tag string, ms []kvsim.Move) error {
 	actx, cancel := context.WithTimeout(ctx, p.hang)
 	defer cancel()
-	_, err := p.src.cl.Do(actx, kvsim.Transfer(p.route, wire.Push, tag, p.S, p.D, ms))
+	_, err := p.src.cl.Do(actx, p.transfer(tag, ms))
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -162,7 +202,7 @@ func (p *pushes) attempt(ctx context.Context, tag string, ms []kvsim.Move) error
 	if n.Code != wire.CodeOK {
 		return fmt.Errorf("%s: the sender says done, the receiver says %s: %s", tag, n.Code, n.Message)
 	}
-	if err := kvsim.Verify(p.S, p.D, ms, guard); err != nil {
+	if err := p.verify(ms); err != nil {
 		return fmt.Errorf("%s reported done, but: %w", tag, err)
 	}
 	return nil

@@ -17,6 +17,9 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
+// labToken is every lab sidecar's security token.
+const labToken = "netns-token"
+
 // peerPort is every sidecar's peer port: each has an address of its own,
 // and a restarted sidecar must come back where its peers dial.
 const peerPort = 7100
@@ -115,7 +118,7 @@ func (sc *sidecar) start() error {
 		return fmt.Errorf("open %s: %w", sc.log, err)
 	}
 	c := exec.Command("ip", "netns", "exec", sc.ns, stagedBin, "--config", sc.config)
-	c.Env = append(os.Environ(), "STAGE_SECURITY_TOKEN=netns-token")
+	c.Env = append(os.Environ(), "STAGE_SECURITY_TOKEN="+labToken)
 	c.Stderr = logf
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := c.StdoutPipe()
@@ -176,10 +179,11 @@ func (sc *sidecar) signal(sig syscall.Signal) {
 	}
 }
 
-// kill SIGKILLs the sidecar and waits for it to be gone.
+// kill SIGKILLs the sidecar and waits for it to be gone. Its engine's
+// connection is closed after the kill, so that the sidecar dies in the
+// middle of what it was doing rather than reacting to its engine leaving.
 func (sc *sidecar) kill() {
 	sc.t.Helper()
-	sc.closeClient()
 	sc.signal(syscall.SIGKILL)
 	select {
 	case err := <-sc.exited:
@@ -187,6 +191,7 @@ func (sc *sidecar) kill() {
 	case <-time.After(10 * time.Second):
 		sc.t.Fatalf("%s still running 10s after SIGKILL", sc.name)
 	}
+	sc.closeClient()
 }
 
 // restart starts a killed sidecar again, same config and address.
