@@ -96,8 +96,12 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		key, ok := ss.coreKey(m.Transfer)
 		if !ok {
 			// unknown transfer: still return the credits
+			s.stray(ss, "Ack", m.Transfer)
 			s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: len(m.Chunks), Now: now})
 			return gnet.None
+		}
+		if ss.ours(m.Transfer) && !s.carries(ss, key) {
+			s.stray(ss, "Ack", m.Transfer) // the core ignores it too
 		}
 		s.mbox.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
 	case *wire.Resend:
@@ -143,6 +147,25 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 
 // coreKey maps a wire id acked by the peer to the Sender core's key: our
 // pushes use our local id; pulls we serve were given a key when accepted.
+// stray logs, once per session and frame type, a peer's Ack or Nack that
+// names a transfer not in flight on its session. A late answer to a
+// transfer that already failed looks the same as a forged one; either way
+// nothing changes, but a peer that forges them shows in the log.
+func (s *Server) stray(ss *session, frame string, id uint64) {
+	if ss.node.logOnce("stray " + frame) {
+		s.log.Warn("peer answered a transfer that is not in flight on its session; ignored (logged once per session)",
+			zap.String("peer", ss.peerName), zap.String("frame", frame), zap.Uint64("transfer", id))
+	}
+}
+
+// carries reports whether our transfer key is an outgoing transfer on ss.
+func (s *Server) carries(ss *session, key uint64) bool {
+	s.mu.Lock()
+	ox := s.outs[key]
+	s.mu.Unlock()
+	return ox != nil && ox.ss == ss
+}
+
 func (ss *session) coreKey(wireID uint64) (uint64, bool) {
 	if ss.ours(wireID) {
 		return wireID >> 1, true

@@ -400,12 +400,17 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		return
 	}
 	if ss.ours(m.Transfer) {
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
+		if !s.carries(ss, m.Transfer>>1) {
+			s.stray(ss, "Nack", m.Transfer)
+		}
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
 		return
 	}
 	if key, ok := ss.coreKey(m.Transfer); ok {
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Transfer: key, Err: err, Now: time.Now()})
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
+		return
 	}
+	s.stray(ss, "Nack", m.Transfer)
 }
 
 // retire forgets an outgoing transfer and lets go of its regions.

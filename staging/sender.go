@@ -19,7 +19,7 @@ const (
 	EvWritten                          // Transfer, Chunk, Slot, Stream, Err
 	EvAck                              // Session, Transfer, Chunks (each returns a credit)
 	EvCredit                           // Session, Credits
-	EvNack                             // Transfer, Err
+	EvNack                             // Session, Transfer, Err: the peer refused it (only the transfer's own session may)
 	EvStreamLost                       // Session, Stream, Err
 	EvCancel                           // Transfer
 	EvTick                             // Now
@@ -224,7 +224,9 @@ func (s *Sender) Step(ev Event) *Ready {
 			ss.credits += ev.Credits
 		}
 	case EvNack:
-		if x := s.xfers[ev.Transfer]; x != nil {
+		// A Nack fails a transfer only when it came on the transfer's own
+		// session: another peer naming our id must change nothing.
+		if x := s.xfers[ev.Transfer]; x != nil && x.sess != nil && x.sess == s.sessions[ev.Session] {
 			s.fail(x, ev.Err)
 		}
 	case EvStreamLost:

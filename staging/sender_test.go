@@ -231,7 +231,13 @@ func TestSenderFailures(t *testing.T) {
 			h.ackAll()
 			h.finishCopies(boom)
 		}, boom},
-		{"nack", func(h *harness) { h.step(Event{Kind: EvNack, Transfer: 1, Err: boom}) }, boom},
+		{"nack", func(h *harness) { h.step(Event{Kind: EvNack, Session: 1, Transfer: 1, Err: boom}) }, boom},
+		{"nack from another session is ignored", func(h *harness) {
+			h.step(Event{Kind: EvSessionUp, Session: 2, N: 1, Credits: 4})
+			h.step(Event{Kind: EvNack, Session: 2, Transfer: 1, Err: boom})
+			h.now = h.now.Add(2 * time.Second)
+			h.step(Event{Kind: EvTick})
+		}, ErrTimeout},
 		{"cancel", func(h *harness) { h.step(Event{Kind: EvCancel, Transfer: 1}) }, ErrCancelled},
 		{"session down", func(h *harness) { h.step(Event{Kind: EvSessionDown, Session: 1, Err: boom}) }, boom},
 		{"no progress", func(h *harness) {

@@ -98,9 +98,8 @@ type hostileCase struct {
 // replayed handshake, forged Acks and Nacks for a transfer of another
 // session, chunks out of their region, huge declared lengths and
 // truncated frames. Each is refused (the frame answered as the protocol
-// says, or the connection closed) and logged (forged Acks and Nacks are
-// only required to change nothing: the sidecar does not log an Ack or
-// Nack of a transfer id it does not know); no byte of the victim
+// says, or the connection closed) and logged (a forged Ack or Nack once
+// per session and frame type: a late answer looks the same); no byte of the victim
 // region or its guards changes; the legitimate peer's session stays up
 // throughout, a pull it makes while the forged frames arrive lands
 // whole, its pushes land after; and the receiver goes back to idle.
@@ -170,7 +169,8 @@ func hostileCases(pulled *pushes) []hostileCase {
 		{name: "replayed handshake", run: replayed,
 			logged: [][]string{{"refused peer connection", "wrong proof"}, {"refused peer connection", "wrong token proof"}, {"refused peer connection", "unknown session"}}},
 
-		{name: "forged acks and nacks", run: func(t *testing.T, h *hostileLab) { forged(t, h, pulled) }},
+		{name: "forged acks and nacks", run: func(t *testing.T, h *hostileLab) { forged(t, h, pulled) },
+			logged: [][]string{{"not in flight on its session", "Ack"}, {"not in flight on its session", "Nack"}}},
 
 		{name: "chunks out of range", run: outOfRange,
 			logged: [][]string{{"refused chunk", "past its end"}, {"refused chunk", "region #1"}, {"refused chunk", "impossible"},
