@@ -50,7 +50,7 @@ type Staging struct {
 	Window      int           `mapstructure:"window"`       // credits granted to each peer session
 	CopyStreams int           `mapstructure:"copy_streams"` // device streams for staging copies
 	InlineMax   ByteSize      `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
-	ReadSpin    time.Duration `mapstructure:"read_spin"`    // data-stream readers poll this long before sleeping; 0: never
+	ReadSpin    time.Duration `mapstructure:"read_spin"`    // data-stream and engine-connection readers poll this long before sleeping; 0: never
 	StreamDepth int           `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; 0: as slots and credits allow
 }
 

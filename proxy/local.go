@@ -310,6 +310,7 @@ func (c *client) readLoop() {
 			fd  int
 			err error
 		)
+		spinReadable(c.conn, c.s.cfg.Staging.ReadSpin)
 		_, m, fd, buf, err = readUnixFrame(c.conn, buf)
 		var bad *badRequest
 		if errors.As(err, &bad) && bad.req != 0 {

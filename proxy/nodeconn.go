@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -83,38 +81,9 @@ func (n *nodeState) drop(nc *nodeConn) {
 // same-node transfer's critical path, twice per transfer.
 const answerSpin = 400 * time.Microsecond
 
-// spinReadable polls the connection until bytes arrive or d passes; the
-// read that follows then finds them without sleeping.
-func (nc *nodeConn) spinReadable(d time.Duration) {
-	rc, err := nc.c.SyscallConn()
-	if err != nil {
-		return
-	}
-	_ = rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		var deadline time.Time
-		for i := 0; ; i++ {
-			n, err := unix.Poll(pfd, 0)
-			if n > 0 || (err != nil && err != unix.EINTR) {
-				return
-			}
-			// The clock is read every few polls: a poll costs well under
-			// a microsecond.
-			if i%16 == 0 {
-				now := time.Now()
-				if deadline.IsZero() {
-					deadline = now.Add(d)
-				} else if now.After(deadline) {
-					return
-				}
-			}
-		}
-	})
-}
-
 // read reads one answer; the fd that came with it is the caller's.
 func (nc *nodeConn) read() (wire.Msg, int, error) {
-	nc.spinReadable(answerSpin)
+	spinReadable(nc.c, answerSpin)
 	var m wire.Msg
 	var fd int
 	var err error

@@ -46,6 +46,9 @@ func (s *Server) serveNode(c *net.UnixConn) error {
 	for {
 		var m wire.Msg
 		var fd int
+		// The next frame usually follows within microseconds (the
+		// HandleRequest after the Announce, the next push's Announce).
+		spinReadable(c, answerSpin)
 		_, m, fd, buf, err = readUnixFrame(c, buf)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
