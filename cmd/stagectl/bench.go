@@ -49,6 +49,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	iters := f.Int("iters", 5, "transfers to time")
 	warmup := f.Int("warmup", 1, "untimed transfers first")
 	verify := f.Bool("verify", false, "check every byte after each transfer")
+	verifyEnd := f.Bool("verify-end", false, "poison the destination before the timed transfers and check every byte after the last: transfers run back to back, as an engine's do, instead of with a check between each (what --inflight above 1 always does)")
 	asJSON := f.Bool("json", false, "print the results as JSON")
 	sweep := f.Bool("sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
 	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
@@ -177,7 +178,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify, prof: prof, checksum: sum, inflight: *inflight})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -298,6 +299,7 @@ type benchOpts struct {
 	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
+	verifyEnd            bool      // check once after the timed transfers, not after each
 	prof                 *profiler // nil: no profiles
 	checksum             uint8     // wire.ChecksumRoute, On or Off
 	inflight             int       // transfers in flight at once, each on its own buffers
@@ -317,8 +319,11 @@ type BenchResult struct {
 	P99us    float64 `json:"p99_us"`
 	MaxUs    float64 `json:"max_us"`
 	Verified bool    `json:"verified"`
-	Inflight int     `json:"inflight"`
-	Devices  string  `json:"devices"`
+	// VerifiedAtEnd: checked once after the timed transfers (--verify-end,
+	// or --inflight above 1), not after each.
+	VerifiedAtEnd bool   `json:"verified_at_end"`
+	Inflight      int    `json:"inflight"`
+	Devices       string `json:"devices"`
 	// CPU seconds both sidecars used per GB moved, the larger sidecar's
 	// resident size at the end, and its pinned pool.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
@@ -329,8 +334,11 @@ type BenchResult struct {
 
 func (r BenchResult) String() string {
 	v := "not verified (use --verify)"
-	if r.Verified {
-		v = "every byte verified"
+	switch {
+	case r.Verified && r.VerifiedAtEnd:
+		v = "every byte verified after the last transfer"
+	case r.Verified:
+		v = "every byte verified after each transfer"
 	}
 	return fmt.Sprintf("%s %s %s (%s): %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s",
 		r.Route, r.Dir, r.Pattern, r.Devices, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v)

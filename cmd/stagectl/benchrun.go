@@ -125,7 +125,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	var lat []time.Duration
 	var busy time.Duration
-	if o.inflight == 1 {
+	if o.inflight == 1 && !o.verifyEnd {
 		lat, busy, err = benchSerial(ctx, o, lc, p0)
 	} else {
 		lat, busy, err = benchInflight(ctx, o, lc, pairs)
@@ -154,7 +154,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	moved := float64(uint64(len(lat)) * o.size)
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat), Inflight: o.inflight,
 		GBps: moved / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
-		MaxUs: pct(1), Verified: o.verify, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
+		MaxUs: pct(1), Verified: o.verify, VerifiedAtEnd: o.verify && (o.verifyEnd || o.inflight > 1), TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
 		CPUSecPerGB: (cpu1 - cpu0) / (moved / 1e9), MaxRSS: rss, PoolBytes: pool}, nil
 }
 
@@ -197,10 +197,10 @@ func benchSerial(ctx context.Context, o benchOpts, lc *client.Client, p *benchPa
 	return lat, busy, nil
 }
 
-// benchInflight keeps o.inflight transfers going at once, one per pair,
-// until o.iters have finished; busy is the wall time from the first start
-// to the last end. With o.verify every pair's destination is poisoned
-// before and checked after.
+// benchInflight keeps o.inflight transfers going at once (one or more),
+// one per pair, until o.iters have finished; busy is the wall time from
+// the first start to the last end. With o.verify every pair's destination
+// is poisoned before and checked after.
 func benchInflight(ctx context.Context, o benchOpts, lc *client.Client, pairs []*benchPair) (lat []time.Duration, busy time.Duration, err error) {
 	if o.verify {
 		for _, p := range pairs {
