@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -47,15 +49,31 @@ type Client struct {
 	notify  chan *wire.Notify
 	err     error
 	done    chan struct{}
+	spin    time.Duration // see WithSpin
 }
 
+// Option changes how a Client works.
+type Option func(*Client)
+
+// WithSpin makes the client poll for answers for up to d before its
+// threads sleep: the reader polls the socket after each frame, and a
+// caller polls for its answer before it blocks. A sleeping thread costs
+// 5-10 us to wake on bare metal and 50 us or more on a virtual machine;
+// for small pushes that is a large part of the latency. The price is a
+// busy core (two while a call waits) for up to d at a time. 0 (the
+// default) never polls.
+func WithSpin(d time.Duration) Option { return func(c *Client) { c.spin = max(d, 0) } }
+
 // Dial connects to the control socket at path.
-func Dial(path string) (*Client, error) {
+func Dial(path string, opts ...Option) (*Client, error) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("stage: connect to sidecar at %s: %w; is staged running, and is this its control_socket?", path, err)
 	}
 	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{})}
+	for _, o := range opts {
+		o(cl)
+	}
 	go cl.readLoop()
 	return cl, nil
 }
@@ -75,6 +93,9 @@ func (c *Client) readLoop() {
 	r := bufio.NewReaderSize(c.conn, 64<<10)
 	for {
 		var m wire.Msg
+		if c.spin > 0 && r.Buffered() == 0 {
+			spin.Readable(c.conn, c.spin)
+		}
 		_, m, buf, err = wire.ReadFrame(r, buf)
 		if err != nil {
 			break
@@ -163,24 +184,45 @@ func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire
 		c.mu.Unlock()
 		return nil, fmt.Errorf("stage: send %s: %w", m.Type(), err)
 	}
+	if c.spin > 0 {
+		// Poll for the answer before blocking: the reader hands it over
+		// without having to wake this goroutine's thread.
+		deadline := time.Now().Add(c.spin)
+		for i := 0; ; i++ {
+			select {
+			case a, ok := <-ch:
+				return c.answer(a, ok)
+			default:
+			}
+			if ctx.Err() != nil || (i%64 == 0 && time.Now().After(deadline)) {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
 	select {
 	case a, ok := <-ch:
-		if !ok {
-			c.mu.Lock()
-			err := c.err
-			c.mu.Unlock()
-			return nil, err
-		}
-		if f, ok := a.(*wire.Fail); ok {
-			return nil, &Error{Code: f.Code, Msg: f.Message}
-		}
-		return a, nil
+		return c.answer(a, ok)
 	case <-ctx.Done():
 		c.mu.Lock()
 		delete(c.pending, req)
 		c.mu.Unlock()
 		return nil, ctx.Err()
 	}
+}
+
+// answer turns what the reader handed a call into its result.
+func (c *Client) answer(a wire.Msg, ok bool) (wire.Msg, error) {
+	if !ok {
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	if f, ok := a.(*wire.Fail); ok {
+		return nil, &Error{Code: f.Code, Msg: f.Message}
+	}
+	return a, nil
 }
 
 func (c *Client) next() uint64 { return c.seq.Add(1) }

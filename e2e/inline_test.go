@@ -136,3 +136,42 @@ func TestInlineRefused(t *testing.T) {
 		t.Error("no push took the latency path")
 	}
 }
+
+// TestPollingClient: with every reader polling instead of sleeping (the
+// engine's client.WithSpin, the sidecars' staging.read_spin), small
+// pushes still land byte-exact and each Do returns its own answer, also
+// with several goroutines sharing the client.
+func TestPollingClient(t *testing.T) {
+	spinEnv := []string{"STAGE_STAGING_READ_SPIN=50us"}
+	pre, dec := pair(t, nodeOpts{slots: 8, env: spinEnv, decEnv: spinEnv})
+	S, D := caches(t, pre, dec, 2, 1<<20)
+	cl, err := client.Dial(pre.socket, client.WithSpin(50*time.Microsecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := 0; i < 25; i++ {
+				off := uint64(g*25+i) * 4096
+				ms := []kvsim.Move{{Layer: g % 2, SrcOff: off, DstOff: off, Len: 4096}}
+				if _, err := cl.Do(ctx, kvsim.Transfer("decode", wire.Push, fmt.Sprintf("spin-%d-%d", g, i), S, D, ms)); err != nil {
+					errs <- fmt.Errorf("push %d of goroutine %d: %w", i, g, err)
+					return
+				}
+				if err := kvsim.Verify(S, D, ms, guard); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

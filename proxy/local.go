@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -310,7 +311,7 @@ func (c *client) readLoop() {
 			fd  int
 			err error
 		)
-		spinReadable(c.conn, c.s.cfg.Staging.ReadSpin)
+		spin.Readable(c.conn, c.s.cfg.Staging.ReadSpin)
 		_, m, fd, buf, err = readUnixFrame(c.conn, buf)
 		var bad *badRequest
 		if errors.As(err, &bad) && bad.req != 0 {

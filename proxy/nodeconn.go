@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"runtime"
 	"time"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -74,16 +76,23 @@ func (n *nodeState) drop(nc *nodeConn) {
 	}
 }
 
-// answerSpin is how long the importer polls its node connection for an
-// answer before it sleeps in the read. Answers come within a few hundred
-// microseconds (the exporter's own wake-up and work); on a virtual machine
-// waking the importer's thread again would cost another 50-200 us on a
-// same-node transfer's critical path, twice per transfer.
-const answerSpin = 400 * time.Microsecond
+// answerSpin is how long node-socket readers poll for the next frame
+// before they sleep in the read: answers come within a few hundred
+// microseconds (the exporter's wake-up and work), and the next request of
+// a busy session as fast. On a virtual machine each thread woken from
+// sleep costs 50-200 us on a same-node transfer's critical path, several
+// times per transfer. Polling needs spare cores: like the CUDA driver's
+// automatic scheduling, it is off on machines of fewer than 8.
+var answerSpin = func() time.Duration {
+	if runtime.NumCPU() < 8 {
+		return 0
+	}
+	return 400 * time.Microsecond
+}()
 
 // read reads one answer; the fd that came with it is the caller's.
 func (nc *nodeConn) read() (wire.Msg, int, error) {
-	spinReadable(nc.c, answerSpin)
+	spin.Readable(nc.c, answerSpin)
 	var m wire.Msg
 	var fd int
 	var err error

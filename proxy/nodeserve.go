@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -48,7 +49,7 @@ func (s *Server) serveNode(c *net.UnixConn) error {
 		var fd int
 		// The next frame usually follows within microseconds (the
 		// HandleRequest after the Announce, the next push's Announce).
-		spinReadable(c, answerSpin)
+		spin.Readable(c, answerSpin)
 		_, m, fd, buf, err = readUnixFrame(c, buf)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {

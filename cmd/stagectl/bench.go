@@ -60,6 +60,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
+	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); trades busy cores for small-push latency")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -118,6 +119,15 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 		}
 		if *profDir != "" && !*spawn {
 			return fmt.Errorf("--profile needs --spawn (it profiles the sidecars bench starts)")
+		}
+		if *spinFor < 0 || *spinFor > config.MaxReadSpin {
+			return fmt.Errorf("--spin must be 0..%s (got %s)", config.MaxReadSpin, *spinFor)
+		}
+		if *spawn && *spinFor > 0 {
+			// The spawned sidecars inherit it (STAGE_ overrides the YAML).
+			if err := os.Setenv("STAGE_STAGING_READ_SPIN", spinFor.String()); err != nil {
+				return err
+			}
 		}
 		if *spawn {
 			var extra []string
@@ -178,7 +188,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -299,10 +309,11 @@ type benchOpts struct {
 	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
-	verifyEnd            bool      // check once after the timed transfers, not after each
-	prof                 *profiler // nil: no profiles
-	checksum             uint8     // wire.ChecksumRoute, On or Off
-	inflight             int       // transfers in flight at once, each on its own buffers
+	verifyEnd            bool          // check once after the timed transfers, not after each
+	prof                 *profiler     // nil: no profiles
+	checksum             uint8         // wire.ChecksumRoute, On or Off
+	inflight             int           // transfers in flight at once, each on its own buffers
+	spin                 time.Duration // client.WithSpin
 }
 
 // BenchResult is the summary of a benchmark.

@@ -83,7 +83,7 @@ func benchPairs(ctx context.Context, o benchOpts, lc, rc *client.Client, tag str
 
 func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	o.inflight = max(o.inflight, 1)
-	lc, err := client.Dial(o.local)
+	lc, err := client.Dial(o.local, client.WithSpin(o.spin))
 	if err != nil {
 		return nil, err
 	}
