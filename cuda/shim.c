@@ -236,7 +236,8 @@ CUresult stage_percopy(const stage_cu *l, CUcontext ctx, int dir, stage_scratch 
 	for (size_t i = 0; i < count; i++) {
 		CUresult r = dir == 0
 			? l->cuMemcpyDtoHAsync_v2((void *)(uintptr_t)sc->dsts[i], sc->srcs[i], sc->sizes[i], s)
-			: l->cuMemcpyHtoDAsync_v2(sc->dsts[i], (const void *)(uintptr_t)sc->srcs[i], sc->sizes[i], s);
+			: dir == 1 ? l->cuMemcpyHtoDAsync_v2(sc->dsts[i], (const void *)(uintptr_t)sc->srcs[i], sc->sizes[i], s)
+			: l->cuMemcpyDtoDAsync_v2(sc->dsts[i], sc->srcs[i], sc->sizes[i], s);
 		if (r) {
 			sc->fail = i;
 			return r;

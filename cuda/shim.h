@@ -248,6 +248,7 @@ void stage_scratch_free(stage_scratch *sc);
 
 /* dir: 0 = device to host, 1 = host to device. */
 CUresult stage_batch(const stage_cu *l, CUcontext ctx, stage_scratch *sc, size_t count, CUstream s);
+/* dir: 0 device to host, 1 host to device, 2 device to device. */
 CUresult stage_percopy(const stage_cu *l, CUcontext ctx, int dir, stage_scratch *sc, size_t count, CUstream s);
 
 /* Modules and the copy kernel. */

@@ -281,25 +281,6 @@ func (b slotBackend) free(sl *ringSlot) error {
 	return first
 }
 
-// CopyDtoD enqueues a device-to-device copy of n bytes (cuMemcpyDtoDAsync;
-// with unified addressing src and dst may sit on different devices, or in
-// memory imported from another process).
-func (s *Stream) CopyDtoD(dst, src device.Addr, n uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("CopyDtoD")
-	}
-	if n == 0 {
-		return nil
-	}
-	l := s.d.lib
-	if rc := C.stage_dtod_async(l.c, s.d.ctx, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.s); rc != 0 {
-		return l.errorf(rc, "cuMemcpyDtoDAsync(%d B %#x -> %#x)", n, uint64(src), uint64(dst))
-	}
-	return nil
-}
-
 // Record enqueues ev, an Event of the same device.
 func (s *Stream) Record(ev device.Event) error {
 	e, ok := ev.(*Event)

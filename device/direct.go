@@ -11,6 +11,20 @@ type DtoD interface {
 	CopyDtoD(dst, src Addr, n uint64) error
 }
 
+// Copy is one copy of a batch: Len bytes from Src to Dst.
+type Copy struct {
+	Dst, Src Addr
+	Len      uint64
+}
+
+// DtoDBatch is implemented by Streams that enqueue many device-to-device
+// copies at once (one kernel launch or one batched call per few hundred)
+// far cheaper than one CopyDtoD each: what scattered KV blocks need.
+type DtoDBatch interface {
+	// CopyDtoDBatch enqueues cs in order; cs may be reused when it returns.
+	CopyDtoDBatch(cs []Copy) error
+}
+
 // HostRegisterer is implemented by Devices that can pin host memory the
 // caller mapped (a memfd shared with another sidecar) and give it a device
 // view, so that Gather and Scatter can use it like an AllocPinned buffer.

@@ -154,7 +154,9 @@ func appendPiece(ps []piece, p piece) []piece {
 	return append(ps, p)
 }
 
-// copyDirect runs the pieces on a fresh stream of our device and waits.
+// copyDirect runs the pieces on a fresh stream of our device and waits:
+// as one batch where the stream takes batches (scattered blocks then cost
+// a kernel launch per thousand, not a copy each), else one copy each.
 func (s *Server) copyDirect(ps []piece) error {
 	st, err := s.dev.NewStream()
 	if err != nil {
@@ -165,9 +167,19 @@ func (s *Server) copyDirect(ps []piece) error {
 	if !ok {
 		return fallback(fbNoPeerCopy, fmt.Errorf("%s streams cannot copy device to device", s.dev))
 	}
-	for i, p := range ps {
-		if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
-			return codeErr(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %v", i, len(ps), p.n, uint64(p.src), uint64(p.dst), s.dev, err)
+	if b, ok := st.(device.DtoDBatch); ok && len(ps) > 1 {
+		cs := make([]device.Copy, len(ps))
+		for i, p := range ps {
+			cs[i] = device.Copy{Dst: p.dst, Src: p.src, Len: p.n}
+		}
+		if err := b.CopyDtoDBatch(cs); err != nil {
+			return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %v", len(ps), s.dev, err)
+		}
+	} else {
+		for i, p := range ps {
+			if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
+				return codeErr(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %v", i, len(ps), p.n, uint64(p.src), uint64(p.dst), s.dev, err)
+			}
 		}
 	}
 	if err := st.Synchronize(); err != nil {
