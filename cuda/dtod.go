@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/stage-kv/stage/cuda/kernels"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -106,36 +105,13 @@ func (s *Stream) smallDtoD(cs []device.Copy) error {
 
 // kernelDtoD launches the copy kernel over cs, one launch per ring slot.
 func (s *Stream) kernelDtoD(cs []device.Copy) error {
-	l := s.d.lib
-	if s.ring == nil {
-		s.ring = newDescRing(slotBackend{s}, ringSlotDescs, ringMaxSlots)
-	}
 	ci, co := 0, uint64(0)
-	for ci < len(cs) {
-		slot, err := s.ring.acquire()
-		if err != nil {
-			return err
-		}
-		var n int
-		n, ci, co = fillCopyDescs(slot.descs, cs, ci, co, maxDescBytes)
-		if n == 0 {
-			s.ring.putBack(slot)
-			break
-		}
-		res := C.stage_launch_copy(l.c, s.d.ctx, s.d.fn, C.CUdeviceptr(slot.dev), C.uint(n),
-			C.uint(n), C.uint(kernels.CopyBlock), s.s, s.slots[slot.id].ev)
-		if res.rc != 0 {
-			if res.step == 0 {
-				s.ring.putBack(slot)
-				return l.errorf(res.rc, "cuLaunchKernel(%s, %d device-to-device copies)", kernels.CopyFunc, n)
-			}
-			C.stage_stream_sync(l.c, s.d.ctx, s.s)
-			s.ring.putBack(slot)
-			return l.errorf(res.rc, "cuEventRecord(after %s)", kernels.CopyFunc)
-		}
-		s.ring.submit(slot)
-	}
-	return nil
+	return s.kernelRun("device-to-device copies",
+		func() bool { return ci < len(cs) },
+		func(descs []desc) (n int) {
+			n, ci, co = fillCopyDescs(descs, cs, ci, co, maxDescBytes)
+			return n
+		})
 }
 
 // fillCopyDescs writes descriptors for cs from copy ci, byte co on, each

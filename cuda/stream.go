@@ -188,28 +188,39 @@ func dirName(gather bool) string {
 // reads them where they are) and launches the copy kernel once per slot,
 // recording the slot's event behind each launch.
 func (s *Stream) kernelMove(gather bool, pinned uint64, segs []device.Seg) error {
+	si, so := 0, uint64(0)
+	return s.kernelRun(dirName(gather)+" segments",
+		func() bool { return si < len(segs) },
+		func(descs []desc) (n int) {
+			n, si, so, pinned = fillDescs(descs, segs, si, so, pinned, gather, maxDescBytes)
+			return n
+		})
+}
+
+// kernelRun launches the copy kernel once per ring slot while more says
+// there is work, fill writing each slot's descriptors (n == 0: nothing
+// left), and records the slot's event behind each launch.
+func (s *Stream) kernelRun(what string, more func() bool, fill func([]desc) int) error {
 	l := s.d.lib
 	if s.ring == nil {
 		s.ring = newDescRing(slotBackend{s}, ringSlotDescs, ringMaxSlots)
 	}
-	si, so := 0, uint64(0)
-	for si < len(segs) {
+	for more() {
 		slot, err := s.ring.acquire()
 		if err != nil {
 			return err
 		}
-		var n int
-		n, si, so, pinned = fillDescs(slot.descs, segs, si, so, pinned, gather, maxDescBytes)
+		n := fill(slot.descs)
 		if n == 0 {
 			s.ring.putBack(slot)
-			break
+			return nil
 		}
 		res := C.stage_launch_copy(l.c, s.d.ctx, s.d.fn, C.CUdeviceptr(slot.dev), C.uint(n),
 			C.uint(n), C.uint(kernels.CopyBlock), s.s, s.slots[slot.id].ev)
 		if res.rc != 0 {
 			if res.step == 0 {
 				s.ring.putBack(slot)
-				return l.errorf(res.rc, "cuLaunchKernel(%s, %d segments, %s)", kernels.CopyFunc, n, dirName(gather))
+				return l.errorf(res.rc, "cuLaunchKernel(%s, %d %s)", kernels.CopyFunc, n, what)
 			}
 			// The kernel is queued but its slot has no event to say when it
 			// is done: wait for the stream before the slot can be reused.
