@@ -1,9 +1,6 @@
 package wire
 
-import (
-	"math"
-	"slices"
-)
+import "math"
 
 // Local control-socket message codecs: fields in declaration order.
 
@@ -50,7 +47,9 @@ func (m *Unregister) decode(d *decoder) {
 // none, when dst has room), and writes the ops with fixed offsets.
 func (m *Submit) AppendBody(dst []byte) []byte {
 	n := listLen(len(m.Ops))
-	dst = slices.Grow(dst, m.headSize()+4+n*localOpSize)
+	if need := m.headSize() + 4 + n*localOpSize; cap(dst)-len(dst) < need {
+		dst = append(make([]byte, 0, len(dst)+need), dst...)
+	}
 	dst = appendU64(dst, m.Req)
 	dst = appendStr(dst, m.Route)
 	dst = appendU8(dst, uint8(m.Dir))
@@ -77,15 +76,19 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 // headSize is the encoded size of everything before the op count, as
 // AppendBody writes it (long strings cut to their prefix's limit).
 func (m *Submit) headSize() int {
-	str := func(s string) int { return 2 + min(len(s), math.MaxUint16) }
-	strs := func(ss []string) int {
-		n := 4
-		for _, s := range ss[:listLen(len(ss))] {
-			n += str(s)
-		}
-		return n
+	return 8 + strSize(m.Route) + 1 + 1 + strSize(m.Tag) + strsSize(m.LocalNames) + strsSize(m.RemoteNames)
+}
+
+// strSize is the size appendStr writes for s.
+func strSize(s string) int { return 2 + min(len(s), math.MaxUint16) }
+
+// strsSize is the size appendStrs writes for ss.
+func strsSize(ss []string) int {
+	n := 4
+	for _, s := range ss[:listLen(len(ss))] {
+		n += strSize(s)
 	}
-	return 8 + str(m.Route) + 1 + 1 + str(m.Tag) + strs(m.LocalNames) + strs(m.RemoteNames)
+	return n
 }
 
 func (m *Submit) decode(d *decoder) {
