@@ -43,7 +43,7 @@ type inlineXfer struct {
 // and must take the pipeline, or the route names a same-node transport
 // (ipc, shm). regions are the push's source regions; it
 // lets go of them once their bytes are gathered.
-func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wire.Submit, ends []uint64, checksum bool) bool {
+func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wire.Submit, chk *checkedOps, checksum bool) bool {
 	if s.inlinePool == nil || lx.total > uint64(s.inlinePool.SlotSize()) {
 		return false
 	}
@@ -52,12 +52,8 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 			return false // the route asked for a same-node path by name
 		}
 	}
-	ops := make([]staging.PlanOp, len(m.Ops))
-	for i, op := range m.Ops {
-		ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
-	}
-	plan, err := staging.MakePlan(ops, s.inlinePool.SlotSize())
-	if err != nil || len(plan.Chunks) != 1 {
+	plan, err := staging.NewPlan(chk.plan, s.inlinePool.SlotSize())
+	if err != nil || plan.Len() != 1 {
 		return false
 	}
 	ds := ss.quietStream()
@@ -69,7 +65,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 		return false
 	}
 	defer s.inlinePool.Release(slot)
-	c := &plan.Chunks[0]
+	c := plan.Chunk(0)
 	buf := s.inlinePool.Slot(slot).Slice(0, int(c.Len))
 	err = s.lane.Gather(buf, c.Src)
 	releaseAll(regions)
@@ -93,7 +89,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 		return true
 	}
 	lx.setState(wire.StateRunning)
-	head := wire.AppendFrame(make([]byte, 0, 512), &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: ends}, false, wire.FlagInline)
+	head := wire.AppendFrame(make([]byte, 0, 512), &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: chk.ends}, false, wire.FlagInline)
 	ch := wire.Chunk{Transfer: lx.wireID, Index: 0, Count: 1, PayloadLen: c.Len}
 	for _, d := range c.Dst {
 		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})

@@ -144,9 +144,9 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 	if err != nil {
 		return err
 	}
-	count := uint32(len(plan.Chunks))
-	for i := range plan.Chunks {
-		c := &plan.Chunks[i]
+	count := uint32(plan.Len())
+	for i := range plan.Len() {
+		c := plan.Chunk(i)
 		if len(free) == 0 {
 			if err := wait(); err != nil {
 				return err

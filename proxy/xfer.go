@@ -81,8 +81,9 @@ type outXfer struct {
 	tag      string
 
 	// The chunk plan is made when the push goes to the sender core: a
-	// same-node push copies ops as they are and never needs one (planning
-	// a 4 GiB push costs about 100 us of its critical path).
+	// same-node push copies ops as they are and never needs one. Its
+	// chunks are cut as the core starts them (staging.NewPlan), so the
+	// first chunk of a push of many blocks moves before the rest are cut.
 	ops      []staging.PlanOp
 	chunk    int
 	planOnce sync.Once
@@ -93,7 +94,7 @@ type outXfer struct {
 // getPlan cuts the push into chunks, once.
 func (ox *outXfer) getPlan() (*staging.Plan, error) {
 	ox.planOnce.Do(func() {
-		ox.plan, ox.planErr = staging.MakePlan(ox.ops, ox.chunk)
+		ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
 		if ox.planErr != nil {
 			ox.planErr = codeErr(wire.CodeBadRequest, "%v", ox.planErr)
 		}
@@ -130,25 +131,11 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 			releaseAll(regions)
 		}
 	}()
-	var total uint64
-	ends := make([]uint64, len(m.RemoteNames))
-	for i, op := range m.Ops {
-		if int(op.Local) >= len(regions) || int(op.Remote) >= len(m.RemoteNames) {
-			return nil, codeErr(wire.CodeBadRequest, "op %d names region #%d/#%d of %d/%d", i, op.Local, op.Remote, len(regions), len(m.RemoteNames))
-		}
-		if _, err := regions[op.Local].Seg(op.LocalOff, op.Len); err != nil {
-			return nil, codeErr(wire.CodeOutOfRange, "op %d: %v", i, err)
-		}
-		end := op.RemoteOff + op.Len
-		if end < op.RemoteOff {
-			return nil, codeErr(wire.CodeOutOfRange, "op %d: remote offset %d + length %d overflows", i, op.RemoteOff, op.Len)
-		}
-		ends[op.Remote] = max(ends[op.Remote], end)
-		if total+op.Len < total {
-			return nil, codeErr(wire.CodeOutOfRange, "transfer length overflows")
-		}
-		total += op.Len
+	chk, err := checkOps(m, regions, m.Dir == wire.Push)
+	if err != nil {
+		return nil, err
 	}
+	total, ends := chk.total, chk.ends
 	ss, err := r.pick(ctx)
 	if err != nil {
 		return nil, err
@@ -169,14 +156,10 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	keep = true
 
 	if m.Dir == wire.Push {
-		if s.tryInline(ss, lx, regions, m, ends, checksum) {
+		if s.tryInline(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
-		ops := make([]staging.PlanOp, len(m.Ops))
-		for i, op := range m.Ops {
-			ops[i] = staging.PlanOp{Src: regions[op.Local].Addr(op.LocalOff), DstRegion: op.Remote, DstOff: op.RemoteOff, Len: op.Len}
-		}
-		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: ops, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
+		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.mu.Lock()
 		s.outs[id] = ox
 		s.mu.Unlock()
@@ -351,7 +334,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 		}
 		ops[i] = staging.PlanOp{Src: regions[op.Src].Addr(op.SrcOff), DstRegion: op.Dst, DstOff: op.DstOff, Len: op.Len}
 	}
-	plan, err := staging.MakePlan(ops, ss.chunkSize)
+	plan, err := staging.NewPlan(ops, ss.chunkSize)
 	if err != nil {
 		releaseAll(regions)
 		nack(codeErr(wire.CodeBadRequest, "%v", err))

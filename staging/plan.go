@@ -2,6 +2,7 @@ package staging
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/stage-kv/stage/device"
 )
@@ -30,79 +31,143 @@ type Chunk struct {
 	Dst []DstSeg
 }
 
-// Plan is a transfer cut into chunks.
+// slabSegs is how many segments one allocation of a plan's segment slabs
+// holds: chunks are cut into slabs of this size as they are needed, so
+// cutting the first chunk of a huge transfer costs one small allocation.
+const slabSegs = 4096
+
+// Plan is a transfer cut into chunks of one slot each. Every chunk but the
+// last carries exactly the chunk size, so the number of chunks and each
+// chunk's length are known at once; their segment lists are cut on demand,
+// in order, the first time Chunk asks for them: the first chunk of a push of
+// many scattered blocks can be gathered while the rest are still ops.
+//
+// A Plan is not safe for concurrent use: whoever holds it (the sender core,
+// on its one goroutine) cuts it. A Chunk, once returned, never changes or
+// moves, so it may be read by other goroutines (copies, writers) while later
+// chunks are cut.
 type Plan struct {
-	Chunks []Chunk
-	Total  uint64
+	Total uint64
+
+	ops    []PlanOp
+	cs     uint64
+	n      int
+	chunks []Chunk // cut so far; capacity n, so pointers into it stay valid
+
+	// The cursor: ops[op] is the next op to cut, done of its bytes are.
+	op   int
+	done uint64
+	// Slabs the next chunk's segments are appended to; they hold no
+	// earlier chunk's segments, so growing one copies only the chunk.
+	src []device.Seg
+	dst []DstSeg
 }
 
-// MakePlan cuts ops into chunks of at most chunkSize bytes. Ops whose source
-// and destination both continue the previous op are merged into one segment;
-// small ops share a chunk; large ops are split across chunks. Segment slices
-// of all chunks share two backing arrays, so a plan costs three allocations.
-func MakePlan(ops []PlanOp, chunkSize int) (*Plan, error) {
-	if chunkSize <= 0 {
-		return nil, fmt.Errorf("staging: chunk size %d", chunkSize)
+// NewPlan checks ops (none empty, the total neither zero nor overflowing)
+// and returns a plan that cuts them into chunks of at most chunkSize bytes
+// as they are asked for: ops whose source and destination both continue the
+// previous op merge into one segment, small ops share a chunk, and large
+// ops are split across chunks. ops is kept, not copied: the caller must not
+// change it while the plan is in use.
+func NewPlan(ops []PlanOp, chunkSize int) (*Plan, error) {
+	if chunkSize <= 0 || uint64(chunkSize) > math.MaxUint32 {
+		return nil, fmt.Errorf("staging: chunk size %d outside 1 B to 4 GiB", chunkSize)
 	}
-	cs := uint64(chunkSize)
 	var total uint64
-	for i, op := range ops {
-		if op.Len == 0 {
+	for i := range ops {
+		n := ops[i].Len
+		if n == 0 {
 			return nil, fmt.Errorf("staging: op %d has length 0", i)
 		}
-		if total+op.Len < total {
+		if total+n < total {
 			return nil, fmt.Errorf("staging: transfer length overflows")
 		}
-		total += op.Len
+		total += n
 	}
 	if total == 0 {
 		return nil, fmt.Errorf("staging: empty transfer")
 	}
-	nchunks := int((total + cs - 1) / cs)
-	// Upper bound on segments: every op may start a segment, and every
-	// chunk boundary may cut one more.
-	maxSegs := len(ops) + nchunks
-	src := make([]device.Seg, 0, maxSegs)
-	dst := make([]DstSeg, 0, maxSegs)
-	p := &Plan{Chunks: make([]Chunk, 0, nchunks), Total: total}
-
-	var cur Chunk
-	srcStart, dstStart := 0, 0
-	flush := func() {
-		cur.Src = src[srcStart:len(src):len(src)]
-		cur.Dst = dst[dstStart:len(dst):len(dst)]
-		p.Chunks = append(p.Chunks, cur)
-		cur = Chunk{}
-		srcStart, dstStart = len(src), len(dst)
+	cs := uint64(chunkSize)
+	n := (total-1)/cs + 1
+	if n > math.MaxUint32 {
+		return nil, fmt.Errorf("staging: %d B in %d B chunks makes %d chunks, more than a transfer can count", total, cs, n)
 	}
-	for _, op := range ops {
-		a, off, left := op.Src, op.DstOff, op.Len
-		for left > 0 {
-			room := cs - uint64(cur.Len)
-			n := min(left, room)
-			// Merge with the previous segment of this chunk when both
-			// sides continue it.
-			if k := len(src) - 1; k >= srcStart && src[k].Addr+device.Addr(src[k].Len) == a {
-				src[k].Len += n
-			} else {
-				src = append(src, device.Seg{Addr: a, Len: n})
-			}
-			if k := len(dst) - 1; k >= dstStart && dst[k].Region == op.DstRegion && dst[k].Off+uint64(dst[k].Len) == off {
-				dst[k].Len += uint32(n)
-			} else {
-				dst = append(dst, DstSeg{Region: op.DstRegion, Len: uint32(n), Off: off})
-			}
-			cur.Len += uint32(n)
-			a += device.Addr(n)
-			off += n
-			left -= n
-			if uint64(cur.Len) == cs {
-				flush()
-			}
+	return &Plan{Total: total, ops: ops, cs: cs, n: int(n), chunks: make([]Chunk, 0, n)}, nil
+}
+
+// MakePlan is NewPlan with every chunk cut at once.
+func MakePlan(ops []PlanOp, chunkSize int) (*Plan, error) {
+	p, err := NewPlan(ops, chunkSize)
+	if err != nil {
+		return nil, err
+	}
+	p.Chunk(p.n - 1)
+	return p, nil
+}
+
+// Len is the number of chunks.
+func (p *Plan) Len() int { return p.n }
+
+// ChunkLen is the payload length of chunk i, cut or not.
+func (p *Plan) ChunkLen(i int) uint32 {
+	if i == p.n-1 {
+		return uint32(p.Total - uint64(i)*p.cs)
+	}
+	return uint32(p.cs)
+}
+
+// Chunk returns chunk i (0 <= i < Len()), cutting it and any chunk before it
+// not cut yet.
+func (p *Plan) Chunk(i int) *Chunk {
+	for len(p.chunks) <= i {
+		p.cut()
+	}
+	return &p.chunks[i]
+}
+
+// cut cuts the next chunk from the cursor.
+func (p *Plan) cut() {
+	if len(p.src) == cap(p.src) {
+		p.src = make([]device.Seg, 0, p.slab())
+	}
+	if len(p.dst) == cap(p.dst) {
+		p.dst = make([]DstSeg, 0, p.slab())
+	}
+	src, dst := p.src, p.dst
+	want := p.ChunkLen(len(p.chunks))
+	var got uint32
+	for got < want {
+		op := &p.ops[p.op]
+		n := min(op.Len-p.done, uint64(want-got))
+		a, off := op.Src+device.Addr(p.done), op.DstOff+p.done
+		// Merge with the previous segment of this chunk when both sides
+		// continue it.
+		if k := len(src) - 1; k >= 0 && src[k].Addr+device.Addr(src[k].Len) == a {
+			src[k].Len += n
+		} else {
+			src = append(src, device.Seg{Addr: a, Len: n})
+		}
+		if k := len(dst) - 1; k >= 0 && dst[k].Region == op.DstRegion && dst[k].Off+uint64(dst[k].Len) == off {
+			dst[k].Len += uint32(n)
+		} else {
+			dst = append(dst, DstSeg{Region: op.DstRegion, Len: uint32(n), Off: off})
+		}
+		got += uint32(n)
+		p.done += n
+		if p.done == op.Len {
+			p.op++
+			p.done = 0
 		}
 	}
-	if cur.Len > 0 {
-		flush()
-	}
-	return p, nil
+	p.chunks = append(p.chunks, Chunk{Len: got, Src: src[:len(src):len(src)], Dst: dst[:len(dst):len(dst)]})
+	// The rest of the slabs (or nothing, when a chunk outgrew them) is
+	// where the next chunk goes.
+	p.src, p.dst = src[len(src):], dst[len(dst):]
+}
+
+// slab is the size of a new segment slab: enough for what is left of the
+// ops (each may start a segment, each chunk boundary cut one more), at
+// most slabSegs.
+func (p *Plan) slab() int {
+	return min(slabSegs, len(p.ops)-p.op+p.n-len(p.chunks))
 }

@@ -2,6 +2,7 @@ package staging
 
 import (
 	"math/rand/v2"
+	"reflect"
 	"testing"
 
 	"github.com/stage-kv/stage/device"
@@ -29,10 +30,10 @@ func TestMakePlan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(p.Chunks) != tc.wantChunks {
-				t.Fatalf("got %d chunks, want %d", len(p.Chunks), tc.wantChunks)
+			if p.Len() != tc.wantChunks {
+				t.Fatalf("got %d chunks, want %d", p.Len(), tc.wantChunks)
 			}
-			for i, c := range p.Chunks {
+			for i, c := range allChunks(p) {
 				if len(c.Src) != tc.wantSrc[i] || len(c.Dst) != tc.wantDst[i] {
 					t.Errorf("chunk %d: got %d src / %d dst segments, want %d / %d", i, len(c.Src), len(c.Dst), tc.wantSrc[i], tc.wantDst[i])
 				}
@@ -40,6 +41,15 @@ func TestMakePlan(t *testing.T) {
 			checkPlan(t, tc.ops, p, tc.chunk)
 		})
 	}
+}
+
+// allChunks cuts and returns every chunk of p.
+func allChunks(p *Plan) []Chunk {
+	out := make([]Chunk, p.Len())
+	for i := range out {
+		out[i] = *p.Chunk(i)
+	}
+	return out
 }
 
 func TestMakePlanErrors(t *testing.T) {
@@ -51,11 +61,15 @@ func TestMakePlanErrors(t *testing.T) {
 		{"empty", nil, 8},
 		{"zero length op", []PlanOp{{Len: 0}}, 8},
 		{"zero chunk", []PlanOp{{Len: 1}}, 0},
+		{"chunk over 4 GiB", []PlanOp{{Len: 1}}, 1 << 32},
 		{"overflow", []PlanOp{{Len: 1 << 63}, {Len: 1 << 63}}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := MakePlan(tc.ops, tc.chunk); err == nil {
 				t.Fatal("got nil error, want one")
+			}
+			if p, err := NewPlan(tc.ops, tc.chunk); p != nil || err == nil {
+				t.Fatalf("NewPlan: got %v, %v; want nil and an error", p, err)
 			}
 		})
 	}
@@ -81,9 +95,18 @@ func checkPlan(t *testing.T, ops []PlanOp, p *Plan, chunk int) {
 		t.Fatalf("plan total %d, want %d", p.Total, total)
 	}
 	var seen uint64
-	for ci, c := range p.Chunks {
+	for ci, c := range allChunks(p) {
 		if int(c.Len) > chunk || c.Len == 0 {
 			t.Fatalf("chunk %d has %d B (chunk size %d)", ci, c.Len, chunk)
+		}
+		if c.Len != p.ChunkLen(ci) {
+			t.Fatalf("chunk %d has %d B, ChunkLen says %d", ci, c.Len, p.ChunkLen(ci))
+		}
+		if ci < p.Len()-1 && int(c.Len) != chunk {
+			t.Fatalf("chunk %d of %d has %d B, want a full %d", ci, p.Len(), c.Len, chunk)
+		}
+		if cap(c.Src) != len(c.Src) || cap(c.Dst) != len(c.Dst) {
+			t.Fatalf("chunk %d: segment lists have room past their end (%d/%d, %d/%d): appending would overwrite the next chunk", ci, len(c.Src), cap(c.Src), len(c.Dst), cap(c.Dst))
 		}
 		if device.SegsLen(c.Src) != uint64(c.Len) {
 			t.Fatalf("chunk %d: src segments add to %d, want %d", ci, device.SegsLen(c.Src), c.Len)
@@ -137,14 +160,97 @@ func TestMakePlanRandom(t *testing.T) {
 	}
 }
 
-func BenchmarkMakePlan65536Blocks(b *testing.B) {
-	const block = 16 << 10
-	ops := make([]PlanOp, 65536)
-	r := rand.New(rand.NewPCG(1, 2))
-	perm := r.Perm(len(ops))
-	for i := range ops {
-		ops[i] = PlanOp{Src: device.Addr(perm[i] * block), DstOff: uint64(i * block), Len: block}
+// TestPlanCutsOnDemand: a plan cuts chunks only as far as asked, in order,
+// cuts them as MakePlan does, and never moves or changes a chunk it
+// returned, however many slabs the later chunks take.
+func TestPlanCutsOnDemand(t *testing.T) {
+	ops := scattered(3*slabSegs+77, 16)
+	const chunk = 64 // 4 ops a chunk, many slabs
+	p, err := NewPlan(ops, chunk)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if len(p.chunks) != 0 {
+		t.Fatalf("NewPlan cut %d chunks, want none", len(p.chunks))
+	}
+	if got, want := p.Len(), (len(ops)+3)/4; got != want {
+		t.Fatalf("got %d chunks, want %d", got, want)
+	}
+	first := p.Chunk(0)
+	saved := Chunk{Len: first.Len, Src: append([]device.Seg(nil), first.Src...), Dst: append([]DstSeg(nil), first.Dst...)}
+	if len(p.chunks) != 1 {
+		t.Fatalf("Chunk(0) cut %d chunks, want 1", len(p.chunks))
+	}
+	mid := p.Chunk(p.Len() / 2)
+	if len(p.chunks) != p.Len()/2+1 {
+		t.Fatalf("Chunk(%d) cut %d chunks, want %d", p.Len()/2, len(p.chunks), p.Len()/2+1)
+	}
+	all := allChunks(p)
+	if p.Chunk(0) != first || p.Chunk(p.Len()/2) != mid {
+		t.Fatal("a chunk moved when later chunks were cut")
+	}
+	if !reflect.DeepEqual(*first, saved) {
+		t.Fatalf("chunk 0 changed when later chunks were cut: got %+v, want %+v", *first, saved)
+	}
+	whole, err := MakePlan(ops, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(all, allChunks(whole)) {
+		t.Fatal("chunks cut on demand differ from MakePlan's")
+	}
+	checkPlan(t, ops, p, chunk)
+}
+
+// TestPlanManyTinyOps crosses slab boundaries with ops that merge and
+// ops that do not, byte for byte.
+func TestPlanManyTinyOps(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ops := make([]PlanOp, 3*slabSegs)
+	var addr device.Addr
+	for i := range ops {
+		n := uint64(1 + r.IntN(3))
+		addr += device.Addr(r.IntN(2) * 5) // half continue the previous op
+		ops[i] = PlanOp{Src: addr, DstRegion: uint32(r.IntN(2)), DstOff: uint64(r.IntN(1 << 30)), Len: n}
+		addr += device.Addr(n)
+	}
+	for _, chunk := range []int{1, 7, 4096, 1 << 20} {
+		p, err := NewPlan(ops, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPlan(t, ops, p, chunk)
+	}
+}
+
+// scattered is n blocks of size block, both sides in a random order.
+func scattered(n int, block uint64) []PlanOp {
+	ops := make([]PlanOp, n)
+	r := rand.New(rand.NewPCG(1, 2))
+	perm := r.Perm(n)
+	for i := range ops {
+		ops[i] = PlanOp{Src: device.Addr(uint64(perm[i]) * block), DstOff: uint64(i) * block, Len: block}
+	}
+	return ops
+}
+
+// BenchmarkPlanFirstChunk65536Blocks is what planning adds before the
+// first chunk of a push of 65,536 scattered 16 KiB blocks can move.
+func BenchmarkPlanFirstChunk65536Blocks(b *testing.B) {
+	ops := scattered(65536, 16<<10)
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := NewPlan(ops, 4<<20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Chunk(0)
+	}
+}
+
+// BenchmarkMakePlan65536Blocks cuts every chunk of that push.
+func BenchmarkMakePlan65536Blocks(b *testing.B) {
+	ops := scattered(65536, 16<<10)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := MakePlan(ops, 4<<20); err != nil {

@@ -63,7 +63,7 @@ func (s *Sender) resend(ev Event) {
 	x.resends++
 	if x.resends > MaxResends {
 		s.fail(x, fmt.Errorf("%w: chunk %d of %d was damaged in transit; %d chunks of the transfer already sent again (the limit); check the network path or the peer's memory",
-			ErrDamaged, ev.Chunk, len(x.plan.Chunks), MaxResends))
+			ErrDamaged, ev.Chunk, x.plan.Len(), MaxResends))
 		return
 	}
 	x.redoChunk(ev.Chunk)

@@ -285,7 +285,7 @@ func (s *Sender) submit(ev Event) {
 		s.ready.Retired = append(s.ready.Retired, ev.Transfer)
 		return
 	}
-	n := len(ev.Plan.Chunks)
+	n := ev.Plan.Len()
 	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n),
 		refunded: make([]bool, n), timeout: ev.Timeout, progress: s.now}
 	s.xfers[x.id] = x
@@ -329,7 +329,7 @@ func (s *Sender) copyDone(ev Event) {
 	}
 	x.onStream[ev.Chunk] = uint16(best)
 	s.ready.Sends = append(s.ready.Sends, SendCmd{Session: ss.id, Stream: best, Transfer: x.id, Chunk: ev.Chunk,
-		Count: uint32(len(x.plan.Chunks)), Slot: ev.Slot, C: &x.plan.Chunks[ev.Chunk]})
+		Count: uint32(x.plan.Len()), Slot: ev.Slot, C: x.plan.Chunk(int(ev.Chunk))})
 }
 
 func (s *Sender) written(ev Event) {
@@ -389,10 +389,10 @@ func (s *Sender) ack(ev Event) {
 		}
 		x.state[c] = chAcked
 		x.acked++
-		x.bytes += uint64(x.plan.Chunks[c].Len)
+		x.bytes += uint64(x.plan.ChunkLen(int(c)))
 		x.progress = s.now
 	}
-	if x.acked == len(x.plan.Chunks) {
+	if x.acked == x.plan.Len() {
 		s.finish(x, nil)
 	}
 }
@@ -400,7 +400,7 @@ func (s *Sender) ack(ev Event) {
 func (s *Sender) tick() {
 	for _, x := range s.xfers {
 		if !x.finished && x.timeout > 0 && s.now.Sub(x.progress) > x.timeout {
-			s.fail(x, fmt.Errorf("%w (%v without an ack; %d of %d chunks acked)", ErrTimeout, x.timeout, x.acked, len(x.plan.Chunks)))
+			s.fail(x, fmt.Errorf("%w (%v without an ack; %d of %d chunks acked)", ErrTimeout, x.timeout, x.acked, x.plan.Len()))
 		}
 	}
 }
@@ -486,7 +486,7 @@ func (s *Sender) startOne(ss *ssess) bool {
 		case len(x.redo) > 0:
 			c = x.redo[0]
 			x.redo = x.redo[1:]
-		case x.next < len(x.plan.Chunks):
+		case x.next < x.plan.Len():
 			c = uint32(x.next)
 			x.next++
 		default:
@@ -500,7 +500,7 @@ func (s *Sender) startOne(ss *ssess) bool {
 		x.busy++
 		x.state[c] = chCopying
 		ss.rr = k + 1
-		s.ready.Copies = append(s.ready.Copies, CopyCmd{Transfer: x.id, Chunk: c, Slot: slot, C: &x.plan.Chunks[c]})
+		s.ready.Copies = append(s.ready.Copies, CopyCmd{Transfer: x.id, Chunk: c, Slot: slot, C: x.plan.Chunk(int(c))})
 		return true
 	}
 	return false

@@ -84,3 +84,78 @@ func BenchmarkDecodeSubmit(b *testing.B) {
 		}
 	}
 }
+
+// scatteredSubmit is a push of n scattered 16 KiB blocks between two
+// regions, as a paged KV cache sends it.
+func scatteredSubmit(n int) *Submit {
+	const block = 16 << 10
+	m := &Submit{Req: 1, Route: "decode", Dir: Push, Tag: "req-1", LocalNames: []string{"kv-local"}, RemoteNames: []string{"kv-remote"}}
+	m.Ops = make([]LocalOp, n)
+	for i := range m.Ops {
+		// A fixed odd stride scatters both sides without a random source.
+		j := (i * 40503) % n
+		m.Ops[i] = LocalOp{LocalOff: uint64(i) * block, RemoteOff: uint64(j) * block, Len: block}
+	}
+	return m
+}
+
+// BenchmarkAppendFrameSubmit65536 is what an engine pays to encode a push
+// of 65,536 blocks into a fresh frame (as client.Client does).
+func BenchmarkAppendFrameSubmit65536(b *testing.B) {
+	m := scatteredSubmit(65536)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = AppendFrame(nil, m, false, 0)
+	}
+}
+
+// BenchmarkDecodeSubmit65536 is what the sidecar pays to decode it.
+func BenchmarkDecodeSubmit65536(b *testing.B) {
+	body := scatteredSubmit(65536).AppendBody(nil)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(TypeSubmit, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// chunk256 is a 4 MiB chunk of 256 scattered 16 KiB segments.
+func chunk256() *Chunk {
+	c := &Chunk{Transfer: 9, Index: 3, Count: 256, PayloadLen: 4 << 20, Segs: make([]ChunkSeg, 256)}
+	for i := range c.Segs {
+		c.Segs[i] = ChunkSeg{Len: 16 << 10, Offset: uint64((i*97)%256) << 14}
+	}
+	return c
+}
+
+func BenchmarkAppendChunkHead256(b *testing.B) {
+	c := chunk256()
+	dst := make([]byte, 0, HeaderSize+ChunkFixedSize+256*ChunkSegSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = AppendChunkHead(dst[:0], c, nil, false, 0)
+	}
+}
+
+func BenchmarkDecodeChunk256(b *testing.B) {
+	c := chunk256()
+	frame := AppendChunkHead(nil, c, nil, false, 0)
+	h, err := ParseHeader(frame)
+	if err != nil {
+		b.Fatal(err)
+	}
+	meta := frame[HeaderSize:]
+	var got Chunk
+	b.ReportAllocs()
+	for b.Loop() {
+		nsegs, err := DecodeChunkFixed(h, meta, &got)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := DecodeChunkSegs(meta[ChunkFixedSize:], nsegs, &got); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -42,8 +42,14 @@ func (m *Unregister) decode(d *decoder) {
 	m.Name = d.str("Name", MaxName)
 }
 
-// AppendBody appends the encoded Submit body to dst.
+// AppendBody appends the encoded Submit body to dst. It grows dst once to
+// the body's full size, so a push of many ops costs one allocation (or
+// none, when dst has room), and writes the ops with fixed offsets.
 func (m *Submit) AppendBody(dst []byte) []byte {
+	n := listLen(len(m.Ops))
+	if need := m.headSize() + 4 + n*localOpSize; cap(dst)-len(dst) < need {
+		dst = append(make([]byte, 0, len(dst)+need), dst...)
+	}
 	dst = appendU64(dst, m.Req)
 	dst = appendStr(dst, m.Route)
 	dst = appendU8(dst, uint8(m.Dir))
@@ -51,17 +57,38 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	dst = appendStr(dst, m.Tag)
 	dst = appendStrs(dst, m.LocalNames)
 	dst = appendStrs(dst, m.RemoteNames)
-	n := listLen(len(m.Ops))
 	dst = appendU32(dst, uint32(n))
+	start := len(dst)
+	dst = dst[:start+n*localOpSize]
+	b := dst[start:]
 	for i := range m.Ops[:n] {
 		op := &m.Ops[i]
-		dst = appendU32(dst, op.Local)
-		dst = appendU32(dst, op.Remote)
-		dst = appendU64(dst, op.LocalOff)
-		dst = appendU64(dst, op.RemoteOff)
-		dst = appendU64(dst, op.Len)
+		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
+		le.PutUint32(p[0:], op.Local)
+		le.PutUint32(p[4:], op.Remote)
+		le.PutUint64(p[8:], op.LocalOff)
+		le.PutUint64(p[16:], op.RemoteOff)
+		le.PutUint64(p[24:], op.Len)
 	}
 	return dst
+}
+
+// headSize is the encoded size of everything before the op count, as
+// AppendBody writes it (long strings cut to their prefix's limit).
+func (m *Submit) headSize() int {
+	return 8 + strSize(m.Route) + 1 + 1 + strSize(m.Tag) + strsSize(m.LocalNames) + strsSize(m.RemoteNames)
+}
+
+// strSize is the size appendStr writes for s.
+func strSize(s string) int { return 2 + min(len(s), math.MaxUint16) }
+
+// strsSize is the size appendStrs writes for ss.
+func strsSize(ss []string) int {
+	n := 4
+	for _, s := range ss[:listLen(len(ss))] {
+		n += strSize(s)
+	}
+	return n
 }
 
 func (m *Submit) decode(d *decoder) {
@@ -79,33 +106,45 @@ func (m *Submit) decode(d *decoder) {
 	if d.err != nil || n == 0 {
 		return
 	}
+	// count checked that n ops fit in what remains: take them at once and
+	// decode with fixed offsets, one pass.
+	b := d.take("Ops", n*localOpSize)
+	if b == nil {
+		return
+	}
 	m.Ops = make([]LocalOp, n)
+	nl, nr := uint64(len(m.LocalNames)), uint64(len(m.RemoteNames))
 	for i := range m.Ops {
-		d.idx = i
+		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
 		op := &m.Ops[i]
-		op.Local = d.u32("Ops[].Local")
-		op.Remote = d.u32("Ops[].Remote")
-		op.LocalOff = d.u64("Ops[].LocalOff")
-		op.RemoteOff = d.u64("Ops[].RemoteOff")
-		op.Len = d.u64("Ops[].Len")
-		if d.err != nil {
+		op.Local = le.Uint32(p[0:])
+		op.Remote = le.Uint32(p[4:])
+		op.LocalOff = le.Uint64(p[8:])
+		op.RemoteOff = le.Uint64(p[16:])
+		op.Len = le.Uint64(p[24:])
+		if uint64(op.Local) >= nl || uint64(op.Remote) >= nr || op.Len == 0 ||
+			op.LocalOff > math.MaxUint64-op.Len || op.RemoteOff > math.MaxUint64-op.Len {
+			d.idx = i
+			d.badLocalOp(op, nl, nr)
+			m.Ops = nil
 			return
 		}
-		switch {
-		case int64(op.Local) >= int64(len(m.LocalNames)):
-			d.fail(ErrMalformed, "Ops[].Local", "index %d out of range (%d local names)", op.Local, len(m.LocalNames))
-		case int64(op.Remote) >= int64(len(m.RemoteNames)):
-			d.fail(ErrMalformed, "Ops[].Remote", "index %d out of range (%d remote names)", op.Remote, len(m.RemoteNames))
-		case op.Len == 0:
-			d.fail(ErrMalformed, "Ops[].Len", "zero length")
-		case op.LocalOff > math.MaxUint64-op.Len:
-			d.fail(ErrOverflow, "Ops[].LocalOff", "offset %d + length %d overflows", op.LocalOff, op.Len)
-		case op.RemoteOff > math.MaxUint64-op.Len:
-			d.fail(ErrOverflow, "Ops[].RemoteOff", "offset %d + length %d overflows", op.RemoteOff, op.Len)
-		}
-		if d.err != nil {
-			return
-		}
+	}
+}
+
+// badLocalOp records why op (Submit.Ops[d.idx]) is invalid.
+func (d *decoder) badLocalOp(op *LocalOp, nl, nr uint64) {
+	switch {
+	case uint64(op.Local) >= nl:
+		d.fail(ErrMalformed, "Ops[].Local", "index %d out of range (%d local names)", op.Local, nl)
+	case uint64(op.Remote) >= nr:
+		d.fail(ErrMalformed, "Ops[].Remote", "index %d out of range (%d remote names)", op.Remote, nr)
+	case op.Len == 0:
+		d.fail(ErrMalformed, "Ops[].Len", "zero length")
+	case op.LocalOff > math.MaxUint64-op.Len:
+		d.fail(ErrOverflow, "Ops[].LocalOff", "offset %d + length %d overflows", op.LocalOff, op.Len)
+	default:
+		d.fail(ErrOverflow, "Ops[].RemoteOff", "offset %d + length %d overflows", op.RemoteOff, op.Len)
 	}
 }
 

@@ -599,3 +599,66 @@ func TestDecodeAck(t *testing.T) {
 		})
 	}
 }
+
+// TestSubmitAppendsOnce: a Submit's body is grown once to its exact size,
+// so encoding a push of many ops into a buffer with room allocates nothing
+// and into a nil buffer allocates once, long names included.
+func TestSubmitAppendsOnce(t *testing.T) {
+	long := strings.Repeat("x", math.MaxUint16+10)
+	for _, tc := range []struct {
+		name string
+		m    *Submit
+	}{
+		{"no ops", &Submit{Req: 1, Route: "r", Dir: Push}},
+		{"scattered", scatteredSubmit(1000)},
+		{"long names", &Submit{Route: long, Tag: "t", LocalNames: []string{"a", long}, RemoteNames: []string{long}, Ops: []LocalOp{{Len: 1}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := tc.m.AppendBody(nil)
+			if want := tc.m.headSize() + 4 + len(tc.m.Ops)*localOpSize; len(body) != want {
+				t.Fatalf("body of %d B, want %d", len(body), want)
+			}
+			if n := testing.AllocsPerRun(10, func() { _ = tc.m.AppendBody(nil) }); n != 1 {
+				t.Errorf("got %v allocations into a nil buffer, want 1", n)
+			}
+			dst := make([]byte, 0, len(body))
+			if n := testing.AllocsPerRun(10, func() { _ = tc.m.AppendBody(dst) }); n != 0 {
+				t.Errorf("got %v allocations into a buffer with room, want 0", n)
+			}
+		})
+	}
+}
+
+// TestSubmitManyOpsRoundTrip decodes a large push op for op, and checks
+// that a bad op deep in the list is named by its index.
+func TestSubmitManyOpsRoundTrip(t *testing.T) {
+	m := scatteredSubmit(4096)
+	got, err := Decode(TypeSubmit, m.AppendBody(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatal("decoded Submit differs from the one encoded")
+	}
+	for _, tc := range []struct {
+		name string
+		bad  func(op *LocalOp)
+		kind error
+		want string
+	}{
+		{"local index", func(op *LocalOp) { op.Local = 1 }, ErrMalformed, "Submit.Ops[4000].Local: index 1 out of range (1 local names)"},
+		{"remote index", func(op *LocalOp) { op.Remote = 7 }, ErrMalformed, "Submit.Ops[4000].Remote: index 7 out of range (1 remote names)"},
+		{"zero length", func(op *LocalOp) { op.Len = 0 }, ErrMalformed, "Submit.Ops[4000].Len: zero length"},
+		{"local overflow", func(op *LocalOp) { op.LocalOff = math.MaxUint64 - 5 }, ErrOverflow, "Submit.Ops[4000].LocalOff: offset 18446744073709551610 + length 16384 overflows"},
+		{"remote overflow", func(op *LocalOp) { op.RemoteOff = math.MaxUint64 }, ErrOverflow, "Submit.Ops[4000].RemoteOff"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := scatteredSubmit(4096)
+			tc.bad(&b.Ops[4000])
+			got, err := Decode(TypeSubmit, b.AppendBody(nil))
+			if got != nil || !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, %v; want nil and %v naming %q", got, err, tc.kind, tc.want)
+			}
+		})
+	}
+}
