@@ -181,14 +181,22 @@ func (e *faultErr) Error() string { return e.err.Error() }
 // attempt moves ms once. nil: done, notified once, every byte verified; a
 // *faultErr: failed cleanly; any other error: the test fails.
 func (p *pushes) attempt(ctx context.Context, tag string, ms []kvsim.Move) error {
+	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, p.hang)
 	defer cancel()
 	_, err := p.src.cl.Do(actx, p.transfer(tag, ms))
+	// The run's own end: when it comes before the hang limit, the
+	// attempt's timer (set to the same instant) may fire a hair before
+	// the run's, so ctx.Err() alone can still be nil here.
+	runEnded := ctx.Err() != nil
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		runEnded = true
+	}
 	switch {
 	case err == nil:
-	case ctx.Err() != nil:
-		return fmt.Errorf("%s: %w", tag, ctx.Err())
-	case actx.Err() != nil:
+	case runEnded:
+		return fmt.Errorf("%s: %w", tag, context.DeadlineExceeded)
+	case actx.Err() != nil && time.Since(start) >= p.hang:
 		return fmt.Errorf("%s: no answer within %v: the transfer hung", tag, p.hang)
 	case p.mayFailAs[client.CodeOf(err)]:
 		return &faultErr{code: client.CodeOf(err), err: fmt.Errorf("%s: %w", tag, err)}
