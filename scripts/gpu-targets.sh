@@ -61,30 +61,26 @@ def res(name):
 rows = []
 def row(what, fig, target, ok):
     rows.append((what, fig, target, "met" if ok else "NOT met"))
-r = res("ranges")
+def share(name, what, base, frac, note=""):
+    """A throughput row: the result's share of base, against frac."""
+    x = res(name)
+    if x:
+        g = x["results"][0]["gb_per_s"]
+        row(what, f"{g:.2f} GB/s = {100*g/base:.1f}%{note}", f">= {100*frac:.0f}%", g >= frac * base)
+    return x
+def latency(name, what):
+    x = res(name)
+    if x:
+        x = x["results"][0]
+        row(what, f"p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us", "p50 <= 40, p99 <= 100", x["p50_us"] <= 40 and x["p99_us"] <= 100)
+r = share("ranges", "1 MiB ranges, 8 stripes", ceiling, 0.9, f" of min(tcpbw 8 {tcpbw:.2f}, D2H {d2h:.2f})")
 if r:
-    g = r["results"][0]["gb_per_s"]
-    row("1 MiB ranges, 8 stripes", f"{g:.2f} GB/s = {100*g/ceiling:.0f}% of min(tcpbw 8 {tcpbw:.2f}, D2H {d2h:.2f}); {100*g/r['raw_tcp']['gb_per_s']:.0f}% of raw TCP in the bench", ">= 90%", g >= 0.9 * ceiling)
-r = res("ranges2")
-if r:
-    g = r["results"][0]["gb_per_s"]
-    row("  the same, 2 in flight", f"{g:.2f} GB/s = {100*g/ceiling:.0f}%", ">= 90%", g >= 0.9 * ceiling)
-b = res("blocks")
-if b:
-    g = b["results"][0]["gb_per_s"]
-    row("65,536 x 16 KiB blocks", f"{g:.2f} GB/s = {100*g/ceiling:.0f}% of the same", ">= 85%", g >= 0.85 * ceiling)
-b = res("blocks2")
-if b:
-    g = b["results"][0]["gb_per_s"]
-    row("  the same, 2 in flight", f"{g:.2f} GB/s = {100*g/ceiling:.0f}%", ">= 85%", g >= 0.85 * ceiling)
-l = res("latency")
-if l:
-    x = l["results"][0]
-    row("4 KiB push until landed (host memory), each checked", f"p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us", "p50 <= 40, p99 <= 100", x["p50_us"] <= 40 and x["p99_us"] <= 100)
-l = res("latspin")
-if l:
-    x = l["results"][0]
-    row("  the same, polling 100 us (read_spin, WithSpin)", f"p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us", "p50 <= 40, p99 <= 100", x["p50_us"] <= 40 and x["p99_us"] <= 100)
+    print(f"(1 MiB ranges: {100*r['results'][0]['gb_per_s']/r['raw_tcp']['gb_per_s']:.0f}% of raw TCP in the bench)")
+share("ranges2", "  the same, 2 in flight", ceiling, 0.9)
+share("blocks", "65,536 x 16 KiB blocks", ceiling, 0.85, " of the same")
+share("blocks2", "  the same, 2 in flight", ceiling, 0.85)
+latency("latency", "4 KiB push until landed (host memory), each checked")
+latency("latspin", "  the same, polling 100 us (read_spin, WithSpin)")
 m = res("gib64")
 if m:
     x = m["results"][0]
@@ -92,18 +88,9 @@ if m:
     row("64 GiB: resident memory", f"{x['max_rss_bytes']/2**20:.0f} MiB, pool {x['pool_bytes']/2**20:.0f} MiB (+{extra:.0f} MiB)", "<= pool + 64 MiB", extra <= 64)
     ratio = x["cpu_s_per_gb"] / m["raw_tcp"]["cpu_s_per_gb"]
     row("64 GiB: CPU seconds per GB", f"{x['cpu_s_per_gb']:.3f} = {ratio:.2f}x raw TCP's two ends ({m['raw_tcp']['cpu_s_per_gb']:.3f})", "<= 1.3x", ratio <= 1.3)
-i = res("ipc")
-if i:
-    g = i["results"][0]["gb_per_s"]
-    row("same-node ipc, 4 GiB, each checked", f"{g:.1f} GB/s = {100*g/peer:.1f}% of the peer copy ({peer:.1f})", ">= 90%", g >= 0.9 * peer)
-i = res("ipcb2b")
-if i:
-    g = i["results"][0]["gb_per_s"]
-    row("  back to back, checked after the last", f"{g:.1f} GB/s = {100*g/peer:.1f}%", ">= 90%", g >= 0.9 * peer)
-i = res("ipc2")
-if i:
-    g = i["results"][0]["gb_per_s"]
-    row("  the same, 2 in flight", f"{g:.1f} GB/s = {100*g/peer:.1f}%", ">= 90%", g >= 0.9 * peer)
+share("ipc", "same-node ipc, 4 GiB, each checked", peer, 0.9, f" of the peer copy ({peer:.1f})")
+share("ipcb2b", "  back to back, checked after the last", peer, 0.9)
+share("ipc2", "  the same, 2 in flight", peer, 0.9)
 w = max(len(r[0]) for r in rows)
 for what, fig, target, ok in rows:
     print(f"{what:<{w}}  {fig}  [{target}: {ok}]")
