@@ -173,12 +173,19 @@ func (x *inXfer) fail(err error, tellPeer bool) {
 // done runs once when the transfer finished (x.finished already set).
 func (x *inXfer) done(err error) {
 	ss, s := x.ss, x.s
+	x.mu.Lock()
+	var bits []uint64 // no longer written: x is finished
+	if err != nil && x.local == nil && x.nLanded > 0 && !x.inline && !x.ring {
+		bits = x.bits
+	}
+	x.mu.Unlock()
 	ss.mu.Lock()
 	if ss.in[x.wireID] == x {
 		delete(ss.in, x.wireID)
 	}
 	if x.local == nil || err == nil {
 		ss.buryLocked(x.wireID, err == nil)
+		ss.keepBitsLocked(x.wireID, bits)
 	}
 	ss.mu.Unlock()
 	x.mu.Lock()
@@ -280,9 +287,9 @@ func (ss *session) damaged(x *inXfer, ch *wire.Chunk, got, want uint32) {
 func (ss *session) secondCopy(x *inXfer, lerr error, ch *wire.Chunk) bool {
 	if x == nil {
 		ss.mu.Lock()
-		complete := ss.gone[ch.Transfer]
+		landed := ss.landedGoneLocked(ch.Transfer, ch.Index)
 		ss.mu.Unlock()
-		return complete
+		return landed
 	}
 	return lerr == errFinished && x.has(ch.Index)
 }

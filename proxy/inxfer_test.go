@@ -86,6 +86,11 @@ func TestLateChunksOfFinishedTransfer(t *testing.T) {
 	if !ss.secondCopy(x, errFinished, &wire.Chunk{Transfer: 4, Index: 0}) {
 		t.Fatal("a second copy of a landed chunk of a failed transfer was not recognised")
 	}
+	// Once the transfer is forgotten (x nil), its landed bitmap still
+	// tells a second copy from a chunk that never landed (PROTOCOL 8.7).
+	if !ss.secondCopy(nil, nil, &wire.Chunk{Transfer: 4, Index: 0}) {
+		t.Fatal("a second copy of a landed chunk of a forgotten failed transfer was not recognised")
+	}
 
 	y, _ := recvXfer(1)
 	y.landed(0, 8, nil)
@@ -127,4 +132,37 @@ func msgs(ms []wire.Msg) string {
 		out += fmt.Sprintf("%s%+v", m.Type(), m)
 	}
 	return out + "]"
+}
+
+// The landed bitmaps of failed transfers are bounded per session, and
+// go with their tombstones.
+func TestGoneBitsBounded(t *testing.T) {
+	ss := &session{gone: map[uint64]bool{}, announce: sync.NewCond(new(sync.Mutex))}
+	half := make([]uint64, maxGoneBitWords/2)
+	half[0] = 1 // chunk 0 landed
+	for id := uint64(1); id <= 3; id++ {
+		ss.buryLocked(id, false)
+		ss.keepBitsLocked(id, half)
+	}
+	if ss.bitWords != maxGoneBitWords {
+		t.Fatalf("holding %d words, want %d (the third bitmap over the budget dropped)", ss.bitWords, maxGoneBitWords)
+	}
+	for _, tt := range []struct {
+		id   uint64
+		idx  uint32
+		want bool
+	}{{1, 0, true}, {1, 1, false}, {2, 0, true}, {3, 0, false}, {1, 1 << 30, false}} {
+		if got := ss.landedGoneLocked(tt.id, tt.idx); got != tt.want {
+			t.Errorf("transfer %d chunk %d: landed %v, want %v", tt.id, tt.idx, got, tt.want)
+		}
+	}
+	for id := uint64(10); len(ss.goneBits) > 0; id++ { // evict the oldest tombstones
+		ss.buryLocked(id, true)
+		if id > 10+maxGone {
+			t.Fatal("bitmaps outlived their tombstones")
+		}
+	}
+	if ss.bitWords != 0 {
+		t.Fatalf("%d words still counted with no bitmap kept", ss.bitWords)
+	}
 }

@@ -62,6 +62,8 @@ type session struct {
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
 	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
 	goneRing []uint64               // their ids, oldest first (bounded)
+	goneBits map[uint64][]uint64    // failed ones: which chunks had landed (see buryLocked)
+	bitWords int                    // words held in goneBits, at most maxGoneBitWords
 	announce *sync.Cond             // signalled when ss.in or ss.gone changes (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
 	attached int

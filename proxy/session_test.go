@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"errors"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -75,4 +78,53 @@ func TestBuryIsBounded(t *testing.T) {
 	if _, ok := ss.gone[3*maxGone-1]; !ok {
 		t.Fatal("the newest tombstone was dropped")
 	}
+}
+
+// A data stream dialed for an index whose stream still reads, or for a
+// closed session, is refused: the new connection is closed at once and the
+// stream in place is left as it was.
+func TestAttachRefused(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		closed bool
+		old    bool // a live stream holds the index
+	}{
+		{"index still read by the old stream", false, true},
+		{"session closed", true, false},
+		{"session closed, index held", true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ss := testSession(false)
+			ss.streams = make([]*dataStream, 2)
+			ss.closed = tt.closed
+			var old *dataStream
+			if tt.old {
+				old = &dataStream{ss: ss, idx: 1}
+				ss.streams[1] = old
+				ss.attached = 1
+			}
+			ours, theirs := net.Pipe()
+			defer theirs.Close()
+			if ss.attach(1, ours, nil) {
+				t.Fatal("attached over a live stream or to a closed session")
+			}
+			if ss.streams[1] != old || ss.attached != btoi(tt.old) {
+				t.Fatalf("stream in place %p (attached %d), want %p untouched", ss.streams[1], ss.attached, old)
+			}
+			if old != nil && (old.dead.Load() || old.stopped) {
+				t.Fatal("the live stream was stopped by a refused re-attach")
+			}
+			_ = theirs.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := theirs.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+				t.Fatalf("refused connection not closed: read gave %v", err)
+			}
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -324,3 +324,59 @@ func TestTLSRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestTLSRotation: a certificate replaced on disk (a renewed Secret) is
+// used for the next handshake without a restart. The dialer starts with a
+// leaf the acceptor does not trust and is refused; once its files hold a
+// leaf of the trusted CA, its route comes up and a push lands.
+func TestTLSRotation(t *testing.T) {
+	noLeaks(t)
+	good := newPKI(t, "stage test CA")
+	other := newPKI(t, "another CA")
+	c := other.conf(certgen.Leaf{Name: "dial"})
+	c.CAFile = good.crt // the dialer trusts the acceptor from the start
+	acc := startTestSidecar(t, "acc", good.conf(certgen.Leaf{Name: "acc"}), "")
+	dial := startTestSidecar(t, "dial", c, acc.PeerAddr())
+	dial.waitRouteErr(t, "refused our TLS certificate")
+	if n := acc.Snapshot().Sessions; n != 0 {
+		t.Fatalf("acceptor has %d sessions before the rotation, want 0", n)
+	}
+	// Rotate: the same two files, now a leaf of the CA the acceptor trusts.
+	if _, err := good.ca.WriteLeaf(other.dir, certgen.Leaf{Name: "dial", Hosts: []string{"127.0.0.1"}}); err != nil {
+		t.Fatal(err)
+	}
+	dial.waitLog(t, "security.tls files reloaded")
+	deadline := time.Now().Add(10 * time.Second)
+	for acc.Snapshot().Sessions == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no session 10 s after the dialer's certificate was rotated")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx := context.Background()
+	dcl, err := stagecl.Dial(dial.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dcl.Close()
+	acl, err := stagecl.Dial(acc.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acl.Close()
+	S, D := tlsCaches(t, dcl, acl, 1<<20)
+	ms := kvsim.Ranges(S, 256<<10)
+	for l, lm := range kvsim.ByLayer(S, ms) {
+		id, err := dcl.Submit(ctx, kvsim.Transfer("r", wire.Push, fmt.Sprint(l), S, D, lm))
+		if err != nil {
+			t.Fatalf("submit layer %d: %v", l, err)
+		}
+		if st, err := dcl.Wait(ctx, id, 20*time.Second); err != nil || st.State != wire.StateDone {
+			t.Fatalf("layer %d after the rotation: %v, %+v", l, err, st)
+		}
+	}
+	if err := kvsim.Verify(S, D, ms, 0xAB); err != nil {
+		t.Fatal(err)
+	}
+	acc.waitLog(t, "tls_peer=dial")
+}
