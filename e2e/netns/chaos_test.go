@@ -21,10 +21,11 @@ import (
 //
 // toxiproxy (v2.12.0) can hang for good removing a toxic from links that
 // a reset just closed, holding the lock every new connection needs: the
-// proxy is then dead. remove gives up after removeWithin and replaces the
-// proxy with a fresh one on the same address, carrying the toxics that
-// stay; the hung goroutines are left behind (and ignored by the leak
-// check).
+// proxy is then dead; adding one can wait for good on a link stuck
+// writing to a peer that does not read. add and remove give up after
+// removeWithin and replace the proxy with a fresh one on the same
+// address, carrying the toxics that are on; the hung goroutines are left
+// behind (and ignored by the leak check).
 type toxi struct {
 	t                      *testing.T
 	name, listen, upstream string
@@ -114,7 +115,7 @@ func (x *toxi) replace(old *toxiproxy.Proxy) error {
 			return err
 		}
 	}
-	x.t.Logf("toxiproxy %s hung removing a toxic; replaced it", x.name)
+	x.t.Logf("toxiproxy %s hung changing its toxics; replaced it", x.name)
 	return nil
 }
 
@@ -140,7 +141,17 @@ func (x *toxi) add(tx toxic) error {
 	p := x.proxy
 	x.on[tx.Name] = tx
 	x.mu.Unlock()
-	return addTo(p, tx)
+	// Adding interrupts every link's toxic chain, which waits for a link
+	// stuck writing to a peer that does not read: bounded like remove,
+	// or a fault loop could wait forever (a soak once never ended).
+	done := make(chan error, 1)
+	go func() { done <- addTo(p, tx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(removeWithin):
+		return x.replace(p) // the fresh proxy gets every toxic in x.on, tx too
+	}
 }
 
 func addTo(p *toxiproxy.Proxy, tx toxic) error {
