@@ -141,7 +141,7 @@ type sxfer struct {
 	refunded []bool
 	held     []int32 // held[c]: slot of spliced chunk c kept until answered; -1: none (nil until one is)
 	ghost    []bool  // ghost[c]: an earlier copy of c was given up unanswered (nil until one is)
-	resends  int // chunks sent again at the receiver's request
+	resends  int     // chunks sent again at the receiver's request
 	acked    int
 	bytes    uint64
 	busy     int // chunks holding a slot (copying or sending)
