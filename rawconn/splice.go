@@ -78,6 +78,15 @@ func (r *Conn) WriteSplice(head, payload []byte) (spliced bool, refused, err err
 	return true, nil, nil
 }
 
+// PrepareSplice makes the Conn's splice pipe now, sized for payloads of n
+// bytes (up to pipe-max-size), instead of at the first WriteSplice: a
+// sidecar that makes it when the stream attaches keeps its descriptor
+// count flat while streams carry traffic, and sizes it by its slots.
+func (r *Conn) PrepareSplice(n int) error {
+	_, _, err := r.splicePipe(n)
+	return err
+}
+
 // sendMore sends all of b with MSG_MORE.
 func (r *Conn) sendMore(b []byte) error {
 	for len(b) > 0 {
