@@ -39,8 +39,8 @@ type Server struct {
 	// refused a slot once and that was logged.
 	splice        bool
 	spliceRefused atomic.Bool
-	copiers  []*staging.Copier
-	nextCp   atomic.Uint32
+	copiers       []*staging.Copier
+	nextCp        atomic.Uint32
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path
