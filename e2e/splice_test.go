@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,24 @@ func TestSpliceStreamRedial(t *testing.T) {
 	run(t, pre.cl, wire.Push, "after-redial", S, D, ms)
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSpliceIgnoredWithTLS: with TLS there is nothing to splice; both
+// sidecars say so once and push with writev, byte-exact.
+func TestSpliceIgnoredWithTLS(t *testing.T) {
+	y := testPKI(t)
+	pre, dec := pair(t, nodeOpts{stripes: 2, slots: 8, extra: y.of("prefill"), decExtra: y.of("decode"), env: spliceEnv, decEnv: spliceEnv})
+	S, D := caches(t, pre, dec, 1, 8<<20)
+	ms := kvsim.Ranges(S, 1<<20)
+	run(t, pre.cl, wire.Push, "tls-splice", S, D, ms)
+	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*node{pre, dec} {
+		log := readLog(n)
+		if got := strings.Count(log, "splice_send has no effect with security.tls"); got != 1 || strings.Contains(log, spliceOn) {
+			t.Errorf("%s logged the TLS notice %d times (want 1), splice on: %v", n.name, got, strings.Contains(log, spliceOn))
+		}
 	}
 }
