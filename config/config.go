@@ -52,6 +52,7 @@ type Staging struct {
 	InlineMax   ByteSize      `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
 	ReadSpin    time.Duration `mapstructure:"read_spin"`    // data-stream and engine-connection readers poll this long before sleeping; 0: never
 	StreamDepth int           `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; 0: as slots and credits allow
+	SpliceSend  bool          `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
 }
 
 // Route is a named destination for transfers.

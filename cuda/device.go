@@ -96,6 +96,8 @@ type Device struct {
 
 	mu        sync.Mutex
 	pinned    map[uintptr]pinnedRec
+	slabs     map[uintptr]slotSlab // AllocSlots slabs by address
+	slotMu    sync.Mutex           // serializes RenewSlot and FreeSlots
 	devMem    map[device.Addr]uint64
 	streams   int
 	events    int
@@ -134,6 +136,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		ordinal: ordinal,
 		wait:    wait,
 		pinned:  map[uintptr]pinnedRec{},
+		slabs:   map[uintptr]slotSlab{},
 		devMem:  map[device.Addr]uint64{},
 	}
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
@@ -403,6 +406,7 @@ func (d *Device) openResources() string {
 	add(d.events, "event", "events")
 	add(nAlloc, "pinned buffer", "pinned buffers")
 	add(nReg, "registered host buffer", "registered host buffers")
+	add(len(d.slabs), "slot slab", "slot slabs")
 	add(d.mappings, "mapping", "mappings")
 	add(len(d.devMem), "device allocation", "device allocations")
 	add(d.vmmAllocs, "VMM allocation", "VMM allocations")

@@ -34,3 +34,26 @@ type HostRegisterer interface {
 	// UnregisterHost undoes RegisterHost; pass what it returned.
 	UnregisterHost(p Pinned) error
 }
+
+// SlotRenewer is implemented by Devices whose pinned send slots can be given
+// fresh physical pages at the same address. A slot written to a socket with
+// vmsplice+splice is referenced by the kernel, not copied: until the peer
+// proved it read the bytes, its pages may still be queued in socket buffers.
+// A slot given up without that proof (stream lost, transfer failed) must not
+// be written again; renewing it leaves the old pages to the kernel, which
+// frees them once the socket lets go, and hands the slot new ones.
+type SlotRenewer interface {
+	// AllocSlots allocates n pinned slots of size bytes each (size a
+	// multiple of the page size), each pinned on its own so that one can
+	// be renewed while the others are in use.
+	AllocSlots(size, n int) ([]Pinned, error)
+	// RenewSlot replaces the pages of slot (whole, as AllocSlots or an
+	// earlier RenewSlot returned it) with fresh zeroed ones at the same
+	// host address and returns its views (the device view may move). No
+	// copy may be in flight on the slot. On error the slot must not be used
+	// again; FreeSlots still frees it.
+	RenewSlot(slot Pinned) (Pinned, error)
+	// FreeSlots frees what AllocSlots returned: pass every slot, as last
+	// renewed.
+	FreeSlots(slots []Pinned) error
+}

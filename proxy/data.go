@@ -101,10 +101,15 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	rc, err := newStreamConn(c)
 	if err == nil {
 		rc.SetSpin(ss.s.cfg.Staging.ReadSpin)
+		if err = ss.s.prepareSplice(rc); err != nil {
+			rc.Shutdown()
+			rc.Done()
+			rc.Done()
+		}
 	}
 	if err != nil {
 		ss.s.log.Warn("data stream refused", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
-		_ = c.Close()
+		_ = c.Close() // already closed when rawconn took it over: harmless
 		return false
 	}
 	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1), ctl: newCtlQueue()}
@@ -246,7 +251,8 @@ func (ss *session) streamsLeft() bool {
 }
 
 // writeLoop writes each chunk as one writev: frame header and meta from a
-// reused buffer, then the payload straight from the pinned slot.
+// reused buffer, then the payload straight from the pinned slot (or, in
+// splice mode, the header and then the slot's pages by reference).
 func (ds *dataStream) writeLoop() {
 	defer ds.ss.s.wg.Done()
 	defer ds.wg.Done()
@@ -292,11 +298,12 @@ func (w *chunkWriter) write(job sendJob) {
 	s := ds.ss.s
 	c := job.cmd
 	defer ds.queued.Add(-1)
-	written := func(err error) {
-		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: err, Now: time.Now()})
+	written := func(spliced bool, err error) {
+		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream,
+			Spliced: spliced, Err: err, Now: time.Now()})
 	}
 	if w.broken != nil {
-		written(w.broken)
+		written(false, w.broken)
 		return
 	}
 	payload := s.sendPool.Slot(c.Slot).Host()[:c.C.Len]
@@ -307,25 +314,25 @@ func (w *chunkWriter) write(job sendJob) {
 		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
 	}
 	w.head = wire.AppendChunkHead(w.head[:0], ch, payload, job.checksum, 0)
-	w.iov[0], w.iov[1] = w.head, payload
 	t0 := time.Now()
 	ds.wmu.Lock()
 	ds.writing.Store(t0.UnixNano())
 	err := ds.flushCtl()
+	spliced := false
 	if err == nil {
-		err = ds.rc.Writev(w.iov[:])
+		spliced, err = w.writeChunk(w.head, payload)
 	}
 	ds.writing.Store(0)
 	ds.wmu.Unlock()
 	s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
 	if err != nil {
 		w.fail(err)
-		written(w.broken)
+		written(spliced, w.broken)
 		return
 	}
 	ds.ss.link.BytesOut.Add(uint64(c.C.Len))
 	ds.ss.link.ChunksOut.Add(1)
-	written(nil)
+	written(spliced, nil)
 }
 
 // readLoop lands chunks: meta into a reused buffer, payload straight into a

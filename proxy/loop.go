@@ -36,16 +36,22 @@ func (s *Server) loop() {
 	}
 }
 
+// idle reports whether the core holds no slot and no transfer (slots whose
+// renewal failed are gone for good and not waited for).
+func (s *Server) idle() bool {
+	return s.core.FreeSlots() == s.core.Slots() && s.core.Active() == 0
+}
+
 // drainLoop runs at shutdown: sessions are closed, so the core fails what
 // is left; copies in flight still report back and are absorbed here until
 // every slot is home.
 func (s *Server) drainLoop() {
 	deadline := time.After(10 * time.Second)
-	for s.core.FreeSlots() < s.sendPool.Cap() || s.core.Active() > 0 {
+	for !s.idle() {
 		for _, ev := range s.mbox.take() {
 			s.perform(s.core.Step(ev))
 		}
-		if s.core.FreeSlots() == s.sendPool.Cap() && s.core.Active() == 0 {
+		if s.idle() {
 			break
 		}
 		select {
@@ -130,6 +136,9 @@ func (s *Server) perform(r *staging.Ready) {
 	}
 	for _, k := range r.Retired {
 		s.retire(k)
+	}
+	if len(r.Taint) > 0 {
+		s.renewSlots(append([]int(nil), r.Taint...))
 	}
 }
 

@@ -34,8 +34,13 @@ type Server struct {
 
 	sendPool *staging.Pool
 	recvPool *staging.Pool
-	copiers  []*staging.Copier
-	nextCp   atomic.Uint32
+	// splice: data-stream writers send payloads with vmsplice+splice
+	// (staging.splice_send, plaintext only); spliceRefused: vmsplice
+	// refused a slot once and that was logged.
+	splice        bool
+	spliceRefused atomic.Bool
+	copiers       []*staging.Copier
+	nextCp        atomic.Uint32
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path
@@ -121,7 +126,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	slot := int(cfg.Staging.SlotSize)
 	sendSlots := cfg.Staging.Slots / 2
 	recvSlots := cfg.Staging.Slots - sendSlots
-	if s.sendPool, err = staging.NewPool(dev, slot, sendSlots); err != nil {
+	if s.sendPool, err = s.newSendPool(slot, sendSlots); err != nil {
 		return nil, err
 	}
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {

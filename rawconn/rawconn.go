@@ -29,6 +29,10 @@ type Conn struct {
 	mu     sync.Mutex
 	users  int // reader and writer still inside; the last one out closes
 	closed bool
+	// pipe and pipeCap: the writer's pipe for WriteSplice (splice.go),
+	// made on first use; pipeCap 0 when there is none.
+	pipe    [2]int
+	pipeCap int
 }
 
 // SetSpin makes ReadFull poll the socket (recv with MSG_DONTWAIT) for up
@@ -83,6 +87,7 @@ func (r *Conn) Done() {
 	defer r.mu.Unlock()
 	r.users--
 	if r.users == 0 {
+		r.closePipe()
 		_ = unix.Close(r.fd)
 	}
 }

@@ -129,3 +129,45 @@ func TestPoolBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A renewable pool's slot reads zero after Renew and the pool frees its
+// slab on Close (the device reports nothing left open).
+func TestRenewablePool(t *testing.T) {
+	dev := openDev(t)
+	p, err := staging.NewRenewablePool(dev, 64<<10, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Renewable() {
+		t.Fatal("pool from NewRenewablePool says it is not renewable")
+	}
+	for i := 0; i < p.Cap(); i++ {
+		for j := range p.Slot(i).Host() {
+			p.Slot(i).Host()[j] = 0xAB
+		}
+	}
+	if err := p.Renew(1); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []byte{0xAB, 0, 0xAB} {
+		if got := p.Slot(i).Host()[100]; got != want {
+			t.Errorf("slot %d after renewing slot 1: byte %#x, want %#x", i, got, want)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dev2 := openDev(t)
+	defer dev2.Close()
+	plain, err := staging.NewPool(dev2, 64<<10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.Renew(0); err == nil {
+		t.Fatal("renewed a slot of a plain pool")
+	}
+}

@@ -14,6 +14,7 @@ type Pool struct {
 	slab     device.Pinned
 	slotSize int
 	slots    []device.Pinned
+	renewer  device.SlotRenewer // set: slots from AllocSlots, renewable
 	free     chan int
 	inUse    atomic.Int64
 }
@@ -34,6 +35,47 @@ func NewPool(dev device.Device, slotSize, slots int) (*Pool, error) {
 	}
 	return p, nil
 }
+
+// NewRenewablePool is NewPool with slots that can be given fresh pages
+// (Renew), for splice send: dev must implement device.SlotRenewer.
+func NewRenewablePool(dev device.Device, slotSize, slots int) (*Pool, error) {
+	r, ok := dev.(device.SlotRenewer)
+	if !ok {
+		return nil, fmt.Errorf("staging: %s cannot renew slot pages (no device.SlotRenewer)", dev)
+	}
+	if slotSize <= 0 || slots <= 0 {
+		return nil, fmt.Errorf("staging: pool of %d slots of %d B: both must be positive", slots, slotSize)
+	}
+	ps, err := r.AllocSlots(slotSize, slots)
+	if err != nil {
+		return nil, fmt.Errorf("staging: renewable pinned pool of %d x %d B on %s: %w; lower staging.slots or staging.slot_size", slots, slotSize, dev, err)
+	}
+	p := &Pool{dev: dev, slotSize: slotSize, slots: ps, renewer: r, free: make(chan int, slots)}
+	for i := range ps {
+		p.free <- i
+	}
+	return p, nil
+}
+
+// Renew gives slot i fresh pages at the same host address (see
+// Sender's Ready.Taint); the caller holds the slot and nothing copies into
+// or out of it meanwhile. Slot(i) reads the new views afterwards, which is
+// safe for other goroutines once they learned of the renewal through a
+// channel or lock (the proxy's mailbox).
+func (p *Pool) Renew(i int) error {
+	if p.renewer == nil {
+		return fmt.Errorf("staging: renew slot %d: the pool's slots are not renewable", i)
+	}
+	s, err := p.renewer.RenewSlot(p.slots[i])
+	if err != nil {
+		return fmt.Errorf("staging: renew send slot %d: %w", i, err)
+	}
+	p.slots[i] = s
+	return nil
+}
+
+// Renewable reports whether Renew works on this pool.
+func (p *Pool) Renewable() bool { return p.renewer != nil }
 
 // SlotSize is the size of every slot.
 func (p *Pool) SlotSize() int { return p.slotSize }
@@ -85,6 +127,9 @@ func (p *Pool) Release(i int) {
 func (p *Pool) Close() error {
 	if n := p.InUse(); n != 0 {
 		return fmt.Errorf("staging: closing pool with %d of %d slots still in use", n, len(p.slots))
+	}
+	if p.renewer != nil {
+		return p.renewer.FreeSlots(p.slots)
 	}
 	return p.dev.FreePinned(p.slab)
 }

@@ -34,6 +34,7 @@ func (s *Sender) streamLost(ss *ssess, stream int, err error) {
 	for _, x := range ss.active {
 		for c, st := range x.state {
 			if st == chSent && int(x.onStream[c]) == stream {
+				s.taintChunk(x, uint32(c))
 				x.redoChunk(uint32(c))
 				x.refunded[c] = true
 				ss.credits++
@@ -60,6 +61,7 @@ func (s *Sender) resend(ev Event) {
 	if st := x.state[ev.Chunk]; st != chSent && st != chSending {
 		return // acked meanwhile, or already waiting to be sent again
 	}
+	s.answered(x, ev.Chunk) // the receiver read the whole copy to check it
 	x.resends++
 	if x.resends > MaxResends {
 		s.fail(x, fmt.Errorf("%w: chunk %d of %d was damaged in transit; %d chunks of the transfer already sent again (the limit); check the network path or the peer's memory",

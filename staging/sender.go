@@ -24,6 +24,7 @@ const (
 	EvCancel                           // Transfer
 	EvTick                             // Now
 	EvResend                           // Session, Transfer, Chunk: the chunk arrived damaged; returns its credit
+	EvRenewed                          // Slot, Err: a tainted slot has fresh pages (Err: it could not get them)
 )
 
 // MaxResends is how many chunks of one transfer may be sent again because
@@ -40,6 +41,7 @@ type Event struct {
 	Chunks   []uint32
 	Slot     int
 	Stream   int
+	Spliced  bool // EvWritten: the kernel took the slot's pages, not a copy (splice.go)
 	N        int
 	Credits  int
 	Plan     *Plan
@@ -86,6 +88,9 @@ type Ready struct {
 	// memory any more, so their regions may be let go. A transfer retires
 	// in the same Step as its completion or in a later one.
 	Retired []uint64
+	// Taint lists slots given up while the kernel may still reference
+	// their pages (splice.go): renew each and report EvRenewed.
+	Taint []int
 }
 
 // Errors a Sender reports in completions; the proxy maps them to codes.
@@ -134,7 +139,9 @@ type sxfer struct {
 	// it did arrive after all, its answer (Ack or Resend) must not return
 	// that credit a second time.
 	refunded []bool
-	resends  int // chunks sent again at the receiver's request
+	held     []int32 // held[c]: slot of spliced chunk c kept until answered; -1: none (nil until one is)
+	ghost    []bool  // ghost[c]: an earlier copy of c was given up unanswered (nil until one is)
+	resends  int     // chunks sent again at the receiver's request
 	acked    int
 	bytes    uint64
 	busy     int // chunks holding a slot (copying or sending)
@@ -148,6 +155,8 @@ type sxfer struct {
 type Sender struct {
 	free     []int
 	slots    int
+	renewing int // tainted slots handed out for renewal
+	broken   int // slots whose renewal failed: never used again
 	depth    int // chunks ahead of the socket per live stream; 0: no limit
 	sessions map[uint64]*ssess
 	order    []*ssess
@@ -194,6 +203,7 @@ func (s *Sender) Step(ev Event) *Ready {
 	s.ready.Sends = s.ready.Sends[:0]
 	s.ready.Done = s.ready.Done[:0]
 	s.ready.Retired = s.ready.Retired[:0]
+	s.ready.Taint = s.ready.Taint[:0]
 	if !ev.Now.IsZero() {
 		s.now = ev.Now
 	}
@@ -241,6 +251,8 @@ func (s *Sender) Step(ev Event) *Ready {
 		s.tick()
 	case EvResend:
 		s.resend(ev)
+	case EvRenewed:
+		s.renewed(ev)
 	}
 	s.schedule()
 	return &s.ready
@@ -335,7 +347,7 @@ func (s *Sender) copyDone(ev Event) {
 func (s *Sender) written(ev Event) {
 	x := s.xfers[ev.Transfer]
 	if x == nil {
-		s.free = append(s.free, ev.Slot)
+		s.giveBack(ev.Slot, ev.Spliced) // cannot happen: a transfer lives while it holds slots
 		return
 	}
 	ss := x.sess
@@ -343,7 +355,11 @@ func (s *Sender) written(ev Event) {
 	if ev.Stream >= 0 && ev.Stream < len(ss.streams) {
 		ss.streams[ev.Stream].inflight--
 	}
-	s.release(x, ev.Slot)
+	if ev.Spliced && ev.Err == nil && !x.finished && x.state[ev.Chunk] == chSending {
+		x.hold(ev.Chunk, ev.Slot)
+	} else {
+		s.letGo(x, ev.Slot, ev.Spliced)
+	}
 	if ev.Err != nil {
 		// The chunk may or may not have reached the peer: give back its
 		// credit, send it again (chunks are idempotent writes) and stop
@@ -355,6 +371,7 @@ func (s *Sender) written(ev Event) {
 		if x.state[ev.Chunk] == chSending {
 			x.redoChunk(ev.Chunk)
 			x.refunded[ev.Chunk] = true
+			x.markGhost(ev.Chunk)
 		}
 		s.streamLost(ss, ev.Stream, ev.Err)
 		return
@@ -388,6 +405,7 @@ func (s *Sender) ack(ev Event) {
 			x.dropRedo(c)
 		}
 		x.state[c] = chAcked
+		s.answered(x, c)
 		x.acked++
 		x.bytes += uint64(x.plan.ChunkLen(int(c)))
 		x.progress = s.now
@@ -405,8 +423,12 @@ func (s *Sender) tick() {
 	}
 }
 
-func (s *Sender) release(x *sxfer, slot int) {
-	s.free = append(s.free, slot)
+func (s *Sender) release(x *sxfer, slot int) { s.letGo(x, slot, false) }
+
+// letGo returns a slot x held: to the free list, or, when tainted (the
+// kernel may still reference its pages), out for renewal.
+func (s *Sender) letGo(x *sxfer, slot int, tainted bool) {
+	s.giveBack(slot, tainted)
 	x.busy--
 	if x.finished && x.busy == 0 {
 		s.retire(x)
@@ -419,6 +441,7 @@ func (s *Sender) finish(x *sxfer, err error) {
 	if x.finished {
 		return
 	}
+	s.taintHeld(x) // before finished is set: letGo must not retire x here
 	x.finished = true
 	s.ready.Done = append(s.ready.Done, Completion{Transfer: x.id, Session: x.sess.id, Bytes: x.bytes, Err: err})
 	act := x.sess.active

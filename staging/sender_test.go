@@ -20,6 +20,9 @@ type harness struct {
 	done    map[uint64]error
 	retired map[uint64]bool
 	maxOut  int // most chunks in flight (copying + sending + unacked) seen
+	// onReady, when set, sees each Ready before the harness files it.
+	onReady func(r *Ready)
+	last    Event // the event being stepped
 }
 
 func newHarness(t *testing.T, slots int) *harness {
@@ -31,7 +34,13 @@ func (h *harness) step(ev Event) {
 	if ev.Now.IsZero() {
 		ev.Now = h.now
 	}
+	h.last = ev
 	r := h.s.Step(ev)
+	if h.onReady != nil {
+		h.onReady(r)
+	} else if len(r.Taint) > 0 {
+		h.t.Fatalf("slots %v tainted though nothing was spliced", r.Taint)
+	}
 	h.copies = append(h.copies, r.Copies...)
 	h.sends = append(h.sends, r.Sends...)
 	for _, d := range r.Done {

@@ -25,6 +25,8 @@ typedef unsigned long long CUdeviceptr;
 #define NOT_FOUND 500
 #define NOT_READY 600
 #define NOT_SUPPORTED 801
+#define HOST_MEMORY_ALREADY_REGISTERED 712
+#define HOST_MEMORY_NOT_REGISTERED 713
 
 static struct { int code; const char *name, *msg; } errs[] = {
 	{ OK, "CUDA_SUCCESS", "no error" },
@@ -36,6 +38,8 @@ static struct { int code; const char *name, *msg; } errs[] = {
 	{ NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
 	{ NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
 	{ NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+	{ HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped" },
+	{ HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region" },
 };
 
 CUresult cuGetErrorName(CUresult r, const char **s) {
@@ -182,15 +186,46 @@ CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
 CUresult cuMemFreeHost(void *p) { NEED_CTX(); free(p); __atomic_sub_fetch(&live_host, 1, __ATOMIC_RELAXED); return OK; }
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) { NEED_CTX(); (void)flags; *d = (CUdeviceptr)(uintptr_t)p; return OK; }
 
+/* Registered ranges, so that registering a range twice (or a range that
+ * overlaps one) and unregistering what is not registered fail as they do
+ * with the driver: renewing a slot must unregister it first. */
+static struct reg { uintptr_t p; size_t n; struct reg *next; } *regs;
+
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
 	NEED_CTX();
-	(void)p; (void)n;
-	if (flags != 3) return INVALID_VALUE;
+	if (flags != 3 || !p || !n) return INVALID_VALUE;
+	uintptr_t a = (uintptr_t)p;
+	pthread_mutex_lock(&mu);
+	for (struct reg *r = regs; r; r = r->next) {
+		if (a < r->p + r->n && r->p < a + n) {
+			pthread_mutex_unlock(&mu);
+			return HOST_MEMORY_ALREADY_REGISTERED;
+		}
+	}
+	struct reg *r = malloc(sizeof *r);
+	if (!r) { pthread_mutex_unlock(&mu); return OUT_OF_MEMORY; }
+	r->p = a; r->n = n; r->next = regs; regs = r;
+	pthread_mutex_unlock(&mu);
 	__atomic_add_fetch(&live_registered, 1, __ATOMIC_RELAXED);
 	return OK;
 }
 
-CUresult cuMemHostUnregister(void *p) { NEED_CTX(); (void)p; __atomic_sub_fetch(&live_registered, 1, __ATOMIC_RELAXED); return OK; }
+CUresult cuMemHostUnregister(void *p) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	for (struct reg **rp = &regs; *rp; rp = &(*rp)->next) {
+		if ((*rp)->p == (uintptr_t)p) {
+			struct reg *r = *rp;
+			*rp = r->next;
+			free(r);
+			pthread_mutex_unlock(&mu);
+			__atomic_sub_fetch(&live_registered, 1, __ATOMIC_RELAXED);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return HOST_MEMORY_NOT_REGISTERED;
+}
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { NEED_CTX(); memmove((void *)(uintptr_t)d, s, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { NEED_CTX(); memmove(d, (void *)(uintptr_t)s, n); return OK; }

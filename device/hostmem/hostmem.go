@@ -74,8 +74,9 @@ type Dev struct {
 }
 
 type pinnedBuf struct {
-	b  []byte
-	fd int
+	b    []byte
+	fd   int // -1: anonymous (AllocSlots)
+	slot int // AllocSlots: the slot size; 0: AllocPinned
 }
 
 var _ device.Device = (*Dev)(nil)
@@ -214,6 +215,10 @@ func (d *Dev) FreePinned(p device.Pinned) error {
 		d.mu.Unlock()
 		return fmt.Errorf("%s: FreePinned(%#x, %d B): not a pinned buffer of this device (freed twice?): %w",
 			d.name, a, len(h), device.ErrBadHandle)
+	case buf.slot > 0:
+		d.mu.Unlock()
+		return fmt.Errorf("%s: FreePinned(%#x, %d B): the buffer came from AllocSlots; use FreeSlots: %w",
+			d.name, a, len(h), device.ErrBadHandle)
 	case len(h) != len(buf.b) || p.DeviceAddr() != device.Addr(a):
 		d.mu.Unlock()
 		return fmt.Errorf("%s: FreePinned(%#x, %d B, device view %#x): the buffer allocated there is %d B at %#x; free the whole buffer AllocPinned returned: %w",
@@ -225,7 +230,10 @@ func (d *Dev) FreePinned(p device.Pinned) error {
 }
 
 func (d *Dev) freeBuf(buf *pinnedBuf) error {
-	err := errors.Join(munmap(buf.b), closeFD(buf.fd))
+	err := munmap(buf.b)
+	if buf.fd >= 0 {
+		err = errors.Join(err, closeFD(buf.fd))
+	}
 	if err != nil {
 		return fmt.Errorf("%s: free pinned buffer of %d B: %w", d.name, len(buf.b), err)
 	}
