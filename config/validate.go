@@ -134,9 +134,6 @@ func Validate(c *Config) error {
 	if s.ReadSpin < 0 || s.ReadSpin > MaxReadSpin {
 		v.add("staging.read_spin", fmt.Sprintf("must be 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}
-	if s.SpliceSend {
-		v.spliceSend(c.Device, s)
-	}
 	if s.InlineMax > MaxInline || (s.SlotSize >= MinSlotSize && s.InlineMax > s.SlotSize) {
 		v.add("staging.inline_max", fmt.Sprintf("must be 0..%s and at most staging.slot_size (got %s)", MaxInline, s.InlineMax))
 	}
@@ -255,22 +252,9 @@ func (v *validator) routes(routes []Route) {
 	}
 }
 
-// SplicePage is what staging.slot_size must be a multiple of with
-// staging.splice_send: slots get fresh pages one slot at a time.
+// SplicePage is what staging.slot_size must be a multiple of for
+// staging.splice_send to apply: slots get fresh pages one slot at a time.
 const SplicePage = 4 * KiB
-
-// spliceSend checks that the device can renew slot pages (hostmem and cuda
-// can; hip and acl pin their slots in ways that cannot be remapped) and
-// that slots are whole pages.
-func (v *validator) spliceSend(d Device, s Staging) {
-	switch d.Kind {
-	case "hip", "acl":
-		v.add("staging.splice_send", fmt.Sprintf("device %s:%d cannot renew slot pages; turn it off", d.Kind, d.Ordinal))
-	}
-	if s.SlotSize >= MinSlotSize && s.SlotSize%SplicePage != 0 {
-		v.add("staging.splice_send", fmt.Sprintf("needs staging.slot_size to be a multiple of %s (got %s)", SplicePage, s.SlotSize))
-	}
-}
 
 func (v *validator) security(s Security) {
 	switch {

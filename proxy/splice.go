@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
@@ -18,19 +19,31 @@ import (
 // staging/splice.go for the rules and docs/OPERATIONS.md for the trade.
 
 // newSendPool makes the send pool: renewable slots when splice send is
-// on, and decides whether it is.
+// on, and decides whether it is. staging.splice_send (on by default)
+// applies where it can: a plaintext sidecar whose device renews slot pages
+// and whose slots are whole pages. Elsewhere chunks go by writev, and the
+// start log says why.
 func (s *Server) newSendPool(slot, n int) (*staging.Pool, error) {
-	if s.cfg.Staging.SpliceSend && s.tls != nil {
-		s.log.Info("staging.splice_send has no effect with security.tls: TLS encrypts into its own buffers, so chunks are sent with writev")
+	why := ""
+	if _, ok := s.dev.(device.SlotRenewer); !ok {
+		why = fmt.Sprintf("device %s cannot give slots fresh pages", s.dev)
 	}
-	s.splice = s.cfg.Staging.SpliceSend && s.tls == nil
+	if slot%int(config.SplicePage) != 0 {
+		why = fmt.Sprintf("staging.slot_size %d B is not a multiple of %d B", slot, config.SplicePage)
+	}
+	if s.tls != nil {
+		why = "security.tls encrypts into its own buffers"
+	}
+	s.splice = s.cfg.Staging.SpliceSend && why == ""
+	switch {
+	case s.cfg.Staging.SpliceSend && why != "":
+		s.log.Info("staging.splice_send does not apply here; chunks are sent with writev", zap.String("why", why))
+	case s.splice:
+		s.log.Info("splice send on: chunk payloads go by vmsplice+splice; a send slot is held until its chunk is acked")
+	}
 	if !s.splice {
 		return staging.NewPool(s.dev, slot, n)
 	}
-	if _, ok := s.dev.(device.SlotRenewer); !ok {
-		return nil, fmt.Errorf("staging.splice_send: device %s cannot renew slot pages; turn it off", s.dev)
-	}
-	s.log.Info("splice send on: chunk payloads go by vmsplice+splice; a send slot is held until its chunk is acked")
 	return staging.NewRenewablePool(s.dev, slot, n)
 }
 
