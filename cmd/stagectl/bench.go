@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -61,7 +62,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
 	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); trades busy cores for small-push latency")
-	splice := f.Bool("splice", false, "with --spawn: the sidecars send chunk payloads with vmsplice+splice (staging.splice_send); see docs/OPERATIONS.md, \"Splice send\"")
+	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send, on by default; --splice=false for writev); see docs/OPERATIONS.md, \"Splice send\"")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -124,12 +125,13 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 		if *spinFor < 0 || *spinFor > config.MaxReadSpin {
 			return fmt.Errorf("--spin must be 0..%s (got %s)", config.MaxReadSpin, *spinFor)
 		}
-		if *splice && !*spawn {
+		spliceSet := f.Changed("splice")
+		if spliceSet && !*spawn {
 			return fmt.Errorf("--splice needs --spawn (it configures the sidecars bench starts; for your own, set staging.splice_send in their configs)")
 		}
-		if *splice {
+		if spliceSet {
 			// Both spawned sidecars inherit it (STAGE_ overrides the YAML).
-			if err := os.Setenv("STAGE_STAGING_SPLICE_SEND", "true"); err != nil {
+			if err := os.Setenv("STAGE_STAGING_SPLICE_SEND", strconv.FormatBool(*splice)); err != nil {
 				return fmt.Errorf("--splice: %w", err)
 			}
 		}
