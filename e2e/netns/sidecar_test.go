@@ -106,6 +106,11 @@ func startSidecar(t *testing.T, l *lab, i int, s spec) *sidecar {
 		t.Fatal(err)
 	}
 	t.Cleanup(sc.stop)
+	t.Cleanup(func() { // before the stop: what the sidecar saw, for a failure
+		if t.Failed() {
+			t.Logf("%s's log, last lines:\n%s", sc.name, sc.tail())
+		}
+	})
 	return sc
 }
 
