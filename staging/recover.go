@@ -34,13 +34,19 @@ func (s *Sender) streamLost(ss *ssess, stream int, err error) {
 	for _, x := range ss.active {
 		for c, st := range x.state {
 			if st == chSent && int(x.onStream[c]) == stream {
-				s.taintChunk(x, uint32(c))
-				x.redoChunk(uint32(c))
-				x.refunded[c] = true
-				ss.credits++
+				s.resendLost(x, uint32(c))
 			}
 		}
 	}
+}
+
+// resendLost queues sent chunk c of x again, its copy on a lost stream
+// unanswered, and gives back the credit that copy took.
+func (s *Sender) resendLost(x *sxfer, c uint32) {
+	s.taintChunk(x, c)
+	x.redoChunk(c)
+	x.refunded[c] = true
+	x.sess.credits++
 }
 
 // resend handles the receiver's report that a chunk arrived damaged: the

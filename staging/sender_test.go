@@ -402,3 +402,39 @@ func TestSenderDepth(t *testing.T) {
 		h.idle()
 	}
 }
+
+// A chunk whose write is reported done after its stream was already
+// given up (the loss handled first) may never arrive: it goes again on a
+// live stream, and its credit comes back, instead of waiting for an Ack
+// until the progress deadline.
+func TestSenderWrittenAfterStreamLost(t *testing.T) {
+	h := newHarness(t, 8)
+	h.step(Event{Kind: EvSessionUp, Session: 1, N: 2, Credits: 4})
+	h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, 4), Timeout: time.Second})
+	h.finishCopies(nil)
+	var late []SendCmd
+	var rest []SendCmd
+	for _, c := range h.sends {
+		if c.Stream == 1 {
+			late = append(late, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	if len(late) == 0 {
+		t.Fatal("nothing went on stream 1")
+	}
+	h.sends = rest
+	h.step(Event{Kind: EvStreamLost, Session: 1, Stream: 1, Err: errors.New("reset")})
+	for _, c := range late { // the writer finished into the dead socket
+		h.step(Event{Kind: EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream})
+	}
+	h.run()
+	if err, ok := h.done[1]; !ok || err != nil {
+		t.Fatalf("transfer: done %v, err %v; want done without error before any deadline", ok, err)
+	}
+	if c := h.s.Credits(1); c != 4 {
+		t.Errorf("credits %d after the transfer, want the 4 granted", c)
+	}
+	h.idle()
+}
