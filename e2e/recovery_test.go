@@ -13,11 +13,11 @@ import (
 
 // relayed starts a receiver ("decode") and a sender ("prefill") whose
 // route to it goes through a relay, and waits for the session.
-func relayed(t *testing.T, stripes int, decExtra string) (pre, dec *node, r *relay) {
+func relayed(t *testing.T, stripes int, decExtra string, preEnv ...string) (pre, dec *node, r *relay) {
 	t.Helper()
 	dec = startNode(t, "decode", nodeOpts{slots: 16, extra: decExtra})
 	r = newRelay(t, dec.peers)
-	pre = startNode(t, "prefill", nodeOpts{slots: 16, stripes: stripes, route: "decode", peer: r.addr()})
+	pre = startNode(t, "prefill", nodeOpts{slots: 16, stripes: stripes, route: "decode", peer: r.addr(), env: preEnv})
 	pre.settle(1)
 	dec.settle(1)
 	t.Cleanup(func() {
@@ -52,10 +52,32 @@ func (n *node) streamsUp() int {
 // TestStreamRedial: two of four data streams are cut during a push. The
 // push completes byte-exact on the others, the sender redials both, the
 // stripe count comes back to four, a second push verifies too, and no
-// goroutine, fd or slot leaks on either side (checked at cleanup).
+// goroutine, fd or slot leaks on either side (checked at cleanup). Both
+// send paths: with splice send the chunks held for the cut streams are
+// given up and their slots get fresh pages before reuse (without that,
+// this test corrupts data), with writev they simply go again.
 func TestStreamRedial(t *testing.T) {
-	slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.1\n"
-	pre, dec, r := relayed(t, 4, slow)
+	for _, tc := range []struct {
+		name string
+		env  []string
+		log  string // in the sender's log at start
+	}{
+		{"splice", spliceEnv, spliceOn},
+		{"writev", writevEnv, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.1\n"
+			pre, dec, r := relayed(t, 4, slow, tc.env...)
+			if tc.log != "" {
+				waitLogged(t, pre, tc.log)
+			}
+			cutTwoStreams(t, pre, dec, r)
+		})
+	}
+}
+
+func cutTwoStreams(t *testing.T, pre, dec *node, r *relay) {
+	t.Helper()
 	S, D := caches(t, pre, dec, 1, 48<<20)
 	ms := kvsim.Ranges(S, 1<<20)
 	done := make(chan error, 1)
