@@ -1,0 +1,372 @@
+// Handshakes: dialing and accepting peers, the token proofs, and attaching
+// data streams to an authenticated session.
+
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// handshakeTimeout bounds every step before a session is established, so a
+// peer that connects and says nothing cannot hold a goroutine.
+const handshakeTimeout = 10 * time.Second
+
+// proof is the HMAC-SHA256 of label and parts under the shared token: what
+// each side shows to prove it holds the token without sending it.
+func proof(token []byte, label string, parts ...[]byte) (p [wire.ProofSize]byte) {
+	m := hmac.New(sha256.New, token)
+	m.Write([]byte(label))
+	for _, x := range parts {
+		m.Write(x)
+	}
+	copy(p[:], m.Sum(nil))
+	return p
+}
+
+func (ss *session) dataProof(stream uint16) [wire.ProofSize]byte {
+	var b [2]byte
+	binary.LittleEndian.PutUint16(b[:], stream)
+	return proof(ss.s.token, "stage-data", ss.sid[:], b[:], ss.nonceC[:], ss.nonceS[:])
+}
+
+func writeMsg(c net.Conn, m wire.Msg) error {
+	buf := bytebufferpool.Get()
+	defer bytebufferpool.Put(buf)
+	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
+	_, err := c.Write(buf.B)
+	return err
+}
+
+// expect reads one frame and requires type t; an Error frame becomes an error.
+func expect[T wire.Msg](c net.Conn, what string) (T, error) {
+	var zero T
+	_, m, _, err := wire.ReadFrame(c, nil)
+	if err != nil {
+		return zero, fmt.Errorf("read %s: %w", what, err)
+	}
+	if e, ok := m.(*wire.Error); ok {
+		return zero, codeErr(e.Code, "peer refused: %s", e.Message)
+	}
+	t, ok := m.(T)
+	if !ok {
+		return zero, fmt.Errorf("expected %s, got %s", what, m.Type())
+	}
+	return t, nil
+}
+
+// dial opens a session to addr for route r: control handshake, then the
+// data streams, then hands the control connection to gnet.
+func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
+	d := net.Dialer{Timeout: r.conf().ConnectTimeout}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.dialTLS(ctx, raw, addr)
+	if err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	ss := s.newSession(true, r.conf().Stripes)
+	ss.route, ss.addr, ss.linkName = r, addr, r.conf().Name
+	ss.link = s.link(r.conf().Name)
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	randBytes(ss.nonceC[:])
+	hello := &wire.Hello{VersionMin: wire.VersionMin, VersionMax: wire.VersionMax, NodeName: s.cfg.Node.Name,
+		HostID: s.hostID, Nonce: ss.nonceC, SlotSize: uint32(s.cfg.Staging.SlotSize), Window: uint32(s.cfg.Staging.Window)}
+	fail := func(err error) (*session, error) {
+		_ = c.Close()
+		ss.cancel()
+		return nil, err
+	}
+	if err := writeMsg(c, hello); err != nil {
+		return fail(fmt.Errorf("send hello: %w", err))
+	}
+	ch, err := expect[*wire.Challenge](c, "challenge")
+	if err != nil {
+		return fail(s.tlsDialErr(addr, err))
+	}
+	ss.nonceS = ch.Nonce
+	if want := proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:]); !hmac.Equal(want[:], ch.Proof[:]) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "server proof does not match our token"})
+		return fail(codeErr(wire.CodeAuthFailed, "peer %s (%s) failed authentication: its token differs from ours; check security.token on both sides", ch.NodeName, addr))
+	}
+	if err := writeMsg(c, &wire.Auth{Proof: proof(s.token, "stage-client", ss.nonceC[:], ss.nonceS[:])}); err != nil {
+		return fail(fmt.Errorf("send auth: %w", err))
+	}
+	wel, err := expect[*wire.Welcome](c, "welcome")
+	if err != nil {
+		if errCode(err) == wire.CodeAuthFailed {
+			return fail(codeErr(wire.CodeAuthFailed, "peer %s (%s) refused our token; check security.token on both sides", ch.NodeName, addr))
+		}
+		return fail(err)
+	}
+	ss.sid, ss.peerName, ss.peerHost = wel.SessionID, ch.NodeName, ch.HostID
+	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(wel.SlotSize))
+	ss.peerWindow = wel.Window
+	if int(wel.MaxStreams) < ss.stripes {
+		ss.stripes = int(wel.MaxStreams)
+		ss.streams = ss.streams[:ss.stripes]
+	}
+	_ = c.SetDeadline(time.Time{})
+	for i := 0; i < ss.stripes; i++ {
+		dc, err := ss.dialData(ctx, addr, uint16(i), r.conf().ConnectTimeout)
+		if err != nil {
+			ss.closeStreams()
+			return fail(fmt.Errorf("data stream %d: %w", i, err))
+		}
+		ss.attach(i, dc, nil)
+	}
+	if err := s.register(ss, c); err != nil {
+		ss.closeStreams()
+		return fail(err)
+	}
+	return ss, nil
+}
+
+func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ss.s.dialTLS(ctx, raw, addr)
+	if err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// A session (or sidecar) closing meanwhile ends the handshake at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := writeMsg(c, &wire.DataHello{SessionID: ss.sid, Stream: idx, Proof: ss.dataProof(idx)}); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	if _, err := expect[*wire.DataAccept](c, "data accept"); err != nil {
+		_ = c.Close()
+		return nil, ss.s.tlsDialErr(addr, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// register makes an established session live: the control connection goes
+// to gnet, the Sender core learns of it.
+func (s *Server) register(ss *session, c net.Conn) error {
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		return errors.New("sidecar shutting down")
+	}
+	// The core hears of the session before anything (a data stream
+	// attaching, a request) can name it.
+	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+	s.sessions[ss.id] = ss
+	s.mu.Unlock()
+	if tc, ok := c.(*tls.Conn); ok {
+		// gnet drives raw sockets only: a TLS session gets goroutines.
+		ss.mu.Lock()
+		ss.tctl = s.startTLSControl(ss, tc)
+		closed := ss.closed
+		ss.mu.Unlock()
+		if closed {
+			ss.tctl.close()
+		}
+	} else {
+		gc, err := s.gcli.EnrollContext(c, ss)
+		if err != nil {
+			ss.close(fmt.Errorf("enroll control connection: %w", err))
+			return fmt.Errorf("enroll control connection: %w", err)
+		}
+		ss.mu.Lock()
+		ss.gc = gc
+		closed := ss.closed
+		ss.mu.Unlock()
+		if closed {
+			_ = gc.Close()
+		}
+	}
+	fields := []zap.Field{zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
+		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost())}
+	if name := peerCertName(c); name != "" {
+		fields = append(fields, zap.String("tls_peer", name))
+	}
+	s.log.Info("session up", fields...)
+	if ss.sameHost() {
+		ss.send(&wire.NodeInfo{Socket: s.nodeName, Device: s.dev.String()})
+	}
+	return nil
+}
+
+// acceptPeers serves the peer listener: each connection opens with Hello
+// (a control session) or DataHello (a data stream of one).
+func (s *Server) acceptPeers() {
+	defer s.wg.Done()
+	var active sync.WaitGroup
+	defer active.Wait()
+	for {
+		c, err := s.peerLn.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return
+			}
+			s.log.Warn("accept peer", zap.Error(err))
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		active.Add(1)
+		go func() {
+			defer active.Done()
+			if err := s.serveConn(c); err != nil {
+				s.log.Warn("refused peer connection", zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
+				_ = c.Close()
+			}
+		}()
+	}
+}
+
+func (s *Server) serveConn(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// A shutdown must not wait for a peer that is slow to finish its
+	// handshake: expire the deadline at once.
+	hsDone := make(chan struct{})
+	defer close(hsDone)
+	go func() {
+		select {
+		case <-s.ctx.Done():
+			_ = c.SetDeadline(time.Now())
+		case <-hsDone:
+		}
+	}()
+	c, err := s.acceptTLS(c)
+	if err != nil {
+		return err
+	}
+	// The first bytes tell a dialer with security.tls from a plaintext one.
+	var hb [wire.HeaderSize]byte
+	if _, err := io.ReadFull(c, hb[:]); err != nil {
+		return fmt.Errorf("first frame: %w", err)
+	}
+	if s.tls == nil && looksLikeTLS(hb[:]) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "this peer does not use TLS (no security.tls)"})
+		return errors.New("peer opened with a TLS handshake but security.tls is not set here; set security.tls on both sides, or on neither")
+	}
+	_, m, _, err := wire.ReadFrame(io.MultiReader(bytes.NewReader(hb[:]), c), nil)
+	if err != nil {
+		return fmt.Errorf("first frame: %w", err)
+	}
+	switch m := m.(type) {
+	case *wire.Hello:
+		return s.acceptSession(c, m)
+	case *wire.DataHello:
+		return s.acceptData(c, m)
+	default:
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeMalformed, Message: "expected Hello or DataHello"})
+		return fmt.Errorf("first frame is %s, not Hello or DataHello", m.Type())
+	}
+}
+
+func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
+	if h.VersionMax < wire.VersionMin || h.VersionMin > wire.VersionMax {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeUnsupported, Message: fmt.Sprintf("no common protocol version: peer speaks %d..%d, we speak %d..%d", h.VersionMin, h.VersionMax, wire.VersionMin, wire.VersionMax)})
+		return fmt.Errorf("peer %s: no common protocol version", h.NodeName)
+	}
+	s.mu.Lock()
+	n := len(s.sessions)
+	s.mu.Unlock()
+	if n >= s.cfg.Limits.MaxSessions {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: "too many sessions"})
+		return fmt.Errorf("peer %s: limits.max_sessions (%d) reached", h.NodeName, s.cfg.Limits.MaxSessions)
+	}
+	if h.SlotSize == 0 || h.Window == 0 {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeBadRequest, Message: "slot size and window must be positive"})
+		return fmt.Errorf("peer %s: slot size %d, window %d", h.NodeName, h.SlotSize, h.Window)
+	}
+	ss := s.newSession(false, 0)
+	ss.nonceC, ss.peerName, ss.peerHost = h.Nonce, h.NodeName, h.HostID
+	ss.addr = c.RemoteAddr().String()
+	ss.linkName = "peer:" + h.NodeName
+	ss.link = s.link(ss.linkName)
+	randBytes(ss.nonceS[:])
+	ch := &wire.Challenge{Version: min(h.VersionMax, wire.VersionMax), NodeName: s.cfg.Node.Name, HostID: s.hostID,
+		Nonce: ss.nonceS, Proof: proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:])}
+	fail := func(err error) error { ss.cancel(); return err }
+	if err := writeMsg(c, ch); err != nil {
+		return fail(err)
+	}
+	a, err := expect[*wire.Auth](c, "auth")
+	if err != nil {
+		return fail(err)
+	}
+	if want := proof(s.token, "stage-client", ss.nonceC[:], ss.nonceS[:]); !hmac.Equal(want[:], a.Proof[:]) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "authentication failed"})
+		return fail(fmt.Errorf("peer %s (%s) sent a wrong token proof", h.NodeName, c.RemoteAddr()))
+	}
+	randBytes(ss.sid[:])
+	maxStreams := 64
+	ss.stripes = maxStreams // the dialer picks how many it opens, at most this
+	ss.streams = make([]*dataStream, maxStreams)
+	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(h.SlotSize))
+	ss.peerWindow = h.Window
+	if err := writeMsg(c, &wire.Welcome{SessionID: ss.sid, SlotSize: uint32(s.cfg.Staging.SlotSize),
+		Window: uint32(s.cfg.Staging.Window), MaxStreams: uint16(maxStreams)}); err != nil {
+		return fail(err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	// The number of streams is known once the first data stream says how
+	// many the dialer opened; until then, a fixed upper bound. Streams
+	// that never arrive are simply never chosen (see attach).
+	ss.stripes = 0
+	return s.register(ss, c)
+}
+
+func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
+	s.mu.Lock()
+	var ss *session
+	for _, x := range s.sessions {
+		if x.sid == h.SessionID && !x.dialer {
+			ss = x
+			break
+		}
+	}
+	s.mu.Unlock()
+	if ss == nil {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})
+		return errors.New("data stream for an unknown session")
+	}
+	if want := ss.dataProof(h.Stream); !hmac.Equal(want[:], h.Proof[:]) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "authentication failed"})
+		return fmt.Errorf("data stream %d of peer %s: wrong proof", h.Stream, ss.peerName)
+	}
+	if int(h.Stream) >= len(ss.streams) {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeBadRequest, Message: "stream index out of range"})
+		return fmt.Errorf("data stream %d of peer %s: index out of range", h.Stream, ss.peerName)
+	}
+	_ = c.SetDeadline(time.Time{})
+	// Attach (which answers DataAccept on the stream) and tell the core
+	// before the dialer can send a request that needs this stream: it
+	// sends none before it has every DataAccept.
+	if !ss.attach(int(h.Stream), c, &wire.DataAccept{Stream: h.Stream}) {
+		return fmt.Errorf("data stream %d of peer %s: already attached or unusable", h.Stream, ss.peerName)
+	}
+	s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: int(h.Stream), Now: time.Now()})
+	return nil
+}
