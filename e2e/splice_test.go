@@ -9,10 +9,11 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// spliceEnv turns staging.splice_send on in a sidecar (the default; said
-// anyway so that these tests do not depend on it), writevEnv off.
+// spliceEnv turns staging.splice_send on in a sidecar without the start-up
+// probe (which picks writev on machines where splice is slower, the CI
+// machine among them), writevEnv off.
 var (
-	spliceEnv = []string{"STAGE_STAGING_SPLICE_SEND=true"}
+	spliceEnv = []string{"STAGE_STAGING_SPLICE_SEND=true", "STAGE_STAGING_SPLICE_PROBE=false"}
 	writevEnv = []string{"STAGE_STAGING_SPLICE_SEND=false"}
 )
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -39,8 +40,10 @@ type Server struct {
 	// refused a slot once and that was logged.
 	splice        bool
 	spliceRefused atomic.Bool
-	copiers       []*staging.Copier
-	nextCp        atomic.Uint32
+	// spliceProbe replaces the start-up probe in tests (nil: the real one).
+	spliceProbe func(size int) (rawconn.SpliceProbe, error)
+	copiers     []*staging.Copier
+	nextCp      atomic.Uint32
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path

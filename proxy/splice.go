@@ -38,7 +38,10 @@ func (s *Server) newSendPool(slot, n int) (*staging.Pool, error) {
 	switch {
 	case s.cfg.Staging.SpliceSend && why != "":
 		s.log.Info("staging.splice_send does not apply here; chunks are sent with writev", zap.String("why", why))
-	case s.splice:
+	case s.splice && s.cfg.Staging.SpliceProbe:
+		s.splice = s.spliceFaster(slot)
+	}
+	if s.splice {
 		s.log.Info("splice send on: chunk payloads go by vmsplice+splice; a send slot is held until its chunk is acked")
 	}
 	if !s.splice {
@@ -99,4 +102,32 @@ func (w *chunkWriter) writeChunk(head, payload []byte) (spliced bool, err error)
 	}
 	w.iov[0], w.iov[1] = head, payload
 	return false, ds.rc.Writev(w.iov[:])
+}
+
+// probeSize caps the payload of the start-up splice probe: 8 of them go
+// each way per round.
+const probeSize = 4 << 20
+
+// spliceFaster runs the start-up probe (staging.splice_probe): splice send
+// stays on only if it moved at least as much as writev over loopback on
+// this machine. A probe that fails leaves it on (what was configured).
+func (s *Server) spliceFaster(slot int) bool {
+	probe := s.spliceProbe
+	if probe == nil {
+		probe = func(size int) (rawconn.SpliceProbe, error) { return rawconn.ProbeSplice(size, 3) }
+	}
+	start := time.Now()
+	p, err := probe(min(slot, probeSize))
+	took := zap.Duration("took", time.Since(start).Round(time.Millisecond))
+	switch {
+	case err != nil:
+		s.log.Warn("splice send probe failed; keeping splice send on as configured", zap.Error(err), took)
+		return true
+	case !p.Faster():
+		s.log.Info("splice send off: on this machine it moved less than writev over loopback (staging.splice_probe); chunks are sent with writev",
+			zap.Stringer("probe", p), took)
+		return false
+	}
+	s.log.Info("splice send probe: splice moved at least as much as writev over loopback", zap.Stringer("probe", p), took)
+	return true
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/device/hostmem"
+	"github.com/stage-kv/stage/rawconn"
 )
 
 // plainDevice hides every optional interface of the device it wraps (a
@@ -18,8 +20,11 @@ import (
 type plainDevice struct{ device.Device }
 
 // staging.splice_send applies where it can and falls back to writev, with
-// the reason in the start log, where it cannot.
+// the reason in the start log, where it cannot; with staging.splice_probe,
+// only where the probe found it at least as fast as writev.
 func TestSpliceSendApplies(t *testing.T) {
+	faster := rawconn.SpliceProbe{Writev: 2e9, Splice: 3e9}
+	slower := rawconn.SpliceProbe{Writev: 3e9, Splice: 2e9}
 	dv, err := hostmem.Open(0, device.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -32,19 +37,36 @@ func TestSpliceSendApplies(t *testing.T) {
 		slot   int
 		tls    bool
 		splice bool
-		why    string // in the start log when it does not apply
+		why    string               // in the start log when it does not apply
+		probe  *rawconn.SpliceProbe // staging.splice_probe on, and what it finds (nil: probe off)
+		fails  bool                 // the probe fails
+		runs   bool                 // the probe must run (only where splice send would apply)
 	}{
-		{"on, hostmem", true, dv, 64 << 10, false, true, ""},
-		{"off", false, dv, 64 << 10, false, false, ""},
-		{"device cannot renew pages", true, plainDevice{dv}, 64 << 10, false, false, "cannot give slots fresh pages"},
-		{"slots not whole pages", true, dv, 64<<10 + 1, false, false, "not a multiple of 4096 B"},
-		{"TLS", true, dv, 64 << 10, true, false, "security.tls"},
+		{name: "on, hostmem", on: true, dev: dv, slot: 64 << 10, splice: true},
+		{name: "off", dev: dv, slot: 64 << 10, probe: &faster},
+		{name: "device cannot renew pages", on: true, dev: plainDevice{dv}, slot: 64 << 10, why: "cannot give slots fresh pages", probe: &faster},
+		{name: "slots not whole pages", on: true, dev: dv, slot: 64<<10 + 1, why: "not a multiple of 4096 B", probe: &faster},
+		{name: "TLS", on: true, dev: dv, slot: 64 << 10, tls: true, why: "security.tls", probe: &faster},
+		{name: "probe: splice faster", runs: true, on: true, dev: dv, slot: 64 << 10, splice: true, why: "splice moved at least as much", probe: &faster},
+		{name: "probe: writev faster", runs: true, on: true, dev: dv, slot: 64 << 10, why: "splice send off: on this machine", probe: &slower},
+		{name: "probe fails", runs: true, on: true, dev: dv, slot: 64 << 10, splice: true, why: "probe failed; keeping splice send on", probe: &faster, fails: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.InfoLevel)
 			cfg := config.Default()
 			cfg.Staging.SpliceSend = tt.on
-			s := &Server{cfg: cfg, dev: tt.dev, log: zap.New(core)}
+			cfg.Staging.SpliceProbe = tt.probe != nil
+			probed := 0
+			s := &Server{cfg: cfg, dev: tt.dev, log: zap.New(core), spliceProbe: func(size int) (rawconn.SpliceProbe, error) {
+				probed++
+				if size != tt.slot {
+					t.Errorf("probe of %d B payloads, want the slot size %d", size, tt.slot)
+				}
+				if tt.fails {
+					return rawconn.SpliceProbe{}, errors.New("no loopback")
+				}
+				return *tt.probe, nil
+			}}
 			if tt.tls {
 				s.tls = &peerTLS{}
 			}
@@ -55,6 +77,9 @@ func TestSpliceSendApplies(t *testing.T) {
 			defer p.Close()
 			if s.splice != tt.splice {
 				t.Fatalf("splice %v, want %v", s.splice, tt.splice)
+			}
+			if want := map[bool]int{true: 1}[tt.runs]; probed != want {
+				t.Fatalf("probe ran %d times, want %d", probed, want)
 			}
 			var log []string
 			for _, e := range logs.All() {

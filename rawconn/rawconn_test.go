@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func pair(t *testing.T) (a, b *Conn) {
+func pair(t testing.TB) (a, b *Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

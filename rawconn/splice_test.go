@@ -13,7 +13,7 @@ import (
 
 // mmapped returns n bytes of anonymous memory, as pinned slots are, filled
 // with random bytes, unmapped at the end of the test.
-func mmapped(t *testing.T, n int, seed uint64) []byte {
+func mmapped(t testing.TB, n int, seed uint64) []byte {
 	t.Helper()
 	if n == 0 {
 		return nil

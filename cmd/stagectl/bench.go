@@ -62,7 +62,7 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
 	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); trades busy cores for small-push latency")
-	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send, on by default; --splice=false for writev); see docs/OPERATIONS.md, \"Splice send\"")
+	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send). Unset: their default, splice where it applies if a start-up probe finds it faster than writev on this machine (staging.splice_probe); --splice forces it on without the probe, --splice=false off; see docs/OPERATIONS.md, \"Splice send\"")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -132,6 +132,9 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 		if spliceSet {
 			// Both spawned sidecars inherit it (STAGE_ overrides the YAML).
 			if err := os.Setenv("STAGE_STAGING_SPLICE_SEND", strconv.FormatBool(*splice)); err != nil {
+				return fmt.Errorf("--splice: %w", err)
+			}
+			if err := os.Setenv("STAGE_STAGING_SPLICE_PROBE", "false"); err != nil {
 				return fmt.Errorf("--splice: %w", err)
 			}
 		}
