@@ -31,7 +31,8 @@ prints GB/s and per-transfer latency percentiles. --verify checks every byte.
 --spawn starts the two sidecars itself (route "bench"); --sweep measures block
 sizes from 4KiB to 64MiB (scattered); --raw also measures plain TCP with the same
 number of streams in the same run (against an in-process sink with --spawn, or a
-"stagectl sink" on the peer's host given by --raw-peer), the ceiling to compare with.`,
+"stagectl sink" on the peer's host given by --raw-peer), the ceiling to compare with;
+with --sweep, right after each row, and each row is a share of its own.`,
 		Args: cobra.RangeArgs(0, 1),
 	}
 	f := cmd.Flags()
@@ -195,28 +196,12 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 				blocks = append(blocks, b)
 			}
 		}
-		var results []*BenchResult
-		for _, b := range blocks {
-			total := uint64(sz)
-			if total < b {
-				total = b
-			}
-			total -= total % b
-			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor})
-			if err != nil {
-				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
-			}
-			results = append(results, res)
-			if !*asJSON && len(blocks) > 1 {
-				fmt.Fprintln(os.Stderr, res.String())
-			}
-		}
-		var ceiling *RawResult
 		span, err := config.ParseByteSize(*rawSpan)
 		if err != nil || span < rawPiece || span%rawPiece != 0 {
 			return fmt.Errorf("--raw-span: want a multiple of 4MiB (got %q)", *rawSpan)
 		}
+		// rawRun measures plain TCP once (nil without --raw).
+		var rawRun func() (*RawResult, error)
 		if *raw {
 			addr := *rawPeer
 			if *spawn {
@@ -231,13 +216,54 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 				return fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
 			}
 			rawBytes := max(uint64(sz), 1<<30)
-			gbps, cpu, err := rawTCP(ctx, addr, *stripes, rawBytes, int(span))
-			if err != nil {
-				return err
+			rawRun = func() (*RawResult, error) {
+				gbps, cpu, err := rawTCP(ctx, addr, *stripes, rawBytes, int(span))
+				if err != nil {
+					return nil, err
+				}
+				r := &RawResult{Streams: *stripes, Span: uint64(span), GBps: gbps, CPUSecPerGB: cpu / (float64(rawBytes) / 1e9), Runs: 1, MinGBps: gbps, MaxGBps: gbps}
+				if !*spawn {
+					r.CPUSecPerGB = 0 // the far end's CPU is not ours to see
+				}
+				return r, nil
 			}
-			ceiling = &RawResult{Streams: *stripes, Span: uint64(span), GBps: gbps, CPUSecPerGB: cpu / (float64(rawBytes) / 1e9)}
-			if !*spawn {
-				ceiling.CPUSecPerGB = 0 // the far end's CPU is not ours to see
+		}
+		// A sweep measures raw TCP right after each row, and each row is
+		// compared with its own: loopback TCP drifts by 2x within minutes
+		// on a shared machine, so one figure for eight rows says little.
+		var beside []*RawResult
+		var results []*BenchResult
+		for _, b := range blocks {
+			total := uint64(sz)
+			if total < b {
+				total = b
+			}
+			total -= total % b
+			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor})
+			if err != nil {
+				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
+			}
+			if rawRun != nil && len(blocks) > 1 {
+				rr, err := rawRun()
+				if err != nil {
+					return fmt.Errorf("raw TCP after the %s row: %w", config.ByteSize(b), err)
+				}
+				res.RawBeside = rr.GBps
+				beside = append(beside, rr)
+			}
+			results = append(results, res)
+			if !*asJSON && len(blocks) > 1 {
+				fmt.Fprintln(os.Stderr, res.String())
+			}
+		}
+		var ceiling *RawResult
+		switch {
+		case len(beside) > 0:
+			ceiling = meanRaw(beside)
+		case rawRun != nil:
+			if ceiling, err = rawRun(); err != nil {
+				return err
 			}
 		}
 		if *plot != "" {
@@ -266,6 +292,24 @@ type RawResult struct {
 	GBps    float64 `json:"gb_per_s"`
 	// CPUSecPerGB: both ends' CPU (stagectl runs both, in-process) per GB.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
+	// Runs: how many measurements GBps and CPUSecPerGB are the mean of (a
+	// sweep measures one after each row), from MinGBps to MaxGBps.
+	Runs    int     `json:"runs"`
+	MinGBps float64 `json:"min_gb_per_s"`
+	MaxGBps float64 `json:"max_gb_per_s"`
+}
+
+// meanRaw is the mean of several raw TCP measurements.
+func meanRaw(rs []*RawResult) *RawResult {
+	m := *rs[0]
+	m.GBps, m.CPUSecPerGB, m.Runs = 0, 0, len(rs)
+	for _, r := range rs {
+		m.GBps += r.GBps / float64(len(rs))
+		m.CPUSecPerGB += r.CPUSecPerGB / float64(len(rs))
+		m.MinGBps = min(m.MinGBps, r.GBps)
+		m.MaxGBps = max(m.MaxGBps, r.GBps)
+	}
+	return &m
 }
 
 // BenchReport is bench's JSON output.
@@ -288,13 +332,21 @@ func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
 	for _, r := range rs {
 		row := fmt.Sprintf("%s\t%s\t%s\t%.3f\t%.0f\t%.0f\t", config.ByteSize(r.Block), r.Pattern, r.Dir, r.GBps, r.P50us, r.P99us)
 		if raw != nil {
-			row += fmt.Sprintf("%.0f%%\t", 100*r.GBps/raw.GBps)
+			base := raw.GBps
+			if r.RawBeside > 0 {
+				base = r.RawBeside
+			}
+			row += fmt.Sprintf("%.0f%%\t", 100*r.GBps/base)
 		}
 		fmt.Fprintln(tw, row)
 	}
 	_ = tw.Flush()
 	if raw != nil {
-		fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s", raw.Streams, raw.GBps)
+		if raw.Runs > 1 {
+			fmt.Fprintf(w, "raw TCP, %d streams, measured after each row (each row's share is of its own): mean %.3f GB/s, %.3f-%.3f", raw.Streams, raw.GBps, raw.MinGBps, raw.MaxGBps)
+		} else {
+			fmt.Fprintf(w, "raw TCP, %d streams, same run: %.3f GB/s", raw.Streams, raw.GBps)
+		}
 		if raw.Span > rawPiece {
 			fmt.Fprintf(w, " (4 MiB writes cycling over %s per stream)", config.ByteSize(raw.Span))
 		}
@@ -356,6 +408,8 @@ type BenchResult struct {
 	MaxRSS      uint64  `json:"max_rss_bytes"`
 	PoolBytes   uint64  `json:"pool_bytes"`
 	TotalSecs   float64 `json:"total_s"`
+	// RawBeside: raw TCP measured right after this row (sweeps with --raw).
+	RawBeside float64 `json:"raw_tcp_beside_gb_per_s,omitempty"`
 }
 
 func (r BenchResult) String() string {
