@@ -32,6 +32,14 @@ type streamConn interface {
 	SetSpin(d time.Duration)
 }
 
+// closeUnused closes a stream connection that never got its reader and
+// writer: it answers for both of them.
+func closeUnused(rc streamConn) {
+	rc.Shutdown()
+	rc.Done()
+	rc.Done()
+}
+
 // newStreamConn takes over an established data stream connection.
 func newStreamConn(c net.Conn) (streamConn, error) {
 	if tc, ok := c.(*tls.Conn); ok {
@@ -102,9 +110,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	if err == nil {
 		rc.SetSpin(ss.s.cfg.Staging.ReadSpin)
 		if err = ss.s.prepareSplice(rc); err != nil {
-			rc.Shutdown()
-			rc.Done()
-			rc.Done()
+			closeUnused(rc)
 		}
 	}
 	if err != nil {
@@ -116,9 +122,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	ss.mu.Lock()
 	if ss.closed || ss.streams[i] != old {
 		ss.mu.Unlock()
-		rc.Shutdown()
-		rc.Done()
-		rc.Done()
+		closeUnused(rc)
 		return false
 	}
 	ss.streams[i] = ds

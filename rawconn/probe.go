@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/stage-kv/stage/internal/pagemap"
 )
 
 // Whether splice send pays depends on the machine, not only on the kernel:
@@ -45,17 +45,18 @@ func ProbeSplice(size, rounds int) (SpliceProbe, error) {
 	if size <= 0 || rounds <= 0 {
 		return SpliceProbe{}, fmt.Errorf("splice probe: size %d and rounds %d must be positive", size, rounds)
 	}
-	a, b, err := loopbackPair()
+	a, b, err := loopbackPair(1)
 	if err != nil {
-		return SpliceProbe{}, err
+		return SpliceProbe{}, fmt.Errorf("splice probe: %w", err)
 	}
-	defer closeProbePair(a, b)
+	defer closePair(a, b, 1)
 	pg := os.Getpagesize()
-	mem, err := unix.Mmap(-1, 0, probeSlots*((size+pg-1)/pg*pg), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	// Prefaulted, so the timed passes pay for no page fault.
+	mem, err := pagemap.Map(probeSlots * ((size + pg - 1) / pg * pg))
 	if err != nil {
-		return SpliceProbe{}, fmt.Errorf("splice probe: map %d B of buffers: %w", probeSlots*size, err)
+		return SpliceProbe{}, fmt.Errorf("splice probe: buffers: %w", err)
 	}
-	defer func() { _ = unix.Munmap(mem) }()
+	defer func() { _ = pagemap.Unmap(mem) }()
 	stride := len(mem) / probeSlots
 	head := make([]byte, 64)
 	per := int64(probeSlots) * int64(len(head)+size)
@@ -106,9 +107,6 @@ func ProbeSplice(size, rounds int) (SpliceProbe, error) {
 		}
 		return time.Since(start), nil
 	}
-	for i := range mem { // fault the pages in outside the timed passes
-		mem[i] = 1
-	}
 	var tw, ts time.Duration
 	for r := -1; r < rounds; r++ { // round -1 warms both paths up, untimed
 		// Alternate which goes first, so neither always meets a cold cache.
@@ -135,11 +133,11 @@ func ProbeSplice(size, rounds int) (SpliceProbe, error) {
 	return SpliceProbe{Writev: bytes / tw.Seconds(), Splice: bytes / ts.Seconds()}, nil
 }
 
-// loopbackPair connects two Conns over 127.0.0.1.
-func loopbackPair() (a, b *Conn, err error) {
+// loopbackPair connects two Conns over 127.0.0.1, each for users users.
+func loopbackPair(users int) (a, b *Conn, err error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, fmt.Errorf("splice probe: listen on loopback: %w", err)
+		return nil, nil, fmt.Errorf("listen on loopback: %w", err)
 	}
 	defer ln.Close()
 	got := make(chan net.Conn, 1)
@@ -153,28 +151,34 @@ func loopbackPair() (a, b *Conn, err error) {
 		if c := <-got; c != nil {
 			_ = c.Close()
 		}
-		return nil, nil, fmt.Errorf("splice probe: dial loopback: %w", err)
+		return nil, nil, fmt.Errorf("dial loopback: %w", err)
 	}
 	c2 := <-got
 	if c2 == nil {
 		_ = c1.Close()
-		return nil, nil, errors.New("splice probe: loopback accept failed")
+		return nil, nil, errors.New("loopback accept failed")
 	}
-	if a, err = New(c1, 1); err != nil {
+	if a, err = New(c1, users); err != nil {
 		_ = c2.Close()
-		return nil, nil, fmt.Errorf("splice probe: %w", err)
+		return nil, nil, err
 	}
-	if b, err = New(c2, 1); err != nil {
-		a.Shutdown()
-		a.Done()
-		return nil, nil, fmt.Errorf("splice probe: %w", err)
+	if b, err = New(c2, users); err != nil {
+		closePair(a, nil, users)
+		return nil, nil, err
 	}
 	return a, b, nil
 }
 
-func closeProbePair(a, b *Conn) {
+// closePair shuts down a and b (either may be nil) and calls Done for
+// each of their users.
+func closePair(a, b *Conn, users int) {
 	for _, c := range []*Conn{a, b} {
+		if c == nil {
+			continue
+		}
 		c.Shutdown()
-		c.Done()
+		for range users {
+			c.Done()
+		}
 	}
 }

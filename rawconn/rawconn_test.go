@@ -5,49 +5,22 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
-	"net"
 	"testing"
 	"time"
 )
 
 func pair(t testing.TB) (a, b *Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, b, err := loopbackPair(2)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		got <- c
-	}()
-	c1, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c2 := <-got
-	if a, err = New(c1, 2); err != nil {
-		t.Fatal(err)
-	}
-	if b, err = New(c2, 2); err != nil {
 		t.Fatal(err)
 	}
 	return a, b
 }
 
-// closePair shuts both ends down and releases them for their two users.
-func closePair(a, b *Conn) {
-	for _, c := range []*Conn{a, b} {
-		c.Shutdown()
-		c.Done()
-		c.Done()
-	}
-}
-
 func TestWritevReadFull(t *testing.T) {
 	a, b := pair(t)
-	defer closePair(a, b)
+	defer closePair(a, b, 2)
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, sizes := range [][]int{{16, 1 << 20}, {1}, {3, 5, 7, 4 << 20}, {64 << 10, 0, 9}} {
 		var want []byte
@@ -114,7 +87,7 @@ func TestShutdownWakesReader(t *testing.T) {
 // sent arrives, in order.
 func TestTryWriteNeverBlocks(t *testing.T) {
 	a, b := pair(t)
-	defer closePair(a, b)
+	defer closePair(a, b, 2)
 	p := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
 	var sent int
 	full := false

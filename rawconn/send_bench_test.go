@@ -22,7 +22,7 @@ func BenchmarkSendSplice(b *testing.B) { benchSend(b, true) }
 
 func benchSend(b *testing.B, splice bool) {
 	a, r := pair(b)
-	defer closePair(a, r)
+	defer closePair(a, r, 2)
 	slots := make([][]byte, benchSlots)
 	for i := range slots {
 		slots[i] = mmapped(b, benchPayload, uint64(i))

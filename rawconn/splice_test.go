@@ -88,7 +88,7 @@ func TestWriteSplice(t *testing.T) {
 				defer func() { pipeMax = old }()
 			}
 			a, b := pair(t)
-			defer closePair(a, b)
+			defer closePair(a, b, 2)
 			var ps [][]byte
 			for i, n := range tc.sizes {
 				ps = append(ps, mmapped(t, n, uint64(i)))
@@ -110,7 +110,7 @@ func TestWriteSpliceFallback(t *testing.T) {
 			vmspliceFn = func(int, []byte) (int, error) { return 0, errno }
 			defer func() { vmspliceFn = old }()
 			a, b := pair(t)
-			defer closePair(a, b)
+			defer closePair(a, b, 2)
 			sendSplice(t, a, b, []byte("hd"), [][]byte{mmapped(t, 3<<20, 9)}, false)
 		})
 	}
@@ -119,7 +119,7 @@ func TestWriteSpliceFallback(t *testing.T) {
 	vmspliceFn = func(int, []byte) (int, error) { return 0, unix.ENOMEM }
 	defer func() { vmspliceFn = old }()
 	a, b := pair(t)
-	defer closePair(a, b)
+	defer closePair(a, b, 2)
 	if _, refused, err := a.WriteSplice([]byte("h"), mmapped(t, 4096, 1)); !errors.Is(err, unix.ENOMEM) || refused != nil {
 		t.Fatalf("got refused %v err %v, want ENOMEM as the error", refused, err)
 	}
@@ -153,7 +153,7 @@ func TestShutdownWakesSplicer(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a blocked WriteSplice did not return after Shutdown")
 	}
-	closePair(a, b)
+	closePair(a, b, 2)
 }
 
 // The splice pipe closes with the Conn, also after a failed write made a
@@ -164,7 +164,7 @@ func TestSpliceNoFDLeak(t *testing.T) {
 	sendSplice(t, a, b, []byte("x"), [][]byte{mmapped(t, 1<<20, 5)}, true)
 	a.dropPipe() // as a failed write does
 	sendSplice(t, a, b, []byte("x"), [][]byte{mmapped(t, 1<<20, 6)}, true)
-	closePair(a, b)
+	closePair(a, b, 2)
 	if after := openFDs(t); after != before {
 		t.Fatalf("%d fds open after, %d before", after, before)
 	}

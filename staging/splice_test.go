@@ -297,8 +297,8 @@ func TestSpliceRenewalFails(t *testing.T) {
 	h.wire = nil
 	h.step(Event{Kind: EvCredit, Session: 1, Credits: 2})
 	h.pump()
-	if err := h.done[2]; err != nil {
-		t.Fatal(err)
+	if err, ok := h.done[2]; !ok || err != nil {
+		t.Fatalf("transfer 2 on the slot left: done=%v err=%v, want success", ok, err)
 	}
 }
 

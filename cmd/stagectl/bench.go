@@ -203,30 +203,12 @@ with --sweep, right after each row, and each row is a share of its own.`,
 		// rawRun measures plain TCP once (nil without --raw).
 		var rawRun func() (*RawResult, error)
 		if *raw {
-			addr := *rawPeer
-			if *spawn {
-				sink, err := startSink("127.0.0.1:0", int(span), *stripes)
-				if err != nil {
-					return err
-				}
-				defer sink.Close()
-				addr = sink.Addr()
+			run, stop, err := newRawRunner(ctx, *spawn, *rawPeer, *stripes, max(uint64(sz), 1<<30), int(span))
+			if err != nil {
+				return err
 			}
-			if addr == "" {
-				return fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
-			}
-			rawBytes := max(uint64(sz), 1<<30)
-			rawRun = func() (*RawResult, error) {
-				gbps, cpu, err := rawTCP(ctx, addr, *stripes, rawBytes, int(span))
-				if err != nil {
-					return nil, err
-				}
-				r := &RawResult{Streams: *stripes, Span: uint64(span), GBps: gbps, CPUSecPerGB: cpu / (float64(rawBytes) / 1e9), Runs: 1, MinGBps: gbps, MaxGBps: gbps}
-				if !*spawn {
-					r.CPUSecPerGB = 0 // the far end's CPU is not ours to see
-				}
-				return r, nil
-			}
+			defer stop()
+			rawRun = run
 		}
 		// A sweep measures raw TCP right after each row, and each row is
 		// compared with its own: loopback TCP drifts by 2x within minutes

@@ -208,3 +208,33 @@ func sinkCmd() *cobra.Command {
 	}
 	return cmd
 }
+
+// newRawRunner returns run, which measures plain TCP once with streams
+// connections moving bytes in all, each cycling over span bytes: against an
+// in-process sink with spawn (stop closes it), else against the
+// `stagectl sink` at peer (whose CPU is not ours to count).
+func newRawRunner(ctx context.Context, spawn bool, peer string, streams int, bytes uint64, span int) (run func() (*RawResult, error), stop func(), err error) {
+	addr, stop := peer, func() {}
+	if spawn {
+		sink, err := startSink("127.0.0.1:0", span, streams)
+		if err != nil {
+			return nil, nil, err
+		}
+		addr, stop = sink.Addr(), sink.Close
+	}
+	if addr == "" {
+		return nil, nil, fmt.Errorf("--raw needs --spawn or --raw-peer HOST:PORT (a `stagectl sink` on the peer's host)")
+	}
+	run = func() (*RawResult, error) {
+		gbps, cpu, err := rawTCP(ctx, addr, streams, bytes, span)
+		if err != nil {
+			return nil, err
+		}
+		r := &RawResult{Streams: streams, Span: uint64(span), GBps: gbps, CPUSecPerGB: cpu / (float64(bytes) / 1e9), Runs: 1, MinGBps: gbps, MaxGBps: gbps}
+		if !spawn {
+			r.CPUSecPerGB = 0 // the far end's CPU is not ours to see
+		}
+		return r, nil
+	}
+	return run, stop, nil
+}
