@@ -22,10 +22,13 @@ const spliceOn = "splice send on"
 // TestSpliceMoves: with splice send on both sidecars (so both push and
 // pull send by splice), scattered and contiguous moves land byte-exact,
 // with and without CRC32C, over more chunks than there are send slots, so
-// slots are held, answered and reused many times. No slot, goroutine or
-// fd is left at the end (pair's cleanup).
+// slots are held, answered and reused many times. Nothing failed, so no
+// slot was given fresh pages: every one was freed by its chunk's answer,
+// also where the answer came before the writer's report. No slot,
+// goroutine or fd is left at the end (pair's cleanup).
 func TestSpliceMoves(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{stripes: 4, slots: 8, env: spliceEnv, decEnv: spliceEnv})
+	m := "metrics:\n  listen: 127.0.0.1:0\n"
+	pre, dec := pair(t, nodeOpts{stripes: 4, slots: 8, env: spliceEnv, decEnv: spliceEnv, extra: m, decExtra: m})
 	waitLogged(t, pre, spliceOn)
 	waitLogged(t, dec, spliceOn)
 	for _, tc := range []struct {
@@ -59,6 +62,12 @@ func TestSpliceMoves(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+	for _, n := range []*node{pre, dec} {
+		_, body := scrape(t, n.metrics, "/metrics")
+		if v, ok := metricValue(body, "stage_send_slot_renewals_total"); !ok || v != 0 {
+			t.Errorf("%s: stage_send_slot_renewals_total %v (reported: %v), want 0 after moves that all succeeded", n.name, v, ok)
+		}
 	}
 }
 

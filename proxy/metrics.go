@@ -27,6 +27,7 @@ type metrics struct {
 	fallbacks *prometheus.CounterVec   // transport fallbacks by reason
 	copyNanos [2]atomic.Int64          // gather, scatter: device copy time (enqueue to done)
 	netNanos  [2]atomic.Int64          // send, receive: time in writev / recv of payloads
+	renewals  atomic.Int64             // spliced send slots given fresh pages
 }
 
 const (
@@ -92,11 +93,12 @@ var (
 	descCRCErrs   = prometheus.NewDesc("stage_checksum_errors_total", "Chunks that arrived damaged (CRC32C mismatch), by link.", []string{"link"}, nil)
 	descDups      = prometheus.NewDesc("stage_duplicate_chunks_total", "Second copies of chunks that had landed already (sent again after a stream loss), by link.", []string{"link"}, nil)
 	descNet       = prometheus.NewDesc("stage_network_seconds_total", "Time spent in socket calls moving chunk payloads, by direction.", []string{"direction"}, nil)
+	descRenewals  = prometheus.NewDesc("stage_send_slot_renewals_total", "Send slots given fresh pages because a chunk spliced from them was given up unanswered (splice send).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descInline, descSessions, descSlots, descSlotsUsed,
-		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet, descRedials, descResent, descCRCErrs, descDups} {
+		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet, descRedials, descResent, descCRCErrs, descDups, descRenewals} {
 		ch <- d
 	}
 }
@@ -129,6 +131,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCopy, prometheus.CounterValue, float64(c.m.copyNanos[copyScatter].Load())/1e9, "scatter")
 	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netSend].Load())/1e9, "send")
 	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netRecv].Load())/1e9, "receive")
+	ch <- prometheus.MustNewConstMetric(descRenewals, prometheus.CounterValue, float64(c.m.renewals.Load()))
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr (metrics.listen).

@@ -2,8 +2,13 @@ package staging_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -169,5 +174,103 @@ func TestRenewablePool(t *testing.T) {
 	defer plain.Close()
 	if err := plain.Renew(0); err == nil {
 		t.Fatal("renewed a slot of a plain pool")
+	}
+}
+
+// TestPoolLastInFirstOut: the slot released last is handed out first (it is
+// the one most likely still in the CPU caches), whatever the order of
+// release.
+func TestPoolLastInFirstOut(t *testing.T) {
+	dev := openDev(t)
+	defer dev.Close()
+	p, err := staging.NewPool(dev, 64<<10, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first []int
+	for range 4 {
+		i, _ := p.TryAcquire()
+		first = append(first, i)
+	}
+	if want := []int{0, 1, 2, 3}; !slices.Equal(first, want) {
+		t.Fatalf("a fresh pool handed out %v, want %v", first, want)
+	}
+	for _, tc := range []struct{ release, want []int }{
+		{release: []int{2}, want: []int{2}},
+		{release: []int{0, 3}, want: []int{3, 0}},
+		{release: []int{1, 2, 0}, want: []int{0, 2, 1}},
+	} {
+		for _, i := range tc.release {
+			p.Release(i)
+		}
+		var got []int
+		for range tc.want {
+			i, ok := p.TryAcquire()
+			if !ok {
+				t.Fatalf("released %v: no slot to acquire", tc.release)
+			}
+			got = append(got, i)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("released %v: acquired %v, want %v", tc.release, got, tc.want)
+		}
+	}
+	for i := range 4 { // every case took back what it released
+		p.Release(i)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPoolConcurrent: goroutines acquiring (waiting when none is free) and
+// releasing never hold one slot twice, and every slot comes back.
+func TestPoolConcurrent(t *testing.T) {
+	dev := openDev(t)
+	defer dev.Close()
+	const slots, workers, rounds = 3, 8, 500
+	p, err := staging.NewPool(dev, 64<<10, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held [slots]atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				i, err := p.Acquire(context.Background())
+				if err != nil {
+					errs <- err
+					return
+				}
+				if held[i].Add(1) != 1 {
+					errs <- fmt.Errorf("slot %d handed out while held", i)
+				}
+				runtime.Gosched()
+				held[i].Add(-1)
+				p.Release(i)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := p.InUse(); n != 0 {
+		t.Errorf("%d slots in use after every worker released its own", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range slots {
+		if _, err := p.Acquire(ctx); err != nil {
+			t.Fatalf("a free slot was not handed out: %v", err)
+		}
+	}
+	if _, err := p.Acquire(ctx); err == nil {
+		t.Fatal("acquired a slot from an empty pool with a cancelled context")
 	}
 }

@@ -3,6 +3,7 @@ package staging
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/stage-kv/stage/device"
@@ -15,8 +16,19 @@ type Pool struct {
 	slotSize int
 	slots    []device.Pinned
 	renewer  device.SlotRenewer // set: slots from AllocSlots, renewable
-	free     chan int
 	inUse    atomic.Int64
+
+	// Free slots are handed out last in, first out: the slot released last
+	// is the one most likely still in the CPU caches, so the next recv into
+	// it and the copy out of it skip DRAM. A FIFO would walk the whole pool
+	// (128 MiB and more, several times the last-level cache) and every
+	// chunk would land in cold memory. tokens holds one value per free slot
+	// (it is what Acquire waits on); stack holds their indexes. Release
+	// pushes before it adds the token and Acquire pops after it takes one,
+	// so the stack is never short.
+	tokens chan struct{}
+	mu     sync.Mutex
+	stack  []int
 }
 
 // NewPool allocates slots*slotSize bytes of pinned memory on dev.
@@ -28,11 +40,11 @@ func NewPool(dev device.Device, slotSize, slots int) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("staging: pinned pool of %d x %d B on %s: %w; lower staging.slots or staging.slot_size", slots, slotSize, dev, err)
 	}
-	p := &Pool{dev: dev, slab: slab, slotSize: slotSize, free: make(chan int, slots)}
+	p := &Pool{dev: dev, slab: slab, slotSize: slotSize}
 	for i := 0; i < slots; i++ {
 		p.slots = append(p.slots, slab.Slice(i*slotSize, slotSize))
-		p.free <- i
 	}
+	p.fill()
 	return p, nil
 }
 
@@ -50,11 +62,20 @@ func NewRenewablePool(dev device.Device, slotSize, slots int) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("staging: renewable pinned pool of %d x %d B on %s: %w; lower staging.slots or staging.slot_size", slots, slotSize, dev, err)
 	}
-	p := &Pool{dev: dev, slotSize: slotSize, slots: ps, renewer: r, free: make(chan int, slots)}
-	for i := range ps {
-		p.free <- i
-	}
+	p := &Pool{dev: dev, slotSize: slotSize, slots: ps, renewer: r}
+	p.fill()
 	return p, nil
+}
+
+// fill makes every slot free, slot 0 on top.
+func (p *Pool) fill() {
+	n := len(p.slots)
+	p.tokens = make(chan struct{}, n)
+	p.stack = make([]int, 0, n)
+	for i := n - 1; i >= 0; i-- {
+		p.stack = append(p.stack, i)
+		p.tokens <- struct{}{}
+	}
 }
 
 // Renew gives slot i fresh pages at the same host address (see
@@ -92,15 +113,13 @@ func (p *Pool) Slot(i int) device.Pinned { return p.slots[i] }
 // Acquire takes a free slot, waiting until one is released or ctx is done.
 func (p *Pool) Acquire(ctx context.Context) (int, error) {
 	select {
-	case i := <-p.free:
-		p.inUse.Add(1)
-		return i, nil
+	case <-p.tokens:
+		return p.pop(), nil
 	default:
 	}
 	select {
-	case i := <-p.free:
-		p.inUse.Add(1)
-		return i, nil
+	case <-p.tokens:
+		return p.pop(), nil
 	case <-ctx.Done():
 		return -1, ctx.Err()
 	}
@@ -109,18 +128,30 @@ func (p *Pool) Acquire(ctx context.Context) (int, error) {
 // TryAcquire takes a free slot if there is one.
 func (p *Pool) TryAcquire() (int, bool) {
 	select {
-	case i := <-p.free:
-		p.inUse.Add(1)
-		return i, true
+	case <-p.tokens:
+		return p.pop(), true
 	default:
 		return -1, false
 	}
 }
 
+// pop takes the most recently released slot; the caller holds a token.
+func (p *Pool) pop() int {
+	p.inUse.Add(1)
+	p.mu.Lock()
+	i := p.stack[len(p.stack)-1]
+	p.stack = p.stack[:len(p.stack)-1]
+	p.mu.Unlock()
+	return i
+}
+
 // Release returns slot i.
 func (p *Pool) Release(i int) {
 	p.inUse.Add(-1)
-	p.free <- i
+	p.mu.Lock()
+	p.stack = append(p.stack, i)
+	p.mu.Unlock()
+	p.tokens <- struct{}{}
 }
 
 // Close frees the slab. It fails, freeing nothing, while slots are in use.

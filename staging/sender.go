@@ -358,7 +358,7 @@ func (s *Sender) written(ev Event) {
 	if ev.Spliced && ev.Err == nil && !x.finished && x.state[ev.Chunk] == chSending {
 		x.hold(ev.Chunk, ev.Slot)
 	} else {
-		s.letGo(x, ev.Slot, ev.Spliced)
+		s.letGo(x, ev.Slot, ev.Spliced && (ev.Err != nil || !x.answeredCopy(ev.Chunk)))
 	}
 	if ev.Err != nil {
 		// The chunk may or may not have reached the peer: give back its

@@ -17,7 +17,13 @@ package staging
 //   - an answer proves only that some copy of the chunk was read. When an
 //     earlier copy was given up unanswered (a ghost, still perhaps queued
 //     in a socket), the answer may be the ghost's, so the held slot is
-//     tainted rather than freed.
+//     tainted rather than freed;
+//   - the answer often comes before the writer's report: the receiver acks
+//     as soon as it read the chunk, and its Ack reaches the core by another
+//     path (the control session) than the writer's EvWritten. Such a slot
+//     is freed when the report comes, on the same proof and with the same
+//     ghost rule; tainting it cost a renewal (on CUDA an unregister, a
+//     fresh mapping and a register, about 5 ms) for nearly every transfer.
 //
 // Credits are untouched by all this: they follow answers as before.
 
@@ -49,6 +55,13 @@ func (s *Sender) answered(x *sxfer, c uint32) {
 	slot := int(x.held[c])
 	x.held[c] = -1
 	s.letGo(x, slot, x.ghost != nil && x.ghost[c])
+}
+
+// answeredCopy reports whether the copy of c being let go is known to have
+// been read: c was acked and no earlier copy was given up unanswered, so
+// the Ack can only be about this one.
+func (x *sxfer) answeredCopy(c uint32) bool {
+	return int(c) < len(x.state) && x.state[c] == chAcked && (x.ghost == nil || !x.ghost[c])
 }
 
 // taintChunk gives up c's copy unanswered (its stream was lost): its held
