@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"time"
 )
@@ -78,18 +77,18 @@ func (c *Conn) Done() {
 	}
 }
 
-// err turns the deadline error Shutdown causes into ErrShutdown.
+// err turns an error of a call that Shutdown woke into ErrShutdown. Most
+// are the deadline it sets, but a write can fail first with EPIPE from its
+// CloseWrite, and either may come first.
 func (c *Conn) err(e error) error {
 	if e == nil {
 		return nil
 	}
-	if errors.Is(e, os.ErrDeadlineExceeded) {
-		c.mu.Lock()
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
-			return fmt.Errorf("%w (%v)", ErrShutdown, e)
-		}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return fmt.Errorf("%w (%v)", ErrShutdown, e)
 	}
 	return e
 }
