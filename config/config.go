@@ -51,7 +51,7 @@ type Staging struct {
 	CopyStreams int           `mapstructure:"copy_streams"` // device streams for staging copies
 	InlineMax   ByteSize      `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
 	ReadSpin    time.Duration `mapstructure:"read_spin"`    // data-stream and engine-connection readers poll this long before sleeping; 0: never
-	StreamDepth int           `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; 0: as slots and credits allow
+	StreamDepth Depth         `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
 	SpliceSend  bool          `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
 	SpliceProbe bool          `mapstructure:"splice_probe"` // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
 }

@@ -29,6 +29,8 @@ func decodeHook(_ reflect.Type, to reflect.Type, data any) (any, error) {
 		return toDuration(data)
 	case byteSizeType:
 		return toByteSize(data)
+	case depthType:
+		return toDepth(data)
 	}
 	s, isString := data.(string)
 	switch to.Kind() {
@@ -269,6 +271,8 @@ func leafWant(t reflect.Type) string {
 		return "must be a duration like 500ms, 5s or 1m"
 	case t == byteSizeType:
 		return "must be a size like 4MiB, 512KiB, 1GiB, 64KB or a number of bytes"
+	case t == depthType:
+		return "must be auto or a whole number"
 	}
 	switch t.Kind() {
 	case reflect.String:

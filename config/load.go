@@ -268,6 +268,7 @@ var (
 	configType   = reflect.TypeOf(Config{})
 	durationType = reflect.TypeOf(time.Duration(0))
 	byteSizeType = reflect.TypeOf(ByteSize(0))
+	depthType    = reflect.TypeOf(Depth(0))
 )
 
 // LeafKeys returns the path of every scalar key of Config ("node.name",

@@ -128,8 +128,8 @@ func Validate(c *Config) error {
 	if s.CopyStreams < 1 || s.CopyStreams > MaxCopyStreams {
 		v.add("staging.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxCopyStreams, s.CopyStreams))
 	}
-	if s.StreamDepth < 0 || s.StreamDepth > MaxStreamDepth {
-		v.add("staging.stream_depth", fmt.Sprintf("must be 0..%d (got %d); 0: as slots and credits allow", MaxStreamDepth, s.StreamDepth))
+	if (s.StreamDepth < 0 && s.StreamDepth != DepthAuto) || s.StreamDepth > MaxStreamDepth {
+		v.add("staging.stream_depth", fmt.Sprintf("must be auto or 0..%d (got %d); 0: as slots and credits allow", MaxStreamDepth, s.StreamDepth))
 	}
 	if s.ReadSpin < 0 || s.ReadSpin > MaxReadSpin {
 		v.add("staging.read_spin", fmt.Sprintf("must be 0..%s (got %s)", MaxReadSpin, s.ReadSpin))

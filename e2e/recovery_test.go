@@ -60,16 +60,16 @@ func TestStreamRedial(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		env  []string
-		log  string // in the sender's log at start
+		logs []string // in the sender's log at start (stream_depth auto follows the send mode)
 	}{
-		{"splice", spliceEnv, spliceOn},
-		{"writev", writevEnv, ""},
+		{"splice", spliceEnv, []string{spliceOn, `"splice_send": true, "stream_depth": 3`}},
+		{"writev", writevEnv, []string{`"splice_send": false, "stream_depth": 1`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.1\n"
 			pre, dec, r := relayed(t, 4, slow, tc.env...)
-			if tc.log != "" {
-				waitLogged(t, pre, tc.log)
+			for _, l := range tc.logs {
+				waitLogged(t, pre, l)
 			}
 			cutTwoStreams(t, pre, dec, r)
 		})

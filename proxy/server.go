@@ -135,7 +135,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
-	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth)
+	// After newSendPool: an auto depth follows whether chunks go by splice.
+	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.splice))
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.lane, err = staging.NewLane(dev); err != nil {
@@ -199,7 +200,8 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
-		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize))
+		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
+		zap.Bool("splice_send", s.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.splice)))
 	return nil
 }
 

@@ -1,0 +1,75 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDepthFromYAMLAndEnv: staging.stream_depth takes auto (any case) or
+// a whole number 0..64, from a file or an env var; anything else is an
+// error that names the key.
+func TestDepthFromYAMLAndEnv(t *testing.T) {
+	tests := []struct {
+		name, value string
+		env         bool
+		want        Depth
+		wantErr     bool
+	}{
+		{name: "auto", value: "auto", want: DepthAuto},
+		{name: "quoted AUTO", value: `"AUTO"`, want: DepthAuto},
+		{name: "int", value: "3", want: 3},
+		{name: "zero", value: "0", want: 0},
+		{name: "whole float", value: "2.0", want: 2},
+		{name: "max", value: "64", want: 64},
+		{name: "env auto", value: "auto", env: true, want: DepthAuto},
+		{name: "env int", value: "5", env: true, want: 5},
+		{name: "minus one", value: "-1", wantErr: true},
+		{name: "env minus one", value: "-1", env: true, wantErr: true},
+		{name: "fraction", value: "1.5", wantErr: true},
+		{name: "above max", value: "65", wantErr: true},
+		{name: "word", value: "deep", wantErr: true},
+		{name: "bool", value: "true", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv("STAGE_SECURITY_TOKEN", "x")
+			file := writeFile(t, "staging:\n  stream_depth: "+tt.value+"\n")
+			if tt.env {
+				file = writeFile(t, "{}\n")
+				t.Setenv("STAGE_STAGING_STREAM_DEPTH", tt.value)
+			}
+			c, err := Load(file, nil)
+			if tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "staging.stream_depth") {
+					t.Fatalf("got %v, want an error naming staging.stream_depth", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Staging.StreamDepth != tt.want {
+				t.Errorf("got %s, want %s", c.Staging.StreamDepth, tt.want)
+			}
+		})
+	}
+}
+
+func TestDepthResolve(t *testing.T) {
+	for _, tc := range []struct {
+		d      Depth
+		splice bool
+		want   int
+	}{
+		{DepthAuto, false, int(DepthWritev)},
+		{DepthAuto, true, int(DepthSplice)},
+		{0, true, 0},
+		{2, false, 2},
+		{7, true, 7},
+	} {
+		if got := tc.d.Resolve(tc.splice); got != tc.want {
+			t.Errorf("%s.Resolve(splice %v) = %d, want %d", tc.d, tc.splice, got, tc.want)
+		}
+	}
+}
