@@ -12,7 +12,7 @@ import (
 type Depth int
 
 // DepthAuto lets the sidecar choose the depth from how it sends (Resolve).
-// It is written "auto" in YAML, env vars and flags.
+// It is written "auto" in YAML and env vars.
 const DepthAuto Depth = -1
 
 // Depths chosen by DepthAuto, measured in docs/BENCHMARKS.md ("Stream
@@ -47,38 +47,20 @@ func (d Depth) String() string {
 }
 
 // toDepth reads "auto" or a whole number >= 0 (the upper bound is
-// Validate's). DepthAuto's own value is not accepted as a number: -1 in a
-// file is a mistake, not a way to say auto.
+// Validate's); numbers go through decodeHook's integer rules (strings from
+// env vars, whole floats). DepthAuto's own value is not accepted as a
+// number: -1 in a file is a mistake, not a way to say auto.
 func toDepth(data any) (any, error) {
 	const want = "must be auto or a whole number >= 0"
-	switch v := data.(type) {
-	case Depth:
-		return v, nil
-	case string:
-		s := strings.TrimSpace(v)
-		if strings.EqualFold(s, "auto") {
-			return DepthAuto, nil
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return nil, badValue(want)
-		}
-		return Depth(n), nil
+	if s, ok := data.(string); ok && strings.EqualFold(strings.TrimSpace(s), "auto") {
+		return DepthAuto, nil
 	}
-	rv := reflect.ValueOf(data)
-	switch rv.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		if n := rv.Int(); n >= 0 && n <= math.MaxInt32 {
-			return Depth(n), nil
-		}
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		if n := rv.Uint(); n <= math.MaxInt32 {
-			return Depth(n), nil
-		}
-	case reflect.Float32, reflect.Float64:
-		if f := rv.Float(); f == math.Trunc(f) && f >= 0 && f <= math.MaxInt32 {
-			return Depth(f), nil
-		}
+	v, err := decodeHook(nil, intType, data)
+	if err != nil {
+		return nil, badValue(want)
+	}
+	if n := reflect.ValueOf(v); n.CanInt() && n.Int() >= 0 && n.Int() <= math.MaxInt32 {
+		return Depth(n.Int()), nil
 	}
 	return nil, badValue(want)
 }

@@ -269,6 +269,7 @@ var (
 	durationType = reflect.TypeOf(time.Duration(0))
 	byteSizeType = reflect.TypeOf(ByteSize(0))
 	depthType    = reflect.TypeOf(Depth(0))
+	intType      = reflect.TypeOf(0)
 )
 
 // LeafKeys returns the path of every scalar key of Config ("node.name",

@@ -59,8 +59,9 @@ func (s *Server) renewSlots(slots []int) {
 		defer s.wg.Done()
 		for _, i := range slots {
 			err := s.sendPool.Renew(i)
-			s.metrics.renewals.Add(1)
-			if err != nil {
+			if err == nil {
+				s.metrics.renewals.Add(1)
+			} else {
 				s.log.Error("send slot taken out of use: it could not get fresh pages after a spliced chunk was given up", zap.Int("slot", i), zap.Error(err))
 			}
 			s.mbox.post(staging.Event{Kind: staging.EvRenewed, Slot: i, Err: err, Now: time.Now()})

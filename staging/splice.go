@@ -54,15 +54,19 @@ func (s *Sender) answered(x *sxfer, c uint32) {
 	}
 	slot := int(x.held[c])
 	x.held[c] = -1
-	s.letGo(x, slot, x.ghost != nil && x.ghost[c])
+	s.letGo(x, slot, x.hadGhost(c))
 }
 
 // answeredCopy reports whether the copy of c being let go is known to have
 // been read: c was acked and no earlier copy was given up unanswered, so
 // the Ack can only be about this one.
 func (x *sxfer) answeredCopy(c uint32) bool {
-	return int(c) < len(x.state) && x.state[c] == chAcked && (x.ghost == nil || !x.ghost[c])
+	return int(c) < len(x.state) && x.state[c] == chAcked && !x.hadGhost(c)
 }
+
+// hadGhost reports whether a copy of c was given up unanswered, so an
+// answer about c may be that copy's.
+func (x *sxfer) hadGhost(c uint32) bool { return x.ghost != nil && x.ghost[c] }
 
 // taintChunk gives up c's copy unanswered (its stream was lost): its held
 // slot, if any, is tainted, and a later answer may be about that copy.

@@ -32,7 +32,8 @@ type Conn struct {
 	closed bool
 }
 
-// ErrShutdown is what a call blocked when Shutdown ran returns (wrapped).
+// ErrShutdown is what a call blocked when Shutdown ran, or made after it,
+// returns (wrapped).
 var ErrShutdown = errors.New("tlsconn: stream shut down")
 
 // New takes over c, whose handshake must be complete. users is how many
