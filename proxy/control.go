@@ -18,6 +18,21 @@ type ctrlHandler struct {
 	s *Server
 }
 
+// OnOpen gives the session its connection on the event loop, before gnet
+// hands over any frame: the enrolling goroutine stores it only after
+// EnrollContext returns, and until then ss.send had no connection and
+// dropped what it was asked to send (the Accept of a peer that announced
+// a push the moment it had its Welcome; the peer then waited until the
+// session died of silence).
+func (h *ctrlHandler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if ss, _ := c.Context().(*session); ss != nil {
+		ss.mu.Lock()
+		ss.gc = c
+		ss.mu.Unlock()
+	}
+	return nil, gnet.None
+}
+
 func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
 	ss, _ := c.Context().(*session)
 	if ss == nil {

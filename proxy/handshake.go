@@ -197,7 +197,7 @@ func (s *Server) register(ss *session, c net.Conn) error {
 			return fmt.Errorf("enroll control connection: %w", err)
 		}
 		ss.mu.Lock()
-		ss.gc = gc
+		ss.gc = gc // the same conn OnOpen stored, if it ran first
 		closed := ss.closed
 		ss.mu.Unlock()
 		if closed {

@@ -179,8 +179,26 @@ func hostileCases(pulled *pushes) []hostileCase {
 		{name: "huge declared lengths", run: huge,
 			logged: [][]string{{"refused peer connection", "first frame"}, {"bad control frame"}, {"data stream lost", "exceeds our slot size"}}},
 
+		{name: "announce at once", run: announceAtOnce},
+
 		{name: "truncated frames", run: truncated,
 			logged: [][]string{{"refused peer connection", "first frame", "EOF"}, {"refused peer connection", "auth", "EOF"}, {"data stream lost", "read chunk payload"}}},
+	}
+}
+
+// announceAtOnce: a peer that sends its Announce the moment it has the
+// Welcome (before the sidecar may have handed the connection to its event
+// loop) still gets its answer, every time. The sidecar once dropped such
+// an answer, and the peer waited until the session died.
+func announceAtOnce(t *testing.T, h *hostileLab) {
+	for i := range 40 {
+		s := h.raw.handshake()
+		if n := h.announce(t, s, 1, 4096, 4096, h.victim.Region(0)); n != nil {
+			t.Fatalf("session %d: a valid Announce sent right after the handshake was refused: %s %s", i, n.Code, n.Message)
+		}
+		if err := s.c.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
