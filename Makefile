@@ -1,5 +1,6 @@
 # stage: build, test, demo, bench, lint, fuzz.
 GO        ?= go
+PYTHON    ?= python3
 BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
@@ -16,7 +17,7 @@ build:
 test: build
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	cd python && STAGED=$(CURDIR)/$(BIN)/staged python3 -m unittest discover -s tests
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest discover -s tests
 	$(MAKE) deploy-check
 
 # Two sidecars on emulated devices moving a KV cache end to end.
@@ -95,7 +96,7 @@ deploy-check: build
 FAULT_TRIALS    ?= 20
 FAULT_TRANSFERS ?= 1000
 DURATION        ?= 30m
-FAULT_TESTS     := TestKillReceiver|TestKillSender|TestKillPull|TestHalfOpen|TestHalfOpenPull|TestStopPeer|TestStopPeerPull|TestToxicPushes|TestReceiverStopsReading|TestDataStreamsCut|TestHostilePeer
+FAULT_TESTS     := TestKillReceiver|TestKillSender|TestKillPull|TestHalfOpen|TestHalfOpenPull|TestStopPeer|TestStopPeerPull|TestToxicPushes|TestReceiverStopsReading|TestDataStreamsCut|TestHostilePeer|TestSetupAtOnce|TestSessionSilence|TestNackedPullNotEchoed|TestStalledPeerDoesNotStarve|TestHalfSentPeerDoesNotStarve
 
 # Every fault trial at full counts: 20 kills of each kind, 1000 toxic pushes.
 faults:

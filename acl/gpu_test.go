@@ -37,6 +37,22 @@ func gpuFakeLibrary(t *testing.T) (string, *Library) {
 	return so, l
 }
 
+// openCUDA0 opens CUDA device 0 for the test (skipping without one) and
+// closes it at the end.
+func openCUDA0(t *testing.T) *cuda.Device {
+	t.Helper()
+	cd, err := cuda.OpenDevice(0, cuda.Config{})
+	if err != nil {
+		t.Skipf("no CUDA device 0: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cd.Close(); err != nil {
+			t.Errorf("cuda:0: %v", err)
+		}
+	})
+	return cd
+}
+
 // TestGPUFakeGatherScatter: every copy mode moves random layouts of real
 // GPU memory byte-exact through pinned slots, with async copies and events.
 func TestGPUFakeGatherScatter(t *testing.T) {
@@ -65,15 +81,7 @@ func TestGPUFakeGatherScatter(t *testing.T) {
 // sidecar's pid); the CUDA side's by legacy IPC handle, also at an offset.
 func TestGPUHeteroE2E(t *testing.T) {
 	so, l := gpuFakeLibrary(t)
-	cd, err := cuda.OpenDevice(0, cuda.Config{})
-	if err != nil {
-		t.Skipf("no CUDA device 0: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := cd.Close(); err != nil {
-			t.Errorf("cuda:0: %v", err)
-		}
-	})
+	cd := openCUDA0(t)
 	bin := stagedBinary(t)
 	const layers, layerBytes, guard = 4, 256 << 20, 12288
 	for _, mode := range []string{"batch", "pack"} {

@@ -381,3 +381,25 @@ func (c *Client) Catalog(ctx context.Context, route string) ([]wire.RegionInfo, 
 	var r []wire.RegionInfo
 	return r, c.query(ctx, wire.QueryCatalog, route, &r)
 }
+
+// RegisterKV gives a KV layout to regions already registered: layers[l][t]
+// names the region holding tensor t of layer l (docs/KVLAYOUT.md).
+func (c *Client) RegisterKV(ctx context.Context, name string, layout wire.KVLayout, layers [][]string) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.RegisterKV{Req: req, Name: name, Layout: layout, Layers: layers}, -1)
+	return err
+}
+
+// SubmitKV starts a KV transfer (t.Req is set here) and returns its id.
+func (c *Client) SubmitKV(ctx context.Context, t wire.SubmitKV) (uint64, error) {
+	t.Req = c.next()
+	a, err := c.call(ctx, t.Req, &t, -1)
+	if err != nil {
+		return 0, err
+	}
+	s, ok := a.(*wire.Submitted)
+	if !ok {
+		return 0, fmt.Errorf("stage: SubmitKV answered with %s", a.Type())
+	}
+	return s.Transfer, nil
+}

@@ -54,6 +54,10 @@ type Staging struct {
 	StreamDepth Depth         `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
 	SpliceSend  bool          `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
 	SpliceProbe bool          `mapstructure:"splice_probe"` // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
+	// StallTimeout drops a data stream that moved no byte for this long
+	// while it had a chunk to write or half read (its peer stopped
+	// reading or sending); 0: never.
+	StallTimeout time.Duration `mapstructure:"stall_timeout"`
 }
 
 // Route is a named destination for transfers.
@@ -106,6 +110,23 @@ type Limits struct {
 	MaxSessions         int `mapstructure:"max_sessions"`           // peer sessions at once
 	MaxTransfersPerPeer int `mapstructure:"max_transfers_per_peer"` // in flight from one peer
 	MaxClients          int `mapstructure:"max_clients"`            // control-socket connections
+	// Peer connections that have not finished their handshake, in all and
+	// from one source address (like sshd's MaxStartups): the rest are
+	// closed the moment they are accepted.
+	MaxHandshakes        int `mapstructure:"max_handshakes"`
+	MaxHandshakesPerAddr int `mapstructure:"max_handshakes_per_addr"`
+	// HandshakeTimeout bounds a peer connection's handshake (dialed or
+	// accepted): a control session up to Welcome, a data stream up to
+	// DataAccept.
+	HandshakeTimeout time.Duration `mapstructure:"handshake_timeout"`
+	// SessionSilence: a session whose peer sent nothing (not even a
+	// heartbeat; each side sends one after a second of quiet) for this
+	// long is closed and its transfers failed.
+	SessionSilence time.Duration `mapstructure:"session_silence"`
+	// PeerProgressTimeout: a transfer a peer started (its push to us, a
+	// pull we serve it) with no progress this long fails, when no route is
+	// configured; with routes, the longest routes[].progress_timeout.
+	PeerProgressTimeout time.Duration `mapstructure:"peer_progress_timeout"`
 }
 
 // ByteSize is a size in bytes that reads "4MiB", "512KiB", "1GiB" or a plain number.

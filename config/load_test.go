@@ -88,6 +88,11 @@ func TestDefaultLoadsAndValidates(t *testing.T) {
 		{"limits.max_sessions", c.Limits.MaxSessions, 64},
 		{"limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer, 4096},
 		{"limits.max_clients", c.Limits.MaxClients, 64},
+		{"limits.max_handshakes", c.Limits.MaxHandshakes, 256},
+		{"limits.max_handshakes_per_addr", c.Limits.MaxHandshakesPerAddr, 32},
+		{"limits.handshake_timeout", c.Limits.HandshakeTimeout, 10 * time.Second},
+		{"limits.session_silence", c.Limits.SessionSilence, 5 * time.Second},
+		{"limits.peer_progress_timeout", c.Limits.PeerProgressTimeout, 30 * time.Second},
 		{"drain_timeout", c.Drain, 30 * time.Second},
 	}
 	for _, tt := range tests {
@@ -197,6 +202,13 @@ security:
 			func(c *Config) (any, any) { return c.Staging.SlotSize, 1 * MiB }},
 		{"env duration", map[string]string{"STAGE_DRAIN_TIMEOUT": "2m"}, nil,
 			func(c *Config) (any, any) { return c.Drain, 2 * time.Minute }},
+		{"env peer limits", map[string]string{"STAGE_LIMITS_HANDSHAKE_TIMEOUT": "2s", "STAGE_LIMITS_SESSION_SILENCE": "3s",
+			"STAGE_LIMITS_PEER_PROGRESS_TIMEOUT": "1m", "STAGE_LIMITS_MAX_HANDSHAKES": "16", "STAGE_LIMITS_MAX_HANDSHAKES_PER_ADDR": "4"}, nil,
+			func(c *Config) (any, any) {
+				l := c.Limits
+				return []any{l.HandshakeTimeout, l.SessionSilence, l.PeerProgressTimeout, l.MaxHandshakes, l.MaxHandshakesPerAddr},
+					[]any{2 * time.Second, 3 * time.Second, time.Minute, 16, 4}
+			}},
 		{"env bool and float", map[string]string{"STAGE_SECURITY_ALLOW_INSECURE": "true", "STAGE_DEVICE_HOSTMEM_BANDWIDTH_GBPS": "12.5"}, nil,
 			func(c *Config) (any, any) {
 				return []any{c.Security.AllowInsecure, c.Device.Hostmem.BandwidthGBps}, []any{true, 12.5}

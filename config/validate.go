@@ -61,10 +61,18 @@ const (
 	MaxCopyStreams = 16
 	MaxInline      = 1 * MiB
 	MaxReadSpin    = 10 * time.Millisecond
+	MinStall       = 500 * time.Millisecond
+	MaxStall       = 10 * time.Minute
 	MaxStreamDepth = 64
 	MaxStripes     = 64
-	maxRouteName   = 63
-	maxSocketPath  = 107 // sizeof(sun_path) - 1 on Linux
+	// Bounds of the peer timing limits.
+	MinHandshakeTimeout = 100 * time.Millisecond
+	MaxHandshakeTimeout = 5 * time.Minute
+	// MinSessionSilence is two heartbeat intervals: a shorter deadline
+	// would drop healthy sessions between heartbeats.
+	MinSessionSilence = 2 * time.Second
+	maxRouteName      = 63
+	maxSocketPath     = 107 // sizeof(sun_path) - 1 on Linux
 )
 
 // Allowed values, for flag help and messages. Treat as read-only.
@@ -134,6 +142,14 @@ func Validate(c *Config) error {
 	if s.ReadSpin < 0 || s.ReadSpin > MaxReadSpin {
 		v.add("staging.read_spin", fmt.Sprintf("must be 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}
+	if s.StallTimeout != 0 && (s.StallTimeout < MinStall || s.StallTimeout > MaxStall) {
+		v.add("staging.stall_timeout", fmt.Sprintf("must be 0 (off) or %s..%s (got %s)", MinStall, MaxStall, s.StallTimeout))
+	}
+	for i, r := range c.Routes {
+		if s.StallTimeout > 0 && r.ProgressTimeout > 0 && s.StallTimeout >= r.ProgressTimeout {
+			v.add("staging.stall_timeout", fmt.Sprintf("must be below routes[%d].progress_timeout (%s) (got %s): a stalled stream must be dropped before its transfers fail", i, r.ProgressTimeout, s.StallTimeout))
+		}
+	}
 	if s.InlineMax > MaxInline || (s.SlotSize >= MinSlotSize && s.InlineMax > s.SlotSize) {
 		v.add("staging.inline_max", fmt.Sprintf("must be 0..%s and at most staging.slot_size (got %s)", MaxInline, s.InlineMax))
 	}
@@ -150,6 +166,7 @@ func Validate(c *Config) error {
 	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
 	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
 	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
+	v.limits(c.Limits)
 	v.positive("drain_timeout", c.Drain)
 
 	if len(v.problems) == 0 {
@@ -295,4 +312,19 @@ func approxSize(n float64) string {
 		}
 	}
 	return strconv.FormatFloat(n, 'f', -1, 64) + "B"
+}
+
+// limits checks the pre-authentication bounds and the peer timing limits.
+func (v *validator) limits(l Limits) {
+	v.atLeastOne("limits.max_handshakes", l.MaxHandshakes)
+	if l.MaxHandshakesPerAddr < 1 || (l.MaxHandshakes >= 1 && l.MaxHandshakesPerAddr > l.MaxHandshakes) {
+		v.add("limits.max_handshakes_per_addr", fmt.Sprintf("must be 1..limits.max_handshakes (%d) (got %d)", l.MaxHandshakes, l.MaxHandshakesPerAddr))
+	}
+	if l.HandshakeTimeout < MinHandshakeTimeout || l.HandshakeTimeout > MaxHandshakeTimeout {
+		v.add("limits.handshake_timeout", fmt.Sprintf("must be %s..%s (got %s)", MinHandshakeTimeout, MaxHandshakeTimeout, l.HandshakeTimeout))
+	}
+	if l.SessionSilence < MinSessionSilence {
+		v.add("limits.session_silence", fmt.Sprintf("must be >= %s (got %s); peers send a heartbeat after 1s of quiet", MinSessionSilence, l.SessionSilence))
+	}
+	v.positive("limits.peer_progress_timeout", l.PeerProgressTimeout)
 }

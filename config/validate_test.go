@@ -54,6 +54,13 @@ func TestValidateAcceptsGoodConfigs(t *testing.T) {
 		// Where it cannot apply, the sidecar sends with writev (proxy).
 		{"splice send on hip", func(c *Config) { c.Staging.SpliceSend = true; c.Device.Kind = "hip" }},
 		{"splice send with odd slots", func(c *Config) { c.Staging.SpliceSend = true; c.Staging.SlotSize = 100*KiB + 1 }},
+		{"one handshake at a time", func(c *Config) { c.Limits.MaxHandshakes = 1; c.Limits.MaxHandshakesPerAddr = 1 }},
+		{"shortest peer timings", func(c *Config) {
+			c.Limits.HandshakeTimeout = MinHandshakeTimeout
+			c.Limits.SessionSilence = MinSessionSilence
+			c.Limits.PeerProgressTimeout = time.Millisecond
+		}},
+		{"longest handshake timeout", func(c *Config) { c.Limits.HandshakeTimeout = MaxHandshakeTimeout }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,6 +125,13 @@ func TestValidateRules(t *testing.T) {
 		{"transport", func(c *Config) { c.Routes[0].Transport = "udp" }, "routes[0].transport", `must be one of auto, tcp, ipc, shm (got "udp")`},
 		{"connect timeout", func(c *Config) { c.Routes[0].ConnectTimeout = 0 }, "routes[0].connect_timeout", "must be > 0"},
 		{"progress timeout", func(c *Config) { c.Routes[1].ProgressTimeout = -time.Second }, "routes[1].progress_timeout", "must be > 0"},
+		{"stall timeout small", func(c *Config) { c.Staging.StallTimeout = 100 * time.Millisecond }, "staging.stall_timeout", "must be 0 (off) or 500ms..10m0s (got 100ms)"},
+		{"stall timeout negative", func(c *Config) { c.Staging.StallTimeout = -time.Second }, "staging.stall_timeout", "(got -1s)"},
+		{"stall timeout past progress", func(c *Config) {
+			c.Staging.StallTimeout = 5 * time.Second
+			c.Routes[1].ProgressTimeout = 5 * time.Second
+		},
+			"staging.stall_timeout", "must be below routes[1].progress_timeout (5s)"},
 		{"no token", func(c *Config) { c.Security.Token = "" }, "security.token",
 			"empty; set security.token or security.token_file (or security.allow_insecure: true for local tests only)"},
 		{"no token, no routes", func(c *Config) { c.Security.Token = ""; c.Routes = nil }, "security.token", "empty"},
@@ -132,6 +146,14 @@ func TestValidateRules(t *testing.T) {
 		{"max transfers per peer", func(c *Config) { c.Limits.MaxTransfersPerPeer = -1 }, "limits.max_transfers_per_peer", ">= 1"},
 		{"max clients", func(c *Config) { c.Limits.MaxClients = 0 }, "limits.max_clients", ">= 1"},
 		{"drain timeout", func(c *Config) { c.Drain = 0 }, "drain_timeout", "must be > 0 (got 0s)"},
+		{"max handshakes", func(c *Config) { c.Limits.MaxHandshakes = 0; c.Limits.MaxHandshakesPerAddr = 1 }, "limits.max_handshakes", ">= 1 (got 0)"},
+		{"max handshakes per addr 0", func(c *Config) { c.Limits.MaxHandshakesPerAddr = 0 }, "limits.max_handshakes_per_addr", "must be 1..limits.max_handshakes (256) (got 0)"},
+		{"max handshakes per addr > total", func(c *Config) { c.Limits.MaxHandshakes = 8; c.Limits.MaxHandshakesPerAddr = 9 },
+			"limits.max_handshakes_per_addr", "(8) (got 9)"},
+		{"handshake timeout short", func(c *Config) { c.Limits.HandshakeTimeout = 99 * time.Millisecond }, "limits.handshake_timeout", "must be 100ms..5m0s (got 99ms)"},
+		{"handshake timeout long", func(c *Config) { c.Limits.HandshakeTimeout = 6 * time.Minute }, "limits.handshake_timeout", "(got 6m0s)"},
+		{"session silence", func(c *Config) { c.Limits.SessionSilence = 1999 * time.Millisecond }, "limits.session_silence", "must be >= 2s (got 1.999s)"},
+		{"peer progress timeout", func(c *Config) { c.Limits.PeerProgressTimeout = 0 }, "limits.peer_progress_timeout", "must be > 0 (got 0s)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

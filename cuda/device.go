@@ -83,14 +83,16 @@ type Device struct {
 	sms     int
 	cc      [2]int
 
-	mod       C.CUmodule
-	fn        C.CUfunction
-	mode      CopyMode
-	modeWhy   string
-	wait      EventWait
-	fallback  CopyMode
-	kernelErr error
-	batchErr  error
+	mod        C.CUmodule
+	fn         C.CUfunction
+	fnStrided  C.CUfunction // nil: the module has no strided kernel
+	stridedErr error
+	mode       CopyMode
+	modeWhy    string
+	wait       EventWait
+	fallback   CopyMode
+	kernelErr  error
+	batchErr   error
 
 	closed atomic.Bool
 
@@ -165,6 +167,9 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		d.release()
 		return nil, err
 	}
+	if d.mode == CopyKernel && d.stridedErr != nil {
+		d.modeWhy += fmt.Sprintf("; strided kernel unavailable (%v): short segments copy one descriptor each", d.stridedErr)
+	}
 	d.fallback = fallbackMode(d.batchErr)
 	return d, nil
 }
@@ -200,6 +205,14 @@ func (d *Device) loadKernel(override string) error {
 	if rc := C.stage_module_load(d.lib.c, d.ctx, cs, fname, &d.mod, &d.fn); rc != 0 {
 		return d.lib.errorf(rc, "cuModuleLoadData(%s, %s)", src, kernels.CopyFunc)
 	}
+	// The strided kernel is optional: a module without it (an older
+	// STAGE_CUDA_PTX) still copies, one plain descriptor per segment.
+	sname := C.CString(kernels.StridedFunc)
+	defer C.free(unsafe.Pointer(sname))
+	if rc := C.stage_module_function(d.lib.c, d.ctx, d.mod, sname, &d.fnStrided); rc != 0 {
+		d.fnStrided = nil
+		d.stridedErr = d.lib.errorf(rc, "cuModuleGetFunction(%s, %s)", src, kernels.StridedFunc)
+	}
 	return nil
 }
 
@@ -209,7 +222,7 @@ func (d *Device) release() error {
 		if rc := C.stage_module_unload(d.lib.c, d.ctx, d.mod); rc != 0 {
 			first = d.lib.errorf(rc, "cuModuleUnload")
 		}
-		d.mod, d.fn = nil, nil
+		d.mod, d.fn, d.fnStrided = nil, nil, nil
 	}
 	if rc := C.stage_primary_release(d.lib.c, d.dev); rc != 0 && first == nil {
 		first = d.lib.errorf(rc, "cuDevicePrimaryCtxRelease(device %d)", d.ordinal)

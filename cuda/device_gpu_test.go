@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stage-kv/stage/device"
 )
@@ -47,25 +48,6 @@ func openGPU(t testing.TB, mode CopyMode) *Device {
 		}
 	})
 	return d
-}
-
-// devicePool allocates n bytes of device memory filled with random bytes.
-func devicePool(t testing.TB, d *Device, n int, seed uint64) (device.Addr, []byte) {
-	t.Helper()
-	pool, err := d.AllocDevice(uint64(n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.FreeDevice(pool); err != nil {
-			t.Error(err)
-		}
-	})
-	data := randBytes(seed, n)
-	if err := d.CopyHtoD(pool, data); err != nil {
-		t.Fatal(err)
-	}
-	return pool, data
 }
 
 var copyModes = []CopyMode{CopyKernel, CopyBatch, CopyPerCopy}
@@ -185,7 +167,10 @@ func TestGPURingReuse(t *testing.T) {
 	d := openGPU(t, CopyKernel)
 	const poolSize = 256 << 20
 	pool, data := devicePool(t, d, poolSize, 51)
-	const rounds, perRound, bs = 200, 64, 4096
+	// Each launch gathers a full descriptor slot of 4 KiB blocks (4 MiB):
+	// the GPU takes longer per launch than the host does to issue one, so
+	// the launches outrun it and the ring must wait for slots.
+	const rounds, perRound, bs = 64, ringSlotDescs, 4096
 	p, err := d.AllocPinned(rounds * perRound * bs)
 	if err != nil {
 		t.Fatal(err)
@@ -202,22 +187,38 @@ func TestGPURingReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	// About 5 ms of copying ahead of the launches.
-	if err := s.Gather(big, []device.Seg{{Addr: pool, Len: poolSize}}); err != nil {
-		t.Fatal(err)
+	// Copying ahead of the launches, so that the first ones queue behind
+	// it (the heavy launches below keep the ring full after that).
+	for range 4 {
+		if err := s.Gather(big, []device.Seg{{Addr: pool, Len: poolSize}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rng := rand.New(rand.NewPCG(52, 53))
 	all := make([][]device.Seg, rounds)
 	for i := range rounds {
 		all[i] = blockSegs(rng, pool, poolSize, perRound, bs)
 	}
+	headDone, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer headDone.Close()
+	if err := s.Record(headDone); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	var busyAt int // launches issued while the head copy still ran
 	for i := range rounds {
 		if err := s.Gather(p.Slice(i*perRound*bs, perRound*bs), all[i]); err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
+		if done, _ := headDone.Query(); !done {
+			busyAt = i + 1
+		}
 	}
-	t.Logf("ring: %d slots made (cap %d), %d event queries, %d waits, %d launches in flight before Synchronize",
-		s.ring.made, ringMaxSlots, s.ring.queries, s.ring.waits, s.ring.inFlight())
+	t.Logf("ring: %d slots made (cap %d), %d event queries, %d waits, %d launches in flight before Synchronize; %d launches issued in %v, %d of them while the head copy ran",
+		s.ring.made, ringMaxSlots, s.ring.queries, s.ring.waits, s.ring.inFlight(), rounds, time.Since(t0), busyAt)
 	if s.ring.made != ringMaxSlots || s.ring.waits == 0 {
 		t.Errorf("the ring never filled (%d slots, %d waits): the test did not exercise slot reuse", s.ring.made, s.ring.waits)
 	}

@@ -46,6 +46,11 @@
 //     no device bounce buffer. Descriptors live in a per-stream ring of
 //     host-mapped pinned slots that the kernel reads in place; a slot is
 //     reused only after the event recorded behind its launch completed.
+//     Where the module has stage_copy_strided, a slot's segments are first
+//     compressed (strided.go) into strided descriptors of up to 32 KiB: n2
+//     rows of n1 equal pieces, pieces and rows at constant strides; a slot
+//     whose segments average fewer than 4 pieces per descriptor keeps the
+//     plain kernel.
 //   - batch: one cuMemcpyBatchAsync (CUDA 12.8+; the CUDA 13 _v2 ABI is
 //     preferred), descriptors in per-stream C memory.
 //   - percopy: one cuMemcpy*Async per segment, issued in a single cgo call.

@@ -108,9 +108,9 @@ func (s *Stream) kernelDtoD(cs []device.Copy) error {
 	ci, co := 0, uint64(0)
 	return s.kernelRun("device-to-device copies",
 		func() bool { return ci < len(cs) },
-		func(descs []desc) (n int) {
-			n, ci, co = fillCopyDescs(descs, cs, ci, co, maxDescBytes)
-			return n
+		func(sl *ringSlot) (n int, strided bool) {
+			n, ci, co = fillCopyDescs(sl.descs, cs, ci, co, maxDescBytes)
+			return n, false
 		})
 }
 

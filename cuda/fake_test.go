@@ -381,3 +381,50 @@ func TestFakeConcurrentThreads(t *testing.T) {
 		})
 	}
 }
+
+// fakeStridedPTX declares both kernels, as gather.ptx does.
+const fakeStridedPTX = fakePTX + ".visible .entry stage_copy_strided(\n"
+
+// TestFakeStrided: with the strided kernel in the module, segment lists
+// that compress (HND-like rows, aligned or not, pieces of any length) go
+// to it and move byte-exact; lists that barely compress (scattered 16 KiB
+// blocks) and modules without it keep the plain kernel.
+func TestFakeStrided(t *testing.T) {
+	l := fakeLibrary(t)
+	d := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakeStridedPTX})
+	if d.fnStrided == nil {
+		t.Fatal("strided kernel not loaded")
+	}
+	const poolSize = 8 << 20
+	pool, err := d.AllocDevice(poolSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.FreeDevice(pool)
+	data := randBytes(21, poolSize)
+	if err := d.CopyHtoD(pool, data); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(22, 23))
+	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
+	cases := stridedCases(rng, pool, poolSize)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := launches()
+			checkGatherScatter(t, d, pool, data, tc.segs, uint64(30+i))
+			if got := launches() > before; got != tc.strided {
+				t.Errorf("strided kernel launched: %v, want %v", got, tc.strided)
+			}
+		})
+	}
+
+	plain := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakePTX})
+	if m, why := plain.CopyMode(); m != CopyKernel || plain.fnStrided != nil || !strings.Contains(why, "stage_copy_strided") {
+		t.Errorf("module without the strided kernel: mode %q (%s), strided %v", m, why, plain.fnStrided != nil)
+	}
+	before := launches()
+	checkGatherScatter(t, plain, pool, data, hndSegs(rng, pool, poolSize, 4, 16, 8, 256, 0), 40)
+	if launches() != before {
+		t.Error("a module without the strided kernel launched it")
+	}
+}

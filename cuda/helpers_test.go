@@ -94,6 +94,14 @@ func blockSegs(rng *rand.Rand, base device.Addr, size uint64, n int, bs uint64) 
 // and nothing else changed. It restores pool to data before returning.
 func checkGatherScatter(t *testing.T, d *Device, pool device.Addr, data []byte, segs []device.Seg, seed uint64) {
 	t.Helper()
+	checkCopies(t, d, pool, data, segs, nil, seed)
+}
+
+// checkCopies is checkGatherScatter for runs when runs is not nil (segs
+// then lists their pieces, the reference): the stream moves them with
+// GatherRuns and ScatterRuns.
+func checkCopies(t *testing.T, d *Device, pool device.Addr, data []byte, segs []device.Seg, runs []device.Run, seed uint64) {
+	t.Helper()
 	total := device.SegsLen(segs)
 	if total == 0 {
 		t.Fatal("no bytes to move")
@@ -133,7 +141,14 @@ func checkGatherScatter(t *testing.T, d *Device, pool device.Addr, data []byte, 
 		off := uint64(sg.Addr - pool)
 		want = append(want, data[off:off+sg.Len]...)
 	}
-	if err := s.Gather(p, segs); err != nil {
+	rc := s.(device.RunCopier)
+	gather := func() error { return s.Gather(p, segs) }
+	scatter := func() error { return s.Scatter(segs, p) }
+	if runs != nil {
+		gather = func() error { return rc.GatherRuns(p, runs) }
+		scatter = func() error { return rc.ScatterRuns(runs, p) }
+	}
+	if err := gather(); err != nil {
 		t.Fatalf("Gather: %v", err)
 	}
 	if err := s.Record(ev); err != nil {
@@ -157,7 +172,7 @@ func checkGatherScatter(t *testing.T, d *Device, pool device.Addr, data []byte, 
 	if err := d.CopyHtoD(pool, poisoned); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Scatter(segs, p); err != nil {
+	if err := scatter(); err != nil {
 		t.Fatalf("Scatter: %v", err)
 	}
 	if err := s.Synchronize(); err != nil {
@@ -296,4 +311,23 @@ func gathered(data []byte, pool device.Addr, segs []device.Seg) []byte {
 		out = append(out, data[off:off+sg.Len]...)
 	}
 	return out
+}
+
+// devicePool allocates n bytes of device memory filled with random bytes.
+func devicePool(t testing.TB, d *Device, n int, seed uint64) (device.Addr, []byte) {
+	t.Helper()
+	pool, err := d.AllocDevice(uint64(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.FreeDevice(pool); err != nil {
+			t.Error(err)
+		}
+	})
+	data := randBytes(seed, n)
+	if err := d.CopyHtoD(pool, data); err != nil {
+		t.Fatal(err)
+	}
+	return pool, data
 }

@@ -16,7 +16,10 @@ type desc struct {
 type ringSlot struct {
 	id    int    // index into the backend's per-slot resources
 	descs []desc // host view; the kernel reads the same pages
-	dev   uint64 // device address of descs[0]
+	// strided views the same memory as strided descriptors: a launch
+	// uses one view or the other.
+	strided []sdesc
+	dev     uint64 // device address of descs[0]
 }
 
 // slotOps are the device operations a descRing needs; the real ones live in

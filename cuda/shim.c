@@ -260,6 +260,10 @@ CUresult stage_module_load(const stage_cu *l, CUcontext ctx, const char *image, 
 }
 
 CUresult stage_module_unload(const stage_cu *l, CUcontext ctx, CUmodule mod) { CTX(); return l->cuModuleUnload(mod); }
+CUresult stage_module_function(const stage_cu *l, CUcontext ctx, CUmodule mod, const char *fname, CUfunction *fn) {
+	CTX();
+	return l->cuModuleGetFunction(fn, mod, fname);
+}
 
 stage_launch_result stage_launch_copy(const stage_cu *l, CUcontext ctx, CUfunction fn, CUdeviceptr descs,
                                       unsigned count, unsigned grid, unsigned block, CUstream s, CUevent ev) {

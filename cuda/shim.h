@@ -255,6 +255,7 @@ CUresult stage_percopy(const stage_cu *l, CUcontext ctx, int dir, stage_scratch 
 CUresult stage_module_load(const stage_cu *l, CUcontext ctx, const char *image, const char *fname,
                            CUmodule *mod, CUfunction *fn);
 CUresult stage_module_unload(const stage_cu *l, CUcontext ctx, CUmodule mod);
+CUresult stage_module_function(const stage_cu *l, CUcontext ctx, CUmodule mod, const char *fname, CUfunction *fn);
 /* Launches fn(descs, count) with grid x block threads, then records ev.
  * step is 0 when the launch failed, 1 when the record did. Returned by value
  * so the hot path passes no Go pointer. */

@@ -32,6 +32,8 @@ type Stream struct {
 	ring   *descRing
 	slots  []slotRes
 	sc     *C.stage_scratch
+
+	stridedLaunches int // launches of the strided kernel, for tests
 }
 
 type slotRes struct {
@@ -185,22 +187,34 @@ func dirName(gather bool) string {
 }
 
 // kernelMove writes descriptors into ring slots (host-mapped, so the kernel
-// reads them where they are) and launches the copy kernel once per slot,
-// recording the slot's event behind each launch.
+// reads them where they are) and launches a copy kernel once per slot,
+// recording the slot's event behind each launch. Where the device has the
+// strided kernel, each slot's segments are first compressed into strided
+// descriptors; a slot whose segments compress less than stridedMinRatio to
+// one is refilled with plain descriptors instead.
 func (s *Stream) kernelMove(gather bool, pinned uint64, segs []device.Seg) error {
 	si, so := 0, uint64(0)
 	return s.kernelRun(dirName(gather)+" segments",
 		func() bool { return si < len(segs) },
-		func(descs []desc) (n int) {
-			n, si, so, pinned = fillDescs(descs, segs, si, so, pinned, gather, maxDescBytes)
-			return n
+		func(sl *ringSlot) (n int, strided bool) {
+			if s.d.fnStrided != nil {
+				n, pieces, nsi, nso, np := compressSegs(sl.strided, segs, si, so, pinned, gather, stridedMaxBytes)
+				if n > 0 && pieces >= stridedMinRatio*n {
+					si, so, pinned = nsi, nso, np
+					s.stridedLaunches++
+					return n, true
+				}
+			}
+			n, si, so, pinned = fillDescs(sl.descs, segs, si, so, pinned, gather, maxDescBytes)
+			return n, false
 		})
 }
 
-// kernelRun launches the copy kernel once per ring slot while more says
+// kernelRun launches a copy kernel once per ring slot while more says
 // there is work, fill writing each slot's descriptors (n == 0: nothing
-// left), and records the slot's event behind each launch.
-func (s *Stream) kernelRun(what string, more func() bool, fill func([]desc) int) error {
+// left; strided: they are strided descriptors), and records the slot's
+// event behind each launch.
+func (s *Stream) kernelRun(what string, more func() bool, fill func(*ringSlot) (n int, strided bool)) error {
 	l := s.d.lib
 	if s.ring == nil {
 		s.ring = newDescRing(slotBackend{s}, ringSlotDescs, ringMaxSlots)
@@ -210,23 +224,27 @@ func (s *Stream) kernelRun(what string, more func() bool, fill func([]desc) int)
 		if err != nil {
 			return err
 		}
-		n := fill(slot.descs)
+		n, strided := fill(slot)
 		if n == 0 {
 			s.ring.putBack(slot)
 			return nil
 		}
-		res := C.stage_launch_copy(l.c, s.d.ctx, s.d.fn, C.CUdeviceptr(slot.dev), C.uint(n),
+		fn, name := s.d.fn, kernels.CopyFunc
+		if strided {
+			fn, name = s.d.fnStrided, kernels.StridedFunc
+		}
+		res := C.stage_launch_copy(l.c, s.d.ctx, fn, C.CUdeviceptr(slot.dev), C.uint(n),
 			C.uint(n), C.uint(kernels.CopyBlock), s.s, s.slots[slot.id].ev)
 		if res.rc != 0 {
 			if res.step == 0 {
 				s.ring.putBack(slot)
-				return l.errorf(res.rc, "cuLaunchKernel(%s, %d %s)", kernels.CopyFunc, n, what)
+				return l.errorf(res.rc, "cuLaunchKernel(%s, %d %s)", name, n, what)
 			}
 			// The kernel is queued but its slot has no event to say when it
 			// is done: wait for the stream before the slot can be reused.
 			C.stage_stream_sync(l.c, s.d.ctx, s.s)
 			s.ring.putBack(slot)
-			return l.errorf(res.rc, "cuEventRecord(after %s)", kernels.CopyFunc)
+			return l.errorf(res.rc, "cuEventRecord(after %s)", name)
 		}
 		s.ring.submit(slot)
 	}
@@ -254,7 +272,8 @@ func (b slotBackend) alloc(id, n int) (*ringSlot, error) {
 		s.slots = append(s.slots, slotRes{})
 	}
 	s.slots[id] = slotRes{host: host, ev: ev}
-	return &ringSlot{id: id, descs: unsafe.Slice((*desc)(host), n), dev: uint64(dev)}, nil
+	return &ringSlot{id: id, descs: unsafe.Slice((*desc)(host), n),
+		strided: unsafe.Slice((*sdesc)(host), bytes/kernels.StridedDescSize), dev: uint64(dev)}, nil
 }
 
 func (b slotBackend) done(sl *ringSlot) (bool, error) {

@@ -48,14 +48,21 @@ func (s *Server) admitPush(ss *session, m *wire.Announce) error {
 	}
 	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
 		timeout: s.incomingTimeout(), progress: time.Now()}
+	return s.admitIn(ss, x)
+}
+
+// admitIn registers a peer's push x, checked, on its session: refused
+// (its regions released) when the id is in use or was, the session
+// closed, or the peer has limits.max_transfers_per_peer pushes running.
+func (s *Server) admitIn(ss *session, x *inXfer) error {
 	ss.mu.Lock()
-	_, dup := ss.in[m.Transfer]
-	_, dead := ss.gone[m.Transfer]
+	_, dup := ss.in[x.wireID]
+	_, dead := ss.gone[x.wireID]
 	dup = dup || dead
 	n := len(ss.in)
 	ok := !ss.closed && !dup && n < s.cfg.Limits.MaxTransfersPerPeer
 	if ok {
-		ss.in[m.Transfer] = x
+		ss.in[x.wireID] = x
 		ss.announce.Broadcast()
 	}
 	closed := ss.closed
@@ -63,10 +70,10 @@ func (s *Server) admitPush(ss *session, m *wire.Announce) error {
 	if ok {
 		return nil
 	}
-	releaseAll(regions)
+	releaseAll(x.regions)
 	switch {
 	case dup:
-		return codeErr(wire.CodeExists, "transfer %d already in progress or finished", m.Transfer)
+		return codeErr(wire.CodeExists, "transfer %d already in progress or finished", x.wireID)
 	case closed:
 		return errSessionGone
 	}
@@ -89,26 +96,32 @@ func (s *Server) refusePush(ss *session, id uint64, err error) {
 	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})
 }
 
-// incomingTimeout is how long a peer's push may go without progress before
-// we give up on it and free its regions.
+// incomingTimeout is how long a transfer a peer started (its push, a pull
+// we serve it) may go without progress before we give up on it and free
+// its slots and regions: the longest routes[].progress_timeout, so that we
+// never give up before a peer configured like us does, or, with no route,
+// limits.peer_progress_timeout.
 func (s *Server) incomingTimeout() time.Duration {
 	var t time.Duration
 	for _, r := range s.cfg.Routes {
 		t = max(t, r.ProgressTimeout)
 	}
 	if t == 0 {
-		t = 30 * time.Second
+		t = s.cfg.Limits.PeerProgressTimeout
 	}
 	return t
+}
+
+// refusePull tells the peer why its pull was refused.
+func (s *Server) refusePull(ss *session, id uint64, err error) {
+	s.log.Warn("refused pull", zap.String("peer", ss.peerName), zap.Uint64("transfer", id), zap.Error(err))
+	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})
 }
 
 // servePull answers a peer's PullRequest: every source range is checked
 // before anything is sent.
 func (s *Server) servePull(ss *session, m *wire.PullRequest) {
-	nack := func(err error) {
-		s.log.Warn("refused pull", zap.String("peer", ss.peerName), zap.Uint64("transfer", m.Transfer), zap.Error(err))
-		ss.send(&wire.Nack{Transfer: m.Transfer, Code: errCode(err), Message: err.Error()})
-	}
+	nack := func(err error) { s.refusePull(ss, m.Transfer, err) }
 	if ss.ours(m.Transfer) {
 		nack(codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer))
 		return
@@ -138,25 +151,31 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 		nack(codeErr(wire.CodeBadRequest, "%v", err))
 		return
 	}
+	s.serveOut(ss, m.Transfer, m.Tag, regions, plan, nil)
+}
+
+// serveOut starts a pull we serve whose source ranges were checked: it
+// holds regions until the core retires it.
+func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*Region, plan *staging.Plan, kvn *kvNote) {
 	key := s.newID()
-	ox := &outXfer{key: key, wireID: m.Transfer, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: m.Tag}
+	ox := &outXfer{key: key, wireID: wireID, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, kvn: kvn}
 	ss.mu.Lock()
-	_, dup := ss.served[m.Transfer]
+	_, dup := ss.served[wireID]
 	if !dup && !ss.closed {
-		ss.served[m.Transfer] = key
+		ss.served[wireID] = key
 	}
 	closed := ss.closed
 	ss.mu.Unlock()
 	if dup || closed {
 		releaseAll(regions)
 		if dup {
-			nack(codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer))
+			s.refusePull(ss, wireID, codeErr(wire.CodeExists, "transfer %d already in progress", wireID))
 		}
 		return
 	}
 	s.mu.Lock()
 	s.outs[key] = ox
 	s.mu.Unlock()
-	ss.send(&wire.Accept{Transfer: m.Transfer})
+	ss.send(&wire.Accept{Transfer: wireID})
 	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 }

@@ -110,9 +110,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		}
 		key, ok := ss.coreKey(m.Transfer)
 		if !ok {
-			// unknown transfer: still return the credits
+			// Unknown transfer: no credit (PROTOCOL 8.7). A late Ack of
+			// one that retired still maps to its key: the core returns
+			// the credits it still owes.
 			s.stray(ss, "Ack", m.Transfer)
-			s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: len(m.Chunks), Now: now})
 			return gnet.None
 		}
 		if ss.ours(m.Transfer) && !s.carries(ss, key) {
@@ -127,6 +128,14 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		s.acceptPush(ss, m)
 	case *wire.PullRequest:
 		s.servePull(ss, m)
+	case *wire.KVAnnounce:
+		s.acceptKVPush(ss, m)
+	case *wire.KVPull:
+		s.serveKVPull(ss, m)
+	case *wire.KVInfoRequest:
+		s.kvInfoAsked(ss, m)
+	case *wire.KVInfo:
+		s.kvInfoAnswered(ss, m)
 	case *wire.Accept:
 		s.accepted(ss, m.Transfer)
 	case *wire.Nack:
@@ -186,14 +195,36 @@ func (ss *session) coreKey(wireID uint64) (uint64, bool) {
 		return wireID >> 1, true
 	}
 	ss.mu.Lock()
-	k, ok := ss.served[wireID]
-	ss.mu.Unlock()
+	defer ss.mu.Unlock()
+	if k, ok := ss.served[wireID]; ok {
+		return k, true
+	}
+	k, ok := ss.retired[wireID]
 	return k, ok
+}
+
+// maxRetired bounds the retired served pulls a session remembers; the
+// core keeps as many tombs (staging's maxTombs).
+const maxRetired = 1024
+
+// keepRetiredLocked remembers the core key of a served pull that retired,
+// so that an Ack arriving after it still reaches the core, which returns
+// the credits of copies it owed (ss.mu held).
+func (ss *session) keepRetiredLocked(wireID, key uint64) {
+	if _, ok := ss.retired[wireID]; ok {
+		return
+	}
+	ss.retired[wireID] = key
+	ss.retRing = append(ss.retRing, wireID)
+	if len(ss.retRing) > maxRetired {
+		delete(ss.retired, ss.retRing[0])
+		ss.retRing = ss.retRing[1:]
+	}
 }
 
 // resendAsked handles the peer's Resend: a chunk we sent arrived damaged.
 // The core sends it again (and takes back the chunk's credit); a Resend
-// for a transfer we no longer know still returns the credit, and one for
+// for a transfer we do not know returns nothing, and one for
 // a small push (which takes no credit and is never sent again) is
 // ignored: its receiver answers a damaged small push with a Nack.
 func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
@@ -202,7 +233,7 @@ func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
 	}
 	key, ok := ss.coreKey(m.Transfer)
 	if !ok {
-		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: 1, Now: now})
+		s.stray(ss, "Resend", m.Transfer)
 		return
 	}
 	ss.link.Resends.Add(1)

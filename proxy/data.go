@@ -30,6 +30,7 @@ type streamConn interface {
 	Shutdown() // wakes reader and writer
 	Done()     // once per user; the last closes
 	SetSpin(d time.Duration)
+	Moved() (acked, received uint64, err error) // the kernel's byte counts (stall.go)
 }
 
 // closeUnused closes a stream connection that never got its reader and
@@ -79,6 +80,10 @@ type dataStream struct {
 	readerDone atomic.Bool
 	// writing: unix nanos when the writev in progress began; 0 when none.
 	writing atomic.Int64
+	// reading: unix nanos when the reader began reading a chunk's payload
+	// into a receive slot; 0 when none.
+	reading atomic.Int64
+	stall   stallWatch // the loop goroutine's only (stall.go)
 }
 
 type sendJob struct {
@@ -90,7 +95,12 @@ type sendJob struct {
 // attach takes over c as stream i, writes greet on it first when not nil
 // (the accepting side's DataAccept, before any chunk can follow it), and
 // starts the stream's goroutines; false if i is taken by a live stream or
-// c unusable. A dead stream i (its reader ended: the stream was lost) is
+// c unusable. With greet, the core hears that the stream is up
+// (EvStreamUp) before greet is written: the peer may ask for a pull the
+// moment it reads greet, and a pull the core took before it knew of any
+// stream failed. Chunks the core queues meanwhile wait for the writer,
+// which starts after greet. Without greet the caller tells the core.
+// A dead stream i (its reader ended: the stream was lost) is
 // replaced: it is stopped and its goroutines waited for first, so every
 // chunk it held is reported to the core before the new stream exists.
 func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
@@ -132,6 +142,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	}
 	ss.mu.Unlock()
 	if greet != nil {
+		ss.s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
 		if err := rc.Writev([][]byte{wire.AppendFrame(nil, greet, false, 0)}); err != nil {
 			ss.s.log.Warn("data stream lost while answering", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
 		}
@@ -347,6 +358,9 @@ func (ds *dataStream) readLoop() {
 	defer ds.wg.Done()
 	defer ds.rc.Done()
 	err := ds.read()
+	if d := ds.stall.declared.Load(); d != 0 && err != nil {
+		err = fmt.Errorf("stalled: no bytes moved for %v with a chunk to move (staging.stall_timeout): %w", time.Duration(d), err)
+	}
 	ds.readerDone.Store(true)
 	if ds.ss.ctx.Err() == nil {
 		ds.lost(err)
@@ -360,8 +374,9 @@ func (ds *dataStream) read() error {
 	meta := make([]byte, 0, wire.ChunkFixedSize+256*wire.ChunkSegSize)
 	var ch wire.Chunk
 	segs := make([]device.Seg, 0, 256)
-	var scratch []byte  // for draining refused payloads, made on first use
-	var announce []byte // inline Announce bodies, made on first use
+	var runs []device.Run // a KV chunk's, from resolveRuns
+	var scratch []byte    // for draining refused payloads, made on first use
+	var announce []byte   // inline Announce bodies, made on first use
 	rc := ds.rc
 	for {
 		if err := rc.ReadFull(hb[:wire.HeaderSize]); err != nil {
@@ -412,7 +427,11 @@ func (ds *dataStream) read() error {
 		x := ss.incoming(ch.Transfer)
 		var lerr error
 		if x != nil {
-			segs, lerr = x.resolve(&ch, segs[:0])
+			if x.kv != nil && !inline {
+				runs, lerr = x.resolveRuns(&ch, runs[:0])
+			} else {
+				segs, lerr = x.resolve(&ch, segs[:0])
+			}
 			if lerr == nil && inline && ch.Count != 1 {
 				x.release()
 				lerr = codeErr(wire.CodeMalformed, "inline chunk of transfer %d says %d chunks; an inline push has one", ch.Transfer, ch.Count)
@@ -443,23 +462,25 @@ func (ds *dataStream) read() error {
 			}
 			continue
 		}
-		slot, err := s.recvPool.Acquire(ss.ctx)
+		slot, err := s.recvPool.AcquireAs(ss.ctx, &ss.recvShare)
 		if err != nil {
 			x.release()
 			return err
 		}
 		buf := s.recvPool.Slot(slot).Slice(0, int(ch.PayloadLen))
 		t0 := time.Now()
+		ds.reading.Store(t0.UnixNano())
 		err = rc.ReadFull(buf.Host())
+		ds.reading.Store(0)
 		s.metrics.netNanos[netRecv].Add(int64(time.Since(t0)))
 		if err != nil {
-			s.recvPool.Release(slot)
+			s.recvPool.ReleaseAs(slot, &ss.recvShare)
 			x.release()
 			return fmt.Errorf("read chunk payload: %w", err)
 		}
 		if h.Flags&wire.FlagCRC != 0 {
 			if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
-				s.recvPool.Release(slot)
+				s.recvPool.ReleaseAs(slot, &ss.recvShare)
 				ss.damaged(x, &ch, got, h.CRC)
 				x.release()
 				continue
@@ -469,14 +490,19 @@ func (ds *dataStream) read() error {
 		ss.link.ChunksIn.Add(1)
 		idx, n := ch.Index, uint64(ch.PayloadLen)
 		t1 := time.Now()
-		err = s.copier().Scatter(segs, buf, func(err error) {
+		landed := func(err error) {
 			s.metrics.copyNanos[copyScatter].Add(int64(time.Since(t1)))
-			s.recvPool.Release(slot)
+			s.recvPool.ReleaseAs(slot, &ss.recvShare)
 			x.landed(idx, n, err)
 			x.release()
-		})
+		}
+		if x.kv != nil {
+			err = s.copier().ScatterRuns(runs, buf, landed)
+		} else {
+			err = s.copier().Scatter(segs, buf, landed)
+		}
 		if err != nil {
-			s.recvPool.Release(slot)
+			s.recvPool.ReleaseAs(slot, &ss.recvShare)
 			x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, s.dev, err), true)
 			x.release()
 		}

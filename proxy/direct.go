@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -40,6 +41,7 @@ const (
 	fbImportFailed    = "import_failed"    // importing the peer's handle failed
 	fbShmSetup        = "shm_setup_failed" // the shared ring could not be set up
 	fbShmPull         = "shm_pull_unsupported"
+	fbKV              = "kv_layout" // KV transfers convert layouts on the TCP path only
 )
 
 // fallbackError says the same-node path could not start; the transfer
@@ -54,6 +56,10 @@ func (e *fallbackError) Unwrap() error { return e.err }
 
 func fallback(reason string, err error) error { return &fallbackError{reason: reason, err: err} }
 
+// nodeInfoWait is how long a transfer waits for a same-node peer's
+// NodeInfo (sent right after the session comes up) before it goes by TCP.
+const nodeInfoWait = time.Second
+
 // choose picks the transport of a transfer on ss for a route that asks for
 // want (auto, tcp, ipc, shm). A reason is returned when a same-node path was
 // possible in principle (the peer shares our node) but cannot be used.
@@ -65,7 +71,7 @@ func (s *Server) choose(want string, ss *session, dir wire.Direction) (transport
 		return viaTCP, fallback(fbNoNodeSocket, fmt.Errorf("this sidecar serves no node socket in %s", s.cfg.NodeSocketDir()))
 	}
 	n := ss.node
-	if !n.waitInfo(handshakeTimeout/10) || n.peerSock == "" {
+	if !n.waitInfo(nodeInfoWait) || n.peerSock == "" {
 		return viaTCP, fallback(fbPeerNoSocket, fmt.Errorf("peer %s on this node offers no node socket; check its node.socket_dir and log", ss.peerName))
 	}
 	n.mu.Lock()

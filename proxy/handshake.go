@@ -24,9 +24,10 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// handshakeTimeout bounds every step before a session is established, so a
-// peer that connects and says nothing cannot hold a goroutine.
-const handshakeTimeout = 10 * time.Second
+// handshakeTimeout (limits.handshake_timeout) bounds every step before a
+// session or a data stream is established, so a peer that connects and
+// says nothing cannot hold a goroutine for long.
+func (s *Server) handshakeTimeout() time.Duration { return s.cfg.Limits.HandshakeTimeout }
 
 // proof is the HMAC-SHA256 of label and parts under the shared token: what
 // each side shows to prove it holds the token without sending it.
@@ -87,7 +88,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	ss := s.newSession(true, r.conf().Stripes)
 	ss.route, ss.addr, ss.linkName = r, addr, r.conf().Name
 	ss.link = s.link(r.conf().Name)
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	randBytes(ss.nonceC[:])
 	hello := &wire.Hello{VersionMin: wire.VersionMin, VersionMax: wire.VersionMax, NodeName: s.cfg.Node.Name,
 		HostID: s.hostID, Nonce: ss.nonceC, SlotSize: uint32(s.cfg.Staging.SlotSize), Window: uint32(s.cfg.Staging.Window)}
@@ -152,7 +153,7 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 		_ = raw.Close()
 		return nil, err
 	}
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetDeadline(time.Now().Add(ss.s.handshakeTimeout()))
 	// A session (or sidecar) closing meanwhile ends the handshake at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	defer stop()
@@ -168,19 +169,57 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	return c, nil
 }
 
+// sessionUp tells the Sender core of an established session. It runs
+// before anything (a data stream attaching, a request) can name the
+// session: on the dialing side once every stream is attached, on the
+// accepting side before Welcome (enlist).
+func (s *Server) sessionUp(ss *session) {
+	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+}
+
+// enlist makes a session we accepted known before its Welcome is written:
+// the core hears of it, and acceptData finds it (s.setup), since the peer
+// may open its data streams the moment it reads Welcome (PROTOCOL 8.3).
+// Nothing else sees it until register. The caller closes ss if anything
+// fails after this.
+func (s *Server) enlist(ss *session) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return errors.New("sidecar shutting down")
+	}
+	s.sessionUp(ss)
+	s.setup[ss.id] = ss
+	return nil
+}
+
 // register makes an established session live: the control connection goes
-// to gnet, the Sender core learns of it.
+// to gnet, the Sender core learns of it (when enlist did not already), and
+// stats, heartbeats and routes see it.
 func (s *Server) register(ss *session, c net.Conn) error {
 	s.mu.Lock()
 	if s.closing.Load() {
 		s.mu.Unlock()
 		return errors.New("sidecar shutting down")
 	}
-	// The core hears of the session before anything (a data stream
-	// attaching, a request) can name it.
-	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+	if ss.dialer {
+		s.sessionUp(ss)
+	}
+	delete(s.setup, ss.id)
 	s.sessions[ss.id] = ss
 	s.mu.Unlock()
+	// An accepted session may have closed while being set up (its last
+	// data stream lost): its close removed it from the maps before we
+	// added it here (then we see it closed), or removes it after.
+	ss.mu.Lock()
+	closed, cerr := ss.closed, ss.err
+	ss.mu.Unlock()
+	if closed {
+		s.mu.Lock()
+		delete(s.sessions, ss.id)
+		s.mu.Unlock()
+		return fmt.Errorf("session closed while being set up: %w", cerr)
+	}
 	if tc, ok := c.(*tls.Conn); ok {
 		// gnet drives raw sockets only: a TLS session gets goroutines.
 		ss.mu.Lock()
@@ -217,7 +256,8 @@ func (s *Server) register(ss *session, c net.Conn) error {
 }
 
 // acceptPeers serves the peer listener: each connection opens with Hello
-// (a control session) or DataHello (a data stream of one).
+// (a control session) or DataHello (a data stream of one). Connections
+// past the pre-authentication bounds are closed at once (preauth.go).
 func (s *Server) acceptPeers() {
 	defer s.wg.Done()
 	var active sync.WaitGroup
@@ -232,11 +272,18 @@ func (s *Server) acceptPeers() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		from := sourceAddr(c)
+		if reason, ok := s.preauth.admit(from); !ok {
+			s.preauth.refuse(c, reason)
+			continue
+		}
 		active.Add(1)
 		go func() {
 			defer active.Done()
-			if err := s.serveConn(c); err != nil {
-				s.log.Warn("refused peer connection", zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
+			err := s.serveConn(c)
+			s.preauth.release(from)
+			if err != nil {
+				s.preauth.log.Warn("refused peer connection", zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
 				_ = c.Close()
 			}
 		}()
@@ -244,7 +291,7 @@ func (s *Server) acceptPeers() {
 }
 
 func (s *Server) serveConn(c net.Conn) error {
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	// A shutdown must not wait for a peer that is slow to finish its
 	// handshake: expire the deadline at once.
 	hsDone := make(chan struct{})
@@ -290,7 +337,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		return fmt.Errorf("peer %s: no common protocol version", h.NodeName)
 	}
 	s.mu.Lock()
-	n := len(s.sessions)
+	n := len(s.sessions) + len(s.setup)
 	s.mu.Unlock()
 	if n >= s.cfg.Limits.MaxSessions {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: "too many sessions"})
@@ -326,28 +373,31 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	ss.streams = make([]*dataStream, maxStreams)
 	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(h.SlotSize))
 	ss.peerWindow = h.Window
-	if err := writeMsg(c, &wire.Welcome{SessionID: ss.sid, SlotSize: uint32(s.cfg.Staging.SlotSize),
-		Window: uint32(s.cfg.Staging.Window), MaxStreams: uint16(maxStreams)}); err != nil {
+	// The core learns of each data stream as it attaches (attach grows
+	// ss.stripes); streams that never arrive are never chosen.
+	ss.stripes = 0
+	if err := s.enlist(ss); err != nil {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeShutdown, Message: err.Error()})
 		return fail(err)
 	}
+	// From here on the session is known: undo it with close, which also
+	// tells the core and stops any stream that attached meanwhile.
+	if err := writeMsg(c, &wire.Welcome{SessionID: ss.sid, SlotSize: uint32(s.cfg.Staging.SlotSize),
+		Window: uint32(s.cfg.Staging.Window), MaxStreams: uint16(maxStreams)}); err != nil {
+		err = fmt.Errorf("send welcome: %w", err)
+		ss.close(err)
+		return err
+	}
 	_ = c.SetDeadline(time.Time{})
-	// The number of streams is known once the first data stream says how
-	// many the dialer opened; until then, a fixed upper bound. Streams
-	// that never arrive are simply never chosen (see attach).
-	ss.stripes = 0
-	return s.register(ss, c)
+	if err := s.register(ss, c); err != nil {
+		ss.close(err)
+		return err
+	}
+	return nil
 }
 
 func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
-	s.mu.Lock()
-	var ss *session
-	for _, x := range s.sessions {
-		if x.sid == h.SessionID && !x.dialer {
-			ss = x
-			break
-		}
-	}
-	s.mu.Unlock()
+	ss := s.acceptedSession(h.SessionID)
 	if ss == nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})
 		return errors.New("data stream for an unknown session")
@@ -361,12 +411,26 @@ func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
 		return fmt.Errorf("data stream %d of peer %s: index out of range", h.Stream, ss.peerName)
 	}
 	_ = c.SetDeadline(time.Time{})
-	// Attach (which answers DataAccept on the stream) and tell the core
-	// before the dialer can send a request that needs this stream: it
-	// sends none before it has every DataAccept.
+	// attach tells the core the stream is up before it answers DataAccept:
+	// the dialer may send a request that needs the stream the moment it
+	// reads DataAccept.
 	if !ss.attach(int(h.Stream), c, &wire.DataAccept{Stream: h.Stream}) {
 		return fmt.Errorf("data stream %d of peer %s: already attached or unusable", h.Stream, ss.peerName)
 	}
-	s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: int(h.Stream), Now: time.Now()})
+	return nil
+}
+
+// acceptedSession finds the session we accepted with id sid, live or
+// still being set up (Welcome written, control connection not yet live).
+func (s *Server) acceptedSession(sid [wire.SessionIDSize]byte) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range []map[uint64]*session{s.sessions, s.setup} {
+		for _, x := range m {
+			if x.sid == sid && !x.dialer {
+				return x
+			}
+		}
+	}
 	return nil
 }

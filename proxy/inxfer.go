@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -25,6 +26,8 @@ type inXfer struct {
 	total   uint64
 	local   *localXfer // our pull; nil for a peer's push
 	timeout time.Duration
+	kv      *kvlayout.Side // a KV transfer: chunks name canonical offsets, mapped here (kv.go)
+	kvn     *kvNote        // a peer's KV push: what Notify says landed
 
 	mu       sync.Mutex
 	count    uint32
@@ -50,6 +53,28 @@ func (ss *session) lookupIn(wireID uint64) *inXfer {
 // device ranges, appending to segs. On success the caller holds an inflight
 // reference to drop with release.
 func (x *inXfer) resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
+	segs, err := x.check(ch, segs)
+	if err == nil && x.kv != nil {
+		// Mapped outside x.mu: the streams of one transfer map their
+		// chunks at once (the side is read-only; the inflight reference
+		// keeps its regions).
+		segs = kvSegs(x.kv, x.regions, ch.Segs[0].Offset, ch.Segs[0].Len, segs)
+	}
+	return segs, err
+}
+
+// resolveRuns is resolve for a KV chunk (x.kv set): its canonical range
+// mapped to strided runs, appended to runs, for Copier.ScatterRuns.
+func (x *inXfer) resolveRuns(ch *wire.Chunk, runs []device.Run) ([]device.Run, error) {
+	_, err := x.check(ch, nil)
+	if err == nil {
+		runs = kvRuns(x.kv, x.regions, ch.Segs[0].Offset, ch.Segs[0].Len, runs)
+	}
+	return runs, err
+}
+
+// check is resolve under x.mu: everything but a KV chunk's mapping.
+func (x *inXfer) check(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.finished {
@@ -66,6 +91,15 @@ func (x *inXfer) resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error
 	}
 	if ch.Index >= x.count {
 		return segs, codeErr(wire.CodeMalformed, "chunk index %d of %d", ch.Index, x.count)
+	}
+	if x.kv != nil {
+		// A KV chunk's one segment is its place in the canonical stream;
+		// our own layout says where its rows go (kvResolve maps it).
+		if len(ch.Segs) != 1 || ch.Segs[0].Region != wire.KVRegion || !inRange(ch.Segs[0].Offset, uint64(ch.Segs[0].Len), x.total) {
+			return segs, codeErr(wire.CodeMalformed, "chunk %d of a KV transfer of %d B must name one canonical range inside it", ch.Index, x.total)
+		}
+		x.inflight++
+		return segs, nil
 	}
 	for i, cs := range ch.Segs {
 		if int(cs.Region) >= len(x.regions) {
@@ -116,6 +150,9 @@ func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	x.bits[idx/64] |= uint64(1) << (idx % 64)
 	x.nLanded++
 	x.bytes += n
+	if x.local != nil {
+		x.local.addDone(x.bytes) // our pull: XferStatus.Done counts landed bytes
+	}
 	complete := x.nLanded == x.count
 	var bad error
 	if complete && x.bytes != x.total {
@@ -202,6 +239,7 @@ func (x *inXfer) done(err error) {
 			s.log.Warn("incoming transfer failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", x.wireID), zap.String("tag", x.tag), zap.Error(err))
 		}
 		n := &wire.Notify{Transfer: x.wireID, Peer: ss.peerName, Route: routeName(ss), Tag: x.tag, Dir: x.dir, Bytes: bytes}
+		x.kvn.fill(n)
 		if err != nil {
 			n.Code, n.Message = errCode(err), err.Error()
 		}

@@ -346,6 +346,30 @@ func (c *client) handle(m wire.Msg, fd int) {
 		}
 		c.reply(&wire.OK{Req: m.Req})
 		return
+	case *wire.RegisterKV:
+		if err := s.registerKV(m); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.SubmitKV:
+		// The first KV transfer to a peer's cache waits for its shape (one
+		// round trip): answered aside, so the client's other requests go on.
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			t0 := time.Now()
+			lx, err := s.submitKV(s.ctx, m)
+			if err == nil {
+				s.metrics.kvAccepts.Add(1)
+				s.metrics.kvAcceptN.Add(uint64(time.Since(t0)))
+			}
+			if err != nil {
+				c.fail(m.Req, err)
+				return
+			}
+			c.reply(&wire.Submitted{Req: m.Req, Transfer: lx.id})
+		}()
 	case *wire.Unregister:
 		if err := s.regions.Unregister(m.Name); err != nil {
 			c.fail(m.Req, err)

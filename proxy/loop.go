@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"errors"
+	"runtime"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -17,6 +20,7 @@ const tickEvery = 100 * time.Millisecond
 // goroutine that touches s.core.
 func (s *Server) loop() {
 	defer s.wg.Done()
+	defer s.startMappers()()
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
@@ -25,6 +29,7 @@ func (s *Server) loop() {
 		case now := <-t.C:
 			s.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
 			s.checkStalled(now)
+			s.preauth.summarize(now, s.log)
 		case <-s.ctx.Done():
 			s.drainLoop()
 			return
@@ -33,6 +38,58 @@ func (s *Server) loop() {
 			s.perform(s.core.Step(ev))
 		}
 		s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
+	}
+}
+
+// gatherChunk enqueues the copy of chunk c's sources segs into its send
+// slot; the core hears EvCopyDone when it completed or failed.
+func (s *Server) gatherChunk(c staging.CopyCmd, segs []device.Seg) {
+	s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().Gather(buf, segs, done) })
+}
+
+// gatherWith is gatherChunk for any way of enqueueing the copy (segments
+// or runs) into the chunk's slot.
+func (s *Server) gatherWith(c staging.CopyCmd, enqueue func(buf device.Pinned, done func(error)) error) {
+	buf := s.sendPool.Slot(c.Slot).Slice(0, int(c.C.Len))
+	t0 := time.Now()
+	err := enqueue(buf, func(err error) {
+		s.metrics.copyNanos[copyGather].Add(int64(time.Since(t0)))
+		s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
+	})
+	if err != nil {
+		s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
+	}
+}
+
+// startMappers starts the goroutines that map and enqueue the copies of
+// mapped chunks (KV transfers), off the loop: mapping a chunk of a layout
+// that keeps heads apart walks thousands of rows. The loop owns them: the
+// returned func, run when the loop ends (after its drain), lets them
+// finish what was queued and waits.
+func (s *Server) startMappers() (stop func()) {
+	n := min(4, max(1, runtime.GOMAXPROCS(0)/2))
+	s.mapq = make(chan staging.CopyCmd, s.sendPool.Cap())
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for range n {
+		go func() {
+			defer wg.Done()
+			var segs []device.Seg
+			var runs []device.Run
+			for c := range s.mapq {
+				if c.C.HasRuns() {
+					runs = c.C.SourceRuns(runs[:0])
+					s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().GatherRuns(buf, runs, done) })
+					continue
+				}
+				segs = c.C.Sources(segs[:0])
+				s.gatherChunk(c, segs)
+			}
+		}()
+	}
+	return func() {
+		close(s.mapq)
+		wg.Wait()
 	}
 }
 
@@ -69,16 +126,11 @@ func (s *Server) drainLoop() {
 
 func (s *Server) perform(r *staging.Ready) {
 	for _, c := range r.Copies {
-		c := c
-		buf := s.sendPool.Slot(c.Slot).Slice(0, int(c.C.Len))
-		t0 := time.Now()
-		err := s.copier().Gather(buf, c.C.Src, func(err error) {
-			s.metrics.copyNanos[copyGather].Add(int64(time.Since(t0)))
-			s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
-		})
-		if err != nil {
-			s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
+		if c.C.Mapped() {
+			s.mapq <- c // never blocks: it holds a slot for each copy in flight
+			continue
 		}
+		s.gatherChunk(c, c.C.Src)
 	}
 	for _, c := range r.Sends {
 		s.mu.Lock()
@@ -121,11 +173,18 @@ func (s *Server) perform(r *staging.Ready) {
 			s.finishLocal(ox.local, err)
 			continue
 		}
-		// A pull we served: tell subscribers, and the peer if it failed here.
-		if err != nil && errCode(err) != wire.CodePeerUnavailable {
+		// A pull we served: tell subscribers, and the peer whenever it
+		// failed here, whatever the cause. A pull that failed for want of
+		// a data stream while its session lives (the stream broke, or none
+		// was up yet) was once left unanswered, and the requester waited
+		// for its chunks until its own deadline. On a closed session send
+		// drops the Nack: the requester hears of that from the session
+		// itself. A pull the requester ended with its own Nack needs none.
+		if err != nil && !errors.As(d.Err, new(nackedByPeer)) {
 			ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
 		}
 		n := &wire.Notify{Transfer: ox.wireID, Peer: ox.ss.peerName, Route: routeName(ox.ss), Tag: ox.tag, Dir: wire.Pull, Bytes: d.Bytes}
+		ox.kvn.fill(n)
 		if err != nil {
 			n.Code, n.Message = errCode(err), err.Error()
 			ox.ss.link.XfersFailed.Add(1)
@@ -134,11 +193,25 @@ func (s *Server) perform(r *staging.Ready) {
 		}
 		s.notify(n)
 	}
+	if len(r.Progress) > 0 {
+		s.progress(r.Progress)
+	}
 	for _, k := range r.Retired {
 		s.retire(k)
 	}
 	if len(r.Taint) > 0 {
 		s.renewSlots(append([]int(nil), r.Taint...))
+	}
+}
+
+// progress moves XferStatus.Done of our pushes as their acks arrive.
+func (s *Server) progress(ps []staging.Progress) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		if ox := s.outs[p.Transfer]; ox != nil && ox.local != nil {
+			ox.local.addDone(p.Bytes)
+		}
 	}
 }
 
@@ -172,6 +245,7 @@ func (s *Server) checkStalled(now time.Time) {
 	s.mu.Unlock()
 	for _, ss := range sess {
 		ss.checkStalled(now)
+		ss.watchStreams(now)
 		ss.expireInline(now)
 		ss.keepAlive(now)
 	}

@@ -28,6 +28,9 @@ type metrics struct {
 	copyNanos [2]atomic.Int64          // gather, scatter: device copy time (enqueue to done)
 	netNanos  [2]atomic.Int64          // send, receive: time in writev / recv of payloads
 	renewals  atomic.Int64             // spliced send slots given fresh pages
+	stalls    atomic.Int64             // data streams dropped by the stall watchdog (stall.go)
+	kvAccepts atomic.Uint64            // KV transfers accepted from local engines
+	kvAcceptN atomic.Uint64            // nanoseconds spent accepting them (kv.go)
 }
 
 const (
@@ -93,12 +96,15 @@ var (
 	descCRCErrs   = prometheus.NewDesc("stage_checksum_errors_total", "Chunks that arrived damaged (CRC32C mismatch), by link.", []string{"link"}, nil)
 	descDups      = prometheus.NewDesc("stage_duplicate_chunks_total", "Second copies of chunks that had landed already (sent again after a stream loss), by link.", []string{"link"}, nil)
 	descNet       = prometheus.NewDesc("stage_network_seconds_total", "Time spent in socket calls moving chunk payloads, by direction.", []string{"direction"}, nil)
+	descRefused   = prometheus.NewDesc("stage_preauth_refused_total", "Peer connections closed as soon as accepted because too many handshakes were in progress, by bound: total (limits.max_handshakes) or per_addr (limits.max_handshakes_per_addr).", []string{"reason"}, nil)
+	descPreauth   = prometheus.NewDesc("stage_preauth_connections", "Peer connections accepted whose handshake is in progress.", nil, nil)
+	descStalls    = prometheus.NewDesc("stage_stream_stalls_total", "Data streams dropped because they moved no bytes for staging.stall_timeout with a chunk to write or half read.", nil, nil)
 	descRenewals  = prometheus.NewDesc("stage_send_slot_renewals_total", "Send slots given fresh pages because a chunk spliced from them was given up unanswered (splice send).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBytes, descChunks, descXfers, descInline, descSessions, descSlots, descSlotsUsed,
-		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet, descRedials, descResent, descCRCErrs, descDups, descRenewals} {
+		descSlotBytes, descRegions, descMappings, descActive, descCopy, descNet, descRedials, descResent, descCRCErrs, descDups, descRenewals, descRefused, descPreauth, descStalls} {
 		ch <- d
 	}
 }
@@ -132,6 +138,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netSend].Load())/1e9, "send")
 	ch <- prometheus.MustNewConstMetric(descNet, prometheus.CounterValue, float64(c.m.netNanos[netRecv].Load())/1e9, "receive")
 	ch <- prometheus.MustNewConstMetric(descRenewals, prometheus.CounterValue, float64(c.m.renewals.Load()))
+	for r, label := range refusedLabels {
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(c.s.preauth.refused[r].Load()), label)
+	}
+	ch <- prometheus.MustNewConstMetric(descPreauth, prometheus.GaugeValue, float64(c.s.preauth.inProgress()))
+	ch <- prometheus.MustNewConstMetric(descStalls, prometheus.CounterValue, float64(c.m.stalls.Load()))
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr (metrics.listen).

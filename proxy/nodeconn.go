@@ -41,7 +41,7 @@ func (n *nodeState) getConn(ss *session) (*nodeConn, error) {
 		return nil, fmt.Errorf("session with %s closed", ss.peerName)
 	}
 	nc := &nodeConn{c: c}
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetDeadline(time.Now().Add(ss.s.handshakeTimeout()))
 	if err := nc.call(&wire.NodeHello{SessionID: ss.sid, Proof: ss.nodeProof()}, -1); err != nil {
 		n.drop(nc)
 		return nil, fmt.Errorf("node socket of %s: %w", ss.peerName, err)

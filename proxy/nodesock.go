@@ -125,7 +125,7 @@ func (ss *session) nodeProof() [wire.ProofSize]byte {
 // nodeHello authenticates a node connection: the first frame must name an
 // established session with a peer on this node and carry its proof.
 func (s *Server) nodeHello(c *net.UnixConn) (*session, error) {
-	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	_, m, fd, _, err := readUnixFrame(c, nil)
 	closeFD(fd)
 	if err != nil {

@@ -113,6 +113,9 @@ func (s *Server) ApplyRoutes(cfg *config.Config) (added, removed, changed []stri
 	if old.Security != cfg.Security {
 		restart = append(restart, "security")
 	}
+	if old.Limits != cfg.Limits {
+		restart = append(restart, "limits")
+	}
 	sort.Strings(added)
 	sort.Strings(removed)
 	sort.Strings(changed)

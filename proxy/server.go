@@ -50,6 +50,8 @@ type Server struct {
 	lane       *staging.Lane
 
 	regions *Regions
+	kv      kvTable              // KV caches and peers' shapes (kv.go)
+	mapq    chan staging.CopyCmd // mapped chunks to map and gather (loop.go, startMappers)
 
 	peerLn  net.Listener
 	localLn *net.UnixListener
@@ -76,6 +78,12 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
+	// setup holds sessions we accepted whose Welcome is out but whose
+	// control connection is not live yet (acceptSession): only acceptData
+	// looks here, so their data streams attach while nothing else (stats,
+	// heartbeats, routes) sees a session without a control connection.
+	setup    map[uint64]*session
+	preauth  *preauth // peer connections before their handshake ends (preauth.go)
 	routes   map[string]*route
 	outs     map[uint64]*outXfer   // core key -> outgoing transfer
 	xfers    map[uint64]*localXfer // engine-facing transfers by id
@@ -105,9 +113,11 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
 		regions: newRegions(dev), mbox: newMailbox(),
-		sessions: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
+		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
 		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
+	s.kv.init()
+	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
 	s.regions.onUnregister = s.revokeRegion
 	s.faultImport = os.Getenv(FaultImportEnv) == "1"
@@ -242,8 +252,11 @@ func (s *Server) Close() error {
 		_ = s.metricsSrv.Close()
 	}
 	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions))
+	sess := make([]*session, 0, len(s.sessions)+len(s.setup))
 	for _, ss := range s.sessions {
+		sess = append(sess, ss)
+	}
+	for _, ss := range s.setup {
 		sess = append(sess, ss)
 	}
 	cls := make([]*client, 0, len(s.clients))

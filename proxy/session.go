@@ -39,6 +39,10 @@ type session struct {
 	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
 	node    *nodeState // same-node paths (nodestate.go)
+	// recvShare: the receive slots its streams' readers hold, for the
+	// fair shares among peers (staging.Pool.AcquireAs).
+	recvShare staging.Tenant
+	watched   []*dataStream // the stall watchdog's reused copy of streams (loop goroutine)
 
 	lastRecv atomic.Int64  // unix nanos of the last control frame from the peer
 	lastSent atomic.Int64  // unix nanos of the last control frame to the peer
@@ -47,6 +51,8 @@ type session struct {
 	mu       sync.Mutex
 	in       map[uint64]*inXfer     // chunks we receive, by wire id
 	served   map[uint64]uint64      // wire id of a pull we serve -> core key
+	retired  map[uint64]uint64      // pulls we served that retired: their late Acks still reach the core
+	retRing  []uint64               // their wire ids, oldest first (bounded by maxRetired)
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
 	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
 	goneRing []uint64               // their ids, oldest first (bounded)
@@ -64,7 +70,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, retired: map[uint64]uint64{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
@@ -149,7 +155,9 @@ func (ss *session) close(err error) {
 	s := ss.s
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
+	delete(s.setup, ss.id)
 	s.mu.Unlock()
+	s.kv.forgetSession(ss.id)
 	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %v", ss.peerName, ss.addr, err)
 	for _, x := range in {
 		x.fail(perr, false)
@@ -162,17 +170,14 @@ func (ss *session) close(err error) {
 
 // Liveness of control sessions: a side that has sent nothing for
 // heartbeatEvery sends a Heartbeat, so a peer that hears nothing for
-// peerSilence is gone (dead, stopped, or behind a half-open connection)
-// and the session is closed, failing its transfers at once rather than
-// at their progress deadlines.
-const (
-	heartbeatEvery = time.Second
-	peerSilence    = 5 * time.Second
-)
+// limits.session_silence (at least two heartbeats) is gone (dead,
+// stopped, or behind a half-open connection) and the session is closed,
+// failing its transfers at once rather than at their progress deadlines.
+const heartbeatEvery = time.Second
 
 // keepAlive runs on the sender loop's tick.
 func (ss *session) keepAlive(now time.Time) {
-	if silent := now.Sub(time.Unix(0, ss.lastRecv.Load())); silent > peerSilence {
+	if silent := now.Sub(time.Unix(0, ss.lastRecv.Load())); silent > ss.s.cfg.Limits.SessionSilence {
 		ss.close(fmt.Errorf("peer silent for %v (no heartbeat): dead, stopped, or the connection is half-open", silent.Round(time.Millisecond)))
 		return
 	}

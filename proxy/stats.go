@@ -32,7 +32,8 @@ func (s *Server) Snapshot() Stats {
 	st := Stats{Node: s.cfg.Node.Name, Device: s.dev.String(), Listen: s.PeerAddr(), UptimeS: time.Since(s.start).Seconds(),
 		SlotSize: s.sendPool.SlotSize(), SendSlots: s.sendPool.Cap(), SendInUse: int(s.sendInUse.Load()),
 		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
-		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds()}
+		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds(),
+		KVAccepts: s.metrics.kvAccepts.Load(), KVAcceptNanos: s.metrics.kvAcceptN.Load()}
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
 	for _, ss := range s.sessions {

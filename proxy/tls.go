@@ -136,7 +136,7 @@ func (s *Server) dialTLS(ctx context.Context, c net.Conn, addr string) (net.Conn
 		return c, nil
 	}
 	tc := tls.Client(c, s.tls.clientConfig(addr))
-	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	hctx, cancel := context.WithTimeout(ctx, s.handshakeTimeout())
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
 		return nil, s.tlsDialErr(addr, err)

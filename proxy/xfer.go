@@ -30,12 +30,15 @@ type localXfer struct {
 	mu      sync.Mutex
 	state   wire.State
 	err     error
-	doneB   uint64
 	started time.Time
 	ended   time.Time
 	done    chan struct{}
 	onDone  []func()    // run once when it finishes (SubmitWait answers)
 	inline  atomic.Bool // sent on the latency path (set before it is sent)
+	// doneB is XferStatus.Done: bytes acked (push) or landed (pull) so
+	// far. It only grows, and is written as acks arrive (the sender loop)
+	// or chunks land (a stream's scatter callback), so it takes no lock.
+	doneB atomic.Uint64
 }
 
 // whenDone runs f once the transfer has finished: at once if it has.
@@ -50,16 +53,21 @@ func (lx *localXfer) whenDone(f func()) {
 	f()
 }
 
+// addDone raises the progress count to n; a smaller n (an older report
+// that lost a race) changes nothing.
 func (lx *localXfer) addDone(n uint64) {
-	lx.mu.Lock()
-	lx.doneB = max(lx.doneB, n)
-	lx.mu.Unlock()
+	for {
+		old := lx.doneB.Load()
+		if n <= old || lx.doneB.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 func (lx *localXfer) status(req uint64) *wire.XferStatus {
 	lx.mu.Lock()
 	defer lx.mu.Unlock()
-	st := &wire.XferStatus{Req: req, Transfer: lx.id, State: lx.state, Done: lx.doneB, Total: lx.total}
+	st := &wire.XferStatus{Req: req, Transfer: lx.id, State: lx.state, Done: lx.doneB.Load(), Total: lx.total}
 	if lx.err != nil {
 		st.Code, st.Message = errCode(lx.err), lx.err.Error()
 	}
@@ -78,6 +86,7 @@ type outXfer struct {
 	regions  []*Region
 	timeout  time.Duration
 	tag      string
+	kvn      *kvNote // a KV pull we serve: what Notify says was sent
 
 	// The chunk plan is made when the push goes to the sender core: a
 	// same-node push copies ops as they are and never needs one. Its
@@ -104,14 +113,9 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes.
 func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error) {
-	if s.closing.Load() || s.draining.Load() {
-		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
-	}
-	s.mu.Lock()
-	r := s.routes[m.Route]
-	s.mu.Unlock()
-	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", m.Route, s.routeNames())
+	r, err := s.openRoute(m.Route)
+	if err != nil {
+		return nil, err
 	}
 	if len(m.Ops) == 0 {
 		return nil, codeErr(wire.CodeBadRequest, "transfer has no ops")
@@ -139,13 +143,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	if err != nil {
 		return nil, err
 	}
-	checksum := r.conf().Checksum
-	switch m.Checksum {
-	case wire.ChecksumOn:
-		checksum = true
-	case wire.ChecksumOff:
-		checksum = false
-	}
+	checksum := checksumFor(r, m.Checksum)
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
 		timeout: r.conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
@@ -186,24 +184,63 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	for i, op := range m.Ops {
 		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}
 	}
-	ss.mu.Lock()
-	closed := ss.closed
-	if !closed {
-		ss.in[lx.wireID] = x
-	}
-	ss.mu.Unlock()
+	ok := s.expectPull(x)
 	releaseAll(regions) // the localXfer's own references; x holds its own
-	if closed {
-		x.mu.Lock()
-		x.finished = true
-		x.mu.Unlock()
-		x.maybeRelease()
-		s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+	if !ok {
 		return lx, nil
 	}
 	lx.setState(wire.StateRunning)
 	s.startPull(r, x, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
 	return lx, nil
+}
+
+// openRoute is the route an engine's transfer names, while the sidecar
+// takes transfers.
+func (s *Server) openRoute(name string) (*route, error) {
+	if s.closing.Load() || s.draining.Load() {
+		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
+	}
+	s.mu.Lock()
+	r := s.routes[name]
+	s.mu.Unlock()
+	if r == nil {
+		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", name, s.routeNames())
+	}
+	return r, nil
+}
+
+// checksumFor is whether a transfer on r carries CRC32Cs: as the engine
+// chose, else as the route says.
+func checksumFor(r *route, choice uint8) bool {
+	switch choice {
+	case wire.ChecksumOn:
+		return true
+	case wire.ChecksumOff:
+		return false
+	}
+	return r.conf().Checksum
+}
+
+// expectPull registers our pull's incoming transfer x on its session
+// before the request goes out; when the session closed meanwhile, it
+// fails the engine's transfer and reports false.
+func (s *Server) expectPull(x *inXfer) bool {
+	ss := x.ss
+	ss.mu.Lock()
+	closed := ss.closed
+	if !closed {
+		ss.in[x.wireID] = x
+	}
+	ss.mu.Unlock()
+	if !closed {
+		return true
+	}
+	x.mu.Lock()
+	x.finished = true
+	x.mu.Unlock()
+	x.maybeRelease()
+	s.finishLocal(x.local, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+	return false
 }
 
 func (lx *localXfer) setState(st wire.State) {
@@ -241,11 +278,18 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		return
 	}
 	if key, ok := ss.coreKey(m.Transfer); ok {
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
 		return
 	}
 	s.stray(ss, "Nack", m.Transfer)
 }
+
+// nackedByPeer marks the failure of a pull we serve that the requester
+// itself reported (its Nack): it is not answered with a Nack of ours,
+// which the requester, done with the transfer, could only log as stray.
+type nackedByPeer struct{ error }
+
+func (e nackedByPeer) Unwrap() error { return e.error }
 
 // retire forgets an outgoing transfer and lets go of its regions.
 func (s *Server) retire(key uint64) {
@@ -260,6 +304,7 @@ func (s *Server) retire(key uint64) {
 	if ox.local == nil {
 		ox.ss.mu.Lock()
 		delete(ox.ss.served, ox.wireID)
+		ox.ss.keepRetiredLocked(ox.wireID, key)
 		ox.ss.mu.Unlock()
 	}
 }
@@ -272,7 +317,8 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 		return
 	}
 	if err == nil {
-		lx.state, lx.doneB = wire.StateDone, lx.total
+		lx.state = wire.StateDone
+		lx.addDone(lx.total)
 	} else {
 		lx.state, lx.err = wire.StateFailed, err
 	}
@@ -280,10 +326,8 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	cbs := lx.onDone
 	lx.onDone = nil
 	lx.mu.Unlock()
-	close(lx.done)
-	for _, f := range cbs {
-		f()
-	}
+	// Counted before the engine can hear of the end (Wait, SubmitWait),
+	// so stats and metrics read after that answer include this transfer.
 	if lx.ss != nil {
 		if err == nil {
 			lx.ss.link.XfersOK.Add(1)
@@ -292,6 +336,10 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 		}
 	}
 	s.metrics.transferDone(lx.dir, lx.started, err)
+	close(lx.done)
+	for _, f := range cbs {
+		f()
+	}
 	if err != nil {
 		s.log.Info("transfer failed", zap.Uint64("transfer", lx.id), zap.String("route", lx.route), zap.Stringer("dir", lx.dir), zap.String("tag", lx.tag), zap.Error(err))
 	}

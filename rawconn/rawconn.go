@@ -92,6 +92,42 @@ func (r *Conn) Done() {
 	}
 }
 
+// Moved reports the kernel's running byte counts of the socket (TCP_INFO):
+// bytes of ours the peer acknowledged, and bytes received from it. A
+// watchdog compares them over time to tell a stalled stream from a slow
+// one, at no cost to the data path: a blocked writev or recv shows no
+// progress of its own until it returns. It fails once the socket closed.
+func (r *Conn) Moved() (acked, received uint64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // Done closes the fd under mu: it cannot be reused meanwhile
+	if r.users == 0 {
+		return 0, 0, net.ErrClosed
+	}
+	return tcpMoved(r.fd)
+}
+
+// tcpMoved reads fd's TCP_INFO byte counts.
+func tcpMoved(fd int) (acked, received uint64, err error) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, 0, fmt.Errorf("TCP_INFO: %w", err)
+	}
+	return info.Bytes_acked, info.Bytes_received, nil
+}
+
+// MovedFD is Moved for a socket not driven by a Conn (a TLS stream's).
+func MovedFD(c syscall.Conn) (acked, received uint64, err error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, 0, err
+	}
+	cerr := rc.Control(func(fd uintptr) { acked, received, err = tcpMoved(int(fd)) })
+	if cerr != nil {
+		return 0, 0, cerr
+	}
+	return acked, received, err
+}
+
 // Writev writes every byte of bufs (it reslices bufs as it goes).
 func (r *Conn) Writev(bufs [][]byte) error {
 	for len(bufs) > 0 {

@@ -19,6 +19,7 @@ type Copier struct {
 	jobs   chan copyJob
 	wg     sync.WaitGroup
 	closed bool
+	expand []device.Seg // runs expanded for a stream without RunCopier (c.mu held)
 }
 
 type copyJob struct {
@@ -56,6 +57,29 @@ func (c *Copier) Gather(dst device.Pinned, segs []device.Seg, done func(error)) 
 // Scatter enqueues slot -> device; done runs after it completed.
 func (c *Copier) Scatter(segs []device.Seg, src device.Pinned, done func(error)) error {
 	return c.enqueue(func() error { return c.stream.Scatter(segs, src) }, done)
+}
+
+// GatherRuns enqueues device runs -> slot; done runs after it completed.
+// A stream without device.RunCopier gets the runs as segments.
+func (c *Copier) GatherRuns(dst device.Pinned, runs []device.Run, done func(error)) error {
+	return c.enqueue(func() error {
+		if rc, ok := c.stream.(device.RunCopier); ok {
+			return rc.GatherRuns(dst, runs)
+		}
+		c.expand = device.AppendRunSegs(c.expand[:0], runs)
+		return c.stream.Gather(dst, c.expand)
+	}, done)
+}
+
+// ScatterRuns enqueues slot -> device runs; done runs after it completed.
+func (c *Copier) ScatterRuns(runs []device.Run, src device.Pinned, done func(error)) error {
+	return c.enqueue(func() error {
+		if rc, ok := c.stream.(device.RunCopier); ok {
+			return rc.ScatterRuns(runs, src)
+		}
+		c.expand = device.AppendRunSegs(c.expand[:0], runs)
+		return c.stream.Scatter(c.expand, src)
+	}, done)
 }
 
 func (c *Copier) enqueue(copyFn func() error, done func(error)) error {

@@ -31,15 +31,8 @@ func openDev(t *testing.T) *hostmem.Dev {
 
 func TestCopierOrderAndRecovery(t *testing.T) {
 	dev := openDev(t)
-	mem, err := hostmem.NewShared("copier", 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, m := sharedMapping(t, dev, "copier", 1<<20)
 	defer mem.Close()
-	m, err := dev.Import(mem.Handle())
-	if err != nil {
-		t.Fatal(err)
-	}
 	pool, err := staging.NewPool(dev, 64<<10, 4)
 	if err != nil {
 		t.Fatal(err)

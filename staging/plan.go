@@ -25,10 +25,42 @@ type DstSeg struct {
 
 // Chunk is at most one slot of payload: the sender gathers Src into a slot,
 // the receiver scatters the slot into Dst. Both lists cover Len bytes in order.
+//
+// A chunk of a mapped plan (NewMappedPlan) has no Src: its sources are
+// bytes [Off, Off+Len) of the plan's stream, mapped by Sources where the
+// copy is enqueued, so that the mapping (thousands of rows for a KV layout
+// that keeps heads apart) runs beside the sender core, not inside it.
 type Chunk struct {
-	Len uint32
-	Src []device.Seg
-	Dst []DstSeg
+	Len    uint32
+	Src    []device.Seg
+	Dst    []DstSeg
+	Off    uint64
+	gather GatherFunc
+	runs   RunFunc
+}
+
+// HasRuns reports whether the chunk's sources come from SourceRuns.
+func (c *Chunk) HasRuns() bool { return c.runs != nil }
+
+// SourceRuns returns a mapped chunk's sources as strided runs appended to
+// buf (HasRuns must hold): a backend with a strided kernel takes them as
+// they are, one per block run where Sources gives a segment per row.
+func (c *Chunk) SourceRuns(buf []device.Run) []device.Run {
+	return c.runs(c.Off, c.Len, buf)
+}
+
+// Mapped reports whether the chunk's sources come from Sources (and, with
+// HasRuns, SourceRuns).
+func (c *Chunk) Mapped() bool { return c.gather != nil }
+
+// Sources returns the chunk's source segments: Src, or for a mapped chunk
+// its stream range mapped now, appended to buf. GatherFunc must be safe for
+// concurrent use (kvlayout sides are).
+func (c *Chunk) Sources(buf []device.Seg) []device.Seg {
+	if c.gather == nil {
+		return c.Src
+	}
+	return c.gather(c.Off, c.Len, buf)
 }
 
 // slabSegs is how many segments one allocation of a plan's segment slabs
@@ -61,7 +93,23 @@ type Plan struct {
 	// earlier chunk's segments, so growing one copies only the chunk.
 	src []device.Seg
 	dst []DstSeg
+
+	// A mapped plan (NewMappedPlan) has no ops: gather maps its stream
+	// to source segments, and each chunk's one destination segment names
+	// its offset in the stream.
+	gather    GatherFunc
+	runs      RunFunc
+	dstRegion uint32
 }
+
+// GatherFunc appends to segs the source segments of bytes [off, off+n) of a
+// mapped transfer's stream, in order, and returns the extended slice. It
+// may be called from several goroutines at once.
+type GatherFunc func(off uint64, n uint32, segs []device.Seg) []device.Seg
+
+// RunFunc is GatherFunc for strided runs: it appends the runs of bytes
+// [off, off+n) of a mapped transfer's stream to runs, in order.
+type RunFunc func(off uint64, n uint32, runs []device.Run) []device.Run
 
 // NewPlan checks ops (none empty, the total neither zero nor overflowing)
 // and returns a plan that cuts them into chunks of at most chunkSize bytes
@@ -93,6 +141,34 @@ func NewPlan(ops []PlanOp, chunkSize int) (*Plan, error) {
 		return nil, fmt.Errorf("staging: %d B in %d B chunks makes %d chunks, more than a transfer can count", total, cs, n)
 	}
 	return &Plan{Total: total, ops: ops, cs: cs, n: int(n), chunks: make([]Chunk, 0, n)}, nil
+}
+
+// NewMappedPlan is a plan over a stream of total bytes whose source segments
+// gather computes when each chunk is copied (Chunk.Sources; a KV transfer:
+// the sender's layout mapped to the canonical order). Each chunk's destination is one segment
+// of region dstRegion whose Off is the chunk's offset in the stream: the
+// receiver maps it with its own layout.
+func NewMappedPlan(total uint64, chunkSize int, dstRegion uint32, gather GatherFunc) (*Plan, error) {
+	if total == 0 {
+		return nil, fmt.Errorf("staging: empty transfer")
+	}
+	p, err := NewPlan([]PlanOp{{Len: total}}, chunkSize)
+	if err != nil {
+		return nil, err
+	}
+	p.ops, p.gather, p.dstRegion = nil, gather, dstRegion
+	return p, nil
+}
+
+// NewMappedRunPlan is NewMappedPlan whose chunks also map to strided runs
+// (Chunk.SourceRuns); gather maps the same bytes to segments.
+func NewMappedRunPlan(total uint64, chunkSize int, dstRegion uint32, gather GatherFunc, runs RunFunc) (*Plan, error) {
+	p, err := NewMappedPlan(total, chunkSize, dstRegion, gather)
+	if err != nil {
+		return nil, err
+	}
+	p.runs = runs
+	return p, nil
 }
 
 // MakePlan is NewPlan with every chunk cut at once.
@@ -135,6 +211,13 @@ func (p *Plan) cut() {
 	}
 	src, dst := p.src, p.dst
 	want := p.ChunkLen(len(p.chunks))
+	if p.gather != nil {
+		off := uint64(len(p.chunks)) * p.cs
+		dst = append(dst, DstSeg{Region: p.dstRegion, Len: want, Off: off})
+		p.chunks = append(p.chunks, Chunk{Len: want, Dst: dst[:len(dst):len(dst)], Off: off, gather: p.gather, runs: p.runs})
+		p.dst = dst[len(dst):]
+		return
+	}
 	var got uint32
 	for got < want {
 		op := &p.ops[p.op]
@@ -169,5 +252,8 @@ func (p *Plan) cut() {
 // ops (each may start a segment, each chunk boundary cut one more), at
 // most slabSegs.
 func (p *Plan) slab() int {
+	if p.gather != nil {
+		return slabSegs
+	}
 	return min(slabSegs, len(p.ops)-p.op+p.n-len(p.chunks))
 }

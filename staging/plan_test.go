@@ -3,6 +3,7 @@ package staging
 import (
 	"math/rand/v2"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/stage-kv/stage/device"
@@ -256,5 +257,95 @@ func BenchmarkMakePlan65536Blocks(b *testing.B) {
 		if _, err := MakePlan(ops, 4<<20); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A mapped plan cuts its stream into chunks of the chunk size, asks gather
+// for exactly each chunk's bytes, and addresses each chunk's destination by
+// its stream offset.
+func TestMappedPlan(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		total        uint64
+		chunk, piece int
+	}{
+		{"one short chunk", 100, 4096, 10},
+		{"exact chunks", 3 * 4096, 4096, 256},
+		{"pieces across chunks", 10000, 4096, 300},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var asked uint64
+			var mu sync.Mutex
+			// Pieces of the stream come from addresses in reverse order:
+			// piece k lives at 1<<20 - (k+1)*piece.
+			gather := func(off uint64, n uint32, segs []device.Seg) []device.Seg {
+				mu.Lock()
+				asked += uint64(n)
+				mu.Unlock()
+				for end := off + uint64(n); off < end; {
+					k := off / uint64(tt.piece)
+					in := off % uint64(tt.piece)
+					m := min(uint64(tt.piece)-in, end-off)
+					segs = append(segs, device.Seg{Addr: device.Addr(1<<20 - (k+1)*uint64(tt.piece) + in), Len: m})
+					off += m
+				}
+				return segs
+			}
+			p, err := NewMappedPlan(tt.total, tt.chunk, 77, gather)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := int((tt.total + uint64(tt.chunk) - 1) / uint64(tt.chunk))
+			if p.Len() != want {
+				t.Fatalf("%d chunks, want %d", p.Len(), want)
+			}
+			var off uint64
+			for i := 0; i < p.Len(); i++ {
+				c := p.Chunk(i)
+				if !c.Mapped() || c.Src != nil || c.Off != off {
+					t.Fatalf("chunk %d: mapped %v, Src %v, Off %d; want mapped at %d", i, c.Mapped(), c.Src, c.Off, off)
+				}
+				if src := c.Sources(nil); c.Len != p.ChunkLen(i) || device.SegsLen(src) != uint64(c.Len) {
+					t.Fatalf("chunk %d: Len %d, ChunkLen %d, sources %d B", i, c.Len, p.ChunkLen(i), device.SegsLen(src))
+				}
+				if len(c.Dst) != 1 || c.Dst[0] != (DstSeg{Region: 77, Len: c.Len, Off: off}) {
+					t.Fatalf("chunk %d: destination %+v, want one segment of region 77 at %d", i, c.Dst, off)
+				}
+				off += uint64(c.Len)
+			}
+			if off != tt.total || asked != tt.total {
+				t.Fatalf("chunks cover %d B, gather asked for %d, want %d", off, asked, tt.total)
+			}
+		})
+	}
+	if _, err := NewMappedPlan(0, 4096, 0, nil); err == nil {
+		t.Fatal("an empty mapped plan was accepted")
+	}
+}
+
+// TestMappedRunPlan: a mapped plan with a RunFunc hands each chunk's own
+// stream range to it, and one without has no runs.
+func TestMappedRunPlan(t *testing.T) {
+	runs := func(off uint64, n uint32, rs []device.Run) []device.Run {
+		return append(rs, device.Run{Addr: device.Addr(off), Len: n, N1: 1, N2: 1})
+	}
+	segs := func(uint64, uint32, []device.Seg) []device.Seg { return nil }
+	p, err := NewMappedRunPlan(10000, 4096, 5, segs, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range p.Len() {
+		c := p.Chunk(i)
+		got := c.SourceRuns(nil)
+		if !c.HasRuns() || len(got) != 1 || uint64(got[0].Addr) != uint64(i)*4096 || got[0].Len != p.ChunkLen(i) {
+			t.Fatalf("chunk %d: runs %v (has %v), want one at %d of %d B", i, got, c.HasRuns(), i*4096, p.ChunkLen(i))
+		}
+	}
+	q, err := NewMappedPlan(100, 4096, 5, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Chunk(0).HasRuns() {
+		t.Fatal("a plan without a RunFunc says its chunks have runs")
 	}
 }

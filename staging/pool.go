@@ -29,6 +29,19 @@ type Pool struct {
 	tokens chan struct{}
 	mu     sync.Mutex
 	stack  []int
+
+	// Fair shares among tenants (AcquireAs, fair.go), on fmu.
+	fmu      sync.Mutex
+	active   int           // tenants holding or waiting for a slot
+	sleepers int           // AcquireAs calls waiting on wake
+	wake     chan struct{} // closed when a tenant's slot comes back and someone sleeps
+}
+
+// Tenant is one user of a Pool's fair shares: a peer session's data
+// stream readers. Its zero value is ready; it belongs to one pool.
+type Tenant struct {
+	held    int // on the pool's fmu
+	waiting int
 }
 
 // NewPool allocates slots*slotSize bytes of pinned memory on dev.
@@ -152,6 +165,75 @@ func (p *Pool) Release(i int) {
 	p.stack = append(p.stack, i)
 	p.mu.Unlock()
 	p.tokens <- struct{}{}
+}
+
+// AcquireAs is Acquire for tenant t, within its fair share (fair.go): a
+// tenant at or over its share among the tenants holding or waiting for
+// slots takes one only while more than the reserve stays free; otherwise
+// it waits until a slot comes back (ReleaseAs) and checks again.
+func (p *Pool) AcquireAs(ctx context.Context, t *Tenant) (int, error) {
+	p.fmu.Lock()
+	if t.held == 0 && t.waiting == 0 {
+		p.active++
+	}
+	t.waiting++
+	for {
+		n := len(p.slots)
+		if MayTake(t.held, len(p.tokens), FairShare(n, p.active), Reserve(n)) {
+			select {
+			case <-p.tokens:
+				t.waiting--
+				t.held++
+				p.fmu.Unlock()
+				return p.pop(), nil
+			default:
+			}
+		}
+		if p.wake == nil {
+			p.wake = make(chan struct{})
+		}
+		w := p.wake
+		p.sleepers++
+		p.fmu.Unlock()
+		var err error
+		select {
+		case <-w:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		p.fmu.Lock()
+		p.sleepers--
+		if err != nil {
+			t.waiting--
+			if t.held == 0 && t.waiting == 0 {
+				p.active--
+				p.wakeLocked() // the others' shares grew
+			}
+			p.fmu.Unlock()
+			return -1, err
+		}
+	}
+}
+
+// ReleaseAs returns slot i, taken by AcquireAs for t, and wakes the
+// tenants waiting for one. It allocates only when someone waits.
+func (p *Pool) ReleaseAs(i int, t *Tenant) {
+	p.Release(i)
+	p.fmu.Lock()
+	t.held--
+	if t.held == 0 && t.waiting == 0 {
+		p.active--
+	}
+	p.wakeLocked()
+	p.fmu.Unlock()
+}
+
+// wakeLocked wakes every AcquireAs waiting, to check again (fmu held).
+func (p *Pool) wakeLocked() {
+	if p.sleepers > 0 && p.wake != nil {
+		close(p.wake)
+		p.wake = nil
+	}
 }
 
 // Close frees the slab. It fails, freeing nothing, while slots are in use.

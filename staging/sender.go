@@ -78,12 +78,21 @@ type Completion struct {
 	Err      error
 }
 
+// Progress: Transfer has Bytes acked so far (it grew in this Step).
+type Progress struct {
+	Transfer uint64
+	Bytes    uint64
+}
+
 // Ready is what the proxy must do after a Step. Its slices are reused by the
 // next Step.
 type Ready struct {
 	Copies []CopyCmd
 	Sends  []SendCmd
 	Done   []Completion
+	// Progress lists running transfers whose acked bytes grew, for
+	// XferStatus.Done; a completion carries the final count instead.
+	Progress []Progress
 	// Retired transfers are finished and hold no slot: no copy reads their
 	// memory any more, so their regions may be let go. A transfer retires
 	// in the same Step as its completion or in a later one.
@@ -124,6 +133,7 @@ type ssess struct {
 	active  []*sxfer // round robin
 	rr      int
 	ahead   int // chunks copying or queued on a stream, not yet written
+	held    int // send slots its transfers hold (fair.go)
 }
 
 type sxfer struct {
@@ -131,17 +141,12 @@ type sxfer struct {
 	sess     *ssess
 	plan     *Plan
 	state    []uint8
-	onStream []uint16
+	onStream []uint16 // onStream[c]: 1 + the stream c's last copy went on; 0: never sent
 	next     int      // next never-started chunk
 	redo     []uint32 // chunks to send again
-	// refunded[c]: chunk c waits in redo and the credit of the copy last
-	// sent was given back because that copy may never have arrived. If
-	// it did arrive after all, its answer (Ack or Resend) must not return
-	// that credit a second time.
-	refunded []bool
-	held     []int32 // held[c]: slot of spliced chunk c kept until answered; -1: none (nil until one is)
-	ghost    []bool  // ghost[c]: an earlier copy of c was given up unanswered (nil until one is)
-	resends  int     // chunks sent again at the receiver's request
+	held     []int32  // held[c]: slot of spliced chunk c kept until answered; -1: none (nil until one is)
+	ghost    []bool   // ghost[c]: an earlier copy of c was given up unanswered (nil until one is)
+	resends  int      // chunks sent again at the receiver's request
 	acked    int
 	bytes    uint64
 	busy     int // chunks holding a slot (copying or sending)
@@ -162,6 +167,7 @@ type Sender struct {
 	order    []*ssess
 	rr       int
 	xfers    map[uint64]*sxfer
+	tombs    tombs
 	ready    Ready
 	now      time.Time
 }
@@ -202,6 +208,7 @@ func (s *Sender) Step(ev Event) *Ready {
 	s.ready.Copies = s.ready.Copies[:0]
 	s.ready.Sends = s.ready.Sends[:0]
 	s.ready.Done = s.ready.Done[:0]
+	s.ready.Progress = s.ready.Progress[:0]
 	s.ready.Retired = s.ready.Retired[:0]
 	s.ready.Taint = s.ready.Taint[:0]
 	if !ev.Now.IsZero() {
@@ -298,8 +305,7 @@ func (s *Sender) submit(ev Event) {
 		return
 	}
 	n := ev.Plan.Len()
-	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n),
-		refunded: make([]bool, n), timeout: ev.Timeout, progress: s.now}
+	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n), timeout: ev.Timeout, progress: s.now}
 	s.xfers[x.id] = x
 	ss.active = append(ss.active, x)
 }
@@ -311,9 +317,14 @@ func (s *Sender) copyDone(ev Event) {
 		return
 	}
 	if x.finished || ev.Err != nil {
-		// The chunk will not be sent: give back the credit it took.
+		// The chunk will not be sent: give back the credit it took. An
+		// answer about c from now on can only be an earlier copy's, whose
+		// credit came back when it was given up.
 		x.sess.ahead--
 		s.refund(x.sess)
+		if x.state[ev.Chunk] == chCopying {
+			x.state[ev.Chunk] = chPending
+		}
 		s.release(x, ev.Slot)
 		if ev.Err != nil && !x.finished {
 			x.redoChunk(ev.Chunk)
@@ -339,7 +350,7 @@ func (s *Sender) copyDone(ev Event) {
 	if x.state[ev.Chunk] == chCopying {
 		x.state[ev.Chunk] = chSending
 	}
-	x.onStream[ev.Chunk] = uint16(best)
+	x.onStream[ev.Chunk] = uint16(best + 1)
 	s.ready.Sends = append(s.ready.Sends, SendCmd{Session: ss.id, Stream: best, Transfer: x.id, Chunk: ev.Chunk,
 		Count: uint32(x.plan.Len()), Slot: ev.Slot, C: x.plan.Chunk(int(ev.Chunk))})
 }
@@ -366,11 +377,13 @@ func (s *Sender) written(ev Event) {
 		// using the stream.
 		s.refund(ss)
 		if x.finished {
+			if x.state[ev.Chunk] == chSending {
+				x.state[ev.Chunk] = chPending // its answer, if any, returns nothing more
+			}
 			return
 		}
 		if x.state[ev.Chunk] == chSending {
 			x.redoChunk(ev.Chunk)
-			x.refunded[ev.Chunk] = true
 			x.markGhost(ev.Chunk)
 		}
 		s.streamLost(ss, ev.Stream, ev.Err)
@@ -390,37 +403,6 @@ func (s *Sender) written(ev Event) {
 	}
 }
 
-func (s *Sender) ack(ev Event) {
-	ss := s.sessions[ev.Session]
-	x := s.xfers[ev.Transfer]
-	if ss != nil {
-		for _, c := range ev.Chunks {
-			if !x.creditGiven(ss, c) {
-				ss.credits++
-			}
-		}
-	}
-	if x == nil || x.finished || x.sess != ss {
-		return
-	}
-	for _, c := range ev.Chunks {
-		if int(c) >= len(x.state) || x.state[c] == chAcked {
-			continue
-		}
-		if x.state[c] == chPending {
-			x.dropRedo(c)
-		}
-		x.state[c] = chAcked
-		s.answered(x, c)
-		x.acked++
-		x.bytes += uint64(x.plan.ChunkLen(int(c)))
-		x.progress = s.now
-	}
-	if x.acked == x.plan.Len() {
-		s.finish(x, nil)
-	}
-}
-
 func (s *Sender) tick() {
 	for _, x := range s.xfers {
 		if !x.finished && x.timeout > 0 && s.now.Sub(x.progress) > x.timeout {
@@ -435,6 +417,7 @@ func (s *Sender) release(x *sxfer, slot int) { s.letGo(x, slot, false) }
 // kernel may still reference its pages), out for renewal.
 func (s *Sender) letGo(x *sxfer, slot int, tainted bool) {
 	s.giveBack(slot, tainted)
+	x.sess.held--
 	x.busy--
 	if x.finished && x.busy == 0 {
 		s.retire(x)
@@ -467,5 +450,6 @@ func (s *Sender) finish(x *sxfer, err error) {
 
 func (s *Sender) retire(x *sxfer) {
 	delete(s.xfers, x.id)
+	s.bury(x)
 	s.ready.Retired = append(s.ready.Retired, x.id)
 }

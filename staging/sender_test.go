@@ -366,7 +366,8 @@ func BenchmarkSenderChunk(b *testing.B) {
 		pend = pend[1:]
 		r := s.Step(Event{Kind: EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot})
 		sd := r.Sends[0]
-		s.Step(Event{Kind: EvWritten, Transfer: sd.Transfer, Chunk: sd.Chunk, Slot: sd.Slot, Stream: sd.Stream})
+		r = s.Step(Event{Kind: EvWritten, Transfer: sd.Transfer, Chunk: sd.Chunk, Slot: sd.Slot, Stream: sd.Stream})
+		pend = append(pend, r.Copies...)
 		chunks[0] = sd.Chunk
 		r = s.Step(Event{Kind: EvAck, Session: 1, Transfer: 1, Chunks: chunks[:]})
 		pend = append(pend, r.Copies...)
@@ -382,7 +383,7 @@ func TestSenderDepth(t *testing.T) {
 	}{
 		{1, 2, 2},
 		{2, 3, 6},
-		{0, 2, 16}, // no limit: slots (16) bound it
+		{0, 2, 15}, // no limit: slots (16) less the reserve (1) bound it
 	} {
 		h := newHarness(t, 16)
 		h.s = NewSenderDepth(16, tc.depth)

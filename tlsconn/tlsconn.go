@@ -20,7 +20,10 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/stage-kv/stage/rawconn"
 )
 
 // Conn is an established TLS connection carrying a data stream.
@@ -106,6 +109,16 @@ func (c *Conn) Writev(bufs [][]byte) error {
 		}
 	}
 	return nil
+}
+
+// Moved reports the socket's byte counts from the kernel (rawconn.Moved):
+// TLS records, not plaintext, which is all a stall watchdog needs.
+func (c *Conn) Moved() (acked, received uint64, err error) {
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return 0, 0, fmt.Errorf("data stream: %T has no file descriptor", c.raw)
+	}
+	return rawconn.MovedFD(sc)
 }
 
 // TryWrite writes nothing and reports 0: a TLS record cannot be partly

@@ -151,6 +151,13 @@ type Notify struct {
 	Bytes    uint64
 	Code     Code
 	Message  string
+	// A KV transfer (kv.go) also says what landed: the cache (ours), its
+	// layers, and the tokens [First, First+Tokens) of the block table the
+	// peer named. KV is empty for a byte transfer.
+	KV     string
+	Layers []uint32
+	First  uint32
+	Tokens uint32
 }
 
 // Query kinds.

@@ -241,7 +241,11 @@ func (m *Notify) AppendBody(dst []byte) []byte {
 	dst = appendU8(dst, uint8(m.Dir))
 	dst = appendU64(dst, m.Bytes)
 	dst = appendU16(dst, uint16(m.Code))
-	return appendText(dst, m.Message)
+	dst = appendText(dst, m.Message)
+	dst = appendStr(dst, m.KV)
+	dst = appendU32s(dst, m.Layers)
+	dst = appendU32(dst, m.First)
+	return appendU32(dst, m.Tokens)
 }
 
 func (m *Notify) decode(d *decoder) {
@@ -253,6 +257,10 @@ func (m *Notify) decode(d *decoder) {
 	m.Bytes = d.u64("Bytes")
 	m.Code = Code(d.u16("Code"))
 	m.Message = d.str("Message", MaxMessage)
+	m.KV = d.str("KV", MaxName)
+	m.Layers = d.u32s("Layers", MaxKVLayers)
+	m.First = d.u32("First")
+	m.Tokens = d.u32("Tokens")
 }
 
 // AppendBody appends the encoded Query body to dst.

@@ -79,12 +79,13 @@ func samples() []sample {
 		{"Cancel", &Cancel{Req: 10, Transfer: 77}},
 		{"Subscribe", &Subscribe{Req: 11}},
 		{"Notify", &Notify{Transfer: 78, Peer: "prefill-0", Route: "", Tag: "layer-9", Dir: Push, Bytes: 1 << 30, Code: CodeOK}},
+		{"NotifyKV", &Notify{Transfer: 79, Peer: "prefill-1", Tag: "req-3", Dir: Push, Bytes: 1 << 20, KV: "kv", Layers: []uint32{0, 1, 2}, First: 16, Tokens: 4000}},
 		{"Query", &Query{Req: 12, What: QueryCatalog, Arg: "decode"}},
 		{"QueryReply", &QueryReply{Req: 13, JSON: []byte(`{"node":"a","regions":3}`)}},
 		{"QueryReplyEmpty", &QueryReply{Req: 14}},
 		{"OK", &OK{Req: 15}},
 		{"Fail", &Fail{Req: 16, Code: CodeUnknownRoute, Message: "no route \"x\""}},
-	}, nodeSamples()...)
+	}, append(nodeSamples(), kvSamples()...)...)
 }
 
 func TestSamplesCoverEveryType(t *testing.T) {

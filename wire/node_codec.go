@@ -204,5 +204,5 @@ func decodeNodeMsg(t Type, d *decoder) Msg {
 		m.decode(d)
 		return m
 	}
-	return nil
+	return decodeKVMsg(t, d)
 }

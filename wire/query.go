@@ -25,9 +25,15 @@ type Stats struct {
 	Goroutines int `json:"goroutines"`
 	FDs        int `json:"fds"`
 	// RSSBytes and CPUSeconds (user + system) of the sidecar process.
-	RSSBytes   uint64      `json:"rss_bytes"`
-	CPUSeconds float64     `json:"cpu_seconds"`
-	Links      []LinkStats `json:"links"`
+	RSSBytes   uint64  `json:"rss_bytes"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// KVAccepts KV transfers accepted from local engines, and the time
+	// the sidecar spent on them from the decoded SubmitKV to the transfer
+	// handed to the sender core (push) or its request sent (pull): its
+	// work before the first chunk can move.
+	KVAccepts     uint64      `json:"kv_accepts"`
+	KVAcceptNanos uint64      `json:"kv_accept_ns"`
+	Links         []LinkStats `json:"links"`
 }
 
 // LinkStats are the counters of a route, or of a peer that dialed us

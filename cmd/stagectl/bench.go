@@ -64,6 +64,11 @@ with --sweep, right after each row, and each row is a share of its own.`,
 	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
 	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); trades busy cores for small-push latency")
 	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send). Unset: their default, splice where it applies if a start-up probe finds it faster than writev on this machine (staging.splice_probe); --splice forces it on without the probe, --splice=false off; see docs/OPERATIONS.md, \"Splice send\"")
+	kvArg := f.String("kv", "", "move a synthetic KV cache from layout preset FROM (local) to TO (remote), as FROM[/BLOCK]:TO[/BLOCK] (e.g. ascend/128:vllm-hnd/16), beside the same-layout KV transfer and its byte ops, in the same run")
+	kvTokens := f.Uint32("kv-tokens", 4096, "with --kv: tokens per transfer")
+	kvLayers := f.Int("kv-layers", 8, "with --kv: layers per transfer")
+	kvHeads := f.Uint32("kv-heads", 8, "with --kv: kv heads (both sides hold all)")
+	kvHeadSize := f.Uint32("kv-head-size", 128, "with --kv: head size in elements")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -187,6 +192,27 @@ with --sweep, right after each row, and each row is a share of its own.`,
 		}
 		if *remote == "" {
 			return fmt.Errorf("--remote-socket is required: bench registers the destination buffer with the peer's sidecar (or pass --spawn)")
+		}
+		if *kvArg != "" {
+			from, to, err := parseKVArg(*kvArg)
+			if err != nil {
+				return err
+			}
+			if *kvTokens == 0 || *kvLayers < 1 || *kvHeads == 0 || *kvHeadSize == 0 {
+				return fmt.Errorf("--kv-tokens, --kv-layers, --kv-heads and --kv-head-size must be positive")
+			}
+			rows, err := runKVBench(ctx, os.Stderr, kvBenchOpts{route: route, local: local, remote: *remote, ldev: ldev, rdev: rdev,
+				from: from, to: to, layers: *kvLayers, tokens: *kvTokens, heads: *kvHeads, headSize: *kvHeadSize,
+				iters: *iters, warmup: *warmup, checksum: sum, prof: prof})
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rows)
+			}
+			return nil
 		}
 		blocks := []uint64{uint64(bl)}
 		blocksPattern := *pattern == "blocks"

@@ -230,6 +230,13 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	}
 	results = append(results, phaseResult{name: "pull blocks " + config.ByteSize(o.block).String(), bytes: total, xfers: len(ids), elapsed: el, notes: n})
 
+	// Phase 4: a KV cache between two engines' layouts.
+	r, err = kvPhase(ctx, pc, dc, notes, o.pdev, o.ddev)
+	if err != nil {
+		return err
+	}
+	results = append(results, r)
+
 	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PHASE\tBYTES\tTRANSFERS\tTIME\tGB/s\tNOTIFIED\tVERIFIED")

@@ -12,7 +12,7 @@ package kernels
 
 import _ "embed"
 
-// GatherPTX is gather.ptx: the module holding CopyFunc.
+// GatherPTX is gather.ptx: the module holding CopyFunc and StridedFunc.
 //
 //go:embed gather.ptx
 var GatherPTX string
@@ -30,3 +30,15 @@ const CopyBlock = 256
 
 // DescSize is sizeof(StageDesc).
 const DescSize = 24
+
+// StridedFunc is the strided kernel's entry point, same launch shape:
+//
+//	extern "C" __global__ void stage_copy_strided(const StageStrided *descs, unsigned int count);
+//
+// with StageStrided = {u64 src, dst, src1, dst1, src2, dst2; u32 len, n1,
+// n2, pad}, 64 bytes: n2 rows of n1 pieces of len bytes, piece (i2, i1) at
+// src + i2*src2 + i1*src1 (dst likewise).
+const StridedFunc = "stage_copy_strided"
+
+// StridedDescSize is sizeof(StageStrided).
+const StridedDescSize = 64

@@ -13,13 +13,13 @@ func TestGatherPTX(t *testing.T) {
 	if strings.TrimSpace(GatherPTX) == "" {
 		t.Fatal("gather.ptx is empty: regenerate it with nvcc (see the package doc)")
 	}
-	for _, want := range []string{".entry " + CopyFunc + "(", ".target sm_80", ".address_size 64"} {
+	for _, want := range []string{".entry " + CopyFunc + "(", ".entry " + StridedFunc + "(", ".target sm_80", ".address_size 64"} {
 		if !strings.Contains(GatherPTX, want) {
 			t.Errorf("gather.ptx lacks %q", want)
 		}
 	}
-	if m := regexp.MustCompile(`\.maxntid (\d+), 1, 1`).FindStringSubmatch(GatherPTX); m == nil || m[1] != "256" {
-		t.Errorf("gather.ptx launch bounds %v, want .maxntid 256, 1, 1 (CopyBlock)", m)
+	if m := regexp.MustCompile(`\.maxntid (\d+), 1, 1`).FindAllStringSubmatch(GatherPTX, -1); len(m) != 2 || m[0][1] != "256" || m[1][1] != "256" {
+		t.Errorf("gather.ptx launch bounds %v, want .maxntid 256, 1, 1 (CopyBlock) on both kernels", m)
 	}
 	src, err := os.ReadFile("gather.cu")
 	if err != nil {

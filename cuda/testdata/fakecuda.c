@@ -266,13 +266,16 @@ CUresult cuEventQuery(void *e) {
 
 CUresult cuEventSynchronize(void *e) { NEED_CTX(); ((struct event *)e)->pending = 0; return OK; }
 
-static int module_object, function_object;
+/* Two module objects: one whose PTX declares only the plain kernel, one
+ * that declares the strided kernel too (cuModuleGetFunction finds it only
+ * there, as the driver would). */
+static int module_object, module_strided, function_object, function_strided;
 
 CUresult cuModuleLoadData(void **m, const void *image) {
 	NEED_CTX();
 	if (!image || !strstr((const char *)image, ".entry stage_copy_segments")) return INVALID_PTX;
 	__atomic_add_fetch(&live_modules, 1, __ATOMIC_RELAXED);
-	*m = &module_object;
+	*m = strstr((const char *)image, ".entry stage_copy_strided") ? (void *)&module_strided : (void *)&module_object;
 	return OK;
 }
 
@@ -280,23 +283,50 @@ CUresult cuModuleUnload(void *m) { NEED_CTX(); (void)m; __atomic_sub_fetch(&live
 
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
 	NEED_CTX();
-	if (m != &module_object || strcmp(name, "stage_copy_segments") != 0) return NOT_FOUND;
-	*f = &function_object;
-	return OK;
+	if (m != &module_object && m != &module_strided) return NOT_FOUND;
+	if (strcmp(name, "stage_copy_segments") == 0) {
+		*f = &function_object;
+		return OK;
+	}
+	if (m == &module_strided && strcmp(name, "stage_copy_strided") == 0) {
+		*f = &function_strided;
+		return OK;
+	}
+	return NOT_FOUND;
 }
 
 struct desc { unsigned long long src, dst, len; };
+struct sdesc {
+	unsigned long long src, dst, src1, dst1, src2, dst2;
+	unsigned len, n1, n2, pad;
+};
+
+static long strided_launches, strided_pieces;
+long fake_strided_launches(void) { return strided_launches; }
+long fake_strided_pieces(void) { return strided_pieces; }
 
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shm, void *st, void **params, void **extra) {
 	NEED_CTX();
 	(void)shm;
-	if (f != &function_object || !st || !params || extra) return INVALID_VALUE;
+	if ((f != &function_object && f != &function_strided) || !st || !params || extra) return INVALID_VALUE;
 	if (gx == 0 || gx > 65535 || gy != 1 || gz != 1 || bx != 256 || by != 1 || bz != 1) return INVALID_VALUE;
-	const struct desc *d = *(const struct desc **)params[0];
 	unsigned count = *(const unsigned *)params[1];
-	for (unsigned i = 0; i < count; i++)
-		memmove((void *)(uintptr_t)d[i].dst, (const void *)(uintptr_t)d[i].src, d[i].len);
+	if (f == &function_strided) {
+		const struct sdesc *d = *(const struct sdesc **)params[0];
+		for (unsigned i = 0; i < count; i++)
+			for (unsigned long long i2 = 0; i2 < d[i].n2; i2++)
+				for (unsigned long long i1 = 0; i1 < d[i].n1; i1++) {
+					memmove((void *)(uintptr_t)(d[i].dst + i2 * d[i].dst2 + i1 * d[i].dst1),
+					        (const void *)(uintptr_t)(d[i].src + i2 * d[i].src2 + i1 * d[i].src1), d[i].len);
+					__atomic_add_fetch(&strided_pieces, 1, __ATOMIC_RELAXED);
+				}
+		__atomic_add_fetch(&strided_launches, 1, __ATOMIC_RELAXED);
+	} else {
+		const struct desc *d = *(const struct desc **)params[0];
+		for (unsigned i = 0; i < count; i++)
+			memmove((void *)(uintptr_t)d[i].dst, (const void *)(uintptr_t)d[i].src, d[i].len);
+	}
 	__atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
 	return OK;
 }

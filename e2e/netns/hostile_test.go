@@ -181,6 +181,9 @@ func hostileCases(pulled *pushes) []hostileCase {
 
 		{name: "announce at once", run: announceAtOnce},
 
+		{name: "forged acks return no credit", run: forgedCredit,
+			logged: [][]string{{"not in flight on its session", "Ack"}}},
+
 		{name: "truncated frames", run: truncated,
 			logged: [][]string{{"refused peer connection", "first frame", "EOF"}, {"refused peer connection", "auth", "EOF"}, {"data stream lost", "read chunk payload"}}},
 	}

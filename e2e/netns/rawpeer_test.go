@@ -101,6 +101,8 @@ type rawPeer struct {
 	ns    string
 	addr  string // the sidecar it talks to
 	token string
+	// slot and window go in its Hello; 0: 256 KiB and 8.
+	slot, window uint32
 }
 
 // dial opens a connection to the sidecar, closed when the test ends.
@@ -208,8 +210,15 @@ func (r *rawPeer) hello(c net.Conn) *rawSession {
 	if _, err := io.ReadFull(rand.Reader, s.nc[:]); err != nil {
 		r.t.Fatal(err)
 	}
+	slot, window := r.slot, r.window
+	if slot == 0 {
+		slot = 256 << 10
+	}
+	if window == 0 {
+		window = 8
+	}
 	s.hello = frame(&wire.Hello{VersionMin: wire.VersionMin, VersionMax: wire.VersionMax, NodeName: "hostile",
-		HostID: "lab-hostile", Nonce: s.nc, SlotSize: 256 << 10, Window: 8})
+		HostID: "lab-hostile", Nonce: s.nc, SlotSize: slot, Window: window})
 	r.send(c, s.hello)
 	s.challenged = expect[*wire.Challenge](r.t, c, "Challenge")
 	s.ns = s.challenged.Nonce

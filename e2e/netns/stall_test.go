@@ -171,8 +171,8 @@ func (r *relay) close() {
 
 // TestReceiverStopsReading (trial d): the receiver stops reading its data
 // streams (a relay in front of it stops reading them) while its control
-// session stays alive. The push to it must fail by its progress deadline,
-// never be reported done; after that, the sender's other route, to a
+// session stays alive. The push to it must fail by its progress deadline
+// (or sooner: its stalled streams are dropped), never be reported done; after that, the sender's other route, to a
 // healthy receiver, must land pushes (the failed push must not keep the
 // send slots its blocked writes hold); once the receiver reads again, a
 // push to it lands and every sidecar goes back to idle.
@@ -204,7 +204,11 @@ func TestReceiverStopsReading(t *testing.T) {
 	}
 	r.freeze()
 	done := inFlight(t, p, "unread")
-	failsWithin(t, done, time.Now(), progress+3*time.Second, wire.CodeTimeout)
+	// Either the sender's progress deadline fails it (timeout), or,
+	// first, the stall watchdog (staging.stall_timeout, 2s) drops the
+	// streams whose chunk stopped halfway, and the session with them
+	// (peer unavailable).
+	failsWithin(t, done, time.Now(), progress+3*time.Second, wire.CodeTimeout, wire.CodePeerUnavailable)
 	st := pre.stats()
 	t.Logf("as the push failed: sender send slots in use %d of %d", st.SendInUse, st.SendSlots)
 	for deadline := time.Now().Add(5 * time.Second); st.SendInUse > 0; st = pre.stats() {

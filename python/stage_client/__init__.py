@@ -1,12 +1,16 @@
 """Python client for stage's sidecar (``staged``) local control socket.
 
-Stdlib only; torch is optional (for :meth:`Client.register_tensor` and
-:meth:`PagedKV.from_tensors`). See ``python/README.md``.
+Stdlib only; torch is optional (for :meth:`Client.register_tensor`,
+:meth:`PagedKV.from_tensors`, :meth:`Layout.from_tensor`,
+:func:`register_kv_cache`, :class:`HostArena` and the reference KV mapper in
+``stage_client.kvmap``). See ``python/README.md``.
 """
 
 from .client import DEFAULT_REQUEST_TIMEOUT, Block, Client, Op, Subscription, make_ops
 from .errors import ProtocolError, SidecarConnectionError, StageError, StageTimeout
-from .kv import PagedKV, coalesce
+from .kv import HostArena, KVCache, PagedKV, coalesce, register_kv_cache
+from .kvwire import KVLayout, RegisterKV, SubmitKV
+from .layout import DType, Layout, LayoutError, Part, Side, check, columns, preset, sides
 from .wire import Access, Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 #: What :meth:`Client.wait` and :meth:`Client.status` return (wire.XferStatus).
@@ -19,4 +23,6 @@ __all__ = [
     "StageError", "StageTimeout", "SidecarConnectionError", "ProtocolError",
     "Access", "Checksum", "Code", "Direction", "HandleKind", "QueryKind", "State",
     "Status", "XferStatus", "Notify", "PagedKV", "coalesce", "__version__",
+    "HostArena", "KVCache", "register_kv_cache", "KVLayout", "RegisterKV", "SubmitKV",
+    "DType", "Layout", "LayoutError", "Part", "Side", "check", "columns", "preset", "sides",
 ]

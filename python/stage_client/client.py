@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 from . import wire
 from .cuda import CudaExport, export_tensor
 from .errors import SidecarConnectionError, StageError, StageTimeout
-from .wire import Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
+from .kvclient import KVRequests
+from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 __all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT"]
 
@@ -89,14 +90,7 @@ def _names(x: Union[str, Sequence[str]]) -> List[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def _checksum(c: Union[None, bool, int]) -> int:
-    if c is None:
-        return Checksum.ROUTE
-    if c is True:
-        return Checksum.ON
-    if c is False:
-        return Checksum.OFF
-    return Checksum(c)
+_checksum = wire.checksum_choice
 
 
 class Subscription:
@@ -172,7 +166,7 @@ class Subscription:
         self._end()
 
 
-class Client:
+class Client(KVRequests):
     """A connection to the sidecar's control socket at ``path``.
 
     Thread-safe; use as a context manager or call :meth:`close`.
@@ -180,6 +174,8 @@ class Client:
     Wait (None: no limit); a request past it raises StageTimeout.
 
     Region names, route names and tags are ``str`` (UTF-8 on the wire).
+    KV caches and KV transfers: :meth:`register_kv`, :meth:`submit_kv`
+    (from :class:`~stage_client.kvclient.KVRequests`).
     """
 
     def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:

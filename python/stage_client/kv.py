@@ -36,10 +36,13 @@ import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .client import Client
-from .errors import StageError
-from .wire import MAX_NAMES, MAX_OPS, Access, Code, Direction, LocalOp, XferStatus
+# KV caches with a layout (the sidecar converts between engines' layouts) are
+# registered from torch tensors by kvcache; re-exported so both kinds of KV
+# registration are found here.
+from .kvcache import HostArena, KVCache, register_kv_cache, unregister_all
+from .wire import MAX_NAMES, MAX_OPS, Access, Direction, LocalOp, XferStatus
 
-__all__ = ["PagedKV", "coalesce"]
+__all__ = ["PagedKV", "coalesce", "HostArena", "KVCache", "register_kv_cache"]
 
 
 def coalesce(src_blocks: Iterable[int], dst_blocks: Iterable[int]) -> List[Tuple[int, int, int]]:
@@ -308,20 +311,14 @@ class PagedKV:
 
     def close(self) -> None:
         """Unregister every region and free the memory this object allocated."""
-        err: Optional[BaseException] = None
-        for n in reversed(self._registered):
-            try:
-                self.client.unregister(n)
-            except StageError as e:
-                if e.code != Code.UNKNOWN_REGION and err is None:
-                    err = e
-        self._registered = []
-        if self._cleanup is not None:
-            c, self._cleanup = self._cleanup, None
-            c()
-        self._views = []
-        if err is not None:
-            raise err
+        names, self._registered = self._registered, []
+        try:
+            unregister_all(self.client, reversed(names))
+        finally:
+            if self._cleanup is not None:
+                c, self._cleanup = self._cleanup, None
+                c()
+            self._views = []
 
     def __enter__(self) -> "PagedKV":
         return self

@@ -46,6 +46,7 @@ __all__ = [
     "XferStatus", "Cancel", "Subscribe", "Notify", "Query", "QueryReply", "OK",
     "Fail", "Message", "crc32c", "encode_header", "parse_header", "encode_frame",
     "decode_body", "decode_frame", "verify_crc", "code_name",
+    "MAX_KV_PARTS", "MAX_KV_LAYERS", "MAX_KV_BLOCKS", "RegisterKV", "SubmitKV", "KVLayout", "KVPart",
 ]
 
 # --------------------------------------------------------------------------
@@ -71,6 +72,9 @@ MAX_OPS = 1 << 20
 MAX_NAMES = 4096
 MAX_HANDLE_BYTES = 256
 MAX_JSON = 8 << 20
+MAX_KV_PARTS = 8
+MAX_KV_LAYERS = 4096
+MAX_KV_BLOCKS = 1 << 20
 CHUNK_FIXED_SIZE = 24
 
 _U16_MAX = 0xFFFF
@@ -85,7 +89,7 @@ LOCAL_OP_SIZE = 32
 
 
 class FrameType(enum.IntEnum):
-    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 local."""
+    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..152 local."""
 
     HELLO = 1
     CHALLENGE = 2
@@ -119,6 +123,8 @@ class FrameType(enum.IntEnum):
     QUERY_REPLY = 139
     OK = 140
     FAIL = 141
+    REGISTER_KV = 151  # PROTOCOL.md 12.5; the message lives in kvwire
+    SUBMIT_KV = 152  # 12.6
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -212,6 +218,17 @@ class Checksum(enum.IntEnum):
     ROUTE = 0  # as the route's configuration says
     ON = 1  # chunks carry a CRC32C
     OFF = 2
+
+
+def checksum_choice(c: Union[None, bool, int]) -> "Checksum":
+    """The Checksum of a caller's choice: None as the route says, True/False on/off, else the number."""
+    if c is None:
+        return Checksum.ROUTE
+    if c is True:
+        return Checksum.ON
+    if c is False:
+        return Checksum.OFF
+    return Checksum(c)
 
 
 class QueryKind(enum.IntEnum):
@@ -437,6 +454,11 @@ class _Enc:
         for i, s in enumerate(ss):
             self.str16(s, max_len, "%s[%d]" % (name, i))
 
+    def u32s(self, vs: Sequence[int], max_count: int, name: str) -> None:
+        if len(vs) > max_count:
+            raise ValueError("%s.%s: count %d exceeds limit %d" % (self.msg, name, len(vs), max_count))
+        self.parts.append(struct.pack("<I%dI" % len(vs), len(vs), *vs))
+
     def raw(self, b: bytes) -> None:
         self.parts.append(b)
 
@@ -510,6 +532,10 @@ class _Dec:
         if n * min_size > self.rem():
             raise self.fail("malformed", name, "count %d needs at least %d bytes, %d remain" % (n, n * min_size, self.rem()))
         return n
+
+    def u32s(self, max_count: int, name: str) -> List[int]:
+        n = self.count(max_count, 4, name)
+        return list(struct.unpack("<%dI" % n, self.take(4 * n, name)))
 
     def strs(self, max_count: int, max_len: int, name: str) -> List[str]:
         n = self.count(max_count, 2, name)
@@ -920,6 +946,12 @@ class Notify(Message):
     bytes: int = 0
     code: int = Code.OK
     message: str = ""
+    #: A KV transfer also says what landed: our KV cache, its layers, and
+    #: tokens [first, first + tokens) of the block table the peer named.
+    kv: str = ""
+    layers: List[int] = field(default_factory=list)
+    first: int = 0
+    tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -938,6 +970,10 @@ class Notify(Message):
         e.u64(self.bytes, "Bytes")
         e.u16(self.code, "Code")
         e.text(self.message, "Message")
+        e.str16(self.kv, MAX_NAME, "KV")
+        e.u32s(self.layers, MAX_KV_LAYERS, "Layers")
+        e.u32(self.first, "First")
+        e.u32(self.tokens, "Tokens")
         return e.done()
 
     @classmethod
@@ -945,7 +981,9 @@ class Notify(Message):
         d = _Dec(body, "Notify")
         m = cls(transfer=d.u64("Transfer"), peer=d.str16(MAX_NAME, "Peer"), route=d.str16(MAX_NAME, "Route"),
                 tag=d.str16(MAX_TAG, "Tag"), direction=d.direction("Dir"), bytes=d.u64("Bytes"),
-                code=to_code(d.u16("Code")), message=d.str16(MAX_MESSAGE, "Message"))
+                code=to_code(d.u16("Code")), message=d.str16(MAX_MESSAGE, "Message"),
+                kv=d.str16(MAX_NAME, "KV"), layers=d.u32s(MAX_KV_LAYERS, "Layers"), first=d.u32("First"),
+                tokens=d.u32("Tokens"))
         d.finish()
         return m
 
@@ -1052,6 +1090,13 @@ _MESSAGES: Dict[int, Type[Message]] = {
     for c in (Register, Unregister, Submit, Submitted, Wait, Status, XferStatus, Cancel, Subscribe, Notify,
               Query, QueryReply, OK, Fail)
 }
+
+# The KV frames (PROTOCOL.md 12.5, 12.6) are in kvwire, which builds on the
+# encoders above and on layout: bound here, once everything above exists.
+from .kvwire import KVLayout, KVPart, RegisterKV, SubmitKV  # noqa: E402
+
+_MESSAGES[int(RegisterKV.TYPE)] = RegisterKV
+_MESSAGES[int(SubmitKV.TYPE)] = SubmitKV
 
 
 # --------------------------------------------------------------------------

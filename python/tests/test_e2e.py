@@ -97,6 +97,23 @@ class Staged:
                 raise RuntimeError("%s: no session after 10s\n%s" % (self.name, self.tail()))
             time.sleep(0.02)
 
+    def add_route(self, name: str, peer: str, timeout: float = 15) -> None:
+        """Give this running staged a route to ``peer`` (its config reloads on
+        SIGHUP) and wait until the route's session is up. Only for a staged
+        started without routes: the file gets its one ``routes:`` key here."""
+        with open(self.config, "a") as f:
+            f.write("routes:\n  - name: %s\n    peers: [\"%s\"]\n" % (name, peer))
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while True:
+            rs = {r["name"]: r for r in self.client.routes()}
+            if name in rs and any(p.get("state") == "up" for p in rs[name]["peers"]):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s: route %s to %s not up after %ss: %s\n%s" % (self.name, name, peer, timeout,
+                                                                                 rs, self.tail()))
+            time.sleep(0.05)
+
     def stop(self) -> int:
         """SIGTERM; the exit code (or -9 when it had to be killed)."""
         self.client.close()

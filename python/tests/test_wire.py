@@ -51,6 +51,14 @@ def samples() -> list:
         wire.QueryReply(req=22, json=b'{"node":"x"}'),
         wire.OK(req=23),
         wire.Fail(req=0, code=Code.MALFORMED, message="bad"),
+        # the KV frames (151, 152; golden bytes in test_wire_kv)
+        wire.RegisterKV(req=24, name="kv", layout=wire.KVLayout(
+            2, 16, 256, 8, 2, 4, (wire.KVPart("k", 64, 0, 16, 8192, 512, 128), wire.KVPart("v", 64, 1, 32, 8192, 512, 128))),
+            layers=[["a", "b"], ["c", "d"]]),
+        wire.SubmitKV(req=25, route="decode", peer="p", direction=Direction.PULL, checksum=Checksum.ON, tag="t",
+                      local="x", remote="y", layers=[0, 2], remote_layers=[1, 3], local_blocks=[7, 0xDEADBEEF],
+                      remote_blocks=[5], local_first=1, remote_first=2, tokens=300, head_lo=1, head_hi=3),
+        wire.SubmitKV(req=26, route="r", local="a", remote="b", layers=[0], local_blocks=[1], remote_blocks=[2], tokens=1),
     ]
 
 
@@ -159,9 +167,10 @@ class TestGolden(unittest.TestCase):
         self.assertTrue(m.finished)
 
     def test_decode_notify(self) -> None:
-        # 9.12: 27 + p + r + t + m; p = 7, r = 0, t = 5, m = 0 -> 39 = 0x27.
+        # 9.12: 41 + p + r + t + m + k + 4 * layers; p = 7, r = 0, t = 5,
+        # m = 0, k = 2, one layer -> 59 = 0x3b.
         _, m = wire.decode_frame(hx("""
-            53 47 01 89 00 00 00 00 27 00 00 00 00 00 00 00
+            53 47 01 89 00 00 00 00 3b 00 00 00 00 00 00 00
             22 00 00 00 00 00 00 00                  # Transfer
             07 00 70 72 65 66 69 6c 6c               # Peer "prefill"
             00 00                                    # Route ""
@@ -170,9 +179,14 @@ class TestGolden(unittest.TestCase):
             00 40 00 00 00 00 00 00                  # Bytes 16384
             00 00                                    # Code ok
             00 00                                    # Message ""
+            02 00 6b 76                              # KV "kv"
+            01 00 00 00 03 00 00 00                  # Layers [3]
+            10 00 00 00                              # First 16
+            00 01 00 00                              # Tokens 256
         """))
         self.assertEqual(m, wire.Notify(transfer=0x22, peer="prefill", route="", tag="req-1",
-                                        direction=Direction.PUSH, bytes=16384, code=Code.OK, message=""))
+                                        direction=Direction.PUSH, bytes=16384, code=Code.OK, message="",
+                                        kv="kv", layers=[3], first=16, tokens=256))
         self.assertTrue(m.ok)
 
     def test_decode_query_reply(self) -> None:
@@ -223,7 +237,7 @@ class TestRoundTrip(unittest.TestCase):
         self.assertEqual(len(wire.XferStatus(message="xy").encode()), 37 + 2)
         self.assertEqual(len(wire.Cancel().encode()), 16)
         self.assertEqual(len(wire.Subscribe().encode()), 8)
-        self.assertEqual(len(wire.Notify(peer="p", route="rr", tag="ttt", message="mmmm").encode()), 27 + 10)
+        self.assertEqual(len(wire.Notify(peer="p", route="rr", tag="ttt", message="mmmm").encode()), 41 + 10)
         self.assertEqual(len(wire.Query(arg="abc").encode()), 11 + 3)
         self.assertEqual(len(wire.QueryReply(json=b"[]").encode()), 12 + 2)
         self.assertEqual(len(wire.OK().encode()), 8)

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// kvPhase is the demo's last phase, what stage is for: a request's KV
+// cache prefilled by two tensor-parallel ranks in vllm-ascend's layout (K
+// and V apart, block 128, half the kv heads each) lands in one decode
+// cache in vLLM's HND layout (block 16, all heads), each sidecar mapping
+// the rows to its own layout. Every decode byte is checked: moved rows
+// equal to the ranks' rows, every other byte untouched.
+func kvPhase(ctx context.Context, pc, dc *client.Client, notes <-chan *wire.Notify, pdev, ddev engineDevice) (res phaseResult, err error) {
+	const layers, heads, hs, tokens = 8, 8, 128, 2048
+	params := func(bs, blocks, lo, hi uint32) kvlayout.Params {
+		return kvlayout.Params{DType: kvlayout.BF16, Blocks: blocks, BlockSize: bs, Heads: heads, HeadLo: lo, HeadHi: hi, HeadSize: hs}
+	}
+	var caches []*kvsim.KV
+	defer func() {
+		for _, k := range caches {
+			err = errors.Join(err, k.Close())
+		}
+	}()
+	mk := func(d engineDevice, cl *client.Client, name, preset string, p kvlayout.Params) (*kvsim.KV, error) {
+		k, err := newKVOn(d, name, preset, p, layers)
+		if err != nil {
+			return nil, fmt.Errorf("KV cache %s: %w", name, err)
+		}
+		caches = append(caches, k)
+		return k, k.Register(ctx, cl, wire.AccessAll)
+	}
+	var ranks []*kvsim.KV
+	for i, sl := range [][2]uint32{{0, heads / 2}, {heads / 2, heads}} {
+		k, err := mk(pdev, pc, fmt.Sprintf("ascend-rank%d", i), "ascend", params(128, 32, sl[0], sl[1]))
+		if err != nil {
+			return res, err
+		}
+		if err := k.Fill(uint64(7 + i)); err != nil {
+			return res, err
+		}
+		ranks = append(ranks, k)
+	}
+	hnd, err := mk(ddev, dc, "vllm-hnd", "vllm-hnd", params(16, 256, 0, heads))
+	if err != nil {
+		return res, err
+	}
+	if err := hnd.Poison(0xAB); err != nil {
+		return res, err
+	}
+	want, err := hnd.Snapshot()
+	if err != nil {
+		return res, err
+	}
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	// Scattered block ids on both sides, as engines' allocators give them.
+	m := kvsim.KVMove{Layers: all, SrcTable: []uint32{9, 2, 30, 17, 5, 11, 24, 0, 13, 28, 6, 19, 3, 22, 15, 8},
+		DstTable: make([]uint32, (tokens+5+15)/16), DstFirst: 5, Tokens: tokens}
+	for i := range m.DstTable {
+		m.DstTable[i] = uint32((i*37 + 11) % 256)
+	}
+	m.SrcTable = m.SrcTable[:(tokens+127)/128]
+	start := time.Now()
+	var ids []uint64
+	for i, k := range ranks {
+		id, err := pc.SubmitKV(ctx, m.Submit("decode", fmt.Sprintf("kv-req-1/rank%d", i), wire.Push, k, hnd))
+		if err != nil {
+			return res, fmt.Errorf("KV push of rank %d: %w", i, err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		if _, err := pc.Wait(ctx, id, 0); err != nil {
+			return res, fmt.Errorf("KV transfer %d: %w", id, err)
+		}
+	}
+	el := time.Since(start)
+	n, err := collectNotes(notes, len(ids), "kv-req-1/", wire.Push)
+	if err != nil {
+		return res, err
+	}
+	for _, k := range ranks {
+		if err := kvsim.Expect(k, hnd, want, m); err != nil {
+			return res, err
+		}
+	}
+	got, err := hnd.Snapshot()
+	if err != nil {
+		return res, err
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return res, fmt.Errorf("KV phase: decode cache byte %d is %#x, want %#x", i, got[i], want[i])
+		}
+	}
+	for _, c := range []struct {
+		k  *kvsim.KV
+		cl *client.Client
+	}{{ranks[0], pc}, {ranks[1], pc}, {hnd, dc}} {
+		for l := 0; l < layers; l++ {
+			for t := range c.k.Layout.NumTensors() {
+				if err := c.cl.Unregister(ctx, c.k.Region(l, t)); err != nil {
+					return res, err
+				}
+			}
+		}
+	}
+	bytes := uint64(layers) * tokens * heads * 2 * hs * 2
+	return phaseResult{name: "kv ascend/128 x2 -> vllm-hnd/16", bytes: bytes, xfers: len(ids), elapsed: el, notes: n}, nil
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/cuda"
+	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// kvBenchOpts is what `stagectl bench --kv A:B` measures.
+type kvBenchOpts struct {
+	route, local, remote string
+	ldev, rdev           engineDevice
+	from, to             kvPresetArg
+	layers               int
+	tokens               uint32
+	heads, headSize      uint32
+	iters, warmup        int
+	checksum             uint8
+	prof                 *profiler // nil: no profiles
+}
+
+// kvPresetArg is "PRESET[/BLOCK_SIZE]".
+type kvPresetArg struct {
+	name string
+	bs   uint32
+}
+
+// parseKVArg parses "A[/bs]:B[/bs]"; a block size left out is the
+// engine's usual one (128 for Ascend presets, 16 for the rest).
+func parseKVArg(s string) (from, to kvPresetArg, err error) {
+	a, b, ok := strings.Cut(s, ":")
+	if !ok {
+		return from, to, fmt.Errorf("--kv wants FROM:TO, preset names with an optional /BLOCK_SIZE (presets: %s)", strings.Join(kvlayout.Presets(), ", "))
+	}
+	parse := func(x string) (kvPresetArg, error) {
+		name, bs, _ := strings.Cut(x, "/")
+		p := kvPresetArg{name: name, bs: 16}
+		if strings.HasPrefix(name, "ascend") {
+			p.bs = 128
+		}
+		if bs != "" {
+			n, err := strconv.ParseUint(bs, 10, 32)
+			if err != nil || n == 0 {
+				return p, fmt.Errorf("--kv %q: block size %q is not a positive number", x, bs)
+			}
+			p.bs = uint32(n)
+		}
+		if !slices.Contains(kvlayout.Presets(), name) {
+			return p, fmt.Errorf("--kv: preset %q unknown (presets: %s)", name, strings.Join(kvlayout.Presets(), ", "))
+		}
+		return p, nil
+	}
+	if from, err = parse(a); err != nil {
+		return from, to, err
+	}
+	to, err = parse(b)
+	return from, to, err
+}
+
+func (p kvPresetArg) String() string { return fmt.Sprintf("%s/%d", p.name, p.bs) }
+
+// kvRow is one line of the KV bench's table.
+type kvRow struct {
+	What  string  `json:"what"`
+	Bytes uint64  `json:"bytes_per_transfer"`
+	GBps  float64 `json:"gb_per_s"`
+}
+
+// newKV allocates a synthetic KV cache where d says.
+func newKV(d engineDevice, name string, p kvPresetArg, o *kvBenchOpts, blocks uint32) (*kvsim.KV, error) {
+	params := kvlayout.Params{DType: kvlayout.BF16, Blocks: blocks, BlockSize: p.bs, Heads: o.heads, HeadHi: o.heads, HeadSize: o.headSize}
+	if kvlayout.IsMLA(p.name) {
+		params.Heads, params.HeadHi, params.HeadSize = 1, 1, 0
+	}
+	return newKVOn(d, name, p.name, params, o.layers)
+}
+
+// newKVOn allocates a synthetic KV cache of preset where d says.
+func newKVOn(d engineDevice, name, preset string, params kvlayout.Params, layers int) (*kvsim.KV, error) {
+	if d.kind == "hostmem" {
+		return kvsim.NewKV(name, preset, params, layers)
+	}
+	size, err := kvsim.KVSize(preset, params, layers)
+	if err != nil {
+		return nil, err
+	}
+	dev := cudaDevs[d.ordinal]
+	if dev == nil {
+		if dev, err = cuda.OpenDevice(d.ordinal, cuda.Config{}); err != nil {
+			return nil, err
+		}
+		cudaDevs[d.ordinal] = dev
+	}
+	m, err := kvsim.NewCUDAMemory(dev, size)
+	if err != nil {
+		return nil, err
+	}
+	return kvsim.NewKVOn(m, name, preset, params, layers)
+}
+
+// runKVBench moves a synthetic KV cache of o.tokens tokens from preset
+// o.from (local) to o.to (remote), and in the same run between two caches
+// of o.from (same layout, as a KV transfer and as the byte ops it
+// amounts to), and prints GB/s of KV moved for each.
+func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error) {
+	lc, err := client.Dial(o.local)
+	if err != nil {
+		return nil, err
+	}
+	defer lc.Close()
+	rc, err := client.Dial(o.remote)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	tag := fmt.Sprintf("kvbench-%d", time.Now().UnixNano()%1e6)
+	// Twice the blocks a request needs, so block tables are scattered.
+	blocksFor := func(p kvPresetArg) uint32 { return 2 * ((o.tokens + p.bs - 1) / p.bs) }
+	var undo []func()
+	defer func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}()
+	cache := func(cl *client.Client, d engineDevice, name string, p kvPresetArg, fill bool) (*kvsim.KV, error) {
+		k, err := newKV(d, tag+"-"+name, p, &o, blocksFor(p))
+		if err != nil {
+			return nil, fmt.Errorf("%s cache %s: %w", name, p, err)
+		}
+		undo = append(undo, func() { _ = k.Close() })
+		if fill {
+			err = k.Fill(r.Uint64())
+		} else {
+			err = k.Poison(0xAB)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := k.Register(ctx, cl, wire.AccessAll); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() {
+			for l := 0; l < k.Layers; l++ {
+				for t := range k.Layout.NumTensors() {
+					_ = cl.Unregister(context.Background(), k.Region(l, t))
+				}
+			}
+		})
+		return k, nil
+	}
+	src, err := cache(lc, o.ldev, "src", o.from, true)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := cache(rc, o.rdev, "dst", o.to, false)
+	if err != nil {
+		return nil, err
+	}
+	same, err := cache(rc, o.rdev, "same", o.from, false)
+	if err != nil {
+		return nil, err
+	}
+	layers := make([]int, o.layers)
+	for i := range layers {
+		layers[i] = i
+	}
+	table := func(p kvPresetArg) []uint32 {
+		ids := r.Perm(int(blocksFor(p)))[:(o.tokens+p.bs-1)/p.bs]
+		out := make([]uint32, len(ids))
+		for i, id := range ids {
+			out[i] = uint32(id)
+		}
+		return out
+	}
+	conv := kvsim.KVMove{Layers: layers, SrcTable: table(o.from), DstTable: table(o.to), Tokens: o.tokens}
+	ident := kvsim.KVMove{Layers: layers, SrcTable: conv.SrcTable, DstTable: table(o.from), Tokens: o.tokens}
+	before, err := dst.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	kvOnce := func(m *kvsim.KVMove, to *kvsim.KV) func() error {
+		return func() error {
+			s := m.Submit(o.route, tag, wire.Push, src, to)
+			s.Checksum = o.checksum
+			id, err := lc.SubmitKV(ctx, s)
+			if err != nil {
+				return err
+			}
+			_, err = lc.Wait(ctx, id, 0)
+			return err
+		}
+	}
+	type run struct {
+		what string
+		once func() error
+	}
+	runs := []run{
+		{fmt.Sprintf("kv %s -> %s", o.from, o.to), kvOnce(&conv, dst)},
+		{fmt.Sprintf("kv %s -> %s (same layout)", o.from, o.from), kvOnce(&ident, same)},
+	}
+	if t, ok := src.ByteOps(same, &ident); ok {
+		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, tag, o.checksum
+		runs = append(runs, run{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
+			_, err := lc.Do(ctx, t)
+			return err
+		}})
+	}
+	l := &src.Layout
+	bytes := uint64(o.layers) * uint64(o.tokens) * uint64(l.Held()) * l.RowWidth() * l.DType.Size()
+	rows := make([]kvRow, len(runs))
+	for i := range runs {
+		rows[i] = kvRow{What: runs[i].what, Bytes: bytes}
+	}
+	// Rounds interleave the rows, so that drift on a shared machine hits
+	// them alike.
+	busy := make([]time.Duration, len(runs))
+	for round := 0; round < o.warmup+o.iters; round++ {
+		if o.prof != nil && round == o.warmup {
+			// Each row is profiled separately below; here the whole
+			// round, about as long as the warm-up took.
+			o.prof.start(ctx, "kv-rounds", time.Duration(o.iters)*sum(busy))
+		}
+		for i, rn := range runs {
+			t0 := time.Now()
+			if err := rn.once(); err != nil {
+				return nil, fmt.Errorf("%s: %w", rn.what, err)
+			}
+			if round >= o.warmup {
+				busy[i] += time.Since(t0)
+			}
+		}
+	}
+	for i := range rows {
+		rows[i].GBps = float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9
+	}
+	if o.prof != nil {
+		if err := o.prof.wait(); err != nil {
+			return nil, err
+		}
+	}
+	// Every row of the converting transfer must have landed, and nothing
+	// else in the destination changed.
+	if err := kvsim.Expect(src, dst, before, conv); err != nil {
+		return nil, err
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if got[i] != before[i] {
+			return nil, fmt.Errorf("kv %s -> %s: destination byte %d is %#x, want %#x", o.from, o.to, i, got[i], before[i])
+		}
+	}
+	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
+		o.layers, o.tokens, l.Held(), l.RowWidth(), config.ByteSize(bytes), o.iters, o.ldev, o.rdev)
+	for _, row := range rows {
+		fmt.Fprintf(w, "  %-48s %8.2f GB/s  %.2fx the same-layout KV transfer\n", row.What, row.GBps, row.GBps/rows[1].GBps)
+	}
+	const acceptBlocks = 65536
+	big, small, inside, err := kvAccept(ctx, o, acceptBlocks)
+	if err != nil {
+		return nil, fmt.Errorf("accept time: %w", err)
+	}
+	fmt.Fprintf(w, "  accept a %d-block request: %v inside the sidecar (decoded SubmitKV to transfer handed to the core, mean); %v from SubmitKV sent to Submitted read (a 1-block request: %v)\n",
+		acceptBlocks, inside.Round(time.Microsecond), big.Round(time.Microsecond), small.Round(time.Microsecond))
+	rows = append(rows, kvRow{What: fmt.Sprintf("accept %d blocks inside the sidecar (us)", acceptBlocks), GBps: float64(inside.Microseconds())},
+		kvRow{What: fmt.Sprintf("accept %d blocks, engine round trip (us)", acceptBlocks), GBps: float64(big.Microseconds())},
+		kvRow{What: "accept 1 block, engine round trip (us)", GBps: float64(small.Microseconds())})
+	return rows, nil
+}
+
+// kvAccept measures how long the local sidecar takes to accept a KV
+// request of blocks blocks, from SubmitKV sent to Submitted read (the
+// sidecar has then checked both tables, built its side and plan, and
+// handed the transfer to its sender core: its first chunk can move),
+// beside the same for a one-block request: their difference is the cost
+// of the block table. Median of iters, after one of each to warm up.
+func kvAccept(ctx context.Context, o kvBenchOpts, blocks uint32) (big, small, inside time.Duration, err error) {
+	lc, err := client.Dial(o.local)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer lc.Close()
+	rc, err := client.Dial(o.remote)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer rc.Close()
+	// Tiny rows keep 2x blocks blocks in a few tens of MiB.
+	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 2 * blocks, BlockSize: 16, Heads: 1, HeadHi: 1, HeadSize: 8}
+	tag := fmt.Sprintf("kvaccept-%d", time.Now().UnixNano()%1e6)
+	var caches []*kvsim.KV
+	defer func() {
+		for _, k := range caches {
+			_ = k.Close()
+		}
+	}()
+	for _, side := range []struct {
+		cl   *client.Client
+		name string
+	}{{lc, "src"}, {rc, "dst"}} {
+		k, err := kvsim.NewKV(tag+"-"+side.name, "vllm-flash", p, 1)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		caches = append(caches, k)
+		if err := k.Register(ctx, side.cl, wire.AccessAll); err != nil {
+			return 0, 0, 0, err
+		}
+		defer func(cl *client.Client, k *kvsim.KV) {
+			_ = cl.Unregister(context.Background(), k.Region(0, 0))
+		}(side.cl, k)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	table := func(n uint32) []uint32 {
+		ids := r.Perm(int(2 * blocks))[:n]
+		out := make([]uint32, n)
+		for i, id := range ids {
+			out[i] = uint32(id)
+		}
+		return out
+	}
+	measure := func(n uint32) (time.Duration, error) {
+		m := kvsim.KVMove{Layers: []int{0}, SrcTable: table(n), DstTable: table(n), Tokens: n * 16}
+		st0, err := lc.Stats(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer func() {
+			if st1, err := lc.Stats(ctx); err == nil && st1.KVAccepts > st0.KVAccepts {
+				inside = time.Duration((st1.KVAcceptNanos - st0.KVAcceptNanos) / (st1.KVAccepts - st0.KVAccepts))
+			}
+		}()
+		s := m.Submit(o.route, tag, wire.Push, caches[0], caches[1])
+		var ts []time.Duration
+		iters := 1 + max(o.iters, 5)
+		if o.prof != nil && n > 1 {
+			// Long enough for a profile that shows where the time goes.
+			const span = 3 * time.Second
+			o.prof.start(ctx, "kv-accept", span)
+			defer func() { _ = o.prof.wait() }()
+			deadline := time.Now().Add(span)
+			stop := func() bool { return time.Now().After(deadline) }
+			for i := 0; !stop(); i++ {
+				t0 := time.Now()
+				id, err := lc.SubmitKV(ctx, s)
+				if err != nil {
+					return 0, err
+				}
+				ts = append(ts, time.Since(t0))
+				if _, err := lc.Wait(ctx, id, 0); err != nil {
+					return 0, err
+				}
+			}
+			slices.Sort(ts)
+			return ts[len(ts)/2], nil
+		}
+		for i := 0; i < iters; i++ {
+			t0 := time.Now()
+			id, err := lc.SubmitKV(ctx, s)
+			if err != nil {
+				return 0, err
+			}
+			if i > 0 {
+				ts = append(ts, time.Since(t0))
+			}
+			if _, err := lc.Wait(ctx, id, 0); err != nil {
+				return 0, err
+			}
+		}
+		slices.Sort(ts)
+		return ts[len(ts)/2], nil
+	}
+	if small, err = measure(1); err != nil {
+		return 0, 0, 0, err
+	}
+	big, err = measure(blocks) // last: inside is its mean
+	return big, small, inside, err
+}
+
+func sum(ds []time.Duration) (t time.Duration) {
+	for _, d := range ds {
+		t += d
+	}
+	return t
+}

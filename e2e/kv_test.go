@@ -1,0 +1,393 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/wire"
+)
+
+// kvCache makes and registers a synthetic KV cache on n, filled (seed != 0)
+// or poisoned.
+func kvCache(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
+	t.Helper()
+	k, err := kvsim.NewKV(n.name+"-"+name, preset, p, layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	if seed != 0 {
+		err = k.Fill(seed)
+	} else {
+		err = k.Poison(guard)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Register(context.Background(), n.cl, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for l := 0; l < k.Layers; l++ {
+			for tn := range k.Layout.NumTensors() {
+				_ = n.cl.Unregister(context.Background(), k.Region(l, tn))
+			}
+		}
+	})
+	return k
+}
+
+// perm32 is a block table of distinct random block ids below blocks,
+// enough for first+tokens tokens in blocks of bs tokens.
+func perm32(r *rand.Rand, blocks, bs, first, tokens uint32) []uint32 {
+	ids := r.Perm(int(blocks))[:(first+tokens+bs-1)/bs]
+	out := make([]uint32, len(ids))
+	for i, id := range ids {
+		out[i] = uint32(id)
+	}
+	return out
+}
+
+// doKV submits KV transfers at once and waits for every one.
+func doKV(t *testing.T, cl *client.Client, subs []wire.SubmitKV) {
+	t.Helper()
+	ctx := context.Background()
+	var ids []uint64
+	for i, s := range subs {
+		id, err := cl.SubmitKV(ctx, s)
+		if err != nil {
+			t.Fatalf("KV transfer %d (%s): %v", i, s.Tag, err)
+		}
+		ids = append(ids, id)
+	}
+	for i, id := range ids {
+		st, err := cl.Wait(ctx, id, 60*time.Second)
+		if err != nil {
+			t.Fatalf("KV transfer %d (%s): %v", i, subs[i].Tag, err)
+		}
+		if st.State != wire.StateDone || st.Done != st.Total {
+			t.Fatalf("KV transfer %d: state %s, %d of %d B", i, st.State, st.Done, st.Total)
+		}
+	}
+}
+
+func sameBytes(t *testing.T, what string, got, want []byte) {
+	t.Helper()
+	if bytes.Equal(got, want) {
+		return
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: first difference at byte %d of %d: got %#x, want %#x", what, i, len(want), got[i], want[i])
+		}
+	}
+}
+
+// TestKVConvert moves KV caches between sidecars whose engines lay them
+// out differently: two "ranks" of an Ascend-layout prefill (block 128, K
+// and V apart, half the heads each) push into one vLLM HND decode (block
+// 16, all heads), requests of random lengths into random block tables;
+// then the decode pulls them back into a packed-layout cache. Every moved
+// row must equal its source row and every other byte stay as it was.
+func TestKVConvert(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{slot: "256KiB"})
+	const layers, heads, hs = 3, 8, 64
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 7))
+	t.Logf("seed %d", seed)
+	params := func(bs, blocks, lo, hi uint32) kvlayout.Params {
+		return kvlayout.Params{DType: kvlayout.BF16, Blocks: blocks, BlockSize: bs, Heads: heads, HeadLo: lo, HeadHi: hi, HeadSize: hs}
+	}
+	rank0 := kvCache(t, pre, "rank0", "ascend", params(128, 24, 0, 4), layers, seed)
+	rank1 := kvCache(t, pre, "rank1", "ascend", params(128, 24, 4, 8), layers, seed+1)
+	back := kvCache(t, pre, "back", "vllm-packed", params(64, 48, 0, 8), layers, 0)
+	hnd := kvCache(t, dec, "hnd", "vllm-hnd", params(16, 192, 0, 8), layers, 0)
+
+	wantDec, err := hnd.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subs []wire.SubmitKV
+	var moves0, moves1 []kvsim.KVMove
+	var back0 []kvsim.KVMove
+	// Requests get disjoint blocks on the receiving sides, as an engine's
+	// allocator gives them.
+	decFree, backFree := r.Perm(192), r.Perm(48)
+	take := func(free *[]int, n uint32) []uint32 {
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = uint32((*free)[0])
+			*free = (*free)[1:]
+		}
+		return ids
+	}
+	for req := 0; req < 6; req++ {
+		tokens := uint32(1 + r.IntN(400))
+		first := uint32(r.IntN(3)) * 16
+		dst := take(&decFree, (first+tokens+15)/16)
+		src := perm32(r, 24, 128, 0, tokens)
+		all := []int{0, 1, 2}
+		m := kvsim.KVMove{Layers: all, SrcTable: src, DstTable: dst, DstFirst: first, Tokens: tokens}
+		moves0 = append(moves0, m)
+		subs = append(subs, m.Submit("decode", fmt.Sprintf("req-%d/r0", req), wire.Push, rank0, hnd))
+		m1 := m
+		m1.SrcTable = perm32(r, 24, 128, 0, tokens)
+		moves1 = append(moves1, m1)
+		subs = append(subs, m1.Submit("decode", fmt.Sprintf("req-%d/r1", req), wire.Push, rank1, hnd))
+		// Pulled back from the decode into the packed cache.
+		bm := kvsim.KVMove{Layers: all, SrcTable: dst, SrcFirst: first, DstTable: take(&backFree, (5+tokens+63)/64), DstFirst: 5, Tokens: tokens}
+		back0 = append(back0, bm)
+	}
+	notes, err := dec.cl.Subscribe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	doKV(t, pre.cl, subs)
+	// Each push is announced to the decode's engine once all of it
+	// landed, naming the cache, layers and tokens.
+	seen := map[string]bool{}
+	for range subs {
+		select {
+		case n := <-notes:
+			var want *wire.SubmitKV
+			for i := range subs {
+				if subs[i].Tag == n.Tag {
+					want = &subs[i]
+				}
+			}
+			if want == nil || seen[n.Tag] || n.Code != wire.CodeOK || n.KV != hnd.Name || n.First != want.RemoteFirst ||
+				n.Tokens != want.Tokens || fmt.Sprint(n.Layers) != fmt.Sprint(want.Layers) {
+				t.Fatalf("notify %+v does not match a push", n)
+			}
+			seen[n.Tag] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d notifications after 10s", len(seen), len(subs))
+		}
+	}
+	if err := kvsim.Expect(rank0, hnd, wantDec, moves0...); err != nil {
+		t.Fatal(err)
+	}
+	if err := kvsim.Expect(rank1, hnd, wantDec, moves1...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hnd.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "decode cache after the pushes", got, wantDec)
+
+	wantBack, err := back.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pulls []wire.SubmitKV
+	for i, m := range back0 {
+		pulls = append(pulls, m.Submit("decode", fmt.Sprintf("back-%d", i), wire.Pull, back, hnd))
+	}
+	doKV(t, pre.cl, pulls)
+	if err := kvsim.Expect(hnd, back, wantBack, back0...); err != nil {
+		t.Fatal(err)
+	}
+	got, err = back.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "packed cache after the pulls", got, wantBack)
+}
+
+// TestKVRefused: a KV transfer the layouts or tables cannot carry is
+// refused before any byte moves, with an error that names both values.
+func TestKVRefused(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{})
+	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 8, BlockSize: 16, Heads: 8, HeadLo: 0, HeadHi: 8, HeadSize: 64}
+	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 1)
+	q := p
+	q.DType = kvlayout.F16
+	f16 := kvCache(t, dec, "f16", "vllm-flash", q, 2, 0)
+	q = p
+	q.HeadSize = 128
+	wide := kvCache(t, dec, "wide", "vllm-flash", q, 2, 0)
+	q = p
+	q.HeadLo, q.HeadHi = 0, 4
+	half := kvCache(t, dec, "half", "vllm-flash", q, 2, 0)
+	ok := kvCache(t, dec, "ok", "vllm-hnd", p, 2, 0)
+	before, err := ok.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: []uint32{0, 1}, DstTable: []uint32{2, 3}, Tokens: 20}
+	for _, tt := range []struct {
+		name string
+		sub  wire.SubmitKV
+		want string
+	}{
+		{"dtype", base.Submit("decode", "a", wire.Push, src, f16), "dtype bf16 here, f16 at the peer"},
+		{"row width", base.Submit("decode", "b", wire.Push, src, wide), "row width (elements) 128 here, 256 at the peer"},
+		{"heads outside", func() wire.SubmitKV {
+			s := base.Submit("decode", "c", wire.Push, src, half)
+			s.HeadLo, s.HeadHi = 2, 6
+			return s
+		}(), "kv heads [2, 6) asked for; here [0, 8), at the peer [0, 4)"},
+		{"remote block id", func() wire.SubmitKV {
+			s := base.Submit("decode", "d", wire.Push, src, ok)
+			s.RemoteBlocks = []uint32{2, 8}
+			return s
+		}(), "entry 1 is block 8; its cache has 8 blocks"},
+		{"remote table short", func() wire.SubmitKV {
+			s := base.Submit("decode", "e", wire.Push, src, ok)
+			s.RemoteFirst = 13
+			return s
+		}(), "needs tokens [13, 33)"},
+		{"local table short", func() wire.SubmitKV {
+			s := base.Submit("decode", "f", wire.Push, src, ok)
+			s.LocalFirst = 13
+			return s
+		}(), "KV cache \"prefill-src\""},
+		{"layer", func() wire.SubmitKV {
+			s := base.Submit("decode", "g", wire.Push, src, ok)
+			s.Layers = []uint32{0, 2}
+			return s
+		}(), "has 2 layers; the transfer names layer 2"},
+		{"peer named", func() wire.SubmitKV {
+			s := base.Submit("decode", "i", wire.Push, src, ok)
+			s.Peer = "decode-1"
+			return s
+		}(), "routes do not address peers by name yet"},
+		{"no cache", func() wire.SubmitKV {
+			s := base.Submit("decode", "h", wire.Push, src, ok)
+			s.Remote = "nope"
+			return s
+		}(), "has no KV cache \"nope\""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := pre.cl.SubmitKV(context.Background(), tt.sub)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	after, err := ok.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "decode cache after refused transfers", after, before)
+}
+
+// TestKVSameNode: between sidecars on one node, a KV transfer converts on
+// the TCP path and counts the same-node path it did not take.
+func TestKVSameNode(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t)})
+	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 16, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 3)
+	q := p
+	q.BlockSize = 64
+	dst := kvCache(t, dec, "dst", "vllm-packed", q, 2, 0)
+	want, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := kvsim.KVMove{Layers: []int{1, 0}, SrcTable: []uint32{9, 2, 7, 4, 1}, DstTable: []uint32{3, 0}, DstFirst: 10, Tokens: 75}
+	doKV(t, pre.cl, []wire.SubmitKV{m.Submit("decode", "sn", wire.Push, src, dst)})
+	if err := kvsim.Expect(src, dst, want, m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "decode cache", got, want)
+	if l := link(t, pre, "decode"); l.Fallbacks["kv_layout"] != 1 || l.ChunksOut == 0 {
+		t.Fatalf("link decode: fallbacks %v, %d chunks out; want kv_layout counted once and TCP used", l.Fallbacks, l.ChunksOut)
+	}
+}
+
+// TestKVBlockMajor: between layouts that keep a head's tokens together
+// (HND, packed K|V) with one block size, transfers whose first tokens sit
+// at the same slot of a block move in block-major order, the others in
+// token-major order; rows land right either way.
+func TestKVBlockMajor(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{slot: "64KiB"})
+	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 64, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+	src := kvCache(t, pre, "hnd", "vllm-hnd", p, 2, 11)
+	dst := kvCache(t, dec, "packed", "vllm-packed", p, 2, 0)
+	want, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	free := r.Perm(64)
+	take := func(n uint32) []uint32 {
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = uint32(free[0])
+			free = free[1:]
+		}
+		return ids
+	}
+	moves := []kvsim.KVMove{
+		{Layers: []int{0, 1}, SrcTable: take(6), DstTable: take(6), SrcFirst: 3, DstFirst: 3, Tokens: 80}, // aligned: block-major
+		{Layers: []int{1}, SrcTable: take(5), DstTable: take(5), SrcFirst: 0, DstFirst: 16, Tokens: 64},   // aligned, whole blocks
+		{Layers: []int{0, 1}, SrcTable: take(5), DstTable: take(6), SrcFirst: 2, DstFirst: 9, Tokens: 70}, // not aligned: token-major
+	}
+	var subs []wire.SubmitKV
+	for i, m := range moves {
+		subs = append(subs, m.Submit("decode", fmt.Sprintf("bm-%d", i), wire.Push, src, dst))
+	}
+	doKV(t, pre.cl, subs)
+	if err := kvsim.Expect(src, dst, want, moves...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "packed cache", got, want)
+}
+
+// TestKVSplitHeads: a prefill holding all kv heads pushes into two decode
+// caches holding half each (each transfer moves its decode's slice), and,
+// with GQA replication, into caches that each hold one of 2 kv heads
+// twice over (4 "ranks" of 2 heads).
+func TestKVSplitHeads(t *testing.T) {
+	pre, dec := pair(t, nodeOpts{})
+	cases := []struct {
+		name   string
+		heads  uint32
+		slices [][2]uint32
+	}{
+		{"all heads to two halves", 8, [][2]uint32{{0, 4}, {4, 8}}},
+		{"GQA: 2 heads to 4 ranks", 2, [][2]uint32{{0, 1}, {0, 1}, {1, 2}, {1, 2}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := kvlayout.Params{DType: kvlayout.F16, Blocks: 32, BlockSize: 16, Heads: c.heads, HeadHi: c.heads, HeadSize: 16}
+			src := kvCache(t, pre, "full-"+fmt.Sprint(c.heads), "vllm-flash", p, 2, 5)
+			m := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: []uint32{7, 3, 12}, DstTable: []uint32{1, 2}, SrcFirst: 4, DstFirst: 9, Tokens: 40}
+			for i, sl := range c.slices {
+				q := kvlayout.Params{DType: kvlayout.F16, Blocks: 8, BlockSize: 32, Heads: c.heads, HeadLo: sl[0], HeadHi: sl[1], HeadSize: 16}
+				dst := kvCache(t, dec, fmt.Sprintf("rank%d-%d", i, c.heads), "ascend", q, 2, 0)
+				want, err := dst.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				doKV(t, pre.cl, []wire.SubmitKV{m.Submit("decode", fmt.Sprintf("split-%d", i), wire.Push, src, dst)})
+				if err := kvsim.Expect(src, dst, want, m); err != nil {
+					t.Fatal(err)
+				}
+				got, err := dst.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameBytes(t, fmt.Sprintf("rank %d holding heads [%d, %d)", i, sl[0], sl[1]), got, want)
+			}
+		})
+	}
+}

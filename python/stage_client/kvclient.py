@@ -1,0 +1,85 @@
+"""The KV requests of :class:`~stage_client.client.Client`: RegisterKV and SubmitKV.
+
+Kept apart from client.py (which holds the connection, its reader and the
+byte-range requests); :class:`KVRequests` is a base of Client and uses only
+its ``_call``. A KV transfer's id is an ordinary transfer id: wait for it,
+ask its status or cancel it with the Client's usual methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+from . import wire
+from .errors import StageError
+from .kvwire import KVLayout, RegisterKV, SubmitKV
+from .layout import Layout
+from .wire import Code, Direction, XferStatus, checksum_choice
+
+__all__ = ["KVRequests"]
+
+
+class KVRequests:
+    """KV caches and KV transfers (PROTOCOL.md section 12)."""
+
+    _call: Callable[..., Any]
+
+    def register_kv(self, name: str, layout: Union[Layout, KVLayout], layers: Sequence[Sequence[str]]) -> None:
+        """Give regions already registered a KV layout, as KV cache ``name``.
+
+        ``layers[l][t]`` is the region holding tensor ``t`` of layer ``l``
+        (one name per tensor the layout's parts use); every layer has the
+        same ``layout`` (a :class:`~stage_client.layout.Layout`, validated
+        here, or its wire form). The sidecar checks the layout against each
+        region's length; registering a name again replaces the cache (peers
+        that cached its shape are refused once, then ask again).
+        """
+        wl = KVLayout.from_layout(layout) if isinstance(layout, Layout) else layout
+        ls = [[n] if isinstance(n, str) else list(n) for n in layers]
+        self._call(lambda r: RegisterKV(req=r, name=name, layout=wl, layers=ls))
+
+    def submit_kv(self, route: str, local: str, remote: str, layers: Sequence[int], local_blocks: Any,
+                  remote_blocks: Any, tokens: int, local_first: int = 0, remote_first: int = 0,
+                  heads: Optional[Tuple[int, int]] = None, direction: int = Direction.PUSH, tag: str = "",
+                  peer: str = "", remote_layers: Optional[Sequence[int]] = None,
+                  checksum: Union[None, bool, int] = None) -> int:
+        """Start a KV transfer on ``route``; returns its id on this sidecar.
+
+        Moves the rows of ``tokens`` tokens of ``layers`` of KV cache
+        ``local`` (here) to or from KV cache ``remote`` (the peer's):
+        token ``i`` is token ``local_first + i`` of the block table
+        ``local_blocks`` here and token ``remote_first + i`` of
+        ``remote_blocks`` there. ``remote_layers`` pairs with ``layers``
+        (default: the same indices); ``heads`` ``(lo, hi)`` narrows the
+        heads (default: every head both sides hold). ``direction`` PUSH
+        sends ours, PULL fetches the peer's. Block tables may be lists,
+        arrays or tensors of ids. ``checksum`` as for :meth:`submit`.
+
+        The sidecar learns the peer's shape first and refuses with
+        StageError what either side would refuse (another dtype or row
+        width, heads outside a side's slice, a block id past its cache, a
+        layer it does not have); XferStatus counts canonical bytes. The
+        peer's subscribers get a Notify with ``kv``, ``layers``, ``first``
+        and ``tokens`` once the rows landed (push) or were sent (pull).
+        """
+        lo, hi = (0, 0) if heads is None else (int(heads[0]), int(heads[1]))
+        d, ck = Direction(direction), checksum_choice(checksum)
+        rl = [] if remote_layers is None else remote_layers
+        a = self._call(lambda r: SubmitKV(req=r, route=route, peer=peer, direction=d, checksum=ck, tag=tag,
+                                          local=local, remote=remote, layers=layers, remote_layers=rl,
+                                          local_blocks=local_blocks, remote_blocks=remote_blocks,
+                                          local_first=local_first, remote_first=remote_first, tokens=tokens,
+                                          head_lo=lo, head_hi=hi))
+        if not isinstance(a, wire.Submitted):
+            raise StageError(Code.INTERNAL, "SubmitKV answered with %s" % type(a).__name__)
+        return a.transfer
+
+    async def submit_kv_async(self, *args: Any, timeout: Optional[float] = None, **kw: Any) -> XferStatus:
+        """:meth:`submit_kv` (in the default executor: the sidecar may first ask
+        the peer for its shape), then await the transfer's end; its final
+        XferStatus, or StageError as :meth:`wait` raises."""
+        loop = asyncio.get_running_loop()
+        tid = await loop.run_in_executor(None, functools.partial(self.submit_kv, *args, **kw))
+        return await self.wait_async(tid, timeout)  # type: ignore[attr-defined]
