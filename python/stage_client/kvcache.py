@@ -178,7 +178,8 @@ def unregister_all(client: Any, names: Iterable[str]) -> None:
 
 def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[Any, Sequence[Any]]], preset: Any, *,
                       heads: int, head_lo: int = 0, head_hi: Optional[int] = None, access: int = Access.ALL,
-                      arena: Optional[HostArena] = None, ordinal: Optional[int] = None, **layout_kw: Any) -> KVCache:
+                      arena: Optional[HostArena] = None, ordinal: Optional[int] = None, acl: Any = None,
+                      **layout_kw: Any) -> KVCache:
     """Register an engine's KV cache (torch tensors) as regions plus a KV layout.
 
     ``tensors_per_layer[l]``: layer ``l``'s tensors as the engine indexes
@@ -190,7 +191,9 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
     whole ``kv[layer]`` of a permuted view), named ``f"{name}/{l}/{t}"``.
     CUDA tensors register by IPC handle (``ordinal`` overrides the device
     index); CPU tensors must lie in a :class:`HostArena` (``arena``, else
-    any live one). Every layer must have the same layout. Returns a
+    any live one). With ``acl`` (a :class:`stage_client.ascend.ACL`), the
+    tensors are NPU memory from ``aclrtMalloc`` and register by ACL export
+    key with an ``acl`` sidecar. Every layer must have the same layout. Returns a
     :class:`KVCache`; on any failure what was registered is unregistered.
     """
     from .kvmap import region_bytes
@@ -216,7 +219,7 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
             cache.regions.append(names)
             for t, b in enumerate(bs):
                 rname = "%s/%d/%d" % (name, i, t)
-                _register_region(client, rname, b, access, arena, ordinal, cache._keep)
+                _register_region(client, rname, b, access, arena, ordinal, cache._keep, acl)
                 names.append(rname)
         client.register_kv(name, layout, cache.regions)
     except BaseException:
@@ -229,8 +232,14 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
 
 
 def _register_region(client: Any, rname: str, b: Any, access: int, arena: Optional[HostArena],
-                     ordinal: Optional[int], keep: List[Any]) -> None:
-    """Register the uint8 tensor ``b`` (a region's bytes) by IPC handle or as part of its memfd."""
+                     ordinal: Optional[int], keep: List[Any], acl: Any = None) -> None:
+    """Register the uint8 tensor ``b`` (a region's bytes) by IPC handle, ACL key, or as part of its memfd."""
+    if acl is not None:
+        from .ascend import register_npu_tensor
+
+        register_npu_tensor(client, acl, rname, b, access, ordinal=ordinal)
+        keep.append(b)
+        return
     if getattr(b, "is_cuda", False):
         client.register_tensor(rname, b, access, ordinal=ordinal)
         keep.append(b)

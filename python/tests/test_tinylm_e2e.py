@@ -67,6 +67,8 @@ class TestTinyLMSidecars(unittest.TestCase):
     device: Any = "cpu"
     dtype: Any = None
     sidecar = ""  # extra staged config: the device
+    pre_sidecar = ""  # the prefill's, where it differs
+    acl: Any = None  # the prefill's caches are NPU memory registered by ACL export key
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -90,7 +92,7 @@ class TestTinyLMSidecars(unittest.TestCase):
     def start(cls) -> None:
         cls.dec = Staged("decode", extra=cls.sidecar)
         cls.nodes.append(cls.dec)
-        cls.pre = Staged("prefill", route_to=cls.dec.peers, extra=cls.sidecar)
+        cls.pre = Staged("prefill", route_to=cls.dec.peers, extra=cls.pre_sidecar or cls.sidecar)
         cls.nodes.append(cls.pre)
         cls.pre.settle(1)
         cls.dec.add_route("prefill", cls.pre.peers)  # for the decode's pulls
@@ -99,12 +101,13 @@ class TestTinyLMSidecars(unittest.TestCase):
         cls.logits = cls.model.prefill(cls.prompts, cls.src)
         cls.sync()
         cls.src_kv = [register_kv_cache(cls.pre.client, "pre-r%d" % r, rc.tensors, PREFILL[0], heads=cls.cfg.kv_heads,
-                                        head_lo=rc.head_lo, head_hi=rc.head_hi) for r, rc in enumerate(cls.src.ranks)]
+                                        head_lo=rc.head_lo, head_hi=rc.head_hi, acl=cls.acl)
+                      for r, rc in enumerate(cls.src.ranks)]
 
     @classmethod
     def tearDownClass(cls) -> None:
         rcs = {n.name: n.stop() for n in cls.nodes}
-        for a in cls.arenas:
+        for a in cls.arenas:  # after the sidecars let go of them
             a.close()
         if any(rc != 0 for rc in rcs.values()):
             raise AssertionError("staged exit codes after SIGTERM: %s, want 0\n%s" % (rcs, "\n".join(n.tail() for n in cls.nodes)))
@@ -243,6 +246,37 @@ class TestTinyLMSidecarsCUDA(TestTinyLMSidecars):
     @classmethod
     def sync(cls) -> None:
         torch.cuda.synchronize(cls.device)
+
+
+@unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
+@unittest.skipUnless(os.environ.get("STAGE_ACL_LIBRARY"), "STAGE_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
+class TestTinyLMSidecarsAscend(TestTinyLMSidecarsCUDA):
+    """The prefill's sidecar is an "Ascend" one: the acl backend over fakeacl_cuda (no NPU involved).
+
+    The prefill's caches (vllm-ascend's layout) are torch tensors over
+    memory from fakeacl's aclrtMalloc, written by the model and registered
+    by ACL export key; the decode's are torch CUDA tensors on a cuda
+    sidecar.
+    """
+
+    pre_sidecar = "device: {kind: acl, ordinal: %d}\n" % GPU
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        from fakeacl import open_acl
+
+        cls.acl = open_acl(GPU)
+        super().setUpClass()
+
+    @classmethod
+    def alloc(cls, node: Staged) -> Any:
+        if node is not cls.pre:
+            return None
+        from fakeacl import ACLArena
+
+        a = ACLArena(cls.acl, 96 << 20, cls.device)
+        cls.arenas.append(a)
+        return a.empty
 
 
 if __name__ == "__main__":
