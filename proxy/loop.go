@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -229,7 +230,7 @@ func coreErr(err error) error {
 	case errors.Is(err, staging.ErrDamaged):
 		return codeErr(wire.CodeChecksum, "%v", err)
 	}
-	if _, ok := err.(*codeError); ok {
+	if _, ok := err.(*status.Error); ok {
 		return err
 	}
 	return codeErr(errCode(err), "%v", err)

@@ -263,30 +263,3 @@ func accessString(a wire.Access) string {
 	}
 	return s
 }
-
-// codeError is an error with a wire code, so answers carry both.
-type codeError struct {
-	code wire.Code
-	msg  string
-}
-
-func (e *codeError) Error() string { return e.msg }
-
-func codeErr(c wire.Code, format string, args ...any) error {
-	return &codeError{code: c, msg: fmt.Sprintf(format, args...)}
-}
-
-// errCode returns the wire code of err (CodeInternal when it has none).
-func errCode(err error) wire.Code {
-	for e := err; e != nil; {
-		if ce, ok := e.(*codeError); ok {
-			return ce.code
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		e = u.Unwrap()
-	}
-	return wire.CodeInternal
-}

@@ -46,21 +46,3 @@ func TestAccessString(t *testing.T) {
 		}
 	}
 }
-
-func TestErrCode(t *testing.T) {
-	e := codeErr(wire.CodeOutOfRange, "x")
-	if got := errCode(e); got != wire.CodeOutOfRange {
-		t.Errorf("got %s, want out of range", got)
-	}
-	if got := errCode(wrap{e}); got != wire.CodeOutOfRange {
-		t.Errorf("wrapped: got %s, want out of range", got)
-	}
-	if got := errCode(errPeerClosed); got != wire.CodeInternal {
-		t.Errorf("plain: got %s, want internal", got)
-	}
-}
-
-type wrap struct{ err error }
-
-func (w wrap) Error() string { return "w: " + w.err.Error() }
-func (w wrap) Unwrap() error { return w.err }
