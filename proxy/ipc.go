@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -52,7 +53,7 @@ func (s *Server) takeHandles(nc *nodeConn, ss *session, req *wire.HandleRequest,
 		}
 		return nil, fallback(fbPeerUnreachable, err)
 	}
-	defer closeFDs(fds) // imports keep what they need
+	defer unixsock.CloseFDs(fds) // imports keep what they need
 	p := &peerRegions{n: ss.node, hs: hs}
 	for i, h := range hs {
 		if h.Access&want != want {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -18,34 +17,21 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
 // listenLocal creates the control socket: its directory 0700, the socket
 // 0600, so only the engine's user can talk to the sidecar.
 func listenLocal(path string) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("control socket directory %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("control socket directory %s: chmod 0700: %w", dir, err)
-	}
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("control socket %s: another staged is serving it; stop it or set control_socket", path)
 	}
 	_ = os.Remove(path) // a stale socket of a sidecar that died
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	unix.Umask(old)
+	ln, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("control socket %s: chmod 0600: %w", path, err)
+		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	return ln, nil
 }
@@ -202,103 +188,6 @@ func (c *client) writeLoop() {
 	}
 }
 
-// readUnixFrame reads one frame from a Unix socket (the control socket, a
-// node socket) and, with FlagFD, the fd sent with it. Any fd that arrives
-// unasked is closed.
-func readUnixFrame(conn *net.UnixConn, buf []byte) (wire.Header, wire.Msg, int, []byte, error) {
-	fd := -1
-	var hb [wire.HeaderSize]byte
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	got := 0
-	for got < wire.HeaderSize {
-		n, oobn, _, _, err := conn.ReadMsgUnix(hb[got:], oob)
-		if oobn > 0 {
-			fds := parseFDs(oob[:oobn])
-			for _, f := range fds {
-				if fd < 0 {
-					fd = f
-				} else {
-					_ = unix.Close(f)
-				}
-			}
-		}
-		if err != nil {
-			closeFD(fd)
-			return wire.Header{}, nil, -1, buf, err
-		}
-		if n == 0 {
-			closeFD(fd)
-			return wire.Header{}, nil, -1, buf, io.EOF
-		}
-		got += n
-	}
-	h, err := wire.ParseHeader(hb[:])
-	if err != nil {
-		closeFD(fd)
-		return h, nil, -1, buf, err
-	}
-	if h.Flags&wire.FlagFD == 0 && fd >= 0 {
-		closeFD(fd)
-		fd = -1
-	}
-	if cap(buf) < int(h.Length) {
-		buf = make([]byte, h.Length)
-	}
-	body := buf[:h.Length]
-	if _, err := io.ReadFull(conn, body); err != nil {
-		closeFD(fd)
-		return h, nil, -1, buf, err
-	}
-	if err := wire.VerifyCRC(h, body); err != nil {
-		closeFD(fd)
-		return h, nil, -1, buf, err
-	}
-	m, err := wire.Decode(h.Type, body)
-	if err != nil {
-		closeFD(fd)
-		// The frame was whole, so the stream is still in step: answer
-		// this request and keep the connection.
-		var req uint64
-		if len(body) >= 8 {
-			req = binary.LittleEndian.Uint64(body)
-		}
-		return h, nil, -1, buf, &badRequest{req: req, err: err}
-	}
-	if h.Flags&wire.FlagFD != 0 && fd < 0 {
-		return h, nil, -1, buf, errors.New("frame says an fd travels with it, but none arrived")
-	}
-	return h, m, fd, buf, nil
-}
-
-// badRequest is a whole frame whose body did not decode.
-type badRequest struct {
-	req uint64
-	err error
-}
-
-func (e *badRequest) Error() string { return e.err.Error() }
-func (e *badRequest) Unwrap() error { return e.err }
-
-func parseFDs(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if f, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, f...)
-		}
-	}
-	return fds
-}
-
-func closeFD(fd int) {
-	if fd >= 0 {
-		_ = unix.Close(fd)
-	}
-}
-
 func (c *client) readLoop() {
 	defer c.s.wg.Done()
 	defer c.wg.Done()
@@ -312,14 +201,14 @@ func (c *client) readLoop() {
 			err error
 		)
 		spin.Readable(c.conn, c.s.cfg.Staging.ReadSpin)
-		_, m, fd, buf, err = readUnixFrame(c.conn, buf)
-		var bad *badRequest
-		if errors.As(err, &bad) && bad.req != 0 {
+		_, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
+		var bad *unixsock.BadRequest
+		if errors.As(err, &bad) && bad.Req != 0 {
 			code := wire.CodeMalformed
-			if errors.Is(bad.err, wire.ErrOverflow) {
+			if errors.Is(bad.Err, wire.ErrOverflow) {
 				code = wire.CodeOutOfRange
 			}
-			c.reply(&wire.Fail{Req: bad.req, Code: code, Message: bad.err.Error()})
+			c.reply(&wire.Fail{Req: bad.Req, Code: code, Message: bad.Err.Error()})
 			continue
 		}
 		if err != nil {
@@ -339,7 +228,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 	switch m := m.(type) {
 	case *wire.Register:
 		err := s.register0(m, fd)
-		closeFD(fd) // the import keeps what it needs
+		unixsock.CloseFD(fd) // the import keeps what it needs
 		if err != nil {
 			c.fail(m.Req, err)
 			return
@@ -454,11 +343,11 @@ func (c *client) handle(m wire.Msg, fd int) {
 			answer()
 		}()
 	default:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		c.fail(reqOf(m), codeErr(wire.CodeBadRequest, "%s is not a request", m.Type()))
 		return
 	}
-	closeFD(fd)
+	unixsock.CloseFD(fd)
 }
 
 // reqOf finds the request id of any local message (they all start with it).

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -50,7 +51,7 @@ func (s *Server) serveNode(c *net.UnixConn) error {
 		// The next frame usually follows within microseconds (the
 		// HandleRequest after the Announce, the next push's Announce).
 		spin.Readable(c, answerSpin)
-		_, m, fd, buf, err = readUnixFrame(c, buf)
+		_, m, fd, buf, err = unixsock.ReadFrame(c, buf)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -70,14 +71,14 @@ func (e *exporter) handle(m wire.Msg, fd int) error {
 		// An ipc push announced here rather than on the control session,
 		// just before its HandleRequest: admitted (or refused, with a Nack
 		// on the control session) exactly as there.
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		e.s.acceptPush(e.ss, m)
 		return nil
 	case *wire.HandleRequest:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return e.handles(m)
 	case *wire.DirectDone:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		e.pull = slices.DeleteFunc(e.pull, func(id uint64) bool { return id == m.Transfer })
 		err := e.s.directDone(e.ss, m)
 		if err != nil {
@@ -86,24 +87,24 @@ func (e *exporter) handle(m wire.Msg, fd int) error {
 		return e.write(&wire.OK{Req: m.Transfer}, -1)
 	case *wire.ShmRing:
 		err := e.openRing(m, fd)
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		if err != nil {
 			_ = e.write(&wire.Fail{Code: errCode(err), Message: err.Error()}, -1)
 			return err
 		}
 		return e.write(&wire.OK{}, -1)
 	case *wire.ShmChunk:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return e.shmChunk(m)
 	}
-	closeFD(fd)
+	unixsock.CloseFD(fd)
 	return fmt.Errorf("unexpected %s frame", m.Type())
 }
 
 func (e *exporter) write(m wire.Msg, fd int) error {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
-	return writeNode(e.c, m, fd)
+	return unixsock.WriteFrame(e.c, m, fd)
 }
 
 // handles answers a HandleRequest: one RegionHandle per region, or a Fail.

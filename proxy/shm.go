@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -38,12 +39,12 @@ func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, err
 	}
 	size := slots * slotSize
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return nil, -1, fmt.Errorf("ftruncate(ring memfd, %d): %w", size, err)
 	}
 	r, err := mapRing(dev, fd, slots, slotSize)
 	if err != nil {
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return nil, -1, err
 	}
 	return r, fd, nil
@@ -97,7 +98,7 @@ func (s *Server) ensureRing(nc *nodeConn, slotSize int) error {
 		return fallback(fbShmSetup, err)
 	}
 	err = nc.call(&wire.ShmRing{Slots: shmSlots, SlotSize: uint32(slotSize)}, fd)
-	closeFD(fd)
+	unixsock.CloseFD(fd)
 	if err != nil {
 		_ = r.close()
 		return fallback(fbShmSetup, err)
@@ -125,7 +126,7 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 	inflight := 0
 	wait := func() error {
 		m, fd, err := nc.read()
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		if err != nil {
 			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
 		}
@@ -161,7 +162,7 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		for j, d := range c.Dst {
 			m.Segs[j] = wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off}
 		}
-		if err := writeNode(nc.c, m, -1); err != nil {
+		if err := unixsock.WriteFrame(nc.c, m, -1); err != nil {
 			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
 		}
 		inflight++

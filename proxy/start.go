@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -28,7 +29,7 @@ func (a *announcer) viaControl() { a.once.Do(func() { a.ss.send(a.m) }) }
 // back to TCP, which needs it.
 func (a *announcer) viaNode(nc *nodeConn) {
 	a.once.Do(func() {
-		if err := writeNode(nc.c, a.m, -1); err != nil {
+		if err := unixsock.WriteFrame(nc.c, a.m, -1); err != nil {
 			a.ss.send(a.m)
 		}
 	})
