@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -24,7 +25,7 @@ func (p *peerRegions) addr(i uint32, off, n uint64) (device.Addr, error) {
 		return 0, codeErr(wire.CodeBadRequest, "peer region #%d of %d", i, len(p.hs))
 	}
 	h := p.hs[i]
-	if n == 0 || !inRange(off, n, h.Length) {
+	if n == 0 || !region.InRange(off, n, h.Length) {
 		return 0, codeErr(wire.CodeOutOfRange, "offset %d + length %d is past the end of the peer's region #%d (%d B)", off, n, i, h.Length)
 	}
 	return p.allocs[i].m.Base() + device.Addr(h.Offset+off), nil
@@ -58,7 +59,7 @@ func (s *Server) takeHandles(nc *nodeConn, ss *session, req *wire.HandleRequest,
 	for i, h := range hs {
 		if h.Access&want != want {
 			p.release()
-			return nil, codeErr(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], accessString(want))
+			return nil, codeErr(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], region.AccessString(want))
 		}
 		a, err := ss.node.maps.acquire(h, fds[i])
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
@@ -120,7 +121,7 @@ func (e *exporter) handles(m *wire.HandleRequest) error {
 	hs := make([]*wire.RegionHandle, len(regions))
 	fds := make([]int, len(regions))
 	for i, r := range regions {
-		if hs[i], fds[i], err = handleFor(r, e.s.dev.String(), m.Transfer, i); err != nil {
+		if hs[i], fds[i], err = region.HandleFor(r, e.s.dev.String(), m.Transfer, i); err != nil {
 			e.s.abandonServed(e.ss, m.Transfer)
 			return e.write(&wire.Fail{Req: m.Transfer, Code: errCode(err), Message: err.Error()}, -1)
 		}
@@ -139,7 +140,7 @@ func (e *exporter) handles(m *wire.HandleRequest) error {
 // Announce named (checked and held by its inXfer); for a pull, the source
 // regions, which must grant remote read and stay held (served) until
 // DirectDone or the session ends.
-func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, func(), error) {
+func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*region.Region, func(), error) {
 	if ss.ours(m.Transfer) {
 		return nil, nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
 	}
@@ -149,7 +150,7 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 			return nil, nil, err
 		}
 		if !ss.node.serve(m.Transfer, m.Tag, rs) {
-			releaseAll(rs)
+			region.ReleaseAll(rs)
 			return nil, nil, codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer)
 		}
 		return rs, func() {}, nil
@@ -170,10 +171,10 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 		}
 	}
 	for _, r := range x.regions {
-		r.refs.Add(1)
+		r.Ref()
 	}
 	x.touch()
-	return x.regions, func() { releaseAll(x.regions) }, nil
+	return x.regions, func() { region.ReleaseAll(x.regions) }, nil
 }
 
 // directDone ends a transfer whose bytes the peer copied directly. Bytes 0
@@ -181,7 +182,7 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 // regions are let go, a push waits for its chunks.
 func (s *Server) directDone(ss *session, m *wire.DirectDone) error {
 	if sv := ss.node.unserve(m.Transfer); sv != nil {
-		releaseAll(sv.regions)
+		region.ReleaseAll(sv.regions)
 		if m.Bytes == 0 {
 			return nil
 		}
@@ -210,7 +211,7 @@ func (s *Server) directDone(ss *session, m *wire.DirectDone) error {
 // abandonServed lets go of a pull's regions when its handles could not be sent.
 func (s *Server) abandonServed(ss *session, id uint64) {
 	if sv := ss.node.unserve(id); sv != nil {
-		releaseAll(sv.regions)
+		region.ReleaseAll(sv.regions)
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"maps"
 
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -37,7 +38,7 @@ func (c *counters) countDirect(t transport) {
 }
 
 // revokeRegion tells every same-node peer that got r's handle that r is gone.
-func (s *Server) revokeRegion(r *Region) {
+func (s *Server) revokeRegion(r *region.Region) {
 	s.mu.Lock()
 	sess := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -49,7 +50,7 @@ type Server struct {
 	inlinePool *staging.Pool // nil: our pushes never take the path
 	lane       *staging.Lane
 
-	regions *Regions
+	regions *region.Table
 	kv      kvTable              // KV caches and peers' shapes (kv.go)
 	mapq    chan staging.CopyCmd // mapped chunks to map and gather (loop.go, startMappers)
 
@@ -111,15 +112,14 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
-		regions: newRegions(dev), mbox: newMailbox(),
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
 		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
+	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
-	s.regions.onUnregister = s.revokeRegion
 	s.faultImport = os.Getenv(FaultImportEnv) == "1"
 	if cfg.Security.TLS.Enabled() {
 		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {

@@ -1,4 +1,4 @@
-package proxy
+package region
 
 import (
 	"math"
@@ -26,8 +26,8 @@ func TestInRange(t *testing.T) {
 		{M - 10, 10, M, true},
 		{0, M, M, true},
 	} {
-		if got := inRange(tc.off, tc.n, tc.size); got != tc.want {
-			t.Errorf("inRange(%d, %d, %d) = %v, want %v", tc.off, tc.n, tc.size, got, tc.want)
+		if got := InRange(tc.off, tc.n, tc.size); got != tc.want {
+			t.Errorf("InRange(%d, %d, %d) = %v, want %v", tc.off, tc.n, tc.size, got, tc.want)
 		}
 	}
 }
@@ -41,8 +41,8 @@ func TestAccessString(t *testing.T) {
 		{wire.AccessRemoteWrite, "remote-write"},
 		{wire.AccessLocalRead | wire.AccessRemoteRead, "local-read+remote-read"},
 	} {
-		if got := accessString(tc.a); got != tc.want {
-			t.Errorf("accessString(%#x) = %q, want %q", tc.a, got, tc.want)
+		if got := AccessString(tc.a); got != tc.want {
+			t.Errorf("AccessString(%#x) = %q, want %q", tc.a, got, tc.want)
 		}
 	}
 }
