@@ -141,7 +141,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 		}
 		if _, err := regions[op.Src].Seg(op.SrcOff, op.Len); err != nil {
 			region.ReleaseAll(regions)
-			nack(codeErr(wire.CodeOutOfRange, "op %d: %v", i, err))
+			nack(codeErr(wire.CodeOutOfRange, "op %d: %w", i, err))
 			return
 		}
 		ops[i] = staging.PlanOp{Src: regions[op.Src].Addr(op.SrcOff), DstRegion: op.Dst, DstOff: op.DstOff, Len: op.Len}
@@ -149,7 +149,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 	plan, err := staging.NewPlan(ops, ss.chunkSize)
 	if err != nil {
 		region.ReleaseAll(regions)
-		nack(codeErr(wire.CodeBadRequest, "%v", err))
+		nack(codeErr(wire.CodeBadRequest, "%w", err))
 		return
 	}
 	s.serveOut(ss, m.Transfer, m.Tag, regions, plan, nil)

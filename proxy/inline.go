@@ -71,7 +71,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 	err = s.lane.Gather(buf, c.Src)
 	region.ReleaseAll(regions)
 	if err != nil {
-		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %v", c.Len, s.dev, lx.id, err))
+		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %w", c.Len, s.dev, lx.id, err))
 		return true
 	}
 	lx.inline.Store(true)
@@ -98,7 +98,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 	head = wire.AppendChunkHead(head, &ch, buf.Host(), checksum, wire.FlagInline)
 	if err := ds.writeNow([][]byte{head, buf.Host()}); err != nil {
 		if ix := ss.takeInline(lx.wireID); ix != nil {
-			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %v", c.Len, ss.peerName, ds.idx, err))
+			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %w", c.Len, ss.peerName, ds.idx, err))
 		}
 		return true
 	}

@@ -108,7 +108,7 @@ func (x *inXfer) check(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) 
 		}
 		d, err := x.regions[cs.Region].Seg(cs.Offset, uint64(cs.Len))
 		if err != nil {
-			return segs, codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %v", ch.Index, i, err)
+			return segs, codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %w", ch.Index, i, err)
 		}
 		segs = append(segs, d)
 	}
@@ -122,7 +122,7 @@ var errFinished = fmt.Errorf("transfer already finished")
 // transfer when every chunk is there.
 func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	if err != nil {
-		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, x.s.dev, err), true)
+		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %w", idx, x.s.dev, err), true)
 		return
 	}
 	x.mu.Lock()

@@ -105,7 +105,7 @@ func opPieces(ops []staging.PlanOp, p *peerRegions) ([]piece, error) {
 	for i, op := range ops {
 		dst, err := p.addr(op.DstRegion, op.DstOff, op.Len)
 		if err != nil {
-			return nil, codeErr(errCode(err), "op %d: %v", i, err)
+			return nil, codeErr(errCode(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst, src: op.Src, n: op.Len})
 	}
@@ -137,11 +137,11 @@ func (s *Server) ipcPull(x *inXfer, m *wire.Submit) (err error) {
 	for i, op := range m.Ops {
 		dst, err := x.regions[op.Local].Seg(op.LocalOff, op.Len)
 		if err != nil {
-			return codeErr(wire.CodeOutOfRange, "op %d: %v", i, err)
+			return codeErr(wire.CodeOutOfRange, "op %d: %w", i, err)
 		}
 		src, err := p.addr(op.Remote, op.RemoteOff, op.Len)
 		if err != nil {
-			return codeErr(errCode(err), "op %d: %v", i, err)
+			return codeErr(errCode(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst.Addr, src: src, n: op.Len})
 	}

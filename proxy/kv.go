@@ -152,7 +152,7 @@ func (s *Server) registerKV(m *wire.RegisterKV) error {
 	for i, names := range m.Layers {
 		rs, err := s.kvRegions(&l, names, 0)
 		if err != nil {
-			return codeErr(errCode(err), "KV cache %q layer %d: %v", m.Name, i, err)
+			return codeErr(errCode(err), "KV cache %q layer %d: %w", m.Name, i, err)
 		}
 		region.ReleaseAll(rs)
 	}
@@ -196,7 +196,7 @@ func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access)
 	}
 	if err := l.Validate(lens); err != nil {
 		region.ReleaseAll(rs)
-		return nil, codeErr(wire.CodeOutOfRange, "%v", err)
+		return nil, codeErr(wire.CodeOutOfRange, "%w", err)
 	}
 	return rs, nil
 }
@@ -218,7 +218,7 @@ func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []u
 		rs, err := s.kvRegions(&c.layout, c.layers[layer], want)
 		if err != nil {
 			region.ReleaseAll(regions)
-			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %v", c.name, layer, err)
+			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %w", c.name, layer, err)
 		}
 		idx[i] = make([]int, len(rs))
 		for t := range rs {
@@ -230,7 +230,7 @@ func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []u
 		FirstToken: uint64(first), Tokens: uint64(tokens), HeadLo: headLo, HeadHi: headHi, Cols: cols, Order: order})
 	if err != nil {
 		region.ReleaseAll(regions)
-		return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q: %v", c.name, err)
+		return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q: %w", c.name, err)
 	}
 	return side, regions, nil
 }
@@ -263,7 +263,7 @@ func kvPlan(side *kvlayout.Side, regions []*region.Region, chunk int) (*staging.
 		return kvRuns(side, regions, off, n, runs)
 	})
 	if err != nil {
-		return nil, codeErr(wire.CodeBadRequest, "%v", err)
+		return nil, codeErr(wire.CodeBadRequest, "%w", err)
 	}
 	return p, nil
 }
@@ -273,7 +273,7 @@ func kvPlan(side *kvlayout.Side, regions []*region.Region, chunk int) (*staging.
 // 0: every head both sides hold) must lie in both slices.
 func checkKV(here, peer *kvlayout.Layout, headLo, headHi uint32) (uint32, uint32, []kvlayout.Col, error) {
 	if err := kvlayout.Check(*here, *peer); err != nil {
-		return 0, 0, nil, codeErr(wire.CodeBadRequest, "%v", err)
+		return 0, 0, nil, codeErr(wire.CodeBadRequest, "%w", err)
 	}
 	lo, hi := kvlayout.Overlap(*here, *peer)
 	if headLo == 0 && headHi == 0 {

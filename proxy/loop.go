@@ -222,18 +222,18 @@ func coreErr(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, staging.ErrTimeout):
-		return codeErr(wire.CodeTimeout, "%v", err)
+		return codeErr(wire.CodeTimeout, "%w", err)
 	case errors.Is(err, staging.ErrCancelled):
-		return codeErr(wire.CodeCancelled, "%v", err)
+		return codeErr(wire.CodeCancelled, "%w", err)
 	case errors.Is(err, staging.ErrNoStreams), errors.Is(err, staging.ErrNoSession):
-		return codeErr(wire.CodePeerUnavailable, "%v", err)
+		return codeErr(wire.CodePeerUnavailable, "%w", err)
 	case errors.Is(err, staging.ErrDamaged):
-		return codeErr(wire.CodeChecksum, "%v", err)
+		return codeErr(wire.CodeChecksum, "%w", err)
 	}
 	if _, ok := err.(*status.Error); ok {
 		return err
 	}
-	return codeErr(errCode(err), "%v", err)
+	return codeErr(errCode(err), "%w", err)
 }
 
 // checkStalled fails incoming transfers that made no progress in time.

@@ -158,7 +158,7 @@ func (ss *session) close(err error) {
 	delete(s.setup, ss.id)
 	s.mu.Unlock()
 	s.kv.forgetSession(ss.id)
-	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %v", ss.peerName, ss.addr, err)
+	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %w", ss.peerName, ss.addr, err)
 	for _, x := range in {
 		x.fail(perr, false)
 	}

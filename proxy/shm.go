@@ -128,7 +128,7 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		m, fd, err := nc.read()
 		unixsock.CloseFD(fd)
 		if err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
 		}
 		l, ok := m.(*wire.ShmLanded)
 		if !ok || l.Transfer != ox.wireID || int(l.Slot) >= shmSlots {
@@ -163,7 +163,7 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 			m.Segs[j] = wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off}
 		}
 		if err := unixsock.WriteFrame(nc.c, m, -1); err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
 		}
 		inflight++
 	}
@@ -179,10 +179,10 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 func (s *Server) gatherSync(dst device.Pinned, segs []device.Seg) error {
 	done := make(chan error, 1)
 	if err := s.copier().Gather(dst, segs, func(err error) { done <- err }); err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
 	}
 	if err := <-done; err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
 	}
 	return nil
 }
@@ -203,7 +203,7 @@ func (e *exporter) openRing(m *wire.ShmRing, fd int) error {
 	}
 	r, err := mapRing(hr, fd, int(m.Slots), int(m.SlotSize))
 	if err != nil {
-		return codeErr(wire.CodeDevice, "%v", err)
+		return codeErr(wire.CodeDevice, "%w", err)
 	}
 	e.ring = r
 	return nil
@@ -246,7 +246,7 @@ func (e *exporter) shmChunk(m *wire.ShmChunk) error {
 	})
 	if err != nil {
 		e.busy.Done()
-		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %v", idx, e.s.dev, err)
+		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %w", idx, e.s.dev, err)
 		x.fail(err, true)
 		x.release()
 		return reply(err)

@@ -105,7 +105,7 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 	ox.planOnce.Do(func() {
 		ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
 		if ox.planErr != nil {
-			ox.planErr = codeErr(wire.CodeBadRequest, "%v", ox.planErr)
+			ox.planErr = codeErr(wire.CodeBadRequest, "%w", ox.planErr)
 		}
 	})
 	return ox.plan, ox.planErr

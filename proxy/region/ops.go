@@ -41,7 +41,7 @@ func CheckOps(m *wire.Submit, regions []*Region, push bool) (*Checked, error) {
 		}
 		if op.Len == 0 || !InRange(op.LocalOff, op.Len, lens[op.Local]) {
 			_, err := regions[op.Local].Seg(op.LocalOff, op.Len) // says what is wrong
-			return nil, status.Errorf(wire.CodeOutOfRange, "op %d: %v", i, err)
+			return nil, status.Errorf(wire.CodeOutOfRange, "op %d: %w", i, err)
 		}
 		end := op.RemoteOff + op.Len
 		if end < op.RemoteOff {

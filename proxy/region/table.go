@@ -122,7 +122,7 @@ func (t *Table) Register(name string, h device.Handle, access wire.Access, off, 
 	}
 	key, err := handleKey(h)
 	if err != nil {
-		return status.Errorf(wire.CodeBadRequest, "region %q: %v", name, err)
+		return status.Errorf(wire.CodeBadRequest, "region %q: %w", name, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -133,12 +133,12 @@ func (t *Table) Register(name string, h device.Handle, access wire.Access, off, 
 	if imp == nil {
 		m, err := t.dev.Import(h)
 		if err != nil {
-			return status.Errorf(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %v", name, h.Kind, h.Size, t.dev, err)
+			return status.Errorf(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %w", name, h.Kind, h.Size, t.dev, err)
 		}
 		exp, err := exportHandle(h)
 		if err != nil {
 			_ = m.Close()
-			return status.Errorf(wire.CodeInternal, "region %q: keep its handle for same-node peers: %v", name, err)
+			return status.Errorf(wire.CodeInternal, "region %q: keep its handle for same-node peers: %w", name, err)
 		}
 		imp = &importEntry{key: key, mapping: m, exp: exp}
 		t.imports[key] = imp
