@@ -189,7 +189,7 @@ func (s *Server) SocketPath() string { return s.cfg.SocketPath() }
 func (s *Server) Start(ctx context.Context) error {
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	cli, err := gnet.NewClient(&ctrlHandler{s: s}, gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithLockOSThread(false), gnet.WithMulticore(true))
+		gnet.WithLockOSThread(false), gnet.WithMulticore(true), gnet.WithLogger(newGnetLogger(s.log, &s.closing)))
 	if err != nil {
 		return fmt.Errorf("start control event loop: %w", err)
 	}
