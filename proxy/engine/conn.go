@@ -1,12 +1,15 @@
-package proxy
+// Package engine serves the control socket: one connection per inference
+// engine, each a reader goroutine (the only place fds arrive, by
+// SCM_RIGHTS) and a writer fed by a bounded queue, with small answers
+// written at once by whoever produced them when that queue is empty. What
+// a request does is the Backend's business: the sidecar implements it.
+package engine
 
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -15,30 +18,15 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
-// listenLocal creates the control socket: its directory 0700, the socket
-// 0600, so only the engine's user can talk to the sidecar.
-func listenLocal(path string) (*net.UnixListener, error) {
-	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("control socket %s: another staged is serving it; stop it or set control_socket", path)
-	}
-	_ = os.Remove(path) // a stale socket of a sidecar that died
-	ln, err := unixsock.Listen(path)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	return ln, nil
-}
-
 // client is one engine connection on the control socket.
 type client struct {
-	s     *Server
+	l     *Listener
 	conn  *net.UnixConn
 	raw   syscall.RawConn
 	out   chan *bytebufferpool.ByteBuffer
@@ -62,50 +50,14 @@ const directMax = 64 << 10
 // client that lets it fill is not reading and is disconnected.
 const clientQueue = 8192
 
-func (s *Server) acceptLocal() {
-	defer s.wg.Done()
-	for {
-		c, err := s.localLn.AcceptUnix()
-		if err != nil {
-			if s.closing.Load() {
-				return
-			}
-			s.log.Warn("accept on control socket", zap.Error(err))
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		s.mu.Lock()
-		if len(s.clients) >= s.cfg.Limits.MaxClients {
-			s.mu.Unlock()
-			_ = c.Close()
-			s.log.Warn("control socket: limits.max_clients reached; refused a connection", zap.Int("max", s.cfg.Limits.MaxClients))
-			continue
-		}
-		raw, err := c.SyscallConn()
-		if err != nil {
-			s.mu.Unlock()
-			_ = c.Close()
-			s.log.Warn("control socket: connection without a file descriptor", zap.Error(err))
-			continue
-		}
-		cl := &client{s: s, conn: c, raw: raw, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
-		s.clients[cl] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(2)
-		cl.wg.Add(2)
-		go cl.writeLoop()
-		go cl.readLoop()
-	}
-}
-
 func (c *client) close() {
 	c.once.Do(func() {
 		close(c.dead)
 		_ = c.conn.Close()
-		c.s.mu.Lock()
-		delete(c.s.clients, c)
-		delete(c.s.subs, c)
-		c.s.mu.Unlock()
+		c.l.mu.Lock()
+		delete(c.l.clients, c)
+		delete(c.l.subs, c)
+		c.l.mu.Unlock()
 	})
 }
 
@@ -131,7 +83,7 @@ func (c *client) reply(m wire.Msg) {
 	case c.out <- buf:
 	default:
 		bytebufferpool.Put(buf)
-		c.s.log.Error("control client is not reading its answers; disconnecting it")
+		c.l.log.Error("control client is not reading its answers; disconnecting it")
 		c.close()
 	}
 }
@@ -158,11 +110,11 @@ func (c *client) tryWrite(b []byte) int {
 }
 
 func (c *client) fail(req uint64, err error) {
-	c.reply(&wire.Fail{Req: req, Code: errCode(err), Message: err.Error()})
+	c.reply(&wire.Fail{Req: req, Code: status.Code(err), Message: err.Error()})
 }
 
 func (c *client) writeLoop() {
-	defer c.s.wg.Done()
+	defer c.l.wg.Done()
 	defer c.wg.Done()
 	for {
 		select {
@@ -189,7 +141,7 @@ func (c *client) writeLoop() {
 }
 
 func (c *client) readLoop() {
-	defer c.s.wg.Done()
+	defer c.l.wg.Done()
 	defer c.wg.Done()
 	defer c.waits.Wait()
 	defer c.close()
@@ -200,7 +152,7 @@ func (c *client) readLoop() {
 			fd  int
 			err error
 		)
-		spin.Readable(c.conn, c.s.cfg.Staging.ReadSpin)
+		spin.Readable(c.conn, c.l.readSpin)
 		_, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
 		var bad *unixsock.BadRequest
 		if errors.As(err, &bad) && bad.Req != 0 {
@@ -213,7 +165,7 @@ func (c *client) readLoop() {
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				c.s.log.Warn("control client sent a bad frame; disconnecting it", zap.Error(err))
+				c.l.log.Warn("control client sent a bad frame; disconnecting it", zap.Error(err))
 				c.reply(&wire.Fail{Code: wire.CodeMalformed, Message: err.Error()})
 				time.Sleep(10 * time.Millisecond) // let the answer go out
 			}
@@ -224,10 +176,10 @@ func (c *client) readLoop() {
 }
 
 func (c *client) handle(m wire.Msg, fd int) {
-	s := c.s
+	b := c.l.b
 	switch m := m.(type) {
 	case *wire.Register:
-		err := s.register0(m, fd)
+		err := b.Register(m, fd)
 		unixsock.CloseFD(fd) // the import keeps what it needs
 		if err != nil {
 			c.fail(m.Req, err)
@@ -236,7 +188,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.reply(&wire.OK{Req: m.Req})
 		return
 	case *wire.RegisterKV:
-		if err := s.registerKV(m); err != nil {
+		if err := b.RegisterKV(m); err != nil {
 			c.fail(m.Req, err)
 		} else {
 			c.reply(&wire.OK{Req: m.Req})
@@ -247,49 +199,44 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.waits.Add(1)
 		go func() {
 			defer c.waits.Done()
-			t0 := time.Now()
-			lx, err := s.submitKV(s.ctx, m)
-			if err == nil {
-				s.metrics.kvAccepts.Add(1)
-				s.metrics.kvAcceptN.Add(uint64(time.Since(t0)))
-			}
+			x, err := b.SubmitKV(m)
 			if err != nil {
 				c.fail(m.Req, err)
 				return
 			}
-			c.reply(&wire.Submitted{Req: m.Req, Transfer: lx.id})
+			c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
 		}()
 	case *wire.Unregister:
-		if err := s.regions.Unregister(m.Name); err != nil {
+		if err := b.Unregister(m.Name); err != nil {
 			c.fail(m.Req, err)
 		} else {
 			c.reply(&wire.OK{Req: m.Req})
 		}
 	case *wire.Submit:
-		lx, err := s.submit(s.ctx, m)
+		x, err := b.Submit(m)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
 		}
-		c.reply(&wire.Submitted{Req: m.Req, Transfer: lx.id})
+		c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
 	case *wire.SubmitWait:
-		lx, err := s.submit(s.ctx, &m.Submit)
+		x, err := b.Submit(&m.Submit)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
 		}
 		// Answered from whoever finishes the transfer; reply never blocks.
 		req := m.Req
-		lx.whenDone(func() { c.reply(lx.status(req)) })
+		x.WhenDone(func() { c.reply(x.Status(req)) })
 	case *wire.Status:
-		lx, err := s.lookupXfer(m.Transfer)
+		x, err := b.Lookup(m.Transfer)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
 		}
-		c.reply(lx.status(m.Req))
+		c.reply(x.Status(m.Req))
 	case *wire.Wait:
-		lx, err := s.lookupXfer(m.Transfer)
+		x, err := b.Lookup(m.Transfer)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
@@ -304,27 +251,27 @@ func (c *client) handle(m wire.Msg, fd int) {
 				timeout = t.C
 			}
 			select {
-			case <-lx.done:
+			case <-x.Done():
 			case <-timeout:
 			case <-c.dead:
 				return
 			}
-			c.reply(lx.status(m.Req))
+			c.reply(x.Status(m.Req))
 		}()
 	case *wire.Cancel:
-		if err := s.cancelXfer(m.Transfer); err != nil {
+		if err := b.Cancel(m.Transfer); err != nil {
 			c.fail(m.Req, err)
 		} else {
 			c.reply(&wire.OK{Req: m.Req})
 		}
 	case *wire.Subscribe:
-		s.mu.Lock()
-		s.subs[c] = struct{}{}
-		s.mu.Unlock()
+		c.l.mu.Lock()
+		c.l.subs[c] = struct{}{}
+		c.l.mu.Unlock()
 		c.reply(&wire.OK{Req: m.Req})
 	case *wire.Query:
 		answer := func() {
-			js, err := s.query(m)
+			js, err := b.Query(m)
 			if err != nil {
 				c.fail(m.Req, err)
 				return
@@ -344,7 +291,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		}()
 	default:
 		unixsock.CloseFD(fd)
-		c.fail(reqOf(m), codeErr(wire.CodeBadRequest, "%s is not a request", m.Type()))
+		c.fail(reqOf(m), status.Errorf(wire.CodeBadRequest, "%s is not a request", m.Type()))
 		return
 	}
 	unixsock.CloseFD(fd)
@@ -357,40 +304,4 @@ func reqOf(m wire.Msg) uint64 {
 		return binary.LittleEndian.Uint64(b)
 	}
 	return 0
-}
-
-// register0 validates a Register and imports the memory.
-func (s *Server) register0(m *wire.Register, fd int) error {
-	if m.Name == "" {
-		return codeErr(wire.CodeBadRequest, "region name is empty")
-	}
-	if m.Access == 0 || m.Access&^wire.AccessAll != 0 {
-		return codeErr(wire.CodeBadRequest, "region %q: access bits %#x: grant at least one of local-read, local-write, remote-write, remote-read", m.Name, m.Access)
-	}
-	if int(m.Ordinal) != s.dev.Ordinal() {
-		return codeErr(wire.CodeBadRequest, "region %q is on device %d; this sidecar serves %s", m.Name, m.Ordinal, s.dev)
-	}
-	hk := device.HandleKind(m.Handle)
-	if hk == device.HandleHostAddr {
-		return codeErr(wire.CodeAccessDenied, "region %q: raw addresses cannot be registered through the control socket", m.Name)
-	}
-	needFD := hk == device.HandleMemfd || hk == device.HandlePosixFD
-	if needFD && fd < 0 {
-		return codeErr(wire.CodeBadRequest, "region %q: a %s handle needs its fd sent with the frame (SCM_RIGHTS)", m.Name, hk)
-	}
-	h := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
-	return s.regions.Register(m.Name, h, m.Access, m.Offset, m.Length)
-}
-
-// notify tells every subscriber about a transfer that finished here.
-func (s *Server) notify(n *wire.Notify) {
-	s.mu.Lock()
-	subs := make([]*client, 0, len(s.subs))
-	for c := range s.subs {
-		subs = append(subs, c)
-	}
-	s.mu.Unlock()
-	for _, c := range subs {
-		c.reply(n)
-	}
 }
