@@ -2,8 +2,10 @@ package engine
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,10 +128,7 @@ func (l *Listener) accept() {
 // never blocks.
 func (l *Listener) Notify(n *wire.Notify) {
 	l.mu.Lock()
-	subs := make([]*client, 0, len(l.subs))
-	for c := range l.subs {
-		subs = append(subs, c)
-	}
+	subs := slices.Collect(maps.Keys(l.subs))
 	l.mu.Unlock()
 	for _, c := range subs {
 		c.reply(n)
@@ -149,10 +148,7 @@ func (l *Listener) StopAccepting() {
 func (l *Listener) Close() {
 	l.StopAccepting()
 	l.mu.Lock()
-	cls := make([]*client, 0, len(l.clients))
-	for c := range l.clients {
-		cls = append(cls, c)
-	}
+	cls := slices.Collect(maps.Keys(l.clients))
 	l.mu.Unlock()
 	for _, c := range cls {
 		c.close()
