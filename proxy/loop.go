@@ -238,13 +238,7 @@ func coreErr(err error) error {
 
 // checkStalled fails incoming transfers that made no progress in time.
 func (s *Server) checkStalled(now time.Time) {
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
+	for _, ss := range s.liveSessions() {
 		ss.checkStalled(now)
 		ss.watchStreams(now)
 		ss.expireInline(now)

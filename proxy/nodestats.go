@@ -39,13 +39,7 @@ func (c *counters) countDirect(t transport) {
 
 // revokeRegion tells every same-node peer that got r's handle that r is gone.
 func (s *Server) revokeRegion(r *region.Region) {
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
+	for _, ss := range s.liveSessions() {
 		ss.revoke(r.ID)
 	}
 }
