@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -42,7 +43,7 @@ func (s *Server) admitPush(ss *session, m *wire.Announce) error {
 	}
 	for i, r := range regions {
 		if m.Ends[i] > r.Len {
-			releaseAll(regions)
+			region.ReleaseAll(regions)
 			return codeErr(wire.CodeOutOfRange, "transfer writes up to offset %d of region %s, which has %d B", m.Ends[i], r.Name, r.Len)
 		}
 	}
@@ -70,7 +71,7 @@ func (s *Server) admitIn(ss *session, x *inXfer) error {
 	if ok {
 		return nil
 	}
-	releaseAll(x.regions)
+	region.ReleaseAll(x.regions)
 	switch {
 	case dup:
 		return codeErr(wire.CodeExists, "transfer %d already in progress or finished", x.wireID)
@@ -134,21 +135,21 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 	ops := make([]staging.PlanOp, len(m.Ops))
 	for i, op := range m.Ops {
 		if int(op.Src) >= len(regions) {
-			releaseAll(regions)
+			region.ReleaseAll(regions)
 			nack(codeErr(wire.CodeBadRequest, "op %d names source region #%d of %d", i, op.Src, len(regions)))
 			return
 		}
 		if _, err := regions[op.Src].Seg(op.SrcOff, op.Len); err != nil {
-			releaseAll(regions)
-			nack(codeErr(wire.CodeOutOfRange, "op %d: %v", i, err))
+			region.ReleaseAll(regions)
+			nack(codeErr(wire.CodeOutOfRange, "op %d: %w", i, err))
 			return
 		}
 		ops[i] = staging.PlanOp{Src: regions[op.Src].Addr(op.SrcOff), DstRegion: op.Dst, DstOff: op.DstOff, Len: op.Len}
 	}
 	plan, err := staging.NewPlan(ops, ss.chunkSize)
 	if err != nil {
-		releaseAll(regions)
-		nack(codeErr(wire.CodeBadRequest, "%v", err))
+		region.ReleaseAll(regions)
+		nack(codeErr(wire.CodeBadRequest, "%w", err))
 		return
 	}
 	s.serveOut(ss, m.Transfer, m.Tag, regions, plan, nil)
@@ -156,7 +157,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 
 // serveOut starts a pull we serve whose source ranges were checked: it
 // holds regions until the core retires it.
-func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*Region, plan *staging.Plan, kvn *kvNote) {
+func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote) {
 	key := s.newID()
 	ox := &outXfer{key: key, wireID: wireID, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, kvn: kvn}
 	ss.mu.Lock()
@@ -167,7 +168,7 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*Reg
 	closed := ss.closed
 	ss.mu.Unlock()
 	if dup || closed {
-		releaseAll(regions)
+		region.ReleaseAll(regions)
 		if dup {
 			s.refusePull(ss, wireID, codeErr(wire.CodeExists, "transfer %d already in progress", wireID))
 		}

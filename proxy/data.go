@@ -212,12 +212,12 @@ func (ds *dataStream) writeNow(bufs [][]byte) error {
 // redialing) forever.
 func (ds *dataStream) lost(err error) {
 	ds.dead.Store(true)
-	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %v", ds.idx, ds.ss.peerName, err),
+	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %w", ds.idx, ds.ss.peerName, err),
 		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
 	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
 	if !ds.ss.streamsLeft() {
-		ds.ss.close(fmt.Errorf("every data stream was lost (last: %v)", err))
+		ds.ss.close(fmt.Errorf("every data stream was lost (last: %w)", err))
 		return
 	}
 	ds.ss.startRedial(ds.idx)
@@ -503,7 +503,7 @@ func (ds *dataStream) read() error {
 		}
 		if err != nil {
 			s.recvPool.ReleaseAs(slot, &ss.recvShare)
-			x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, s.dev, err), true)
+			x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %w", idx, s.dev, err), true)
 			x.release()
 		}
 	}

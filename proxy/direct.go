@@ -166,7 +166,7 @@ func appendPiece(ps []piece, p piece) []piece {
 func (s *Server) copyDirect(ps []piece) error {
 	st, err := s.dev.NewStream()
 	if err != nil {
-		return codeErr(wire.CodeDevice, "direct copy: new stream on %s: %v", s.dev, err)
+		return codeErr(wire.CodeDevice, "direct copy: new stream on %s: %w", s.dev, err)
 	}
 	defer func() { _ = st.Close() }()
 	dd, ok := st.(device.DtoD)
@@ -179,17 +179,17 @@ func (s *Server) copyDirect(ps []piece) error {
 			cs[i] = device.Copy{Dst: p.dst, Src: p.src, Len: p.n}
 		}
 		if err := b.CopyDtoDBatch(cs); err != nil {
-			return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %v", len(ps), s.dev, err)
+			return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), s.dev, err)
 		}
 	} else {
 		for i, p := range ps {
 			if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
-				return codeErr(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %v", i, len(ps), p.n, uint64(p.src), uint64(p.dst), s.dev, err)
+				return codeErr(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), s.dev, err)
 			}
 		}
 	}
 	if err := st.Synchronize(); err != nil {
-		return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %v", len(ps), s.dev, err)
+		return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), s.dev, err)
 	}
 	return nil
 }

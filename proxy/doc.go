@@ -1,7 +1,9 @@
 // Package proxy is the sidecar: it listens for peers, dials the peers of its
-// routes, authenticates sessions, moves chunks over data streams, serves the
-// local control socket engines talk to, and keeps the region and transfer
-// tables.
+// routes, authenticates sessions, moves chunks over data streams, keeps the
+// transfer tables, and answers the engines' requests. Its rooms: the
+// control socket (package engine, whose Backend engines.go implements),
+// the region table (region), the coded error (status), the Unix-socket
+// frames and fds (unixsock).
 //
 // Threads of control:
 //   - one goroutine runs the staging.Sender core (loop.go) and performs the
@@ -12,7 +14,8 @@
 //   - each data stream has a reader and a writer goroutine (data.go): the
 //     writer writev's a chunk header and the pinned slot, the reader reads
 //     payloads straight into pinned slots of the receive pool;
-//   - each control-socket client has a reader goroutine (local.go).
+//   - each control-socket client has a reader and a writer goroutine
+//     (package engine).
 //
 // Bulk bytes only ever live in pinned slots; control messages are encoded
 // into bytebufferpool buffers.

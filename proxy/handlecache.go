@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -43,7 +44,7 @@ func newPeerMaps(imp func(device.Handle) (device.Mapping, error)) *peerMaps {
 // the fd kinds; fd stays the caller's) on first use, and takes a reference
 // for the caller to release.
 func (c *peerMaps) acquire(h *wire.RegionHandle, fd int) (*peerAlloc, error) {
-	if h.Length == 0 || !inRange(h.Offset, h.Length, h.AllocSize) {
+	if h.Length == 0 || !region.InRange(h.Offset, h.Length, h.AllocSize) {
 		return nil, fmt.Errorf("region handle %d: offset %d + length %d outside its %d B allocation", h.RegionID, h.Offset, h.Length, h.AllocSize)
 	}
 	c.mu.Lock()

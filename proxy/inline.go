@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -43,7 +44,7 @@ type inlineXfer struct {
 // and must take the pipeline, or the route names a same-node transport
 // (ipc, shm). regions are the push's source regions; it
 // lets go of them once their bytes are gathered.
-func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wire.Submit, chk *checkedOps, checksum bool) bool {
+func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region, m *wire.Submit, chk *region.Checked, checksum bool) bool {
 	if s.inlinePool == nil || lx.total > uint64(s.inlinePool.SlotSize()) {
 		return false
 	}
@@ -52,7 +53,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 			return false // the route asked for a same-node path by name
 		}
 	}
-	plan, err := staging.NewPlan(chk.plan, s.inlinePool.SlotSize())
+	plan, err := staging.NewPlan(chk.Plan, s.inlinePool.SlotSize())
 	if err != nil || plan.Len() != 1 {
 		return false
 	}
@@ -68,9 +69,9 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 	c := plan.Chunk(0)
 	buf := s.inlinePool.Slot(slot).Slice(0, int(c.Len))
 	err = s.lane.Gather(buf, c.Src)
-	releaseAll(regions)
+	region.ReleaseAll(regions)
 	if err != nil {
-		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %v", c.Len, s.dev, lx.id, err))
+		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %w", c.Len, s.dev, lx.id, err))
 		return true
 	}
 	lx.inline.Store(true)
@@ -89,7 +90,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 		return true
 	}
 	lx.setState(wire.StateRunning)
-	head := wire.AppendFrame(make([]byte, 0, 512), &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: chk.ends}, false, wire.FlagInline)
+	head := wire.AppendFrame(make([]byte, 0, 512), &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: chk.Ends}, false, wire.FlagInline)
 	ch := wire.Chunk{Transfer: lx.wireID, Index: 0, Count: 1, PayloadLen: c.Len}
 	for _, d := range c.Dst {
 		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
@@ -97,7 +98,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*Region, m *wir
 	head = wire.AppendChunkHead(head, &ch, buf.Host(), checksum, wire.FlagInline)
 	if err := ds.writeNow([][]byte{head, buf.Host()}); err != nil {
 		if ix := ss.takeInline(lx.wireID); ix != nil {
-			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %v", c.Len, ss.peerName, ds.idx, err))
+			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %w", c.Len, ss.peerName, ds.idx, err))
 		}
 		return true
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -21,8 +22,8 @@ type inXfer struct {
 	ss      *session
 	wireID  uint64
 	tag     string
-	dir     wire.Direction // as the initiator sees it
-	regions []*Region      // destination regions (references held)
+	dir     wire.Direction   // as the initiator sees it
+	regions []*region.Region // destination regions (references held)
 	total   uint64
 	local   *localXfer // our pull; nil for a peer's push
 	timeout time.Duration
@@ -95,7 +96,7 @@ func (x *inXfer) check(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) 
 	if x.kv != nil {
 		// A KV chunk's one segment is its place in the canonical stream;
 		// our own layout says where its rows go (kvResolve maps it).
-		if len(ch.Segs) != 1 || ch.Segs[0].Region != wire.KVRegion || !inRange(ch.Segs[0].Offset, uint64(ch.Segs[0].Len), x.total) {
+		if len(ch.Segs) != 1 || ch.Segs[0].Region != wire.KVRegion || !region.InRange(ch.Segs[0].Offset, uint64(ch.Segs[0].Len), x.total) {
 			return segs, codeErr(wire.CodeMalformed, "chunk %d of a KV transfer of %d B must name one canonical range inside it", ch.Index, x.total)
 		}
 		x.inflight++
@@ -107,7 +108,7 @@ func (x *inXfer) check(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) 
 		}
 		d, err := x.regions[cs.Region].Seg(cs.Offset, uint64(cs.Len))
 		if err != nil {
-			return segs, codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %v", ch.Index, i, err)
+			return segs, codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %w", ch.Index, i, err)
 		}
 		segs = append(segs, d)
 	}
@@ -121,7 +122,7 @@ var errFinished = fmt.Errorf("transfer already finished")
 // transfer when every chunk is there.
 func (x *inXfer) landed(idx uint32, n uint64, err error) {
 	if err != nil {
-		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %v", idx, x.s.dev, err), true)
+		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %w", idx, x.s.dev, err), true)
 		return
 	}
 	x.mu.Lock()
@@ -265,7 +266,7 @@ func (x *inXfer) maybeRelease() {
 	}
 	x.mu.Unlock()
 	if rel {
-		releaseAll(x.regions)
+		region.ReleaseAll(x.regions)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 // recvXfer is an incoming transfer of count chunks of 8 B on a session
 // that records what it sends instead of sending it.
 func recvXfer(count uint32) (*inXfer, *[]wire.Msg) {
-	s := &Server{log: zap.NewNop(), subs: map[*client]struct{}{}}
+	s := &Server{log: zap.NewNop()}
 	ss := testSession(true)
 	ss.s, ss.link = s, &counters{}
 	var mu sync.Mutex

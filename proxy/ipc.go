@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -23,7 +25,7 @@ func (p *peerRegions) addr(i uint32, off, n uint64) (device.Addr, error) {
 		return 0, codeErr(wire.CodeBadRequest, "peer region #%d of %d", i, len(p.hs))
 	}
 	h := p.hs[i]
-	if n == 0 || !inRange(off, n, h.Length) {
+	if n == 0 || !region.InRange(off, n, h.Length) {
 		return 0, codeErr(wire.CodeOutOfRange, "offset %d + length %d is past the end of the peer's region #%d (%d B)", off, n, i, h.Length)
 	}
 	return p.allocs[i].m.Base() + device.Addr(h.Offset+off), nil
@@ -52,12 +54,12 @@ func (s *Server) takeHandles(nc *nodeConn, ss *session, req *wire.HandleRequest,
 		}
 		return nil, fallback(fbPeerUnreachable, err)
 	}
-	defer closeFDs(fds) // imports keep what they need
+	defer unixsock.CloseFDs(fds) // imports keep what they need
 	p := &peerRegions{n: ss.node, hs: hs}
 	for i, h := range hs {
 		if h.Access&want != want {
 			p.release()
-			return nil, codeErr(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], accessString(want))
+			return nil, codeErr(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], region.AccessString(want))
 		}
 		a, err := ss.node.maps.acquire(h, fds[i])
 		if err != nil {
@@ -103,7 +105,7 @@ func opPieces(ops []staging.PlanOp, p *peerRegions) ([]piece, error) {
 	for i, op := range ops {
 		dst, err := p.addr(op.DstRegion, op.DstOff, op.Len)
 		if err != nil {
-			return nil, codeErr(errCode(err), "op %d: %v", i, err)
+			return nil, codeErr(errCode(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst, src: op.Src, n: op.Len})
 	}
@@ -135,11 +137,11 @@ func (s *Server) ipcPull(x *inXfer, m *wire.Submit) (err error) {
 	for i, op := range m.Ops {
 		dst, err := x.regions[op.Local].Seg(op.LocalOff, op.Len)
 		if err != nil {
-			return codeErr(wire.CodeOutOfRange, "op %d: %v", i, err)
+			return codeErr(wire.CodeOutOfRange, "op %d: %w", i, err)
 		}
 		src, err := p.addr(op.Remote, op.RemoteOff, op.Len)
 		if err != nil {
-			return codeErr(errCode(err), "op %d: %v", i, err)
+			return codeErr(errCode(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst.Addr, src: src, n: op.Len})
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -151,9 +152,9 @@ func (s *Server) registerKV(m *wire.RegisterKV) error {
 	for i, names := range m.Layers {
 		rs, err := s.kvRegions(&l, names, 0)
 		if err != nil {
-			return codeErr(errCode(err), "KV cache %q layer %d: %v", m.Name, i, err)
+			return codeErr(errCode(err), "KV cache %q layer %d: %w", m.Name, i, err)
 		}
-		releaseAll(rs)
+		region.ReleaseAll(rs)
 	}
 	// Parts that continue each other (packed K|V) move as one column.
 	l = l.Merged()
@@ -181,7 +182,7 @@ func (s *Server) registerKV(m *wire.RegisterKV) error {
 
 // kvRegions acquires one layer's regions with rights want and checks the
 // layout against their lengths.
-func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access) ([]*Region, error) {
+func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access) ([]*region.Region, error) {
 	if n := l.NumTensors(); len(names) != n {
 		return nil, codeErr(wire.CodeBadRequest, "%d regions for a layout of %d tensors", len(names), n)
 	}
@@ -194,8 +195,8 @@ func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access)
 		lens[i] = r.Len
 	}
 	if err := l.Validate(lens); err != nil {
-		releaseAll(rs)
-		return nil, codeErr(wire.CodeOutOfRange, "%v", err)
+		region.ReleaseAll(rs)
+		return nil, codeErr(wire.CodeOutOfRange, "%w", err)
 	}
 	return rs, nil
 }
@@ -203,21 +204,21 @@ func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access)
 // kvSide acquires the regions of the listed layers of cache c (rights
 // want) and builds the side of a transfer over them. On success the
 // caller owns the regions' references.
-func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []uint32, first, tokens, headLo, headHi uint32, cols []kvlayout.Col, order kvlayout.Order) (*kvlayout.Side, []*Region, error) {
+func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []uint32, first, tokens, headLo, headHi uint32, cols []kvlayout.Col, order kvlayout.Order) (*kvlayout.Side, []*region.Region, error) {
 	if len(layers) == 0 {
 		return nil, nil, codeErr(wire.CodeBadRequest, "KV transfer names no layer")
 	}
-	var regions []*Region
+	var regions []*region.Region
 	idx := make([][]int, len(layers))
 	for i, layer := range layers {
 		if int(layer) >= len(c.layers) {
-			releaseAll(regions)
+			region.ReleaseAll(regions)
 			return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q has %d layers; the transfer names layer %d", c.name, len(c.layers), layer)
 		}
 		rs, err := s.kvRegions(&c.layout, c.layers[layer], want)
 		if err != nil {
-			releaseAll(regions)
-			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %v", c.name, layer, err)
+			region.ReleaseAll(regions)
+			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %w", c.name, layer, err)
 		}
 		idx[i] = make([]int, len(rs))
 		for t := range rs {
@@ -228,15 +229,15 @@ func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []u
 	side, err := kvlayout.NewSide(kvlayout.SideSpec{Layout: c.layout, Regions: idx, Table: table,
 		FirstToken: uint64(first), Tokens: uint64(tokens), HeadLo: headLo, HeadHi: headHi, Cols: cols, Order: order})
 	if err != nil {
-		releaseAll(regions)
-		return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q: %v", c.name, err)
+		region.ReleaseAll(regions)
+		return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q: %w", c.name, err)
 	}
 	return side, regions, nil
 }
 
 // kvSegs appends the device segments of canonical bytes [off, off+n) of
 // side, whose region indices index regions.
-func kvSegs(side *kvlayout.Side, regions []*Region, off uint64, n uint32, segs []device.Seg) []device.Seg {
+func kvSegs(side *kvlayout.Side, regions []*region.Region, off uint64, n uint32, segs []device.Seg) []device.Seg {
 	side.Segments(off, uint64(n), func(_, ri int, toff uint64, length uint32, _ uint64) {
 		segs = append(segs, device.Seg{Addr: regions[ri].Addr(toff), Len: uint64(length)})
 	})
@@ -246,7 +247,7 @@ func kvSegs(side *kvlayout.Side, regions []*Region, off uint64, n uint32, segs [
 // kvRuns appends the strided device runs of canonical bytes [off, off+n)
 // of side: one per block run where a layout keeps heads apart (HND), so a
 // strided kernel gets them without a walk over every row.
-func kvRuns(side *kvlayout.Side, regions []*Region, off uint64, n uint32, runs []device.Run) []device.Run {
+func kvRuns(side *kvlayout.Side, regions []*region.Region, off uint64, n uint32, runs []device.Run) []device.Run {
 	side.Runs(off, uint64(n), func(_, ri int, toff uint64, piece, n1 uint32, s1 uint64, n2 uint32, s2 uint64, _ uint64) {
 		runs = append(runs, device.Run{Addr: regions[ri].Addr(toff), Len: piece, N1: n1, S1: s1, N2: n2, S2: s2})
 	})
@@ -255,14 +256,14 @@ func kvRuns(side *kvlayout.Side, regions []*Region, off uint64, n uint32, runs [
 
 // kvPlan is the chunk plan of a KV transfer whose source is side: its
 // chunks map to runs (gathered with Copier.GatherRuns) and to segments.
-func kvPlan(side *kvlayout.Side, regions []*Region, chunk int) (*staging.Plan, error) {
+func kvPlan(side *kvlayout.Side, regions []*region.Region, chunk int) (*staging.Plan, error) {
 	p, err := staging.NewMappedRunPlan(side.Len(), chunk, wire.KVRegion, func(off uint64, n uint32, segs []device.Seg) []device.Seg {
 		return kvSegs(side, regions, off, n, segs)
 	}, func(off uint64, n uint32, runs []device.Run) []device.Run {
 		return kvRuns(side, regions, off, n, runs)
 	})
 	if err != nil {
-		return nil, codeErr(wire.CodeBadRequest, "%v", err)
+		return nil, codeErr(wire.CodeBadRequest, "%w", err)
 	}
 	return p, nil
 }
@@ -272,7 +273,7 @@ func kvPlan(side *kvlayout.Side, regions []*Region, chunk int) (*staging.Plan, e
 // 0: every head both sides hold) must lie in both slices.
 func checkKV(here, peer *kvlayout.Layout, headLo, headHi uint32) (uint32, uint32, []kvlayout.Col, error) {
 	if err := kvlayout.Check(*here, *peer); err != nil {
-		return 0, 0, nil, codeErr(wire.CodeBadRequest, "%v", err)
+		return 0, 0, nil, codeErr(wire.CodeBadRequest, "%w", err)
 	}
 	lo, hi := kvlayout.Overlap(*here, *peer)
 	if headLo == 0 && headHi == 0 {
@@ -369,7 +370,7 @@ func (s *Server) kvInfoAnswered(ss *session, m *wire.KVInfo) {
 // it holds references to (indexed by the mapping's region indices).
 type kvSide struct {
 	side    *kvlayout.Side
-	regions []*Region
+	regions []*region.Region
 }
 
 // kvNote is what a subscriber's Notify says of a KV transfer that landed

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -94,7 +95,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if m.Dir == wire.Push {
 		plan, err := kvPlan(side, regions, ss.chunkSize)
 		if err != nil {
-			releaseAll(regions)
+			region.ReleaseAll(regions)
 			s.finishLocal(lx, err)
 			return lx, nil
 		}
@@ -157,7 +158,7 @@ func (s *Server) kvAdmit(ss *session, m *wire.KVRequest, want wire.Access) (*kvS
 		return nil, err
 	}
 	if side.Len() != m.Total {
-		releaseAll(regions)
+		region.ReleaseAll(regions)
 		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
 	}
 	return &kvSide{side: side, regions: regions}, nil
@@ -187,7 +188,7 @@ func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
 	}
 	plan, err := kvPlan(ks.side, ks.regions, ss.chunkSize)
 	if err != nil {
-		releaseAll(ks.regions)
+		region.ReleaseAll(ks.regions)
 		s.refusePull(ss, m.Transfer, err)
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -221,29 +222,23 @@ func coreErr(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, staging.ErrTimeout):
-		return codeErr(wire.CodeTimeout, "%v", err)
+		return codeErr(wire.CodeTimeout, "%w", err)
 	case errors.Is(err, staging.ErrCancelled):
-		return codeErr(wire.CodeCancelled, "%v", err)
+		return codeErr(wire.CodeCancelled, "%w", err)
 	case errors.Is(err, staging.ErrNoStreams), errors.Is(err, staging.ErrNoSession):
-		return codeErr(wire.CodePeerUnavailable, "%v", err)
+		return codeErr(wire.CodePeerUnavailable, "%w", err)
 	case errors.Is(err, staging.ErrDamaged):
-		return codeErr(wire.CodeChecksum, "%v", err)
+		return codeErr(wire.CodeChecksum, "%w", err)
 	}
-	if _, ok := err.(*codeError); ok {
+	if _, ok := err.(*status.Error); ok {
 		return err
 	}
-	return codeErr(errCode(err), "%v", err)
+	return codeErr(errCode(err), "%w", err)
 }
 
 // checkStalled fails incoming transfers that made no progress in time.
 func (s *Server) checkStalled(now time.Time) {
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
+	for _, ss := range s.liveSessions() {
 		ss.checkStalled(now)
 		ss.watchStreams(now)
 		ss.expireInline(now)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -96,7 +97,7 @@ func (nc *nodeConn) read() (wire.Msg, int, error) {
 	var m wire.Msg
 	var fd int
 	var err error
-	_, m, fd, nc.buf, err = readUnixFrame(nc.c, nc.buf)
+	_, m, fd, nc.buf, err = unixsock.ReadFrame(nc.c, nc.buf)
 	if err != nil {
 		return nil, -1, fmt.Errorf("read from node socket: %w", err)
 	}
@@ -105,11 +106,11 @@ func (nc *nodeConn) read() (wire.Msg, int, error) {
 
 // call writes m (with fd) and expects OK; a Fail becomes a coded error.
 func (nc *nodeConn) call(m wire.Msg, fd int) error {
-	if err := writeNode(nc.c, m, fd); err != nil {
+	if err := unixsock.WriteFrame(nc.c, m, fd); err != nil {
 		return err
 	}
 	a, afd, err := nc.read()
-	closeFD(afd)
+	unixsock.CloseFD(afd)
 	if err != nil {
 		return err
 	}
@@ -126,13 +127,13 @@ func (nc *nodeConn) call(m wire.Msg, fd int) error {
 // order. The fds returned (-1 where none) are the caller's to close; on
 // error none are left open.
 func (nc *nodeConn) handles(req *wire.HandleRequest) ([]*wire.RegionHandle, []int, error) {
-	if err := writeNode(nc.c, req, -1); err != nil {
+	if err := unixsock.WriteFrame(nc.c, req, -1); err != nil {
 		return nil, nil, err
 	}
 	hs := make([]*wire.RegionHandle, 0, len(req.Regions))
 	fds := make([]int, 0, len(req.Regions))
 	fail := func(err error) ([]*wire.RegionHandle, []int, error) {
-		closeFDs(fds)
+		unixsock.CloseFDs(fds)
 		return nil, nil, err
 	}
 	for len(hs) < len(req.Regions) {
@@ -142,7 +143,7 @@ func (nc *nodeConn) handles(req *wire.HandleRequest) ([]*wire.RegionHandle, []in
 		}
 		switch m := m.(type) {
 		case *wire.Fail:
-			closeFD(fd)
+			unixsock.CloseFD(fd)
 			return fail(codeErr(m.Code, "%s", m.Message))
 		case *wire.RegionHandle:
 			fds = append(fds, fd)
@@ -151,15 +152,9 @@ func (nc *nodeConn) handles(req *wire.HandleRequest) ([]*wire.RegionHandle, []in
 			}
 			hs = append(hs, m)
 		default:
-			closeFD(fd)
+			unixsock.CloseFD(fd)
 			return fail(fmt.Errorf("answer to HandleRequest is %s", m.Type()))
 		}
 	}
 	return hs, fds, nil
-}
-
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		closeFD(fd)
-	}
 }

@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -50,7 +52,7 @@ func (s *Server) serveNode(c *net.UnixConn) error {
 		// The next frame usually follows within microseconds (the
 		// HandleRequest after the Announce, the next push's Announce).
 		spin.Readable(c, answerSpin)
-		_, m, fd, buf, err = readUnixFrame(c, buf)
+		_, m, fd, buf, err = unixsock.ReadFrame(c, buf)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -70,14 +72,14 @@ func (e *exporter) handle(m wire.Msg, fd int) error {
 		// An ipc push announced here rather than on the control session,
 		// just before its HandleRequest: admitted (or refused, with a Nack
 		// on the control session) exactly as there.
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		e.s.acceptPush(e.ss, m)
 		return nil
 	case *wire.HandleRequest:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return e.handles(m)
 	case *wire.DirectDone:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		e.pull = slices.DeleteFunc(e.pull, func(id uint64) bool { return id == m.Transfer })
 		err := e.s.directDone(e.ss, m)
 		if err != nil {
@@ -86,24 +88,24 @@ func (e *exporter) handle(m wire.Msg, fd int) error {
 		return e.write(&wire.OK{Req: m.Transfer}, -1)
 	case *wire.ShmRing:
 		err := e.openRing(m, fd)
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		if err != nil {
 			_ = e.write(&wire.Fail{Code: errCode(err), Message: err.Error()}, -1)
 			return err
 		}
 		return e.write(&wire.OK{}, -1)
 	case *wire.ShmChunk:
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return e.shmChunk(m)
 	}
-	closeFD(fd)
+	unixsock.CloseFD(fd)
 	return fmt.Errorf("unexpected %s frame", m.Type())
 }
 
 func (e *exporter) write(m wire.Msg, fd int) error {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
-	return writeNode(e.c, m, fd)
+	return unixsock.WriteFrame(e.c, m, fd)
 }
 
 // handles answers a HandleRequest: one RegionHandle per region, or a Fail.
@@ -119,7 +121,7 @@ func (e *exporter) handles(m *wire.HandleRequest) error {
 	hs := make([]*wire.RegionHandle, len(regions))
 	fds := make([]int, len(regions))
 	for i, r := range regions {
-		if hs[i], fds[i], err = handleFor(r, e.s.dev.String(), m.Transfer, i); err != nil {
+		if hs[i], fds[i], err = region.HandleFor(r, e.s.dev.String(), m.Transfer, i); err != nil {
 			e.s.abandonServed(e.ss, m.Transfer)
 			return e.write(&wire.Fail{Req: m.Transfer, Code: errCode(err), Message: err.Error()}, -1)
 		}
@@ -138,7 +140,7 @@ func (e *exporter) handles(m *wire.HandleRequest) error {
 // Announce named (checked and held by its inXfer); for a pull, the source
 // regions, which must grant remote read and stay held (served) until
 // DirectDone or the session ends.
-func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, func(), error) {
+func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*region.Region, func(), error) {
 	if ss.ours(m.Transfer) {
 		return nil, nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
 	}
@@ -148,7 +150,7 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 			return nil, nil, err
 		}
 		if !ss.node.serve(m.Transfer, m.Tag, rs) {
-			releaseAll(rs)
+			region.ReleaseAll(rs)
 			return nil, nil, codeErr(wire.CodeExists, "transfer %d already in progress", m.Transfer)
 		}
 		return rs, func() {}, nil
@@ -169,10 +171,10 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 		}
 	}
 	for _, r := range x.regions {
-		r.refs.Add(1)
+		r.Ref()
 	}
 	x.touch()
-	return x.regions, func() { releaseAll(x.regions) }, nil
+	return x.regions, func() { region.ReleaseAll(x.regions) }, nil
 }
 
 // directDone ends a transfer whose bytes the peer copied directly. Bytes 0
@@ -180,7 +182,7 @@ func (s *Server) directRegions(ss *session, m *wire.HandleRequest) ([]*Region, f
 // regions are let go, a push waits for its chunks.
 func (s *Server) directDone(ss *session, m *wire.DirectDone) error {
 	if sv := ss.node.unserve(m.Transfer); sv != nil {
-		releaseAll(sv.regions)
+		region.ReleaseAll(sv.regions)
 		if m.Bytes == 0 {
 			return nil
 		}
@@ -209,7 +211,7 @@ func (s *Server) directDone(ss *session, m *wire.DirectDone) error {
 // abandonServed lets go of a pull's regions when its handles could not be sent.
 func (s *Server) abandonServed(ss *session, id uint64) {
 	if sv := ss.node.unserve(id); sv != nil {
-		releaseAll(sv.regions)
+		region.ReleaseAll(sv.regions)
 	}
 }
 

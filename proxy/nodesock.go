@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -31,29 +30,12 @@ func (s *Server) listenNode() {
 	fail := func(err error) {
 		s.log.Warn("same-node paths off: cannot serve a node socket; transfers to peers on this node use TCP", zap.String("dir", dir), zap.Error(err))
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		fail(fmt.Errorf("node.socket_dir %s: %w", dir, err))
-		return
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		fail(fmt.Errorf("node.socket_dir %s: chmod 0700: %w", dir, err))
-		return
-	}
 	var b [8]byte
 	randBytes(b[:])
 	name := "n-" + hex.EncodeToString(b[:]) + ".sock"
-	path := filepath.Join(dir, name)
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	unix.Umask(old)
+	ln, err := unixsock.Listen(filepath.Join(dir, name))
 	if err != nil {
-		fail(fmt.Errorf("node socket %s: %w", path, err))
-		return
-	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		fail(fmt.Errorf("node socket %s: chmod 0600: %w", path, err))
+		fail(fmt.Errorf("node socket: %w", err))
 		return
 	}
 	s.nodeLn, s.nodeName = ln, name
@@ -126,14 +108,14 @@ func (ss *session) nodeProof() [wire.ProofSize]byte {
 // established session with a peer on this node and carry its proof.
 func (s *Server) nodeHello(c *net.UnixConn) (*session, error) {
 	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
-	_, m, fd, _, err := readUnixFrame(c, nil)
-	closeFD(fd)
+	_, m, fd, _, err := unixsock.ReadFrame(c, nil)
+	unixsock.CloseFD(fd)
 	if err != nil {
 		return nil, fmt.Errorf("read NodeHello: %w", err)
 	}
 	h, ok := m.(*wire.NodeHello)
 	if !ok {
-		_ = writeNode(c, &wire.Fail{Code: wire.CodeMalformed, Message: "expected NodeHello"}, -1)
+		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeMalformed, Message: "expected NodeHello"}, -1)
 		return nil, fmt.Errorf("first frame is %s, not NodeHello", m.Type())
 	}
 	s.mu.Lock()
@@ -146,39 +128,20 @@ func (s *Server) nodeHello(c *net.UnixConn) (*session, error) {
 	}
 	s.mu.Unlock()
 	if ss == nil {
-		_ = writeNode(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "unknown session"}, -1)
+		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "unknown session"}, -1)
 		return nil, errors.New("NodeHello for an unknown session")
 	}
 	if want := ss.nodeProof(); !hmac.Equal(want[:], h.Proof[:]) {
-		_ = writeNode(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "authentication failed"}, -1)
+		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "authentication failed"}, -1)
 		return nil, fmt.Errorf("node connection for the session with %s: wrong proof", ss.peerName)
 	}
 	if !ss.sameHost() {
-		_ = writeNode(c, &wire.Fail{Code: wire.CodeAccessDenied, Message: "the session's peer is not on this node"}, -1)
+		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAccessDenied, Message: "the session's peer is not on this node"}, -1)
 		return nil, fmt.Errorf("node connection for the session with %s, whose host id %q is not ours", ss.peerName, ss.peerHost)
 	}
-	if err := writeNode(c, &wire.OK{}, -1); err != nil {
+	if err := unixsock.WriteFrame(c, &wire.OK{}, -1); err != nil {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
 	return ss, nil
-}
-
-// writeNode writes one frame on a node connection, with fd (when >= 0) as
-// SCM_RIGHTS in the same sendmsg.
-func writeNode(c *net.UnixConn, m wire.Msg, fd int) error {
-	var flags wire.Flags
-	var oob []byte
-	if fd >= 0 {
-		flags, oob = wire.FlagFD, unix.UnixRights(fd)
-	}
-	b := wire.AppendFrame(nil, m, false, flags)
-	n, oobn, err := c.WriteMsgUnix(b, oob, nil)
-	if err != nil {
-		return fmt.Errorf("write %s on node socket: %w", m.Type(), err)
-	}
-	if n != len(b) || oobn != len(oob) {
-		return fmt.Errorf("write %s on node socket: short write (%d of %d B, %d of %d control B)", m.Type(), n, len(b), oobn, len(oob))
-	}
-	return nil
 }

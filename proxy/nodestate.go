@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -38,7 +39,7 @@ type nodeState struct {
 // servedDirect is a pull whose source regions the peer reads directly.
 type servedDirect struct {
 	tag     string
-	regions []*Region
+	regions []*region.Region
 }
 
 // idleNodeConn is how long an unused importer connection is kept.
@@ -130,7 +131,7 @@ func (ss *session) revoke(id uint64) {
 }
 
 // serve records a pull the peer copies directly; false for a duplicate id.
-func (n *nodeState) serve(id uint64, tag string, rs []*Region) bool {
+func (n *nodeState) serve(id uint64, tag string, rs []*region.Region) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, dup := n.served[id]; dup || n.closed {
@@ -200,7 +201,7 @@ func (n *nodeState) shut() {
 		n.drop(nc)
 	}
 	for _, sv := range served {
-		releaseAll(sv.regions)
+		region.ReleaseAll(sv.regions)
 	}
 	if err := n.maps.closeAll(); err != nil {
 		n.s.log.Warn("close allocations imported from a peer", zap.Error(err))

@@ -3,6 +3,7 @@ package proxy
 import (
 	"maps"
 
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -37,14 +38,8 @@ func (c *counters) countDirect(t transport) {
 }
 
 // revokeRegion tells every same-node peer that got r's handle that r is gone.
-func (s *Server) revokeRegion(r *Region) {
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
+func (s *Server) revokeRegion(r *region.Region) {
+	for _, ss := range s.liveSessions() {
 		ss.revoke(r.ID)
 	}
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -49,12 +51,12 @@ type Server struct {
 	inlinePool *staging.Pool // nil: our pushes never take the path
 	lane       *staging.Lane
 
-	regions *Regions
+	regions *region.Table
 	kv      kvTable              // KV caches and peers' shapes (kv.go)
 	mapq    chan staging.CopyCmd // mapped chunks to map and gather (loop.go, startMappers)
 
 	peerLn  net.Listener
-	localLn *net.UnixListener
+	engines *engine.Listener // the control socket
 	gcli    *gnet.Client
 
 	// same-node paths: our node socket, its connections, fault injection
@@ -88,8 +90,6 @@ type Server struct {
 	outs     map[uint64]*outXfer   // core key -> outgoing transfer
 	xfers    map[uint64]*localXfer // engine-facing transfers by id
 	finished []uint64              // finished transfer ids, oldest first (bounded history)
-	subs     map[*client]struct{}
-	clients  map[*client]struct{}
 	links    map[string]*counters
 
 	seq      atomic.Uint64 // transfer ids, session ids
@@ -111,15 +111,14 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(),
-		regions: newRegions(dev), mbox: newMailbox(),
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
-		xfers: map[uint64]*localXfer{}, subs: map[*client]struct{}{}, clients: map[*client]struct{}{},
+		xfers: map[uint64]*localXfer{},
 		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
+	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
-	s.regions.onUnregister = s.revokeRegion
 	s.faultImport = os.Getenv(FaultImportEnv) == "1"
 	if cfg.Security.TLS.Enabled() {
 		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {
@@ -167,7 +166,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.peerLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
 	}
-	if s.localLn, err = listenLocal(cfg.SocketPath()); err != nil {
+	if s.engines, err = engine.Listen(cfg.SocketPath(), engineHost{s}, log,
+		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin}); err != nil {
 		return nil, err
 	}
 	s.listenNode()
@@ -189,7 +189,7 @@ func (s *Server) SocketPath() string { return s.cfg.SocketPath() }
 func (s *Server) Start(ctx context.Context) error {
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	cli, err := gnet.NewClient(&ctrlHandler{s: s}, gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithLockOSThread(false), gnet.WithMulticore(true))
+		gnet.WithLockOSThread(false), gnet.WithMulticore(true), gnet.WithLogger(newGnetLogger(s.log, &s.closing)))
 	if err != nil {
 		return fmt.Errorf("start control event loop: %w", err)
 	}
@@ -197,10 +197,10 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("start control event loop: %w", err)
 	}
 	s.gcli = cli
-	s.wg.Add(3)
+	s.wg.Add(2)
 	go s.loop()
 	go s.acceptPeers()
-	go s.acceptLocal()
+	s.engines.Serve()
 	if s.nodeLn != nil {
 		s.wg.Add(1)
 		go s.acceptNode()
@@ -246,7 +246,7 @@ func (s *Server) Close() error {
 		s.cancel()
 	}
 	_ = s.peerLn.Close()
-	_ = s.localLn.Close()
+	s.engines.StopAccepting()
 	s.closeNode()
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
@@ -259,18 +259,12 @@ func (s *Server) Close() error {
 	for _, ss := range s.setup {
 		sess = append(sess, ss)
 	}
-	cls := make([]*client, 0, len(s.clients))
-	for c := range s.clients {
-		cls = append(cls, c)
-	}
 	s.mu.Unlock()
 	for _, ss := range sess {
 		ss.close(errors.New("sidecar shutting down"))
 	}
-	for _, c := range cls {
-		c.close()
-	}
-	s.wg.Wait() // loop, acceptors, dialers, data streams, clients
+	s.engines.Close()
+	s.wg.Wait() // loop, acceptors, dialers, data streams
 	if s.gcli != nil {
 		_ = s.gcli.Stop()
 	}
@@ -300,8 +294,8 @@ func (s *Server) closeResources() error {
 	if s.peerLn != nil {
 		_ = s.peerLn.Close()
 	}
-	if s.localLn != nil {
-		_ = s.localLn.Close()
+	if s.engines != nil {
+		s.engines.StopAccepting()
 	}
 	if s.nodeLn != nil {
 		_ = s.nodeLn.Close()

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -38,12 +39,12 @@ func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, err
 	}
 	size := slots * slotSize
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return nil, -1, fmt.Errorf("ftruncate(ring memfd, %d): %w", size, err)
 	}
 	r, err := mapRing(dev, fd, slots, slotSize)
 	if err != nil {
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		return nil, -1, err
 	}
 	return r, fd, nil
@@ -97,7 +98,7 @@ func (s *Server) ensureRing(nc *nodeConn, slotSize int) error {
 		return fallback(fbShmSetup, err)
 	}
 	err = nc.call(&wire.ShmRing{Slots: shmSlots, SlotSize: uint32(slotSize)}, fd)
-	closeFD(fd)
+	unixsock.CloseFD(fd)
 	if err != nil {
 		_ = r.close()
 		return fallback(fbShmSetup, err)
@@ -125,9 +126,9 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 	inflight := 0
 	wait := func() error {
 		m, fd, err := nc.read()
-		closeFD(fd)
+		unixsock.CloseFD(fd)
 		if err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
 		}
 		l, ok := m.(*wire.ShmLanded)
 		if !ok || l.Transfer != ox.wireID || int(l.Slot) >= shmSlots {
@@ -161,8 +162,8 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		for j, d := range c.Dst {
 			m.Segs[j] = wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off}
 		}
-		if err := writeNode(nc.c, m, -1); err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %v", ss.peerName, err)
+		if err := unixsock.WriteFrame(nc.c, m, -1); err != nil {
+			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
 		}
 		inflight++
 	}
@@ -178,10 +179,10 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 func (s *Server) gatherSync(dst device.Pinned, segs []device.Seg) error {
 	done := make(chan error, 1)
 	if err := s.copier().Gather(dst, segs, func(err error) { done <- err }); err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
 	}
 	if err := <-done; err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %v", s.dev, err)
+		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
 	}
 	return nil
 }
@@ -202,7 +203,7 @@ func (e *exporter) openRing(m *wire.ShmRing, fd int) error {
 	}
 	r, err := mapRing(hr, fd, int(m.Slots), int(m.SlotSize))
 	if err != nil {
-		return codeErr(wire.CodeDevice, "%v", err)
+		return codeErr(wire.CodeDevice, "%w", err)
 	}
 	e.ring = r
 	return nil
@@ -245,7 +246,7 @@ func (e *exporter) shmChunk(m *wire.ShmChunk) error {
 	})
 	if err != nil {
 		e.busy.Done()
-		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %v", idx, e.s.dev, err)
+		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %w", idx, e.s.dev, err)
 		x.fail(err, true)
 		x.release()
 		return reply(err)

@@ -6,6 +6,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -28,7 +30,7 @@ func (a *announcer) viaControl() { a.once.Do(func() { a.ss.send(a.m) }) }
 // back to TCP, which needs it.
 func (a *announcer) viaNode(nc *nodeConn) {
 	a.once.Do(func() {
-		if err := writeNode(nc.c, a.m, -1); err != nil {
+		if err := unixsock.WriteFrame(nc.c, a.m, -1); err != nil {
 			a.ss.send(a.m)
 		}
 	})
@@ -46,7 +48,7 @@ func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *ann
 			s.mu.Lock()
 			delete(s.outs, ox.key)
 			s.mu.Unlock()
-			releaseAll(ox.regions)
+			region.ReleaseAll(ox.regions)
 			s.finishLocal(ox.local, err)
 			return
 		}
@@ -87,7 +89,7 @@ func (s *Server) finishDirectPush(ox *outXfer, t transport, err error) {
 	s.mu.Lock()
 	delete(s.outs, ox.key)
 	s.mu.Unlock()
-	releaseAll(ox.regions)
+	region.ReleaseAll(ox.regions)
 	if err == nil {
 		ox.local.addDone(ox.local.total)
 		ss.link.BytesOut.Add(ox.local.total)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -11,11 +10,6 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/wire"
-)
-
-var (
-	errChunkOnControl = errors.New("chunk or inline frame on a control session (they belong on data streams)")
-	errPeerClosed     = errors.New("peer closed the connection")
 )
 
 // Stats, LinkStats, RouteInfo and PeerInfo are the query documents.

@@ -158,12 +158,12 @@ func (s *Server) tlsDialErr(addr string, err error) error {
 	case errors.As(err, &rh) && rh.RecordHeader[0] == wire.Magic0 && rh.RecordHeader[1] == wire.Magic1:
 		return codeErr(wire.CodeAuthFailed, "peer %s answered in plaintext: it has no security.tls while we require mutual TLS; set security.tls on both sides, or on neither", addr)
 	case errors.As(err, &rh):
-		return codeErr(wire.CodeAuthFailed, "peer %s does not speak TLS (%v); is it a staged with security.tls set?", addr, err)
+		return codeErr(wire.CodeAuthFailed, "peer %s does not speak TLS (%w); is it a staged with security.tls set?", addr, err)
 	case errors.As(err, &ve):
-		return codeErr(wire.CodeAuthFailed, "certificate of peer %s does not verify: %v; it must be signed by our security.tls.ca_file, be valid now, and name %q (or set security.tls.server_name)",
+		return codeErr(wire.CodeAuthFailed, "certificate of peer %s does not verify: %w; it must be signed by our security.tls.ca_file, be valid now, and name %q (or set security.tls.server_name)",
 			addr, ve.Err, s.tls.clientConfig(addr).ServerName)
 	case errors.As(err, &op) && op.Op == "remote error":
-		return codeErr(wire.CodeAuthFailed, "peer %s refused our TLS certificate (%v); it must be signed by the CA in the peer's security.tls.ca_file and be valid now", addr, op.Err)
+		return codeErr(wire.CodeAuthFailed, "peer %s refused our TLS certificate (%w); it must be signed by the CA in the peer's security.tls.ca_file and be valid now", addr, op.Err)
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		return codeErr(wire.CodeAuthFailed, "peer %s closed the connection in the TLS handshake: it may not use security.tls, or it refused our certificate (its log says why)", addr)
 	}
@@ -189,11 +189,11 @@ func (s *Server) acceptTLS(c net.Conn) (net.Conn, error) {
 		_ = writeMsg(rh.Conn, &wire.Error{Code: wire.CodeAuthFailed, Message: "this peer requires mutual TLS; set security.tls (cert_file, key_file, ca_file) on your side"})
 		return nil, fmt.Errorf("peer opened in plaintext (no security.tls on its side?) while we require mutual TLS: %w", err)
 	case errors.As(err, &ve):
-		return nil, fmt.Errorf("peer's TLS certificate does not verify: %v; it must be signed by our security.tls.ca_file and be valid now", ve.Err)
+		return nil, fmt.Errorf("peer's TLS certificate does not verify: %w; it must be signed by our security.tls.ca_file and be valid now", ve.Err)
 	case strings.Contains(err.Error(), "didn't provide a certificate"):
 		// crypto/tls has no sentinel for it. A Go dialer sends only a
 		// certificate of a CA we name, so this is also a wrong CA.
-		return nil, fmt.Errorf("peer sent no TLS certificate (%v): it has none, or none signed by a CA in our security.tls.ca_file; give it one that is", err)
+		return nil, fmt.Errorf("peer sent no TLS certificate (%w): it has none, or none signed by a CA in our security.tls.ca_file; give it one that is", err)
 	}
 	return nil, fmt.Errorf("TLS handshake: %w; does the peer have security.tls set, with a certificate signed by our CA?", err)
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -83,7 +84,7 @@ type outXfer struct {
 	ss       *session
 	checksum bool
 	local    *localXfer // nil for a pull we serve
-	regions  []*Region
+	regions  []*region.Region
 	timeout  time.Duration
 	tag      string
 	kvn      *kvNote // a KV pull we serve: what Notify says was sent
@@ -104,7 +105,7 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 	ox.planOnce.Do(func() {
 		ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
 		if ox.planErr != nil {
-			ox.planErr = codeErr(wire.CodeBadRequest, "%v", ox.planErr)
+			ox.planErr = codeErr(wire.CodeBadRequest, "%w", ox.planErr)
 		}
 	})
 	return ox.plan, ox.planErr
@@ -131,14 +132,14 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	keep := false
 	defer func() {
 		if !keep {
-			releaseAll(regions)
+			region.ReleaseAll(regions)
 		}
 	}()
-	chk, err := checkOps(m, regions, m.Dir == wire.Push)
+	chk, err := region.CheckOps(m, regions, m.Dir == wire.Push)
 	if err != nil {
 		return nil, err
 	}
-	total, ends := chk.total, chk.ends
+	total, ends := chk.Total, chk.Ends
 	ss, err := r.pick(ctx)
 	if err != nil {
 		return nil, err
@@ -156,7 +157,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		if s.tryInline(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
-		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
+		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.mu.Lock()
 		s.outs[id] = ox
 		s.mu.Unlock()
@@ -176,7 +177,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 	// Pull: our regions receive. The inXfer holds its own references so
 	// they outlive any scatter still in flight when the transfer ends.
 	for _, rg := range regions {
-		rg.refs.Add(1)
+		rg.Ref()
 	}
 	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
 		local: lx, timeout: lx.timeout, progress: time.Now()}
@@ -185,7 +186,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}
 	}
 	ok := s.expectPull(x)
-	releaseAll(regions) // the localXfer's own references; x holds its own
+	region.ReleaseAll(regions) // the localXfer's own references; x holds its own
 	if !ok {
 		return lx, nil
 	}
@@ -300,7 +301,7 @@ func (s *Server) retire(key uint64) {
 	if ox == nil {
 		return
 	}
-	releaseAll(ox.regions)
+	region.ReleaseAll(ox.regions)
 	if ox.local == nil {
 		ox.ss.mu.Lock()
 		delete(ox.ss.served, ox.wireID)
@@ -394,7 +395,7 @@ func (s *Server) failAllLocal(err error) {
 		s.finishLocal(lx, err)
 	}
 	for _, ox := range outs {
-		releaseAll(ox.regions)
+		region.ReleaseAll(ox.regions)
 	}
 }
 

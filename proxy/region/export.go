@@ -1,4 +1,4 @@
-package proxy
+package region
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -39,13 +40,13 @@ func closeExport(h device.Handle) {
 	}
 }
 
-// handleFor describes region r to a same-node peer: the frame, and the fd
+// HandleFor describes region r to a same-node peer: the frame, and the fd
 // that travels with it (-1 when none; it stays owned by the region table,
 // the caller only sends it). It holds no reference: the caller holds r.
-func handleFor(r *Region, dev string, transfer uint64, idx int) (*wire.RegionHandle, int, error) {
+func HandleFor(r *Region, dev string, transfer uint64, idx int) (*wire.RegionHandle, int, error) {
 	exp := r.imp.exp
 	if exp.Kind == device.HandleNone {
-		return nil, -1, codeErr(wire.CodeUnsupported, "region %s was registered as %s memory, which cannot be handed to another process", r.Name, r.Handle)
+		return nil, -1, status.Errorf(wire.CodeUnsupported, "region %s was registered as %s memory, which cannot be handed to another process", r.Name, r.Handle)
 	}
 	return &wire.RegionHandle{Transfer: transfer, Index: uint32(idx), RegionID: r.ID, Kind: uint8(exp.Kind), Access: r.Access,
 		AllocKey: wireKey(r.imp.key), AllocSize: exp.Size, Offset: r.Off, Length: r.Len, Device: dev, Raw: exp.Bytes}, exp.FD, nil

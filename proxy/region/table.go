@@ -1,4 +1,10 @@
-package proxy
+// Package region is the sidecar's table of the memory local engines
+// registered: each region a window of an imported allocation, each
+// allocation imported once and counted by reference, every range a peer
+// or an engine names checked against it (CheckOps), and what a same-node
+// peer needs to import an allocation itself (HandleFor). It knows nothing
+// of sessions or transfers.
+package region
 
 import (
 	"encoding/hex"
@@ -10,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -24,12 +31,12 @@ type Region struct {
 	ID     uint64 // unique per registration in this sidecar (peers' Revoke names it)
 	imp    *importEntry
 	refs   atomic.Int64 // 1 for the registration + 1 per transfer using it
-	table  *Regions
+	table  *Table
 }
 
-// inRange reports whether [off, off+n) lies inside a region of size size,
+// InRange reports whether [off, off+n) lies inside a region of size size,
 // without overflowing.
-func inRange(off, n, size uint64) bool { return n <= size && off <= size-n }
+func InRange(off, n, size uint64) bool { return n <= size && off <= size-n }
 
 // Seg returns the device range [off, off+n) of the region, or an error
 // saying what is out of range.
@@ -37,7 +44,7 @@ func (r *Region) Seg(off, n uint64) (device.Seg, error) {
 	if n == 0 {
 		return device.Seg{}, fmt.Errorf("region %s: empty range at offset %d", r.Name, off)
 	}
-	if !inRange(off, n, r.Len) {
+	if !InRange(off, n, r.Len) {
 		return device.Seg{}, fmt.Errorf("region %s: offset %d + length %d is past its end (%d B)", r.Name, off, n, r.Len)
 	}
 	return device.Seg{Addr: r.imp.mapping.Base() + device.Addr(r.Off+off), Len: n}, nil
@@ -47,6 +54,10 @@ func (r *Region) Seg(off, n uint64) (device.Seg, error) {
 func (r *Region) Addr(off uint64) device.Addr {
 	return r.imp.mapping.Base() + device.Addr(r.Off+off)
 }
+
+// Ref takes one more reference, for a holder that got r from one who
+// holds one already; Release lets it go.
+func (r *Region) Ref() { r.refs.Add(1) }
 
 // Release drops one reference; the last one unmaps the allocation if no
 // other region uses it.
@@ -60,12 +71,12 @@ type importEntry struct {
 	key     string
 	mapping device.Mapping
 	exp     device.Handle // what a same-node peer imports (see export.go)
-	refs    int           // regions using it (guarded by Regions.mu)
+	refs    int           // regions using it (guarded by Table.mu)
 }
 
-// Regions is the table of registered regions and the imported allocations
+// Table is the table of registered regions and the imported allocations
 // behind them. Each allocation is imported once and counted by reference.
-type Regions struct {
+type Table struct {
 	dev     device.Device
 	mu      sync.RWMutex
 	byName  map[string]*Region
@@ -77,8 +88,11 @@ type Regions struct {
 	onUnregister func(r *Region)
 }
 
-func newRegions(dev device.Device) *Regions {
-	return &Regions{dev: dev, byName: map[string]*Region{}, imports: map[string]*importEntry{}}
+// NewTable makes an empty table of regions on dev; onUnregister (nil:
+// none) hears of every region unregistered, before its registration's
+// reference is dropped.
+func NewTable(dev device.Device, onUnregister func(r *Region)) *Table {
+	return &Table{dev: dev, byName: map[string]*Region{}, imports: map[string]*importEntry{}, onUnregister: onUnregister}
 }
 
 // handleKey identifies the allocation behind a handle, so two regions of one
@@ -99,38 +113,38 @@ func handleKey(h device.Handle) (string, error) {
 }
 
 // Register imports (or reuses) the allocation behind h and adds a region.
-func (t *Regions) Register(name string, h device.Handle, access wire.Access, off, length uint64) error {
+func (t *Table) Register(name string, h device.Handle, access wire.Access, off, length uint64) error {
 	if length == 0 {
-		return codeErr(wire.CodeBadRequest, "region %q: length is 0", name)
+		return status.Errorf(wire.CodeBadRequest, "region %q: length is 0", name)
 	}
-	if !inRange(off, length, h.Size) {
-		return codeErr(wire.CodeOutOfRange, "region %q: offset %d + length %d is past the end of its allocation (%d B)", name, off, length, h.Size)
+	if !InRange(off, length, h.Size) {
+		return status.Errorf(wire.CodeOutOfRange, "region %q: offset %d + length %d is past the end of its allocation (%d B)", name, off, length, h.Size)
 	}
 	key, err := handleKey(h)
 	if err != nil {
-		return codeErr(wire.CodeBadRequest, "region %q: %v", name, err)
+		return status.Errorf(wire.CodeBadRequest, "region %q: %w", name, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, dup := t.byName[name]; dup {
-		return codeErr(wire.CodeExists, "region %q is already registered; unregister it first", name)
+		return status.Errorf(wire.CodeExists, "region %q is already registered; unregister it first", name)
 	}
 	imp := t.imports[key]
 	if imp == nil {
 		m, err := t.dev.Import(h)
 		if err != nil {
-			return codeErr(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %v", name, h.Kind, h.Size, t.dev, err)
+			return status.Errorf(wire.CodeDevice, "region %q: import %s allocation of %d B on %s: %w", name, h.Kind, h.Size, t.dev, err)
 		}
 		exp, err := exportHandle(h)
 		if err != nil {
 			_ = m.Close()
-			return codeErr(wire.CodeInternal, "region %q: keep its handle for same-node peers: %v", name, err)
+			return status.Errorf(wire.CodeInternal, "region %q: keep its handle for same-node peers: %w", name, err)
 		}
 		imp = &importEntry{key: key, mapping: m, exp: exp}
 		t.imports[key] = imp
 		t.mapped.Add(1)
 	} else if imp.mapping.Size() < h.Size {
-		return codeErr(wire.CodeBadRequest, "region %q: allocation already imported with %d B, now claimed %d B", name, imp.mapping.Size(), h.Size)
+		return status.Errorf(wire.CodeBadRequest, "region %q: allocation already imported with %d B, now claimed %d B", name, imp.mapping.Size(), h.Size)
 	}
 	imp.refs++
 	r := &Region{Name: name, Access: access, Off: off, Len: length, Handle: h.Kind, ID: t.nextID.Add(1), imp: imp, table: t}
@@ -141,13 +155,13 @@ func (t *Regions) Register(name string, h device.Handle, access wire.Access, off
 
 // Unregister removes a region. Transfers still using it keep it mapped
 // until they finish.
-func (t *Regions) Unregister(name string) error {
+func (t *Table) Unregister(name string) error {
 	t.mu.Lock()
 	r := t.byName[name]
 	delete(t.byName, name)
 	t.mu.Unlock()
 	if r == nil {
-		return codeErr(wire.CodeUnknownRegion, "region %q is not registered", name)
+		return status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
 	}
 	if t.onUnregister != nil {
 		t.onUnregister(r)
@@ -158,7 +172,7 @@ func (t *Regions) Unregister(name string) error {
 
 // Acquire looks a region up by name, checks that it grants want, and
 // returns it with a reference the caller must Release.
-func (t *Regions) Acquire(name string, want wire.Access) (*Region, error) {
+func (t *Table) Acquire(name string, want wire.Access) (*Region, error) {
 	t.mu.RLock()
 	r := t.byName[name]
 	if r != nil {
@@ -166,22 +180,22 @@ func (t *Regions) Acquire(name string, want wire.Access) (*Region, error) {
 	}
 	t.mu.RUnlock()
 	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRegion, "region %q is not registered", name)
+		return nil, status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
 	}
 	if r.Access&want != want {
 		r.Release()
-		return nil, codeErr(wire.CodeAccessDenied, "region %q does not grant %s", name, accessString(want))
+		return nil, status.Errorf(wire.CodeAccessDenied, "region %q does not grant %s", name, AccessString(want))
 	}
 	return r, nil
 }
 
 // AcquireAll acquires every name, releasing what it took on failure.
-func (t *Regions) AcquireAll(names []string, want wire.Access) ([]*Region, error) {
+func (t *Table) AcquireAll(names []string, want wire.Access) ([]*Region, error) {
 	rs := make([]*Region, 0, len(names))
 	for _, n := range names {
 		r, err := t.Acquire(n, want)
 		if err != nil {
-			releaseAll(rs)
+			ReleaseAll(rs)
 			return nil, err
 		}
 		rs = append(rs, r)
@@ -189,13 +203,14 @@ func (t *Regions) AcquireAll(names []string, want wire.Access) ([]*Region, error
 	return rs, nil
 }
 
-func releaseAll(rs []*Region) {
+// ReleaseAll releases one reference of every region of rs.
+func ReleaseAll(rs []*Region) {
 	for _, r := range rs {
 		r.Release()
 	}
 }
 
-func (t *Regions) dropImport(imp *importEntry) {
+func (t *Table) dropImport(imp *importEntry) {
 	t.mu.Lock()
 	imp.refs--
 	last := imp.refs == 0
@@ -211,14 +226,14 @@ func (t *Regions) dropImport(imp *importEntry) {
 }
 
 // Count returns regions registered and allocations mapped.
-func (t *Regions) Count() (regions, mappings int) {
+func (t *Table) Count() (regions, mappings int) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return len(t.byName), int(t.mapped.Load())
 }
 
 // Infos lists regions for catalogs and queries, sorted by name.
-func (t *Regions) Infos(remoteOnly bool) []wire.RegionInfo {
+func (t *Table) Infos(remoteOnly bool) []wire.RegionInfo {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	out := make([]wire.RegionInfo, 0, len(t.byName))
@@ -233,7 +248,7 @@ func (t *Regions) Infos(remoteOnly bool) []wire.RegionInfo {
 }
 
 // CloseAll unregisters everything (shutdown).
-func (t *Regions) CloseAll() {
+func (t *Table) CloseAll() {
 	t.mu.Lock()
 	rs := make([]*Region, 0, len(t.byName))
 	for _, r := range t.byName {
@@ -241,10 +256,11 @@ func (t *Regions) CloseAll() {
 	}
 	t.byName = map[string]*Region{}
 	t.mu.Unlock()
-	releaseAll(rs)
+	ReleaseAll(rs)
 }
 
-func accessString(a wire.Access) string {
+// AccessString names the rights of a ("local-read+remote-write").
+func AccessString(a wire.Access) string {
 	s := ""
 	add := func(bit wire.Access, name string) {
 		if a&bit != 0 {
@@ -262,31 +278,4 @@ func accessString(a wire.Access) string {
 		return "none"
 	}
 	return s
-}
-
-// codeError is an error with a wire code, so answers carry both.
-type codeError struct {
-	code wire.Code
-	msg  string
-}
-
-func (e *codeError) Error() string { return e.msg }
-
-func codeErr(c wire.Code, format string, args ...any) error {
-	return &codeError{code: c, msg: fmt.Sprintf(format, args...)}
-}
-
-// errCode returns the wire code of err (CodeInternal when it has none).
-func errCode(err error) wire.Code {
-	for e := err; e != nil; {
-		if ce, ok := e.(*codeError); ok {
-			return ce.code
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		e = u.Unwrap()
-	}
-	return wire.CodeInternal
 }

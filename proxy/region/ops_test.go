@@ -1,4 +1,4 @@
-package proxy
+package region
 
 import (
 	"math"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -51,9 +52,9 @@ func TestCheckOps(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &wire.Submit{RemoteNames: remote, Ops: tc.ops}
 			for _, push := range []bool{false, true} {
-				c, err := checkOps(m, regions, push)
+				c, err := CheckOps(m, regions, push)
 				if tc.wantErr != "" {
-					if c != nil || errCode(err) != tc.wantCode || !strings.Contains(err.Error(), tc.wantErr) {
+					if c != nil || status.Code(err) != tc.wantCode || !strings.Contains(err.Error(), tc.wantErr) {
 						t.Fatalf("push=%v: got %v, %v; want %s naming %q", push, c, err, tc.wantCode, tc.wantErr)
 					}
 					continue
@@ -61,26 +62,26 @@ func TestCheckOps(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if c.total != tc.wantTotal || len(c.ends) != len(tc.wantEnds) {
-					t.Fatalf("got total %d, ends %v; want %d, %v", c.total, c.ends, tc.wantTotal, tc.wantEnds)
+				if c.Total != tc.wantTotal || len(c.Ends) != len(tc.wantEnds) {
+					t.Fatalf("got total %d, ends %v; want %d, %v", c.Total, c.Ends, tc.wantTotal, tc.wantEnds)
 				}
-				for i := range c.ends {
-					if c.ends[i] != tc.wantEnds[i] {
-						t.Fatalf("got ends %v, want %v", c.ends, tc.wantEnds)
+				for i := range c.Ends {
+					if c.Ends[i] != tc.wantEnds[i] {
+						t.Fatalf("got ends %v, want %v", c.Ends, tc.wantEnds)
 					}
 				}
 				if !push {
-					if c.plan != nil {
+					if c.Plan != nil {
 						t.Fatal("a pull got plan ops")
 					}
 					continue
 				}
-				if len(c.plan) != len(tc.ops) {
-					t.Fatalf("got %d plan ops, want %d", len(c.plan), len(tc.ops))
+				if len(c.Plan) != len(tc.ops) {
+					t.Fatalf("got %d plan ops, want %d", len(c.Plan), len(tc.ops))
 				}
 				for i, op := range tc.ops {
 					want := regions[op.Local].Addr(op.LocalOff)
-					if p := c.plan[i]; p.Src != want || p.DstRegion != op.Remote || p.DstOff != op.RemoteOff || p.Len != op.Len {
+					if p := c.Plan[i]; p.Src != want || p.DstRegion != op.Remote || p.DstOff != op.RemoteOff || p.Len != op.Len {
 						t.Errorf("plan op %d: got %+v, want source %#x, region %d, offset %d, %d B", i, p, want, op.Remote, op.RemoteOff, op.Len)
 					}
 				}
@@ -92,7 +93,7 @@ func TestCheckOps(t *testing.T) {
 func TestCheckOpsTotalOverflows(t *testing.T) {
 	big := testRegion("big", 0, 0, math.MaxUint64)
 	m := &wire.Submit{RemoteNames: []string{"x"}, Ops: []wire.LocalOp{{Len: 1 << 63}, {Len: 1 << 63}}}
-	if c, err := checkOps(m, []*Region{big}, true); c != nil || errCode(err) != wire.CodeOutOfRange {
+	if c, err := CheckOps(m, []*Region{big}, true); c != nil || status.Code(err) != wire.CodeOutOfRange {
 		t.Fatalf("got %v, %v; want an out-of-range error", c, err)
 	}
 }
@@ -108,7 +109,7 @@ func BenchmarkCheckOps65536Blocks(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := checkOps(m, regions, true); err != nil {
+		if _, err := CheckOps(m, regions, true); err != nil {
 			b.Fatal(err)
 		}
 	}

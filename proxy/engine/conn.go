@@ -1,0 +1,307 @@
+// Package engine serves the control socket: one connection per inference
+// engine, each a reader goroutine (the only place fds arrive, by
+// SCM_RIGHTS) and a writer fed by a bounded queue, with small answers
+// written at once by whoever produced them when that queue is empty. What
+// a request does is the Backend's business: the sidecar implements it.
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/status"
+	"github.com/stage-kv/stage/proxy/unixsock"
+	"github.com/stage-kv/stage/wire"
+)
+
+// client is one engine connection on the control socket.
+type client struct {
+	l     *Listener
+	conn  *net.UnixConn
+	raw   syscall.RawConn
+	out   chan *bytebufferpool.ByteBuffer
+	wg    sync.WaitGroup
+	once  sync.Once
+	dead  chan struct{}
+	waits sync.WaitGroup
+
+	// A small answer goes straight out from whoever produced it when the
+	// writer has nothing in hand (wmu guards pending, the answers queued
+	// or being written by writeLoop), so answers stay in order and the
+	// latency path saves a goroutine hand-off.
+	wmu     sync.Mutex
+	pending int
+}
+
+// directMax is the largest answer written straight from the producer.
+const directMax = 64 << 10
+
+// clientQueue bounds answers and notifications queued for one client; a
+// client that lets it fill is not reading and is disconnected.
+const clientQueue = 8192
+
+func (c *client) close() {
+	c.once.Do(func() {
+		close(c.dead)
+		_ = c.conn.Close()
+		c.l.mu.Lock()
+		delete(c.l.clients, c)
+		delete(c.l.subs, c)
+		c.l.mu.Unlock()
+	})
+}
+
+// reply sends or queues a message for the client; it never blocks.
+func (c *client) reply(m wire.Msg) {
+	buf := bytebufferpool.Get()
+	buf.B = wire.AppendFrame(buf.B[:0], m, false, 0)
+	c.wmu.Lock()
+	if c.pending == 0 && len(buf.B) <= directMax {
+		n := c.tryWrite(buf.B)
+		if n == len(buf.B) {
+			c.wmu.Unlock()
+			bytebufferpool.Put(buf)
+			return
+		}
+		buf.B = append(buf.B[:0], buf.B[n:]...) // the writer sends the rest
+	}
+	c.pending++
+	c.wmu.Unlock()
+	select {
+	case <-c.dead:
+		bytebufferpool.Put(buf)
+	case c.out <- buf:
+	default:
+		bytebufferpool.Put(buf)
+		c.l.log.Error("control client is not reading its answers; disconnecting it")
+		c.close()
+	}
+}
+
+// tryWrite sends what of b the socket takes now, without blocking; a
+// failed socket takes nothing (the writer meets the error).
+func (c *client) tryWrite(b []byte) int {
+	var n int
+	if err := c.raw.Write(func(fd uintptr) bool {
+		for {
+			k, err := unix.SendmsgN(int(fd), b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil {
+				n = k
+			}
+			return true
+		}
+	}); err != nil {
+		return 0
+	}
+	return n
+}
+
+func (c *client) fail(req uint64, err error) {
+	c.reply(&wire.Fail{Req: req, Code: status.Code(err), Message: err.Error()})
+}
+
+func (c *client) writeLoop() {
+	defer c.l.wg.Done()
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.dead:
+			for {
+				select {
+				case b := <-c.out:
+					bytebufferpool.Put(b)
+				default:
+					return
+				}
+			}
+		case b := <-c.out:
+			_, err := c.conn.Write(b.B)
+			bytebufferpool.Put(b)
+			c.wmu.Lock()
+			c.pending--
+			c.wmu.Unlock()
+			if err != nil {
+				c.close()
+			}
+		}
+	}
+}
+
+func (c *client) readLoop() {
+	defer c.l.wg.Done()
+	defer c.wg.Done()
+	defer c.waits.Wait()
+	defer c.close()
+	var buf []byte
+	for {
+		var (
+			m   wire.Msg
+			fd  int
+			err error
+		)
+		spin.Readable(c.conn, c.l.readSpin)
+		_, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
+		var bad *unixsock.BadRequest
+		if errors.As(err, &bad) && bad.Req != 0 {
+			code := wire.CodeMalformed
+			if errors.Is(bad.Err, wire.ErrOverflow) {
+				code = wire.CodeOutOfRange
+			}
+			c.reply(&wire.Fail{Req: bad.Req, Code: code, Message: bad.Err.Error()})
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				c.l.log.Warn("control client sent a bad frame; disconnecting it", zap.Error(err))
+				c.reply(&wire.Fail{Code: wire.CodeMalformed, Message: err.Error()})
+				time.Sleep(10 * time.Millisecond) // let the answer go out
+			}
+			return
+		}
+		c.handle(m, fd)
+	}
+}
+
+func (c *client) handle(m wire.Msg, fd int) {
+	b := c.l.b
+	switch m := m.(type) {
+	case *wire.Register:
+		err := b.Register(m, fd)
+		unixsock.CloseFD(fd) // the import keeps what it needs
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(&wire.OK{Req: m.Req})
+		return
+	case *wire.RegisterKV:
+		if err := b.RegisterKV(m); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.SubmitKV:
+		// The first KV transfer to a peer's cache waits for its shape (one
+		// round trip): answered aside, so the client's other requests go on.
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			x, err := b.SubmitKV(m)
+			if err != nil {
+				c.fail(m.Req, err)
+				return
+			}
+			c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
+		}()
+	case *wire.Unregister:
+		if err := b.Unregister(m.Name); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.Submit:
+		x, err := b.Submit(m)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
+	case *wire.SubmitWait:
+		x, err := b.Submit(&m.Submit)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		// Answered from whoever finishes the transfer; reply never blocks.
+		req := m.Req
+		x.WhenDone(func() { c.reply(x.Status(req)) })
+	case *wire.Status:
+		x, err := b.Lookup(m.Transfer)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.reply(x.Status(m.Req))
+	case *wire.Wait:
+		x, err := b.Lookup(m.Transfer)
+		if err != nil {
+			c.fail(m.Req, err)
+			return
+		}
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			var timeout <-chan time.Time
+			if m.TimeoutMs > 0 {
+				t := time.NewTimer(time.Duration(m.TimeoutMs) * time.Millisecond)
+				defer t.Stop()
+				timeout = t.C
+			}
+			select {
+			case <-x.Done():
+			case <-timeout:
+			case <-c.dead:
+				return
+			}
+			c.reply(x.Status(m.Req))
+		}()
+	case *wire.Cancel:
+		if err := b.Cancel(m.Transfer); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.Subscribe:
+		c.l.mu.Lock()
+		c.l.subs[c] = struct{}{}
+		c.l.mu.Unlock()
+		c.reply(&wire.OK{Req: m.Req})
+	case *wire.Query:
+		answer := func() {
+			js, err := b.Query(m)
+			if err != nil {
+				c.fail(m.Req, err)
+				return
+			}
+			c.reply(&wire.QueryReply{Req: m.Req, JSON: js})
+		}
+		if m.What != wire.QueryCatalog {
+			answer()
+			break
+		}
+		// A catalog waits for the peer: answer it aside so the client's
+		// other requests are not held up.
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			answer()
+		}()
+	default:
+		unixsock.CloseFD(fd)
+		c.fail(reqOf(m), status.Errorf(wire.CodeBadRequest, "%s is not a request", m.Type()))
+		return
+	}
+	unixsock.CloseFD(fd)
+}
+
+// reqOf finds the request id of any local message (they all start with it).
+func reqOf(m wire.Msg) uint64 {
+	b := m.AppendBody(nil)
+	if len(b) >= 8 {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}

@@ -1,0 +1,157 @@
+package engine
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/proxy/unixsock"
+	"github.com/stage-kv/stage/wire"
+)
+
+// Backend is what engines' requests do; the sidecar implements it. Its
+// methods answer at once, except SubmitKV and a catalog Query, which may
+// wait for a peer (the connection answers those aside).
+type Backend interface {
+	Register(m *wire.Register, fd int) error // fd: the frame's SCM_RIGHTS fd, -1 when none; it stays the caller's
+	RegisterKV(m *wire.RegisterKV) error
+	Unregister(name string) error
+	Submit(m *wire.Submit) (Transfer, error)
+	SubmitKV(m *wire.SubmitKV) (Transfer, error)
+	Lookup(id uint64) (Transfer, error)
+	Cancel(id uint64) error
+	Query(m *wire.Query) ([]byte, error)
+}
+
+// Transfer is an engine's transfer as its connection sees it.
+type Transfer interface {
+	ID() uint64
+	// Status is the transfer's XferStatus answering request req.
+	Status(req uint64) *wire.XferStatus
+	// Done is closed when the transfer finished.
+	Done() <-chan struct{}
+	// WhenDone runs f once the transfer finished (at once if it has); f
+	// must not block.
+	WhenDone(f func())
+}
+
+// Options are the control socket's limits.
+type Options struct {
+	MaxClients int           // connections at once; one more is closed at once
+	ReadSpin   time.Duration // how long a reader polls before it sleeps in a read
+}
+
+// Listener is the control socket and its connections.
+type Listener struct {
+	ln       *net.UnixListener
+	b        Backend
+	log      *zap.Logger
+	max      int
+	readSpin time.Duration
+	closing  atomic.Bool
+	wg       sync.WaitGroup // the accept loop and every connection's goroutines
+
+	mu      sync.Mutex
+	clients map[*client]struct{}
+	subs    map[*client]struct{} // connections that sent Subscribe
+}
+
+// Listen creates the control socket at path: its directory 0700, the
+// socket 0600, so only the engine's user can talk to the sidecar. It
+// refuses a path another sidecar serves and removes a stale socket of one
+// that died. Nothing is served until Serve.
+func Listen(path string, b Backend, log *zap.Logger, o Options) (*Listener, error) {
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("control socket %s: another staged is serving it; stop it or set control_socket", path)
+	}
+	_ = os.Remove(path) // a stale socket of a sidecar that died
+	ln, err := unixsock.Listen(path)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	return &Listener{ln: ln, b: b, log: log, max: o.MaxClients, readSpin: o.ReadSpin,
+		clients: map[*client]struct{}{}, subs: map[*client]struct{}{}}, nil
+}
+
+// Serve accepts connections in its own goroutine until Close.
+func (l *Listener) Serve() {
+	l.wg.Add(1)
+	go l.accept()
+}
+
+func (l *Listener) accept() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.AcceptUnix()
+		if err != nil {
+			if l.closing.Load() {
+				return
+			}
+			l.log.Warn("accept on control socket", zap.Error(err))
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		l.mu.Lock()
+		if len(l.clients) >= l.max {
+			l.mu.Unlock()
+			_ = c.Close()
+			l.log.Warn("control socket: limits.max_clients reached; refused a connection", zap.Int("max", l.max))
+			continue
+		}
+		raw, err := c.SyscallConn()
+		if err != nil {
+			l.mu.Unlock()
+			_ = c.Close()
+			l.log.Warn("control socket: connection without a file descriptor", zap.Error(err))
+			continue
+		}
+		cl := &client{l: l, conn: c, raw: raw, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
+		l.clients[cl] = struct{}{}
+		l.mu.Unlock()
+		l.wg.Add(2)
+		cl.wg.Add(2)
+		go cl.writeLoop()
+		go cl.readLoop()
+	}
+}
+
+// Notify tells every subscriber about a transfer that finished here; it
+// never blocks.
+func (l *Listener) Notify(n *wire.Notify) {
+	l.mu.Lock()
+	subs := slices.Collect(maps.Keys(l.subs))
+	l.mu.Unlock()
+	for _, c := range subs {
+		c.reply(n)
+	}
+}
+
+// StopAccepting closes the socket: no new connection comes in, the ones
+// open go on until Close.
+func (l *Listener) StopAccepting() {
+	l.closing.Store(true)
+	_ = l.ln.Close()
+}
+
+// Close stops accepting, ends every connection and waits for their
+// goroutines, including requests answered aside (they end once the
+// backend answers them).
+func (l *Listener) Close() {
+	l.StopAccepting()
+	l.mu.Lock()
+	cls := slices.Collect(maps.Keys(l.clients))
+	l.mu.Unlock()
+	for _, c := range cls {
+		c.close()
+	}
+	l.wg.Wait()
+}

@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/proxy/status"
+	"github.com/stage-kv/stage/proxy/unixsock"
+	"github.com/stage-kv/stage/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeBackend answers from a table: region "bad" is refused, transfer 7
+// exists and finishes when done is closed.
+type fakeBackend struct{ done chan struct{} }
+
+type fakeXfer struct{ done chan struct{} }
+
+func (x fakeXfer) ID() uint64 { return 7 }
+func (x fakeXfer) Status(req uint64) *wire.XferStatus {
+	st := &wire.XferStatus{Req: req, Transfer: 7, State: wire.StateRunning}
+	select {
+	case <-x.done:
+		st.State = wire.StateDone
+	default:
+	}
+	return st
+}
+func (x fakeXfer) Done() <-chan struct{} { return x.done }
+func (x fakeXfer) WhenDone(f func()) {
+	go func() { <-x.done; f() }()
+}
+
+func (b fakeBackend) Register(m *wire.Register, fd int) error {
+	if m.Name == "bad" {
+		return status.Errorf(wire.CodeExists, "region %q is already registered", m.Name)
+	}
+	return nil
+}
+func (b fakeBackend) RegisterKV(*wire.RegisterKV) error { return nil }
+func (b fakeBackend) Unregister(string) error           { return nil }
+func (b fakeBackend) Submit(*wire.Submit) (Transfer, error) {
+	return fakeXfer(b), nil
+}
+func (b fakeBackend) SubmitKV(*wire.SubmitKV) (Transfer, error) { return fakeXfer(b), nil }
+func (b fakeBackend) Lookup(id uint64) (Transfer, error) {
+	if id != 7 {
+		return nil, status.Errorf(wire.CodeUnknownTransfer, "transfer %d is unknown", id)
+	}
+	return fakeXfer(b), nil
+}
+func (b fakeBackend) Cancel(uint64) error               { return nil }
+func (b fakeBackend) Query(*wire.Query) ([]byte, error) { return []byte(`{}`), nil }
+
+// serve runs a listener on a fake backend; finish ends its transfer.
+func serve(t *testing.T, max int) (l *Listener, path string, finish func()) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "s", "c.sock")
+	done := make(chan struct{})
+	l, err := Listen(path, fakeBackend{done}, zap.NewNop(), Options{MaxClients: max})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Serve()
+	var once sync.Once
+	finish = func() { once.Do(func() { close(done) }) }
+	t.Cleanup(func() { finish(); l.Close() })
+	return l, path, finish
+}
+
+func dial(t *testing.T, path string) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c
+}
+
+func TestRequests(t *testing.T) {
+	_, path, _ := serve(t, 4)
+	c := dial(t, path)
+	for _, tc := range []struct {
+		name string
+		req  wire.Msg
+		want wire.Msg
+	}{
+		{"register", &wire.Register{Req: 1, Name: "a"}, &wire.OK{Req: 1}},
+		{"register refused", &wire.Register{Req: 2, Name: "bad"}, &wire.Fail{Req: 2, Code: wire.CodeExists, Message: `region "bad" is already registered`}},
+		{"submit", &wire.Submit{Req: 3, Dir: wire.Push}, &wire.Submitted{Req: 3, Transfer: 7}},
+		{"status", &wire.Status{Req: 4, Transfer: 7}, &wire.XferStatus{Req: 4, Transfer: 7, State: wire.StateRunning}},
+		{"status of unknown", &wire.Status{Req: 5, Transfer: 8}, &wire.Fail{Req: 5, Code: wire.CodeUnknownTransfer, Message: "transfer 8 is unknown"}},
+		{"not a request", &wire.OK{Req: 6}, &wire.Fail{Req: 6, Code: wire.CodeBadRequest, Message: "OK is not a request"}},
+	} {
+		if err := unixsock.WriteFrame(c, tc.req, -1); err != nil {
+			t.Fatal(err)
+		}
+		_, got, fd, _, err := unixsock.ReadFrame(c, nil)
+		unixsock.CloseFD(fd)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if g, w := wire.AppendFrame(nil, got, false, 0), wire.AppendFrame(nil, tc.want, false, 0); string(g) != string(w) {
+			t.Errorf("%s: got %#v, want %#v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A subscriber hears of transfers; SubmitWait is answered when its
+// transfer finishes, not before.
+func TestNotifyAndSubmitWait(t *testing.T) {
+	l, path, finish := serve(t, 4)
+	c := dial(t, path)
+	if err := unixsock.WriteFrame(c, &wire.Subscribe{Req: 1}, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := unixsock.WriteFrame(c, &wire.SubmitWait{Submit: wire.Submit{Req: 2, Dir: wire.Push}}, -1); err != nil {
+		t.Fatal(err)
+	}
+	read := func() wire.Msg {
+		_, m, fd, _, err := unixsock.ReadFrame(c, nil)
+		unixsock.CloseFD(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m, ok := read().(*wire.OK); !ok || m.Req != 1 {
+		t.Fatalf("Subscribe answered %#v", m)
+	}
+	time.Sleep(50 * time.Millisecond) // the SubmitWait is in; nothing may answer it yet
+	l.Notify(&wire.Notify{Transfer: 9, Tag: "t", Dir: wire.Push})
+	if m, ok := read().(*wire.Notify); !ok || m.Transfer != 9 {
+		t.Fatalf("got %#v, want the Notify first: SubmitWait answered before its transfer finished", m)
+	}
+	finish()
+	if m, ok := read().(*wire.XferStatus); !ok || m.Req != 2 || m.State != wire.StateDone {
+		t.Fatalf("SubmitWait answered %#v, want a done XferStatus", m)
+	}
+}
+
+func TestMaxClients(t *testing.T) {
+	_, path, _ := serve(t, 1)
+	c := dial(t, path)
+	if err := unixsock.WriteFrame(c, &wire.Register{Req: 1, Name: "a"}, -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, _, err := unixsock.ReadFrame(c, nil); err != nil {
+		t.Fatalf("first client: %v", err)
+	}
+	over := dial(t, path)
+	if _, _, _, _, err := unixsock.ReadFrame(over, nil); err == nil {
+		t.Fatal("a client past limits.max_clients was served")
+	}
+}

@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/wire"
+)
+
+// engineHost is the server as the control socket (package engine) sees
+// it: what each engine request does.
+type engineHost struct{ s *Server }
+
+var _ engine.Backend = engineHost{}
+
+func (h engineHost) Register(m *wire.Register, fd int) error { return h.s.register0(m, fd) }
+func (h engineHost) RegisterKV(m *wire.RegisterKV) error     { return h.s.registerKV(m) }
+func (h engineHost) Unregister(name string) error            { return h.s.regions.Unregister(name) }
+func (h engineHost) Cancel(id uint64) error                  { return h.s.cancelXfer(id) }
+func (h engineHost) Query(m *wire.Query) ([]byte, error)     { return h.s.query(m) }
+
+func (h engineHost) Submit(m *wire.Submit) (engine.Transfer, error) {
+	return engineXfer(h.s.submit(h.s.ctx, m))
+}
+
+// SubmitKV also counts the time to accept (the first KV transfer to a
+// peer's cache waits for its shape).
+func (h engineHost) SubmitKV(m *wire.SubmitKV) (engine.Transfer, error) {
+	t0 := time.Now()
+	lx, err := h.s.submitKV(h.s.ctx, m)
+	if err == nil {
+		h.s.metrics.kvAccepts.Add(1)
+		h.s.metrics.kvAcceptN.Add(uint64(time.Since(t0)))
+	}
+	return engineXfer(lx, err)
+}
+
+func (h engineHost) Lookup(id uint64) (engine.Transfer, error) {
+	return engineXfer(h.s.lookupXfer(id))
+}
+
+// engineTransfer is a localXfer as an engine's connection sees it.
+type engineTransfer struct{ lx *localXfer }
+
+func engineXfer(lx *localXfer, err error) (engine.Transfer, error) {
+	if err != nil {
+		return nil, err
+	}
+	return engineTransfer{lx}, nil
+}
+
+func (t engineTransfer) ID() uint64                         { return t.lx.id }
+func (t engineTransfer) Status(req uint64) *wire.XferStatus { return t.lx.status(req) }
+func (t engineTransfer) Done() <-chan struct{}              { return t.lx.done }
+func (t engineTransfer) WhenDone(f func())                  { t.lx.whenDone(f) }
+
+// register0 validates a Register and imports the memory.
+func (s *Server) register0(m *wire.Register, fd int) error {
+	if m.Name == "" {
+		return codeErr(wire.CodeBadRequest, "region name is empty")
+	}
+	if m.Access == 0 || m.Access&^wire.AccessAll != 0 {
+		return codeErr(wire.CodeBadRequest, "region %q: access bits %#x: grant at least one of local-read, local-write, remote-write, remote-read", m.Name, m.Access)
+	}
+	if int(m.Ordinal) != s.dev.Ordinal() {
+		return codeErr(wire.CodeBadRequest, "region %q is on device %d; this sidecar serves %s", m.Name, m.Ordinal, s.dev)
+	}
+	hk := device.HandleKind(m.Handle)
+	if hk == device.HandleHostAddr {
+		return codeErr(wire.CodeAccessDenied, "region %q: raw addresses cannot be registered through the control socket", m.Name)
+	}
+	needFD := hk == device.HandleMemfd || hk == device.HandlePosixFD
+	if needFD && fd < 0 {
+		return codeErr(wire.CodeBadRequest, "region %q: a %s handle needs its fd sent with the frame (SCM_RIGHTS)", m.Name, hk)
+	}
+	h := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
+	return s.regions.Register(m.Name, h, m.Access, m.Offset, m.Length)
+}
+
+// notify tells every engine that subscribed about a transfer that
+// finished here.
+func (s *Server) notify(n *wire.Notify) {
+	if s.engines != nil {
+		s.engines.Notify(n)
+	}
+}
