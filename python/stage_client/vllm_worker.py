@@ -82,6 +82,7 @@ class StageWorker:
         self._seen: Set[str] = set()  # request ids vLLM said finished
         self._errors: Set[int] = set()
         self._absorbed: Optional[StageConnectorMetadata] = None  # the last step's metadata, taken in
+        self._saving = False  # pushes were queued this step
         self._sub = self.client.subscribe()
         self._notes = threading.Thread(target=self._read_notes, name="stage-notes-tp%d" % self.rank, daemon=True)
         self._notes.start()
@@ -112,6 +113,7 @@ class StageWorker:
         self._absorb(meta)
         for ch in meta.catchup:
             self._push(ch, list(range(self.kv.layers)), _event())
+            self._saving = True
 
     def save_kv_layer(self, meta: Optional[StageConnectorMetadata], layer_name: str, kv_layer: Any) -> None:
         if meta is None or not meta.push:
@@ -122,8 +124,17 @@ class StageWorker:
         ev = _event() if getattr(kv_layer, "is_cuda", False) else None
         for ch in meta.push:
             self._push(ch, [layer], ev)
+        self._saving = True
 
     def wait_for_save(self) -> None:
+        """Wait until this step's pushes were handed to the sidecar (a failure to start shows now).
+
+        The rows they read need no more: the request keeps its blocks until
+        get_finished reports it sent, and vLLM writes no computed row again.
+        Loads never wait here."""
+        if not self._saving:
+            return
+        self._saving = False
         if not self.mover.drain(self.cfg.timeout_s):
             log.warning("stage: transfers of this step not started after %ss", self.cfg.timeout_s)
 
