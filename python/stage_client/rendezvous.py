@@ -55,6 +55,13 @@ class LocalRendezvous:
             t = self._tickets.pop(key, None)
         return None if t is None else t[1]
 
+    def get(self, key: str) -> Optional[Dict[str, Any]]:
+        """The ticket posted under ``key``, left for other readers (each tensor-parallel rank reads it), or None."""
+        with self._lock:
+            self._expire()
+            t = self._tickets.get(key)
+        return None if t is None else dict(t[1])
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._tickets)
