@@ -79,7 +79,9 @@ class StageKVManager:
         self._errors: Dict[str, str] = {}
         self._sub: Any = None
         if role == "prefill":
-            self.bootstrap = bootstrap if bootstrap is not None else rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen))
+            self.bootstrap = bootstrap
+            if bootstrap is None:
+                self.bootstrap = rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen))
         else:
             self._sub = self.client.subscribe()
             self._reader = threading.Thread(target=self._read, name="stage-sglang-notes", daemon=True)

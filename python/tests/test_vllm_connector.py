@@ -111,7 +111,8 @@ class TestVLLMConnector(unittest.TestCase):
         for a in cls.arenas:
             a.close()
         if any(rc != 0 for rc in rcs.values()):
-            raise AssertionError("staged exit codes after SIGTERM: %s\n%s" % (rcs, "\n".join(n.tail() for n in cls.nodes)))
+            raise AssertionError("staged exit codes after SIGTERM: %s\n%s"
+                                 % (rcs, "\n".join(n.tail() for n in cls.nodes)))
 
     @classmethod
     def alloc(cls, node: Staged) -> Any:

@@ -144,7 +144,8 @@ class Engine:
 
     # workers
 
-    def step(self, so: Optional[SchedulerOutput] = None, forward: Optional[Callable[[Callable[[int], None]], Any]] = None) -> Any:
+    def step(self, so: Optional[SchedulerOutput] = None,
+             forward: Optional[Callable[[Callable[[int], None]], Any]] = None) -> Any:
         """One engine step; ``forward(after_layer)`` runs the model, calling after_layer(i) per layer."""
         so = so or SchedulerOutput()
         so.finished_req_ids, self.finished = self.finished, set()
