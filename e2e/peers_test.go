@@ -151,7 +151,13 @@ func TestPeerNamed(t *testing.T) {
 // countingListener listens on loopback and counts the connections it accepts.
 func countingListener(t *testing.T) (net.Listener, *atomic.Int64) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return countingListenerOn(t, "127.0.0.1:0")
+}
+
+// countingListenerOn is countingListener on addr.
+func countingListenerOn(t *testing.T, addr string) (net.Listener, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -438,7 +438,7 @@ func (s *Server) busyOn(ss *session) int {
 		}
 	}
 	for _, ox := range s.outs {
-		if ox.ss == ss {
+		if ox.ss == ss && ox.local == nil { // our pushes are counted above
 			n++
 		}
 	}
