@@ -139,7 +139,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		return nil, err
 	}
 	total, ends := chk.total, chk.ends
-	ss, err := r.pick(ctx)
+	ss, err := r.pick(ctx, m.Peer)
 	if err != nil {
 		return nil, err
 	}
