@@ -139,10 +139,12 @@ class TestVLLMConnector(unittest.TestCase):
         dst = self.cache(DECODE, seed=3, alloc=self.alloc(self.dec))
         self.sync()
         common = dict(mode=mode, kv_heads=self.cfg.kv_heads, timeout_s=timeout, layerwise=layerwise)
-        pe = Engine(self.pre.socket, dict(common, route="decode", rendezvous_listen="127.0.0.1:0"),
+        # Each side names the other's sidecar by its node name (the peer field of every transfer).
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
                     self.cfg.kv_heads, [kv_caches(src, r) for r in range(2)], "%s-pre" % name)
         self.addCleanup(pe.shutdown)
-        de = Engine(self.dec.socket, dict(common, route="prefill"), self.cfg.kv_heads, [kv_caches(dst, 0)],
+        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), self.cfg.kv_heads,
+                    [kv_caches(dst, 0)],
                     "%s-dec" % name)
         self.addCleanup(de.shutdown)
         return src, dst, pe, de
@@ -223,8 +225,8 @@ class TestVLLMConnector(unittest.TestCase):
         for s, r in enumerate(preqs):
             delay, p = pe.finish(r, src.tables[0][s])
             self.assertTrue(delay)
-            self.assertEqual((p["stage_kv"], p["stage_tp"], p["stage_block_ids"], p["stage_tokens"]),
-                             ("pull-pre", 2, src.tables[0][s], len(r.prompt_token_ids)))
+            self.assertEqual((p["stage_peer"], p["stage_kv"], p["stage_tp"], p["stage_block_ids"], p["stage_tokens"]),
+                             ("prefill", "pull-pre", 2, src.tables[0][s], len(r.prompt_token_ids)))
             params.append(p)
         pe.step()
         self.assertEqual(pe.sent, set(), "the prefill freed blocks before the decode pulled them")

@@ -7,6 +7,7 @@ random rows (no model), with a short ``timeout_s``:
   deadline the decode reports the request finished receiving and every
   block it was to receive in ``get_block_ids_with_load_errors``;
 * push, the prefill's rendezvous is not there: the same at once;
+* pull naming a peer the decode's route does not have: refused, the same at once;
 * pull, the prefill's sidecar died after the prefill finished: the pulls
   fail and the blocks come back as load errors within the deadline; the
   prefill side (whose sidecar is gone) still frees its blocks at the lease.
@@ -105,14 +106,31 @@ class TestVLLMFaults(unittest.TestCase):
         took, _ = self.decode_push("127.0.0.1:%d" % port)
         self.assertLess(took, 1.5)
 
-    def test_pull_prefill_sidecar_died(self) -> None:
-        pe = self.engine(self.pre, "pre", "pull", "decode", 32, 1, lease_s=3 * TIMEOUT)
+    def prefill_done(self) -> tuple:
+        """A prefill engine whose request p0 finished; its kv_transfer_params for the decode."""
+        pe = self.engine(self.pre, "pre", "pull", "decode", 32, 1, lease_s=3 * TIMEOUT, peer_name="prefill")
         pr = Request("p0", list(range(70)), {"do_remote_decode": True, "stage_xfer": "x1"})
         pe.admit(pr, lambda n: [7, 1, 4])
         pe.step(SchedulerOutput([NewRequestData("p0", pr.prompt_token_ids, ([7, 1, 4],), 0)],
                                 num_scheduled_tokens={"p0": 70}))
         delay, params = pe.finish(pr, [7, 1, 4])
         self.assertTrue(delay)
+        return pe, params
+
+    def test_pull_unknown_peer(self) -> None:
+        # the route has no peer of that name: refused at once, a load error, not a wait
+        _, params = self.prefill_done()
+        params["stage_peer"] = "nobody"
+        de = self.engine(self.dec, "dec", "pull", "prefill", 16, 2)
+        self.assertEqual(de.admit(Request("d0", list(range(70)), params), lambda n: [3, 4, 5, 6, 7]), (70, True))
+        t0 = time.monotonic()
+        de.step()
+        de.until(lambda: "d0" in de.recvd, 3 * TIMEOUT)
+        self.assertLess(time.monotonic() - t0, 1.5)
+        self.assertEqual(de.load_errors, {3, 4, 5, 6, 7})
+
+    def test_pull_prefill_sidecar_died(self) -> None:
+        pe, params = self.prefill_done()
         self.pre.kill()
         de = self.engine(self.dec, "dec", "pull", "prefill", 16, 2)
         dr = Request("d0", list(range(70)), dict(params))
