@@ -65,6 +65,7 @@ const (
 	MaxStall       = 10 * time.Minute
 	MaxStreamDepth = 64
 	MaxStripes     = 64
+	MinDNSInterval = 100 * time.Millisecond
 	// Bounds of the peer timing limits.
 	MinHandshakeTimeout = 100 * time.Millisecond
 	MaxHandshakeTimeout = 5 * time.Minute
@@ -79,6 +80,7 @@ const (
 var (
 	DeviceKinds = []string{"hostmem", "cuda", "acl", "hip"}
 	Transports  = []string{"auto", "tcp", "ipc", "shm"}
+	Picks       = []string{PickNamed, PickAny}
 	LogLevels   = []string{"debug", "info", "warn", "error"}
 	LogFormats  = []string{"console", "json"}
 )
@@ -164,6 +166,7 @@ func Validate(c *Config) error {
 	v.oneOf("log.format", c.Log.Format, LogFormats)
 
 	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
+	v.atLeastOne("limits.max_streams", c.Limits.MaxStreams)
 	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
 	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
 	v.limits(c.Limits)
@@ -247,9 +250,10 @@ func (v *validator) routes(routes []Route) {
 				seen[r.Name] = i
 			}
 		}
-		if len(r.Peers) == 0 {
-			v.add(p+".peers", "empty; list at least one peer as host:port")
+		if len(r.Peers) == 0 && r.DNS == "" && len(r.Allow) == 0 {
+			v.add(p+".peers", "empty; list at least one peer as host:port, or set dns or allow")
 		}
+		v.discovery(p, r)
 		peers := map[string]int{}
 		for j, peer := range r.Peers {
 			pk := fmt.Sprintf("%s.peers[%d]", p, j)
@@ -267,6 +271,39 @@ func (v *validator) routes(routes []Route) {
 		v.positive(p+".connect_timeout", r.ConnectTimeout)
 		v.positive(p+".progress_timeout", r.ProgressTimeout)
 	}
+}
+
+// discovery checks a route's pick, allow, idle_timeout and dns keys.
+func (v *validator) discovery(p string, r Route) {
+	if r.Pick != "" { // "": named, for routes built in code
+		v.oneOf(p+".pick", r.Pick, Picks)
+	}
+	for j, a := range r.Allow {
+		if !ValidAllow(a) {
+			v.add(fmt.Sprintf("%s.allow[%d]", p, j), fmt.Sprintf("must be a CIDR range or a DNS suffix (got %q); use e.g. \"10.0.0.0/8\" or \".decode.svc.cluster.local\"", a))
+		}
+	}
+	if len(r.Allow) > 0 {
+		v.positive(p+".idle_timeout", r.IdleTimeout)
+	}
+	if r.DNS != "" {
+		v.hostPort(p+".dns", r.DNS, true, true, `use e.g. "decode.stage.svc.cluster.local:7100"`)
+		if r.DNSInterval < MinDNSInterval {
+			v.add(p+".dns_interval", fmt.Sprintf("must be >= %s (got %s)", MinDNSInterval, r.DNSInterval))
+		}
+	}
+	if r.DNSServer != "" {
+		v.hostPort(p+".dns_server", r.DNSServer, true, true, `use e.g. "10.96.0.10:53", or "" for the system's resolver`)
+	}
+}
+
+// ValidAllow reports whether a is an allow entry: a CIDR range, or a DNS
+// suffix (a host name, with or without a leading dot).
+func ValidAllow(a string) bool {
+	if _, _, err := net.ParseCIDR(a); err == nil {
+		return true
+	}
+	return a != "." && hostnameRE.MatchString(strings.TrimPrefix(a, "."))
 }
 
 // SplicePage is what staging.slot_size must be a multiple of for
