@@ -14,16 +14,16 @@ import (
 	"github.com/stage-kv/stage/kvsim"
 )
 
-// GPU tests: build with -tags gpu; run where $STAGE_ACL_LIBRARY names
+// GPU tests: build with -tags gpu; run where $STAGE_TEST_ACL_LIBRARY names
 // testdata/fakeacl_cuda.c built into a shared library (the acl backend over
 // real GPU memory and CUDA streams) and STAGED_BIN a staged binary. They
 // skip without them. No Ascend hardware is involved.
 
 func gpuFakeLibrary(t *testing.T) (string, *Library) {
 	t.Helper()
-	so := os.Getenv(LibraryEnv)
+	so := os.Getenv(testLibraryEnv)
 	if so == "" {
-		t.Skipf("%s unset: build testdata/fakeacl_cuda.c and point it there", LibraryEnv)
+		t.Skipf("%s unset: build testdata/fakeacl_cuda.c and point it there", testLibraryEnv)
 	}
 	l, err := OpenLibrary(so)
 	if err != nil {
@@ -89,7 +89,7 @@ func TestGPUHeteroE2E(t *testing.T) {
 			dec := startNode(t, bin, "decode", nodeOpts{stripes: 8, slots: 32, slot: "4MiB",
 				extra: "device:\n  kind: cuda\n  ordinal: 0\n"})
 			pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 8, slots: 32, slot: "4MiB",
-				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so, CopyModeEnv + "=" + mode}})
+				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: stagedEnv(so, CopyMode(mode))})
 			pre.settle(1)
 			dec.settle(1)
 			if want := fmt.Sprintf("copy mode %s (requested)", mode); !pre.logHas(want) {

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -23,7 +24,7 @@ import (
 func TestMain(m *testing.M) {
 	// Knobs of the emulation come from the environment; a developer's
 	// shell must not turn them on for every test.
-	for _, k := range []string{CopyModeEnv, "FAKEACL_FAIL_COPY", "FAKEACL_BATCH_UNSUPPORTED", "FAKEACL_NO_HOST_REGISTER",
+	for _, k := range []string{testCopyModeEnv, "FAKEACL_FAIL_COPY", "FAKEACL_BATCH_UNSUPPORTED", "FAKEACL_NO_HOST_REGISTER",
 		"FAKEACL_INIT_ERR", "FAKEACL_STREAM_CONFIG_ERR", "FAKEACL_DEVICES"} {
 		os.Unsetenv(k)
 	}
@@ -36,6 +37,23 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Test-only environment (STAGE_TEST_*, never a config key): the emulated
+// runtime a GPU test or a child process opens, and its copy mode.
+const (
+	testLibraryEnv  = "STAGE_TEST_ACL_LIBRARY"
+	testCopyModeEnv = "STAGE_TEST_ACL_COPY_MODE"
+)
+
+// stagedEnv is the environment that makes a staged open the acl backend
+// over the library so, in copy mode mode.
+func stagedEnv(so string, mode CopyMode) []string {
+	env := []string{config.EnvName("device.acl.library") + "=" + so}
+	if mode != CopyAuto {
+		env = append(env, config.EnvName("device.acl.copy_mode")+"="+string(mode))
+	}
+	return env
 }
 
 // buildSO compiles C source into a shared library in a temp dir, or skips

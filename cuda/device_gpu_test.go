@@ -19,7 +19,7 @@ import (
 
 func gpuLibrary(t testing.TB) *Library {
 	t.Helper()
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary("")
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "cuda: dlopen ") {
 			t.Skipf("no CUDA driver here: %v", err)

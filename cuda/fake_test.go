@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -98,17 +99,29 @@ func TestFakeCopyModeFallbacks(t *testing.T) {
 	if !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("kernel mode with bad PTX: got %v, want ErrNotSupported", err)
 	}
-	t.Setenv("STAGE_CUDA_COPY", "percopy")
-	d2 := openFake(t, l, Config{PTX: fakePTX})
+	d2 := openFake(t, l, ConfigFrom(device.CUDAOptions{CopyMode: "percopy"}))
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
-		t.Errorf("STAGE_CUDA_COPY=percopy: mode %q", m)
+		t.Errorf("copy_mode percopy: mode %q", m)
+	}
+	if _, err := l.OpenDevice(0, Config{CopyMode: "fast"}); err == nil || !strings.Contains(err.Error(), `copy mode "fast"`) {
+		t.Errorf("copy mode fast: got %v, want an error naming it", err)
+	}
+	ptx := filepath.Join(t.TempDir(), "gather.ptx")
+	if err := os.WriteFile(ptx, []byte(fakePTX), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m, why := openFake(t, l, Config{PTXFile: ptx}).CopyMode(); m != CopyKernel {
+		t.Errorf("PTXFile: copy mode %q (%s), want kernel", m, why)
+	}
+	d4 := openFake(t, l, Config{PTXFile: ptx + ".gone"})
+	if m, why := d4.CopyMode(); m != CopyBatch || !strings.Contains(why, "device.cuda.ptx: ") {
+		t.Errorf("missing PTXFile: copy mode %q (%s), want batch naming device.cuda.ptx", m, why)
 	}
 
 	nb := fakeLibrary(t, "-DFAKE_NO_BATCH")
 	if nb.HasBatchCopy() {
 		t.Fatal("library without cuMemcpyBatchAsync reports batch copies")
 	}
-	t.Setenv("STAGE_CUDA_COPY", "")
 	d3 := openFake(t, nb, Config{PTX: "not ptx"})
 	if m, why := d3.CopyMode(); m != CopyPerCopy || !strings.Contains(why, "batch unavailable") {
 		t.Errorf("no kernel, no batch: mode %q (%s), want percopy", m, why)

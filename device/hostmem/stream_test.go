@@ -345,7 +345,7 @@ func TestConcurrentStreams(t *testing.T) {
 func TestInjectedFailure(t *testing.T) {
 	tests := []struct {
 		name  string
-		env   string // STAGE_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
+		env   string // STAGE_TEST_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
 		after int64
 	}{
 		{"FailAfter(0)", "", 0},

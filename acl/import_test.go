@@ -85,7 +85,7 @@ func TestFakeIPCSameProcess(t *testing.T) {
 	}
 	var ae *Error
 	if _, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte(key2), Size: 8192, FD: -1}); !errors.As(err, &ae) || ae.Code != 207006 {
-		t.Errorf("import without being whitelisted: %v, want 207006 ACL_ERROR_RT_NO_PERMISSION", err)
+		t.Errorf("import without being whitelisted: %v, want ACL_ERROR_RT_NO_PERMISSION", err)
 	}
 }
 
@@ -131,7 +131,7 @@ func TestFakeIPCChild(t *testing.T) {
 			var out bytes.Buffer
 			cmd := exec.Command(os.Args[0], "-test.run=^TestFakeIPCChildHelper$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), childRoleEnv+"=import", childSeedEnv+"="+strconv.FormatUint(seed, 10),
-				LibraryEnv+"="+so, CopyModeEnv+"="+string(mode))
+				testLibraryEnv+"="+so, testCopyModeEnv+"="+string(mode))
 			cmd.ExtraFiles = []*os.File{childEnd}
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
@@ -200,7 +200,7 @@ func TestFakeIPCChildHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDevice(0, Config{Logf: t.Logf})
+	d, err := OpenDevice(0, Config{Library: os.Getenv(testLibraryEnv), CopyMode: CopyMode(os.Getenv(testCopyModeEnv)), Logf: t.Logf})
 	if err != nil {
 		reply(err.Error())
 		t.Fatal(err)
