@@ -4,13 +4,12 @@ package acl
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/stage-kv/stage/cuda"
-	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 	"github.com/stage-kv/stage/kvsim"
 )
 
@@ -53,19 +52,15 @@ func openCUDA0(t *testing.T) *cuda.Device {
 	return cd
 }
 
-// TestGPUFakeGatherScatter: every copy mode moves random layouts of real
-// GPU memory byte-exact through pinned slots, with async copies and events.
-func TestGPUFakeGatherScatter(t *testing.T) {
+// TestGPUFakeConformance: every copy mode passes the device conformance
+// suite over real GPU memory, through pinned slots, with async copies and
+// events.
+func TestGPUFakeConformance(t *testing.T) {
 	_, l := gpuFakeLibrary(t)
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openDev(t, l, Config{CopyMode: mode})
-			const poolSize = 64 << 20
-			pool, data := devicePool(t, d, poolSize, 41)
-			rng := rand.New(rand.NewPCG(42, uint64(len(mode))))
-			checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, 256, 16<<10), 43)
-			checkGatherScatter(t, d, pool, data, layout(rng, pool, poolSize, 200, oddLens(rng)), 44)
-			checkGatherScatter(t, d, pool, data, []device.Seg{{Addr: pool + 7, Len: 32 << 20}}, 45)
+			devicetest.Run(t, d, d, devicetest.Options{PoolSize: 64 << 20})
 			if n := counter(t, l, "fakeacl_legacy_queries"); n != 0 {
 				t.Errorf("legacy aclrtQueryEvent called %d times", n)
 			}
