@@ -30,11 +30,14 @@ type Node struct {
 	SocketDir string `mapstructure:"socket_dir"`
 }
 
-// Device selects the backend.
+// Device selects the backend and holds each backend's settings (device.go).
 type Device struct {
-	Kind    string  `mapstructure:"kind"` // hostmem | cuda | acl | hip
-	Ordinal int     `mapstructure:"ordinal"`
-	Hostmem Hostmem `mapstructure:"hostmem"`
+	Kind    string     `mapstructure:"kind"` // hostmem | cuda | acl | hip
+	Ordinal int        `mapstructure:"ordinal"`
+	Hostmem Hostmem    `mapstructure:"hostmem"`
+	CUDA    DeviceCUDA `mapstructure:"cuda"`
+	ACL     DeviceACL  `mapstructure:"acl"`
+	HIP     DeviceHIP  `mapstructure:"hip"`
 }
 
 // Hostmem models an emulated device's copy engine.

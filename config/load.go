@@ -238,7 +238,7 @@ func source(key string, fs *pflag.FlagSet) string {
 			}
 		}
 	}
-	env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+	env := EnvName(key)
 	if !strings.ContainsAny(key, "[") && os.Getenv(env) != "" {
 		return env
 	}

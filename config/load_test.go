@@ -26,9 +26,7 @@ func cleanEnv(t *testing.T) {
 	t.Setenv("STAGE_ROUTES", "")
 }
 
-func envName(key string) string {
-	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
-}
+func envName(key string) string { return EnvName(key) }
 
 func writeFile(t *testing.T, body string) string {
 	t.Helper()

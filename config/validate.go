@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"regexp"
@@ -111,16 +110,7 @@ func Validate(c *Config) error {
 		v.add("node.socket_dir", fmt.Sprintf("path too long for the node sockets in it (got %d bytes, at most %d); use a shorter path", len(c.Node.SocketDir), maxSocketPath-1-NodeSocketName))
 	}
 
-	v.oneOf("device.kind", c.Device.Kind, DeviceKinds)
-	if c.Device.Ordinal < 0 {
-		v.add("device.ordinal", fmt.Sprintf("must be >= 0 (got %d)", c.Device.Ordinal))
-	}
-	if bw := c.Device.Hostmem.BandwidthGBps; bw < 0 || math.IsNaN(bw) || math.IsInf(bw, 0) {
-		v.add("device.hostmem.bandwidth_gbps", fmt.Sprintf("must be a finite number >= 0 (got %v); 0 means as fast as memmove", bw))
-	}
-	if c.Device.Hostmem.Latency < 0 {
-		v.add("device.hostmem.latency", fmt.Sprintf("must be >= 0 (got %s)", c.Device.Hostmem.Latency))
-	}
+	v.device(c.Device)
 
 	s := c.Staging
 	if s.SlotSize < MinSlotSize || s.SlotSize > MaxSlotSize {

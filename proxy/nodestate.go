@@ -53,7 +53,7 @@ func newNodeState(s *Server) *nodeState {
 }
 
 // importPeer imports a peer's allocation on our device, unless the fault
-// injection of the same-node paths says to fail (STAGE_FAULT_IPC_IMPORT).
+// injection of the same-node paths says to fail (STAGE_TEST_FAULT_IPC_IMPORT).
 func (s *Server) importPeer(h device.Handle) (device.Mapping, error) {
 	if s.faultImport {
 		return nil, errors.New("import refused on purpose (fault injection " + FaultImportEnv + "=1)")

@@ -105,10 +105,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := device.Open(device.Kind(cfg.Device.Kind), cfg.Device.Ordinal, device.Options{
-		BandwidthBytesPerSec: cfg.Device.Hostmem.BandwidthGBps * 1e9,
-		LatencyNanos:         int64(cfg.Device.Hostmem.Latency),
-	})
+	dev, err := device.Open(device.Kind(cfg.Device.Kind), cfg.Device.Ordinal, cfg.Device.Options())
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
