@@ -75,7 +75,8 @@ func cacheOn(t *testing.T, n *node, name string, seed uint64) *kvsim.Cache {
 	if err := c.Register(context.Background(), n.cl, wire.AccessAll); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Unregister(context.Background(), n.cl) })
+	cl := n.cl // a node stopped by the test has none left
+	t.Cleanup(func() { _ = c.Unregister(context.Background(), cl) })
 	return c
 }
 
