@@ -46,7 +46,7 @@ func newFleet(t *testing.T, n int, routeExtra string) *fleet {
 		f.decs = append(f.decs, d)
 		addrs = append(addrs, d.peers)
 	}
-	f.pre = startNode(t, "prefill", nodeOpts{slots: 8, extra: routeYAML(addrs, routeExtra)})
+	f.pre = startNode(t, "prefill", nodeOpts{slots: 8, extra: routeYAML(addrs, routeExtra) + "metrics:\n  listen: 127.0.0.1:0\n"})
 	f.pre.settle(n)
 	f.src = cacheOn(t, f.pre, "src", 0x5eed)
 	for _, d := range f.decs {
@@ -75,7 +75,8 @@ func cacheOn(t *testing.T, n *node, name string, seed uint64) *kvsim.Cache {
 	if err := c.Register(context.Background(), n.cl, wire.AccessAll); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Unregister(context.Background(), n.cl) })
+	cl := n.cl // a node stopped by the test has none left
+	t.Cleanup(func() { _ = c.Unregister(context.Background(), cl) })
 	return c
 }
 
@@ -145,6 +146,34 @@ func TestPeerNamed(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if n := accepts.Load(); n != 0 {
 		t.Fatalf("the address outside the route was dialed %d times, want 0", n)
+	}
+	checkRouteView(t, f)
+}
+
+// checkRouteView checks what stagectl routes and /metrics show of the
+// fleet's route after TestPeerNamed's three refusals.
+func checkRouteView(t *testing.T, f *fleet) {
+	t.Helper()
+	ps := peersOf(t, f.pre)
+	for _, d := range f.decs {
+		p := ps[d.peers]
+		if p.Node != d.name || p.Found != "static" || p.State != "up" || p.Sessions != 1 || p.StreamsUp != 1 || p.InFlight != 0 {
+			t.Errorf("stagectl routes shows %s as %+v", d.name, p)
+		}
+	}
+	_, body := scrape(t, f.pre.metrics, "/metrics")
+	for series, want := range map[string]float64{
+		`stage_route_peers{found="static",route="decode",state="up"}`:      2,
+		`stage_route_peers{found="dns",route="decode",state="up"}`:         0,
+		`stage_route_refused_total{reason="no_peer_named",route="decode"}`: 1,
+		`stage_route_refused_total{reason="unknown_peer",route="decode"}`:  1,
+		`stage_route_refused_total{reason="not_allowed",route="decode"}`:   1,
+		`stage_route_peer_changes_total{change="added",route="decode"}`:    2,
+		`stage_route_dns_lookups_total{result="ok",route="decode"}`:        0,
+	} {
+		if got, ok := metricValue(body, series); !ok || got != want {
+			t.Errorf("%s: got %v (found %v), want %v", series, got, ok, want)
+		}
 	}
 }
 

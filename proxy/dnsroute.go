@@ -27,7 +27,10 @@ func (r *route) watchDNS() {
 	}
 	r.mu.Unlock()
 	if rc.DNS == "" {
-		r.dnsUpdate(nil, nil)
+		r.mu.Lock()
+		r.dns.addrs, r.dns.err = nil, nil
+		r.drainGoneLocked()
+		r.mu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -71,8 +74,14 @@ func (r *route) dnsUpdate(addrs []string, err error) {
 		r.addPeerLocked(a, foundDNS)
 	}
 	r.dns.addrs = now
+	r.drainGoneLocked()
+}
+
+// drainGoneLocked drains the peers found in DNS that its last answer no
+// longer has (r.mu held).
+func (r *route) drainGoneLocked() {
 	for _, p := range r.sortedLocked() {
-		if p.found == foundDNS && !p.draining && !now[p.addr] {
+		if p.found == foundDNS && !p.draining && !r.dns.addrs[p.addr] {
 			r.drainLocked(p, "gone from DNS")
 		}
 	}

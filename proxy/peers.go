@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -449,10 +450,44 @@ func (s *Server) busyOn(ss *session) int {
 	return n
 }
 
+// dialing counts the route sessions being dialed and their streams, so
+// that dials at once cannot pass the limits together.
+type dialing struct {
+	mu                sync.Mutex
+	sessions, streams int
+}
+
+func (d *dialing) release(stripes int) {
+	d.mu.Lock()
+	d.sessions--
+	d.streams -= stripes
+	d.mu.Unlock()
+}
+
+// reserveSession counts a session of stripes streams about to be dialed,
+// or says which limit it would pass.
+func (s *Server) reserveSession(stripes int) error {
+	s.dialing.mu.Lock()
+	defer s.dialing.mu.Unlock()
+	if err := s.sessionRoomLocked(stripes); err != nil {
+		return err
+	}
+	s.dialing.sessions++
+	s.dialing.streams += stripes
+	return nil
+}
+
 // sessionRoom says whether one more session of stripes data streams fits
 // in limits.max_sessions and limits.max_streams.
 func (s *Server) sessionRoom(stripes int) error {
+	s.dialing.mu.Lock()
+	defer s.dialing.mu.Unlock()
+	return s.sessionRoomLocked(stripes)
+}
+
+func (s *Server) sessionRoomLocked(stripes int) error {
 	sessions, streams := s.peerLoad()
+	sessions, streams = sessions+s.dialing.sessions, streams+s.dialing.streams
 	l := s.cfg.Limits
 	if sessions >= l.MaxSessions {
 		return codeErr(wire.CodeBusy, "limits.max_sessions (%d) reached: %d peer sessions up or being set up; raise it, or lower idle_timeout of routes with allow", l.MaxSessions, sessions)
@@ -491,7 +526,7 @@ func (s *Server) peerLoad() (sessions, streams int) {
 		}
 		ss.mu.Unlock()
 	}
-	return len(all) + int(s.dialing.Load()), streams
+	return len(all), streams
 }
 
 // peerInfos describes the route's peers for stagectl routes.

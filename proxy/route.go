@@ -194,11 +194,11 @@ func (s *Server) dialLoop(r *route, p *peer) {
 // dialPeer dials a session to p within limits.max_sessions and
 // limits.max_streams.
 func (s *Server) dialPeer(r *route, p *peer) (*session, error) {
-	if err := s.sessionRoom(r.conf().Stripes); err != nil {
+	stripes := r.conf().Stripes
+	if err := s.reserveSession(stripes); err != nil {
 		return nil, err
 	}
-	s.dialing.Add(1)
-	defer s.dialing.Add(-1)
+	defer s.dialing.release(stripes)
 	return s.dial(p.ctx, r, p.addr)
 }
 

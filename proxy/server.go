@@ -93,7 +93,7 @@ type Server struct {
 	links    map[string]*counters
 
 	seq      atomic.Uint64 // transfer ids, session ids
-	dialing  atomic.Int32  // route sessions being dialed (limits.max_sessions)
+	dialing  dialing       // route sessions being dialed (limits.max_sessions, max_streams)
 	closing  atomic.Bool
 	draining atomic.Bool // no new transfers from engines; in-flight ones may finish
 }
