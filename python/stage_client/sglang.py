@@ -118,7 +118,11 @@ class StageKVManager:
                     continue
                 cov = self._rooms.setdefault(room, Coverage(0, 0))
                 if cov.expect is None:
-                    srcs = {s for s, d, _, _ in plan(self.heads, src_tp, self.tp) if d == self.rank}
+                    try:
+                        srcs = {s for s, d, _, _ in plan(self.heads, src_tp, self.tp) if d == self.rank}
+                    except ValueError as e:  # the tag names a split of the heads this side cannot make
+                        self._errors.setdefault(room, "a push from prefill rank %d of %d: %s" % (src, src_tp, e))
+                        continue
                     cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
                 for layer in n.layers:
                     cov.add(src, int(layer), n.first, n.first + n.tokens)
