@@ -55,8 +55,7 @@ def args() -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--staged", default=os.environ.get("STAGED", ""), help="the staged binary (default $STAGED)")
-    p.add_argument("--slot-size", default="4MiB", help="staging slot size of both sidecars")
-    p.add_argument("--slots", type=int, default=32)
+    p.add_argument("--slots", type=int, default=32, help="staging slots (1 MiB each) of both sidecars")
     p.add_argument("--verify", action="store_true", help="check the decode's rows equal the prefill's after each run")
     return p.parse_args()
 
