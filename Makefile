@@ -21,10 +21,12 @@ test: build
 	$(MAKE) deploy-check
 
 # The engine integrations alone (docs/ENGINES.md; `test` runs them too): the
-# vLLM connector through a replay of vLLM's calls, its failures, the SGLang
-# backend. Needs a $(PYTHON) with torch; the CUDA classes skip without a GPU.
+# vLLM connector through a replay of vLLM's calls (chunked prefill, preemption,
+# TP and GQA splits), its failures, the SGLang backend, the shared helpers and
+# the rendezvous. Needs a $(PYTHON) with torch; the CUDA classes skip without a GPU.
 test-engines: build
-	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector tests.test_vllm_faults tests.test_sglang
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector \
+		tests.test_vllm_chunked tests.test_vllm_faults tests.test_sglang tests.test_engines tests.test_rendezvous
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build

@@ -15,16 +15,19 @@
   so a request is complete when every expected pair covers the tokens
   asked for, however the sender cut its pushes (layer by layer, chunk by
   chunk, again after a preemption).
-* :class:`Mover`: one thread per connector that talks to the sidecar, so
-  the engine's forward pass never waits on the control socket; each
-  transfer it starts is tracked per request (:class:`Ledger`) with a
-  deadline, after which it is cancelled and counted as failed.
+* :class:`Mover`: a few threads per connector that talk to the sidecar, so
+  the engine's forward pass never waits on the control socket, and one
+  submit stuck on a peer that does not answer does not hold up the
+  others; each transfer it starts is tracked per request
+  (:class:`Ledger`) with a deadline, after which it is cancelled and
+  counted as failed.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,9 +36,19 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from .errors import StageError
 from .wire import MAX_TAG
 
-__all__ = ["head_slice", "primary", "plan", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger", "layer_index"]
+__all__ = ["head_slice", "primary", "plan", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger", "layer_index",
+           "MAX_TP", "MOVER_THREADS"]
 
 log = logging.getLogger("stage_client.engines")
+
+#: the largest tensor-parallel size a tag may name: plan() walks every rank, so a
+#: tag (which comes from the other side) must not make it walk a billion
+MAX_TP = 1024
+#: submit threads per connector: a submit that hangs (a peer that does not
+#: answer) holds one of them, not every request's transfers
+MOVER_THREADS = 4
+
+_TAIL = re.compile(r"([pd])([0-9]{1,4})/([0-9]{1,4})")
 
 
 def head_slice(heads: int, tp: int, rank: int) -> Tuple[int, int]:
@@ -85,6 +98,8 @@ def plan(heads: int, src_tp: int, dst_tp: int) -> List[Tuple[int, int, int, int]
 
 def make_tag(key: str, side: str, rank: int, tp: int) -> str:
     """``key|<side><rank>/<tp>``: side ``p`` (prefill started it) or ``d`` (decode did)."""
+    if side not in ("p", "d") or not 0 <= rank < tp <= MAX_TP:
+        raise ValueError("tag side %r, rank %d of %d (at most %d ranks)" % (side, rank, tp, MAX_TP))
     tag = "%s|%s%d/%d" % (key, side, rank, tp)
     if len(tag.encode()) > MAX_TAG:
         raise ValueError("transfer key %r makes a tag over %d bytes" % (key[:64], MAX_TAG))
@@ -92,14 +107,22 @@ def make_tag(key: str, side: str, rank: int, tp: int) -> str:
 
 
 def parse_tag(tag: str) -> Optional[Tuple[str, str, int, int]]:
-    """(key, side, rank, tp) of a tag :func:`make_tag` made; None for any other tag."""
+    """(key, side, rank, tp) of a tag :func:`make_tag` made; None for any other tag.
+
+    Tags come from the other side's sidecar: only ASCII digits count (not
+    every character str.isdigit accepts parses as an int), and the ranks
+    are bounded by :data:`MAX_TP`.
+    """
+    if not isinstance(tag, str):
+        return None
     key, sep, tail = tag.rpartition("|")
-    if not sep or len(tail) < 4 or tail[0] not in "pd":
+    m = _TAIL.fullmatch(tail) if sep else None
+    if m is None:
         return None
-    r, slash, t = tail[1:].partition("/")
-    if not slash or not r.isdigit() or not t.isdigit() or int(t) < 1 or int(r) >= int(t):
+    r, t = int(m.group(2)), int(m.group(3))
+    if not 0 <= r < t <= MAX_TP:
         return None
-    return key, tail[0], int(r), int(t)
+    return key, m.group(1), r, t
 
 
 def layer_index(name: str, order: int) -> int:
@@ -202,56 +225,69 @@ class Ledger:
 
 
 class Mover:
-    """A thread that submits transfers for the engine and follows them to their end.
+    """Threads that submit transfers for the engine and follow them to their end.
 
     :meth:`submit` queues ``fn`` (which starts transfers and returns their
     ids) for request ``req``; ``event`` (a CUDA event, or None) is waited
-    for first, so rows the GPU is still writing are not read. Each
-    transfer is awaited with ``timeout`` seconds; one that outlives it is
-    cancelled. Ends and failures go to :attr:`ledger`.
+    for first, so rows the GPU is still writing are not read. ``threads``
+    threads take jobs in turn, in no order between them: a job whose
+    submit waits on a dead peer's sidecar holds one thread and the others
+    go on. Each transfer is awaited with ``timeout`` seconds; one that
+    outlives it is cancelled. Ends and failures go to :attr:`ledger`.
     """
 
-    def __init__(self, client: Any, timeout: float, name: str = "stage-mover") -> None:
+    def __init__(self, client: Any, timeout: float, name: str = "stage-mover", threads: int = MOVER_THREADS) -> None:
+        if threads < 1:
+            raise ValueError("stage mover: %d threads" % threads)
         self.client, self.timeout = client, timeout
         self.ledger = Ledger()
         self._q: "queue.Queue[Any]" = queue.Queue()
+        self._cv = threading.Condition()
+        self._queued = 0  # jobs not submitted yet
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name="%s-%d" % (name, i), daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
 
     def submit(self, req: str, fn: Callable[[], List[int]], event: Any = None) -> None:
         if self._closed:
             raise RuntimeError("stage mover closed")
         self.ledger.queued(req)
+        with self._cv:
+            self._queued += 1
         self._q.put((req, fn, event))
 
     def drain(self, timeout: float) -> bool:
-        """Wait until every queued job has been submitted; False at the timeout."""
-        done = threading.Event()
-        self._q.put((None, done.set, None))
-        return done.wait(timeout)
+        """Wait until every job queued so far has been submitted; False at the timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._queued <= 0, timeout)
 
     def _run(self) -> None:
         while True:
             job = self._q.get()
             if job is None:
                 return
-            req, fn, event = job
-            if req is None:
-                fn()
-                continue
-            tids: List[int] = []
-            err: Optional[BaseException] = None
             try:
-                if event is not None:
-                    event.synchronize()
-                tids = list(fn())
-            except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
-                err = e
-                log.warning("stage: starting a transfer for %s failed: %s", req, e)
-            self.ledger.submitted(req, tids, err)
-            for t in tids:
-                self._follow(req, t)
+                self._one(*job)
+            finally:
+                with self._cv:
+                    self._queued -= 1
+                    self._cv.notify_all()
+
+    def _one(self, req: str, fn: Callable[[], List[int]], event: Any) -> None:
+        tids: List[int] = []
+        err: Optional[BaseException] = None
+        try:
+            if event is not None:
+                event.synchronize()
+            tids = list(fn())
+        except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
+            err = e
+            log.warning("stage: starting a transfer for %s failed: %s", req, e)
+        self.ledger.submitted(req, tids, err)
+        for t in tids:
+            self._follow(req, t)
 
     def _follow(self, req: str, tid: int) -> None:
         try:
@@ -279,8 +315,11 @@ class Mover:
         if self._closed:
             return
         self._closed = True
-        self._q.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._q.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def now() -> float:

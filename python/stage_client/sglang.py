@@ -53,19 +53,21 @@ class StageKVManager:
     on ``bootstrap_listen``) or ``"decode"`` (follows its sidecar's
     notifications). ``route`` leads to the other side's sidecar;
     ``peer_name`` is how the other side names this one's ("" : one-peer
-    routes).
+    routes). ``secret`` signs the decode's tickets and is required of them
+    by the prefill's rendezvous (needed to listen beyond loopback; see
+    :mod:`stage_client.rendezvous`).
     """
 
     def __init__(self, client: Union[str, Client], name: str, k_buffers: Sequence[Any], v_buffers: Sequence[Any],
                  page_size: int, kv_heads: int, role: str, tp_rank: int = 0, tp_size: int = 1, route: str = "stage",
-                 peer_name: str = "", bootstrap: Any = None, bootstrap_listen: str = "0.0.0.0:0",
-                 timeout: float = 30.0) -> None:
+                 peer_name: str = "", bootstrap: Any = None, bootstrap_listen: str = "127.0.0.1:0",
+                 timeout: float = 30.0, secret: Optional[bytes] = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError("StageKVManager: role %r (prefill or decode)" % role)
         self.client = Client(client, request_timeout=timeout) if isinstance(client, str) else client
         self.role, self.rank, self.tp, self.heads = role, tp_rank, tp_size, kv_heads
         self.name, self.route, self.peer_name, self.timeout = name, route, peer_name, timeout
-        self.page_size = page_size
+        self.page_size, self.secret = page_size, secret
         lo, hi = head_slice(kv_heads, tp_size, tp_rank)
         self.cache_name = "%s-tp%d" % (name, tp_rank)
         #: per layer [k_buffer, v_buffer], as registered
@@ -81,7 +83,7 @@ class StageKVManager:
         if role == "prefill":
             self.bootstrap = bootstrap
             if bootstrap is None:
-                self.bootstrap = rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen))
+                self.bootstrap = rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen), secret=secret)
         else:
             self._sub = self.client.subscribe()
             self._reader = threading.Thread(target=self._read, name="stage-sglang-notes", daemon=True)
@@ -118,7 +120,11 @@ class StageKVManager:
                     continue
                 cov = self._rooms.setdefault(room, Coverage(0, 0))
                 if cov.expect is None:
-                    srcs = {s for s, d, _, _ in plan(self.heads, src_tp, self.tp) if d == self.rank}
+                    try:
+                        srcs = {s for s, d, _, _ in plan(self.heads, src_tp, self.tp) if d == self.rank}
+                    except ValueError as e:  # the tag names a split of the heads this side cannot make
+                        self._errors.setdefault(room, "a push from prefill rank %d of %d: %s" % (src, src_tp, e))
+                        continue
                     cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
                 for layer in n.layers:
                     cov.add(src, int(layer), n.first, n.first + n.tokens)
@@ -153,7 +159,14 @@ class StageKVSender:
 
     def _ticket(self) -> Optional[Dict[str, Any]]:
         if self.ticket is None:
-            self.ticket = self.mgr.bootstrap.get(self.room)  # every rank reads it; it expires
+            t = self.mgr.bootstrap.get(self.room)  # every rank reads it; it expires
+            if t is not None:
+                try:
+                    plan(self.mgr.heads, self.mgr.tp, int(t["tp"]))
+                except ValueError as e:
+                    self.error = "the decode's page ticket for room %s: %s" % (self.room, e)
+                    return None
+            self.ticket = t
         return self.ticket
 
     def send(self, kv_indices: Any, state_indices: Any = None, token_position_offset: int = 0) -> None:
@@ -234,7 +247,7 @@ class StageKVReceiver:
         self.deadline = time.monotonic() + m.timeout
         try:
             if isinstance(self.addr, str):
-                rdv.post(self.addr, self.room, ticket, timeout=min(5.0, m.timeout))
+                rdv.post(self.addr, self.room, ticket, timeout=min(5.0, m.timeout), secret=m.secret)
             else:
                 self.addr.post(self.room, ticket)
             self.posted = True

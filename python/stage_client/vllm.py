@@ -114,6 +114,8 @@ class StageConfig:
     layerwise: bool = True
     rendezvous: str = ""  # push: the prefill's rendezvous host:port (a request's stage_rendezvous wins)
     rendezvous_listen: str = ""  # push, prefill scheduler: where to listen ("" : in-process only)
+    rendezvous_secret: str = ""  # push: the secret both sides sign tickets with (else the file's, else the env's)
+    rendezvous_secret_file: str = ""  # push: a file whose first line is that secret (a k8s Secret mount)
     kv_heads: int = 0  # total kv heads (0: from the model config)
     tp_rank: int = -1  # -1: from vLLM's parallel state
     tp_size: int = 0  # 0: from the parallel config
@@ -144,6 +146,11 @@ class StageConfig:
         if cfg.kv_heads < 1:
             raise ValueError("stage connector: the number of kv heads is unknown; set kv_heads")
         return cfg
+
+    def secret(self) -> Optional[bytes]:
+        """The rendezvous secret (``$STAGE_RENDEZVOUS_SECRET`` when no key names one); None: unsigned."""
+        from .rendezvous import load_secret
+        return load_secret(self.rendezvous_secret, self.rendezvous_secret_file)
 
     def rank(self) -> int:
         if self.tp_rank >= 0:

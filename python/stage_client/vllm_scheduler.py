@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import rendezvous as rdv
+from .engines import plan
 from .vllm import PushChunk, RecvReq, StageConfig, StageConnectorMetadata
 
 __all__ = ["StageScheduler", "block_ids_of", "scheduled"]
@@ -89,8 +90,10 @@ class StageScheduler:
         self._recv: List[RecvReq] = []
         self._hold: Dict[str, Tuple[str, float]] = {}
         self._preempted: List[str] = []
+        self.secret = cfg.secret()
         #: where decodes post tickets (push mode); tests and routers may post here directly
-        self.rendezvous: Any = (rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s)
+        self.rendezvous: Any = (rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s,
+                                                     secret=self.secret)
                                 if cfg.rendezvous_listen else rdv.LocalRendezvous(ttl=cfg.lease_s))
 
     def _mode(self, p: Dict[str, Any]) -> str:
@@ -134,7 +137,7 @@ class StageScheduler:
             with self._lock:
                 st = self._push.setdefault(rid, _Push(xfer, len(request.prompt_token_ids or ())))
                 if p.get("stage_ticket"):
-                    st.ticket = dict(p["stage_ticket"])
+                    st.ticket = self._usable(rid, dict(p["stage_ticket"]))
 
     def _post_ticket(self, p: Dict[str, Any], rr: RecvReq) -> str:
         """Tell the prefill where to push; the error as text ("" when posted)."""
@@ -143,7 +146,7 @@ class StageScheduler:
         addr = str(p.get("stage_rendezvous") or self.cfg.rendezvous)
         try:
             if addr:
-                rdv.post(addr, rr.xfer, ticket, timeout=min(5.0, self.cfg.timeout_s))
+                rdv.post(addr, rr.xfer, ticket, timeout=min(5.0, self.cfg.timeout_s), secret=self.secret)
             else:
                 self.rendezvous.post(rr.xfer, ticket)
         except (OSError, ValueError) as e:
@@ -190,7 +193,8 @@ class StageScheduler:
     def _emit(self, meta: StageConnectorMetadata, rid: str, st: _Push, c0: int, c1: int) -> None:
         """Hand the workers rows [pushed_to, c0) to push before the forward and [c0, c1) during it."""
         if st.ticket is None:
-            st.ticket = self.rendezvous.take(st.xfer)
+            t = self.rendezvous.take(st.xfer)
+            st.ticket = None if t is None else self._usable(rid, t)
         t = st.ticket
         if t is None:
             return
@@ -202,6 +206,16 @@ class StageScheduler:
         if a < b:
             meta.push.append(PushChunk(rid, st.xfer, list(st.blocks), a, b - a, t))
         st.pushed_to = max(st.pushed_to, c1)
+
+    def _usable(self, rid: str, t: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """``t`` when this prefill can push to it; else None (logged: the decode times out, a load error there)."""
+        try:
+            rdv.check_ticket(t)
+            plan(self.cfg.kv_heads, self.cfg.tp_size, t["tp"])
+        except ValueError as e:
+            log.warning("stage: the push ticket of %s is refused: %s", rid, e)
+            return None
+        return t
 
     def request_finished(self, request: Any, block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
         p = request.kv_transfer_params

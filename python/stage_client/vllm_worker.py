@@ -127,23 +127,31 @@ class StageWorker:
         self._saving = True
 
     def wait_for_save(self) -> None:
-        """Wait until this step's pushes were handed to the sidecar (a failure to start shows now).
+        """Returns at once: nothing this step queued needs the forward to wait.
 
-        The rows they read need no more: the request keeps its blocks until
-        get_finished reports it sent, and vLLM writes no computed row again.
-        Loads never wait here."""
-        if not self._saving:
-            return
+        The rows a push reads stay as they are until it ends: vLLM writes
+        no computed row of a running request again, a finished request's
+        blocks are held until get_finished reports it sent, and a
+        preempted one's are released only after handle_preemptions. Not
+        waiting here keeps a push whose submit hangs (a dead decode) from
+        stalling the forward of every other request."""
         self._saving = False
-        if not self.mover.drain(self.cfg.timeout_s):
-            log.warning("stage: transfers of this step not started after %ss", self.cfg.timeout_s)
 
     def handle_preemptions(self, meta: Any) -> None:
-        """Preempted requests' blocks are about to be reused: let their transfers end first."""
-        reqs = list(getattr(meta, "preempted", None) or ())
+        """Preempted requests' blocks are about to be reused: let their transfers end first.
+
+        vLLM passes the step's connector metadata (``preempted``) or, in
+        some releases, the set of preempted request ids. Only those
+        requests' transfers are waited for (at most ``timeout_s``); what is
+        left then is cancelled. The scheduler side pushes their rows again
+        once they are recomputed.
+        """
+        if isinstance(meta, (set, frozenset, list, tuple)):
+            reqs = [str(r) for r in meta]
+        else:
+            reqs = list(getattr(meta, "preempted", None) or getattr(meta, "preempted_req_ids", None) or ())
         if not reqs:
             return
-        self.mover.drain(self.cfg.timeout_s)
         deadline = time.monotonic() + self.cfg.timeout_s
         for r in reqs:
             while not self.mover.ledger.idle(r) and time.monotonic() < deadline:
@@ -296,19 +304,23 @@ class StageWorker:
             t = parse_tag(n.tag)
             if t is None or n.kv != self.name:
                 continue
-            with self.lock:
-                if t[1] == "p":
-                    rid = self._recv_by_xfer.get(t[0])
-                    if rid is not None:
-                        self._note_push(self._recv[rid], n)
-                        continue
-                else:
-                    rid = self._held_by_xfer.get(t[0])
-                    if rid is not None:
-                        self._note_pull(self._held[rid], n)
-                        continue
-                if sum(len(v) for v in self._early.values()) < MAX_EARLY:
-                    self._early.setdefault(t[0], []).append(n)
+            self._note(t, n)
+
+    def _note(self, t: Tuple[str, str, int, int], n: Any) -> None:
+        """File one notification under its request, or keep it until the request is known."""
+        with self.lock:
+            if t[1] == "p":
+                rid = self._recv_by_xfer.get(t[0])
+                if rid is not None:
+                    self._note_push(self._recv[rid], n)
+                    return
+            else:
+                rid = self._held_by_xfer.get(t[0])
+                if rid is not None:
+                    self._note_pull(self._held[rid], n)
+                    return
+            if sum(len(v) for v in self._early.values()) < MAX_EARLY:
+                self._early.setdefault(t[0], []).append(n)
 
     def _note_push(self, st: _Recv, n: Any) -> None:
         """A push into this rank's cache ended (under the lock)."""
@@ -319,7 +331,11 @@ class StageWorker:
         if st.cov is None:
             st.cov = Coverage(st.rr.first, st.rr.tokens)
         if st.cov.expect is None:
-            srcs = {s for s, d, _, _ in plan(self.cfg.kv_heads, src_tp, self.tp) if d == self.rank}
+            try:
+                srcs = {s for s, d, _, _ in plan(self.cfg.kv_heads, src_tp, self.tp) if d == self.rank}
+            except ValueError as e:  # the tag names a split of the heads this side cannot make
+                st.error = st.error or "a push from prefill rank %d of %d: %s" % (src, src_tp, e)
+                return
             st.cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
         for layer in n.layers:
             st.cov.add(src, int(layer), n.first, n.first + n.tokens)
@@ -328,7 +344,11 @@ class StageWorker:
         """A decode rank's pull from this rank's cache ended (under the lock)."""
         _, _, dst, dst_tp = parse_tag(n.tag)  # type: ignore[misc]
         if h.expect is None:
-            h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
+            try:
+                h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
+            except ValueError as e:  # not a decode of this model: the lease frees the blocks
+                log.warning("stage: pull of %s by decode rank %d of %d ignored: %s", h.xfer, dst, dst_tp, e)
+                return
         h.got.add(dst)
 
 

@@ -115,6 +115,8 @@ class Engine:
         self.caches = caches
         for w, c in zip(self.workers, caches):
             w.register_kv_caches(c)
+        #: vLLM passes handle_preemptions the step's metadata, or (some releases) the set of preempted ids
+        self.preemptions_as_ids = False
         self.finished: Set[str] = set()  # finished_req_ids for the next step
         self._count: Dict[Tuple[str, str], int] = {}
         self.sent: Set[str] = set()
@@ -152,7 +154,7 @@ class Engine:
         meta = self.sched.build_connector_meta(so)
         out = None
         for w in self.workers:
-            w.handle_preemptions(meta)
+            w.handle_preemptions(set(so.preempted_req_ids) if self.preemptions_as_ids else meta)
             w.bind_connector_metadata(meta)
             w.start_load_kv(None)
         if forward is not None:
