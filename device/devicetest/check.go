@@ -120,6 +120,13 @@ func checkMove(t *testing.T, d device.Device, m Memory, pool device.Addr, data [
 	if err := m.CopyHtoD(pool, poisoned); err != nil {
 		t.Fatal(err)
 	}
+	// The pool holds data again however this check ends: the cases after
+	// this one read it.
+	defer func() {
+		if err := m.CopyHtoD(pool, data); err != nil {
+			t.Errorf("restoring the pool: %v", err)
+		}
+	}()
 	if err := mv.scatter(k.s, k.p); err != nil {
 		t.Fatalf("Scatter: %v", err)
 	}
@@ -132,9 +139,6 @@ func checkMove(t *testing.T, d device.Device, m Memory, pool device.Addr, data [
 	}
 	if err := PoolDiff(got, Scattered(poisoned, pool, segs, src), pool, segs); err != nil {
 		t.Fatalf("Scatter of %d segments (%d B): %v", len(segs), total, err)
-	}
-	if err := m.CopyHtoD(pool, data); err != nil {
-		t.Fatal(err)
 	}
 }
 
