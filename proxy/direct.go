@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -16,16 +17,16 @@ import (
 // transfers fall back to TCP (counted as reason import_failed).
 const FaultImportEnv = "STAGE_FAULT_IPC_IMPORT"
 
-// transport is how one transfer moves.
-type transport uint8
+// Transport is how one transfer moves.
+type Transport uint8
 
 const (
-	viaTCP transport = iota // staging over the data streams
-	viaIPC                  // device to device through the peer's imported regions
-	viaShm                  // through a memfd ring both sidecars mapped and pinned
+	TCP Transport = iota // staging over the data streams
+	IPC                  // device to device through the peer's imported regions
+	Shm                  // through a memfd ring both sidecars mapped and pinned
 )
 
-func (t transport) String() string {
+func (t Transport) String() string {
 	return [...]string{"tcp", "ipc", "shm"}[t]
 }
 
@@ -41,7 +42,8 @@ const (
 	fbImportFailed    = "import_failed"    // importing the peer's handle failed
 	fbShmSetup        = "shm_setup_failed" // the shared ring could not be set up
 	fbShmPull         = "shm_pull_unsupported"
-	fbKV              = "kv_layout" // KV transfers convert layouts on the TCP path only
+	// FallbackKV: KV transfers convert layouts on the TCP path only.
+	FallbackKV = "kv_layout"
 )
 
 // fallbackError says the same-node path could not start; the transfer
@@ -54,95 +56,120 @@ type fallbackError struct {
 func (e *fallbackError) Error() string { return e.reason + ": " + e.err.Error() }
 func (e *fallbackError) Unwrap() error { return e.err }
 
-func fallback(reason string, err error) error { return &fallbackError{reason: reason, err: err} }
+// Fallback is the error of a transfer that could not take a same-node
+// path for reason (one of the reasons above), with its cause.
+func Fallback(reason string, err error) error { return &fallbackError{reason: reason, err: err} }
 
 // nodeInfoWait is how long a transfer waits for a same-node peer's
 // NodeInfo (sent right after the session comes up) before it goes by TCP.
 const nodeInfoWait = time.Second
 
-// choose picks the transport of a transfer on ss for a route that asks for
-// want (auto, tcp, ipc, shm). A reason is returned when a same-node path was
-// possible in principle (the peer shares our node) but cannot be used.
-func (s *Server) choose(want string, ss *session, dir wire.Direction) (transport, error) {
-	if want == "tcp" || !ss.sameHost() {
-		return viaTCP, nil // not on one node: TCP is the path, not a fallback
+// Choose picks the transport of a transfer on the session for a route
+// that asks for want (auto, tcp, ipc, shm). A reason is returned when a
+// same-node path was possible in principle (the peer shares our node) but
+// cannot be used.
+func (p *Peer) Choose(want string, dir wire.Direction) (Transport, error) {
+	id := p.s.Ident()
+	if want == "tcp" || !id.SameHost {
+		return TCP, nil // not on one node: TCP is the path, not a fallback
 	}
-	if s.nodeLn == nil {
-		return viaTCP, fallback(fbNoNodeSocket, fmt.Errorf("this sidecar serves no node socket in %s", s.cfg.NodeSocketDir()))
+	dev := p.r.o.Dev
+	if p.r.ln == nil {
+		return TCP, Fallback(fbNoNodeSocket, fmt.Errorf("this sidecar serves no node socket in %s", p.r.o.Dir))
 	}
-	n := ss.node
-	if !n.waitInfo(nodeInfoWait) || n.peerSock == "" {
-		return viaTCP, fallback(fbPeerNoSocket, fmt.Errorf("peer %s on this node offers no node socket; check its node.socket_dir and log", ss.peerName))
+	if !p.waitInfo(nodeInfoWait) || p.peerSock == "" {
+		return TCP, Fallback(fbPeerNoSocket, fmt.Errorf("peer %s on this node offers no node socket; check its node.socket_dir and log", id.Name))
 	}
-	n.mu.Lock()
-	broken := n.broken
-	n.mu.Unlock()
+	p.mu.Lock()
+	broken := p.broken
+	p.mu.Unlock()
 	if broken != "" {
-		return viaTCP, fallback(broken, errors.New("an earlier transfer of this session could not use the same-node path"))
+		return TCP, Fallback(broken, errors.New("an earlier transfer of this session could not use the same-node path"))
 	}
-	same := n.peerKind() == s.dev.Kind()
-	t := viaIPC
+	same := p.peerKind() == dev.Kind()
+	t := IPC
 	switch {
 	case want == "shm" || (want == "auto" && !same):
-		t = viaShm
+		t = Shm
 	case !same:
-		return viaTCP, fallback(fbDeviceMismatch, fmt.Errorf("transport ipc between %s and the peer's %s: device kinds differ; use shm or auto", s.dev, n.peerDev))
+		return TCP, Fallback(fbDeviceMismatch, fmt.Errorf("transport ipc between %s and the peer's %s: device kinds differ; use shm or auto", dev, p.peerDev))
 	}
-	if t == viaShm && dir == wire.Pull {
-		return viaTCP, fallback(fbShmPull, errors.New("pulls over the shared ring are not built; pull over TCP"))
+	if t == Shm && dir == wire.Pull {
+		return TCP, Fallback(fbShmPull, errors.New("pulls over the shared ring are not built; pull over TCP"))
 	}
-	if t == viaShm {
-		if _, ok := s.dev.(device.HostRegisterer); !ok {
-			return viaTCP, fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring (no RegisterHost)", s.dev))
+	if t == Shm {
+		if _, ok := dev.(device.HostRegisterer); !ok {
+			return TCP, Fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring (no RegisterHost)", dev))
 		}
 	}
 	return t, nil
 }
 
-// noteFallback counts a fallback on the session's link and in metrics, and
-// logs it once per session and reason.
-func (s *Server) noteFallback(ss *session, err error) {
+// NoteFallback counts a fallback (err made by Fallback; any other error
+// is not one) on the session's link and in metrics, and logs it once per
+// session and reason.
+func (p *Peer) NoteFallback(err error) {
 	var fb *fallbackError
 	if !errors.As(err, &fb) {
 		return
 	}
-	ss.link.addFallback(fb.reason)
-	s.metrics.fallbacks.WithLabelValues(fb.reason).Inc()
-	if ss.node.logOnce(fb.reason) {
-		s.log.Warn("same-node path unavailable; using TCP (logged once per session)", zap.String("peer", ss.peerName),
-			zap.String("link", ss.linkName), zap.String("reason", fb.reason), zap.Error(fb.err))
+	p.s.Fallback(fb.reason)
+	p.r.h.Fallback(fb.reason)
+	if p.LogOnce(fb.reason) {
+		id := p.s.Ident()
+		p.r.o.Log.Warn("same-node path unavailable; using TCP (logged once per session)", zap.String("peer", id.Name),
+			zap.String("link", id.Link), zap.String("reason", fb.reason), zap.Error(fb.err))
 	}
 	if fb.reason == fbImportFailed || fb.reason == fbNotExportable || fb.reason == fbShmSetup {
 		// It would fail the same way for the next transfer: stop trying.
-		ss.node.mu.Lock()
-		ss.node.broken = fb.reason
-		ss.node.mu.Unlock()
+		p.mu.Lock()
+		p.broken = fb.reason
+		p.mu.Unlock()
 	}
 }
 
-// direct starts a transfer on a same-node path when the route and the peer
-// allow it, running run in its own goroutine; run returns a fallbackError
-// when it could not start, and tcp then starts the transfer over TCP. False
-// (after tcp ran) when the transfer went to TCP at once.
-func (s *Server) direct(r *route, ss *session, dir wire.Direction, run func(transport) error, finish func(transport, error), tcp func()) {
-	t, err := s.choose(r.conf().Transport, ss, dir)
-	s.noteFallback(ss, err)
-	if t == viaTCP {
+// Start starts a transfer on a same-node path when the route (asking for
+// transport want) and the peer allow it, running run in its own
+// goroutine, then finish with run's result; run returns a Fallback error
+// when it could not start, and tcp then starts the transfer over TCP, as
+// it does at once when no same-node path applies.
+func (p *Peer) Start(want string, dir wire.Direction, run func(Transport) error, finish func(Transport, error), tcp func()) {
+	t, err := p.Choose(want, dir)
+	p.NoteFallback(err)
+	if t == TCP {
 		tcp()
 		return
 	}
-	s.wg.Add(1)
+	p.r.o.WG.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer p.r.o.WG.Done()
 		err := run(t)
 		var fb *fallbackError
 		if errors.As(err, &fb) {
-			s.noteFallback(ss, err)
+			p.NoteFallback(err)
 			tcp()
 			return
 		}
 		finish(t, err)
 	}()
+}
+
+// TransportOf says what the next transfer on the session would use for a
+// route asking for want, for stagectl routes (no waiting, no counting).
+func (p *Peer) TransportOf(want string) string {
+	if want == "tcp" || !p.s.Ident().SameHost {
+		return "tcp"
+	}
+	select {
+	case <-p.info:
+	default:
+		return "tcp (same node; waiting for the peer's node info)"
+	}
+	t, err := p.Choose(want, wire.Push)
+	if err != nil {
+		return "tcp (fallback: " + err.Error() + ")"
+	}
+	return t.String()
 }
 
 // piece is one device-to-device copy.
@@ -163,15 +190,16 @@ func appendPiece(ps []piece, p piece) []piece {
 // copyDirect runs the pieces on a fresh stream of our device and waits:
 // as one batch where the stream takes batches (scattered blocks then cost
 // a kernel launch per thousand, not a copy each), else one copy each.
-func (s *Server) copyDirect(ps []piece) error {
-	st, err := s.dev.NewStream()
+func (r *Room) copyDirect(ps []piece) error {
+	dev := r.o.Dev
+	st, err := dev.NewStream()
 	if err != nil {
-		return codeErr(wire.CodeDevice, "direct copy: new stream on %s: %w", s.dev, err)
+		return status.Errorf(wire.CodeDevice, "direct copy: new stream on %s: %w", dev, err)
 	}
 	defer func() { _ = st.Close() }()
 	dd, ok := st.(device.DtoD)
 	if !ok {
-		return fallback(fbNoPeerCopy, fmt.Errorf("%s streams cannot copy device to device", s.dev))
+		return Fallback(fbNoPeerCopy, fmt.Errorf("%s streams cannot copy device to device", dev))
 	}
 	if b, ok := st.(device.DtoDBatch); ok && len(ps) > 1 {
 		cs := make([]device.Copy, len(ps))
@@ -179,17 +207,17 @@ func (s *Server) copyDirect(ps []piece) error {
 			cs[i] = device.Copy{Dst: p.dst, Src: p.src, Len: p.n}
 		}
 		if err := b.CopyDtoDBatch(cs); err != nil {
-			return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), s.dev, err)
+			return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
 		}
 	} else {
 		for i, p := range ps {
 			if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
-				return codeErr(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), s.dev, err)
+				return status.Errorf(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), dev, err)
 			}
 		}
 	}
 	if err := st.Synchronize(); err != nil {
-		return codeErr(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), s.dev, err)
+		return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
 	}
 	return nil
 }

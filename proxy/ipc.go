@@ -1,157 +1,219 @@
 package proxy
 
 import (
+	"sync"
 	"time"
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
 
+// Push is one of our pushes as a same-node path moves it.
+type Push struct {
+	ID       uint64           // its wire id
+	Tag      string           // the engine's tag, for the peer's Notify
+	Regions  []string         // the peer's regions it writes, as its ops number them
+	Ops      []staging.PlanOp // sources ours, destinations in Regions
+	Total    uint64
+	Plan     func() (*staging.Plan, error) // its chunk plan (shm), made once
+	Announce *Announcer
+}
+
+// Pull is one of our pulls as a same-node path moves it.
+type Pull struct {
+	ID      uint64           // its wire id
+	Tag     string           // the engine's tag, for the peer's Notify
+	Regions []string         // the peer's regions it reads, as its ops number them
+	Ops     []wire.LocalOp   // Local names an entry of Local
+	Local   []*region.Region // our destination regions (references held)
+	Total   uint64
+	Touch   func() // records progress (the copy is under way)
+}
+
 // peerRegions are the peer's regions of one transfer, imported: handle i
 // and its allocation (a reference held until release).
 type peerRegions struct {
-	n      *nodeState
+	p      *Peer
 	hs     []*wire.RegionHandle
 	allocs []*peerAlloc
 }
 
 // addr resolves [off, off+n) of peer region i, bounds-checked against the
 // region the peer described.
-func (p *peerRegions) addr(i uint32, off, n uint64) (device.Addr, error) {
-	if int(i) >= len(p.hs) {
-		return 0, codeErr(wire.CodeBadRequest, "peer region #%d of %d", i, len(p.hs))
+func (pr *peerRegions) addr(i uint32, off, n uint64) (device.Addr, error) {
+	if int(i) >= len(pr.hs) {
+		return 0, status.Errorf(wire.CodeBadRequest, "peer region #%d of %d", i, len(pr.hs))
 	}
-	h := p.hs[i]
+	h := pr.hs[i]
 	if n == 0 || !region.InRange(off, n, h.Length) {
-		return 0, codeErr(wire.CodeOutOfRange, "offset %d + length %d is past the end of the peer's region #%d (%d B)", off, n, i, h.Length)
+		return 0, status.Errorf(wire.CodeOutOfRange, "offset %d + length %d is past the end of the peer's region #%d (%d B)", off, n, i, h.Length)
 	}
-	return p.allocs[i].m.Base() + device.Addr(h.Offset+off), nil
+	return pr.allocs[i].m.Base() + device.Addr(h.Offset+off), nil
 }
 
-func (p *peerRegions) release() {
-	for _, a := range p.allocs {
-		if err := p.n.maps.release(a); err != nil {
-			p.n.s.log.Warn(err.Error())
+func (pr *peerRegions) release() {
+	for _, a := range pr.allocs {
+		if err := pr.p.maps.release(a); err != nil {
+			pr.p.r.o.Log.Warn(err.Error())
 		}
 	}
-	p.allocs = nil
+	pr.allocs = nil
 }
 
 // takeHandles asks the peer for the handles of a transfer's regions and
 // imports them. Refusals (unknown region, access denied) are failures of
 // the transfer; anything that keeps the path from working is a fallback.
-func (s *Server) takeHandles(nc *nodeConn, ss *session, req *wire.HandleRequest, want wire.Access) (*peerRegions, error) {
+func (p *Peer) takeHandles(nc *nodeConn, req *wire.HandleRequest, want wire.Access) (*peerRegions, error) {
 	hs, fds, err := nc.handles(req)
 	if err != nil {
-		switch c := errCode(err); {
+		switch c := status.Code(err); {
 		case c == wire.CodeUnsupported:
-			return nil, fallback(fbNotExportable, err)
+			return nil, Fallback(fbNotExportable, err)
 		case c != wire.CodeInternal:
 			return nil, err
 		}
-		return nil, fallback(fbPeerUnreachable, err)
+		return nil, Fallback(fbPeerUnreachable, err)
 	}
 	defer unixsock.CloseFDs(fds) // imports keep what they need
-	p := &peerRegions{n: ss.node, hs: hs}
+	pr := &peerRegions{p: p, hs: hs}
 	for i, h := range hs {
 		if h.Access&want != want {
-			p.release()
-			return nil, codeErr(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], region.AccessString(want))
+			pr.release()
+			return nil, status.Errorf(wire.CodeAccessDenied, "peer region %q does not grant %s", req.Regions[i], region.AccessString(want))
 		}
-		a, err := ss.node.maps.acquire(h, fds[i])
+		a, err := p.maps.acquire(h, fds[i])
 		if err != nil {
-			p.release()
-			return nil, fallback(fbImportFailed, err)
+			pr.release()
+			return nil, Fallback(fbImportFailed, err)
 		}
-		p.allocs = append(p.allocs, a)
+		pr.allocs = append(pr.allocs, a)
 	}
-	return p, nil
+	return pr, nil
 }
 
 // ipcPush copies a push straight into the receiver's regions and tells it.
-func (s *Server) ipcPush(ox *outXfer, names []string, announce *announcer) (err error) {
-	ss := ox.ss
-	nc, err := ss.node.getConn(ss)
+func (p *Peer) ipcPush(x *Push) (err error) {
+	nc, err := p.getConn()
 	if err != nil {
-		return fallback(fbPeerUnreachable, err)
+		return Fallback(fbPeerUnreachable, err)
 	}
-	defer func() { ss.node.putConn(nc, err == nil) }()
-	announce.viaNode(nc)
-	p, err := s.takeHandles(nc, ss, &wire.HandleRequest{Transfer: ox.wireID, Dir: wire.Push, Tag: ox.tag, Regions: names}, wire.AccessRemoteWrite)
-	if err != nil {
-		return err
-	}
-	defer p.release()
-	ps, err := opPieces(ox.ops, p)
+	defer func() { p.putConn(nc, err == nil) }()
+	x.Announce.viaNode(nc)
+	pr, err := p.takeHandles(nc, &wire.HandleRequest{Transfer: x.ID, Dir: wire.Push, Tag: x.Tag, Regions: x.Regions}, wire.AccessRemoteWrite)
 	if err != nil {
 		return err
 	}
-	if err := ss.node.checkNack(ox.wireID); err != nil {
+	defer pr.release()
+	ps, err := opPieces(x.Ops, pr)
+	if err != nil {
 		return err
 	}
-	if err := s.copyDirect(ps); err != nil {
+	if err := p.CheckNack(x.ID); err != nil {
 		return err
 	}
-	return nc.call(&wire.DirectDone{Transfer: ox.wireID, Bytes: ox.local.total}, -1)
+	if err := p.r.copyDirect(ps); err != nil {
+		return err
+	}
+	return nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
 }
 
 // opPieces turns a push's ops into copies, each destination resolved (and
 // bounds-checked) in the peer's regions; adjacent ops merge.
-func opPieces(ops []staging.PlanOp, p *peerRegions) ([]piece, error) {
+func opPieces(ops []staging.PlanOp, pr *peerRegions) ([]piece, error) {
 	ps := make([]piece, 0, min(len(ops), 1024))
 	for i, op := range ops {
-		dst, err := p.addr(op.DstRegion, op.DstOff, op.Len)
+		dst, err := pr.addr(op.DstRegion, op.DstOff, op.Len)
 		if err != nil {
-			return nil, codeErr(errCode(err), "op %d: %w", i, err)
+			return nil, status.Errorf(status.Code(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst, src: op.Src, n: op.Len})
 	}
 	return ps, nil
 }
 
-// ipcPull copies a pull straight out of the peer's regions into ours.
-func (s *Server) ipcPull(x *inXfer, m *wire.Submit) (err error) {
-	ss := x.ss
-	nc, err := ss.node.getConn(ss)
+// Pull copies a pull straight out of the peer's regions into ours.
+func (p *Peer) Pull(x *Pull) (err error) {
+	nc, err := p.getConn()
 	if err != nil {
-		return fallback(fbPeerUnreachable, err)
+		return Fallback(fbPeerUnreachable, err)
 	}
 	defer func() {
 		reuse := err == nil
 		if err != nil {
 			// Let the peer drop the regions it may hold for us (a no-op
 			// when it holds none); the connection stays usable if it answers.
-			reuse = nc.call(&wire.DirectDone{Transfer: x.wireID}, -1) == nil
+			reuse = nc.call(&wire.DirectDone{Transfer: x.ID}, -1) == nil
 		}
-		ss.node.putConn(nc, reuse)
+		p.putConn(nc, reuse)
 	}()
-	p, err := s.takeHandles(nc, ss, &wire.HandleRequest{Transfer: x.wireID, Dir: wire.Pull, Tag: x.tag, Regions: m.RemoteNames}, wire.AccessRemoteRead)
+	pr, err := p.takeHandles(nc, &wire.HandleRequest{Transfer: x.ID, Dir: wire.Pull, Tag: x.Tag, Regions: x.Regions}, wire.AccessRemoteRead)
 	if err != nil {
 		return err
 	}
-	defer p.release()
+	defer pr.release()
 	var ps []piece
-	for i, op := range m.Ops {
-		dst, err := x.regions[op.Local].Seg(op.LocalOff, op.Len)
+	for i, op := range x.Ops {
+		dst, err := x.Local[op.Local].Seg(op.LocalOff, op.Len)
 		if err != nil {
-			return codeErr(wire.CodeOutOfRange, "op %d: %w", i, err)
+			return status.Errorf(wire.CodeOutOfRange, "op %d: %w", i, err)
 		}
-		src, err := p.addr(op.Remote, op.RemoteOff, op.Len)
+		src, err := pr.addr(op.Remote, op.RemoteOff, op.Len)
 		if err != nil {
-			return codeErr(errCode(err), "op %d: %w", i, err)
+			return status.Errorf(status.Code(err), "op %d: %w", i, err)
 		}
 		ps = appendPiece(ps, piece{dst: dst.Addr, src: src, n: op.Len})
 	}
-	x.touch()
-	if err := s.copyDirect(ps); err != nil {
+	x.Touch()
+	if err := p.r.copyDirect(ps); err != nil {
 		return err
 	}
-	return nc.call(&wire.DirectDone{Transfer: x.wireID, Bytes: x.total}, -1)
+	return nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
 }
 
-// nackWait is how long a direct push whose handles were refused waits for
+// NackWait is how long a direct push whose handles were refused waits for
 // the peer's Nack, which says why more precisely.
-const nackWait = 200 * time.Millisecond
+const NackWait = 200 * time.Millisecond
+
+// Announcer sends a push's Announce once: on the control session, or, for
+// an ipc push, on the node connection right before the handle request, so
+// the peer admits the push and answers the request in one wake-up instead
+// of waiting for the Announce to come through its control loop.
+type Announcer struct {
+	once sync.Once
+	send func(wire.Msg) // on the control session
+	m    *wire.Announce
+}
+
+// NewAnnouncer is the Announcer of m, with send the control session's.
+func NewAnnouncer(send func(wire.Msg), m *wire.Announce) *Announcer {
+	return &Announcer{send: send, m: m}
+}
+
+// ViaControl sends the Announce on the control session unless it went out.
+func (a *Announcer) ViaControl() { a.once.Do(func() { a.send(a.m) }) }
+
+// viaNode sends the Announce on nc unless it went out. If nc fails, the
+// Announce goes on the control session instead: the transfer then falls
+// back to TCP, which needs it.
+func (a *Announcer) viaNode(nc *nodeConn) {
+	a.once.Do(func() {
+		if err := unixsock.WriteFrame(nc.c, a.m, -1); err != nil {
+			a.send(a.m)
+		}
+	})
+}
+
+// Push moves a push on transport t (IPC or Shm); its Nack is watched
+// from now on (see Nack), until Unwatch.
+func (p *Peer) Push(x *Push, t Transport) error {
+	p.WatchNacks(x.ID)
+	if t == Shm {
+		x.Announce.ViaControl()
+		return p.shmPush(x)
+	}
+	return p.ipcPush(x)
+}

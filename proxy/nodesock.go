@@ -1,113 +1,170 @@
 package proxy
 
 import (
+	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/unixsock"
+	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
 
 // The node socket: a Unix stream socket in node.socket_dir, which every
 // sidecar of a node (or every pod mounting that directory) shares. A peer
 // on the same node connects to it to take handles of this sidecar's
-// regions (the exporter's side is this file; the importer's nodeconn.go).
-// The directory is 0700 and the socket 0600; a connection must prove
-// membership of an established peer session (NodeHello) before anything
-// else.
+// regions (the exporter's side is nodeserve.go; the importer's
+// nodeconn.go). The directory is 0700 and the socket 0600; a connection
+// must prove membership of an established peer session (NodeHello)
+// before anything else.
 
-// listenNode creates this sidecar's node socket; on failure the same-node
-// paths are off (transfers fall back to TCP, counted) and the reason logged.
-func (s *Server) listenNode() {
-	dir := s.cfg.NodeSocketDir()
-	fail := func(err error) {
-		s.log.Warn("same-node paths off: cannot serve a node socket; transfers to peers on this node use TCP", zap.String("dir", dir), zap.Error(err))
-	}
-	var b [8]byte
-	randBytes(b[:])
-	name := "n-" + hex.EncodeToString(b[:]) + ".sock"
-	ln, err := unixsock.Listen(filepath.Join(dir, name))
-	if err != nil {
-		fail(fmt.Errorf("node socket: %w", err))
-		return
-	}
-	s.nodeLn, s.nodeName = ln, name
+// Host is the sidecar as the same-node room sees it; the server
+// implements it.
+type Host interface {
+	// Peer is the same-node state of the established session whose id a
+	// NodeHello names; nil when there is none.
+	Peer(sid [wire.SessionIDSize]byte) *Peer
+	// Copier is a copy stream for the shared ring's gathers and scatters.
+	Copier() *staging.Copier
+	// Fallback counts a transfer that fell back to TCP, in the metrics.
+	Fallback(reason string)
 }
 
-// acceptNode serves the node socket.
-func (s *Server) acceptNode() {
-	defer s.wg.Done()
+// Options are what the room takes from the sidecar's config and state.
+type Options struct {
+	Dev              device.Device
+	Regions          *region.Table // our regions, whose handles peers take
+	Log              *zap.Logger
+	Dir              string        // node.socket_dir
+	HandshakeTimeout time.Duration // for a NodeHello
+	FaultImport      bool          // every import fails (FaultImportEnv)
+	// WG is the sidecar's wait group: goroutines of node connections and
+	// direct transfers belong to it, so its Close waits for them.
+	WG *sync.WaitGroup
+}
+
+// Room is the sidecar's same-node room: its node socket, the connections
+// on it, and what the same-node state of every session (Peer) shares.
+type Room struct {
+	h       Host
+	o       Options
+	ln      *net.UnixListener // nil: no node socket; same-node paths off
+	name    string
+	closing atomic.Bool
+
+	mu    sync.Mutex
+	conns map[*net.UnixConn]struct{}
+}
+
+// Listen creates this sidecar's node socket; on failure the same-node
+// paths are off (transfers fall back to TCP, counted) and the reason
+// logged, and the room still serves sessions' state.
+func Listen(h Host, o Options) *Room {
+	r := &Room{h: h, o: o, conns: map[*net.UnixConn]struct{}{}}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("crypto/rand failed: " + err.Error()) // the platform has no randomness: nothing safe to do
+	}
+	name := "n-" + hex.EncodeToString(b[:]) + ".sock"
+	ln, err := unixsock.Listen(filepath.Join(o.Dir, name))
+	if err != nil {
+		o.Log.Warn("same-node paths off: cannot serve a node socket; transfers to peers on this node use TCP", zap.String("dir", o.Dir), zap.Error(fmt.Errorf("node socket: %w", err)))
+		return r
+	}
+	r.ln, r.name = ln, name
+	return r
+}
+
+// Name is the node socket's name in node.socket_dir, for NodeInfo; empty
+// when there is none.
+func (r *Room) Name() string { return r.name }
+
+// Serve accepts node connections until Close; ctx ending quiets the log
+// of connections that end.
+func (r *Room) Serve(ctx context.Context) {
+	if r.ln == nil {
+		return
+	}
+	r.o.WG.Add(1)
+	go r.accept(ctx)
+}
+
+// accept serves the node socket.
+func (r *Room) accept(ctx context.Context) {
+	defer r.o.WG.Done()
 	for {
-		c, err := s.nodeLn.AcceptUnix()
+		c, err := r.ln.AcceptUnix()
 		if err != nil {
-			if s.closing.Load() {
+			if r.closing.Load() {
 				return
 			}
-			s.log.Warn("accept on node socket", zap.Error(err))
+			r.o.Log.Warn("accept on node socket", zap.Error(err))
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		if !s.trackNode(c) {
+		if !r.track(c) {
 			_ = c.Close()
 			return
 		}
-		s.wg.Add(1)
+		r.o.WG.Add(1)
 		go func() {
-			defer s.wg.Done()
-			defer s.untrackNode(c)
-			if err := s.serveNode(c); err != nil && s.ctx.Err() == nil {
-				s.log.Warn("node socket connection ended", zap.Error(err))
+			defer r.o.WG.Done()
+			defer r.untrack(c)
+			if err := r.serve(c); err != nil && ctx.Err() == nil {
+				r.o.Log.Warn("node socket connection ended", zap.Error(err))
 			}
 		}()
 	}
 }
 
-// trackNode records a node connection so that Close can end it; false
+// track records a node connection so that Close can end it; false
 // once the sidecar is closing.
-func (s *Server) trackNode(c *net.UnixConn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing.Load() {
+func (r *Room) track(c *net.UnixConn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing.Load() {
 		return false
 	}
-	s.nodeConns[c] = struct{}{}
+	r.conns[c] = struct{}{}
 	return true
 }
 
-func (s *Server) untrackNode(c *net.UnixConn) {
-	s.mu.Lock()
-	delete(s.nodeConns, c)
-	s.mu.Unlock()
+func (r *Room) untrack(c *net.UnixConn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
 	_ = c.Close()
 }
 
-// closeNode closes the node listener and every node connection (shutdown).
-func (s *Server) closeNode() {
-	if s.nodeLn != nil {
-		_ = s.nodeLn.Close()
+// Close closes the node listener and every node connection (shutdown).
+func (r *Room) Close() {
+	r.closing.Store(true)
+	if r.ln != nil {
+		_ = r.ln.Close()
 	}
-	s.mu.Lock()
-	for c := range s.nodeConns {
+	r.mu.Lock()
+	for c := range r.conns {
 		_ = c.Close()
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 }
 
-func (ss *session) nodeProof() [wire.ProofSize]byte {
-	return proof(ss.s.token, "stage-node", ss.sid[:], ss.nonceC[:], ss.nonceS[:])
-}
-
-// nodeHello authenticates a node connection: the first frame must name an
+// hello authenticates a node connection: the first frame must name an
 // established session with a peer on this node and carry its proof.
-func (s *Server) nodeHello(c *net.UnixConn) (*session, error) {
-	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+func (r *Room) hello(c *net.UnixConn) (*Peer, error) {
+	_ = c.SetDeadline(time.Now().Add(r.o.HandshakeTimeout))
 	_, m, fd, _, err := unixsock.ReadFrame(c, nil)
 	unixsock.CloseFD(fd)
 	if err != nil {
@@ -118,30 +175,23 @@ func (s *Server) nodeHello(c *net.UnixConn) (*session, error) {
 		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeMalformed, Message: "expected NodeHello"}, -1)
 		return nil, fmt.Errorf("first frame is %s, not NodeHello", m.Type())
 	}
-	s.mu.Lock()
-	var ss *session
-	for _, x := range s.sessions {
-		if x.sid == h.SessionID {
-			ss = x
-			break
-		}
-	}
-	s.mu.Unlock()
-	if ss == nil {
+	p := r.h.Peer(h.SessionID)
+	if p == nil {
 		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "unknown session"}, -1)
 		return nil, errors.New("NodeHello for an unknown session")
 	}
-	if want := ss.nodeProof(); !hmac.Equal(want[:], h.Proof[:]) {
+	id := p.s.Ident()
+	if want := p.s.Proof(); !hmac.Equal(want[:], h.Proof[:]) {
 		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAuthFailed, Message: "authentication failed"}, -1)
-		return nil, fmt.Errorf("node connection for the session with %s: wrong proof", ss.peerName)
+		return nil, fmt.Errorf("node connection for the session with %s: wrong proof", id.Name)
 	}
-	if !ss.sameHost() {
+	if !id.SameHost {
 		_ = unixsock.WriteFrame(c, &wire.Fail{Code: wire.CodeAccessDenied, Message: "the session's peer is not on this node"}, -1)
-		return nil, fmt.Errorf("node connection for the session with %s, whose host id %q is not ours", ss.peerName, ss.peerHost)
+		return nil, fmt.Errorf("node connection for the session with %s, whose host id is not ours", id.Name)
 	}
 	if err := unixsock.WriteFrame(c, &wire.OK{}, -1); err != nil {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
-	return ss, nil
+	return p, nil
 }

@@ -59,11 +59,7 @@ type Server struct {
 	engines *engine.Listener // the control socket
 	gcli    *gnet.Client
 
-	// same-node paths: our node socket, its connections, fault injection
-	nodeLn      *net.UnixListener
-	nodeName    string
-	nodeConns   map[*net.UnixConn]struct{}
-	faultImport bool
+	nodes *Room // same-node paths: our node socket and its connections
 
 	metrics    *metrics
 	metricsLn  net.Listener
@@ -114,12 +110,11 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{},
-		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
+		links: map[string]*counters{}}
 	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
-	s.faultImport = os.Getenv(FaultImportEnv) == "1"
 	if cfg.Security.TLS.Enabled() {
 		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {
 			_ = dev.Close()
@@ -170,7 +165,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin}); err != nil {
 		return nil, err
 	}
-	s.listenNode()
+	s.nodes = Listen(nodeHost{s}, Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
+		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: os.Getenv(FaultImportEnv) == "1", WG: &s.wg})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err
@@ -201,10 +197,7 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.loop()
 	go s.acceptPeers()
 	s.engines.Serve()
-	if s.nodeLn != nil {
-		s.wg.Add(1)
-		go s.acceptNode()
-	}
+	s.nodes.Serve(s.ctx)
 	for i := range s.cfg.Routes {
 		s.addRoute(s.cfg.Routes[i])
 	}
@@ -247,7 +240,7 @@ func (s *Server) Close() error {
 	}
 	_ = s.peerLn.Close()
 	s.engines.StopAccepting()
-	s.closeNode()
+	s.nodes.Close()
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
 	}
@@ -297,8 +290,8 @@ func (s *Server) closeResources() error {
 	if s.engines != nil {
 		s.engines.StopAccepting()
 	}
-	if s.nodeLn != nil {
-		_ = s.nodeLn.Close()
+	if s.nodes != nil {
+		s.nodes.Close()
 	}
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()

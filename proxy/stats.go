@@ -31,7 +31,7 @@ func (s *Server) Snapshot() Stats {
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
 	for _, ss := range s.sessions {
-		st.PeerMappings += int(ss.node.maps.open.Load())
+		st.PeerMappings += ss.node.Mappings()
 	}
 	up := map[string]int{}
 	for _, ss := range s.sessions {
@@ -73,7 +73,7 @@ func (s *Server) Routes() []RouteInfo {
 			if ss := r.sess[addr]; ss != nil {
 				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.sameHost(), ss.stripeCount(), ss.chunkSize
 				p.StreamsUp = ss.streamsUp()
-				p.Transport = s.transportOf(r.conf().Transport, ss)
+				p.Transport = ss.node.TransportOf(r.conf().Transport)
 			} else if e := r.lastErr[addr]; e != nil {
 				p.State, p.Error = "down", e.Error()
 			}

@@ -169,7 +169,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// would find nothing to fail, and the transfer would wait out its
 		// deadline.
 		lx.setState(wire.StateRunning)
-		announce := &announcer{ss: ss, m: &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends}}
+		announce := NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
 		s.startPush(r, ox, m.RemoteNames, announce)
 		return lx, nil
 	}
@@ -260,7 +260,7 @@ func (s *Server) accepted(*session, uint64) {}
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {
 	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
-	if ss.node.nack(m.Transfer, err) { // a direct push (direct.go)
+	if ss.node.Nack(m.Transfer, err) { // a direct push (direct.go)
 		return
 	}
 	if x := ss.lookupIn(m.Transfer); x != nil {
@@ -375,7 +375,7 @@ func (s *Server) cancelXfer(id uint64) error {
 		s.finishLocal(lx, err)
 		return nil
 	}
-	if !ss.node.nack(lx.wireID, err) { // a direct push stops at its next step
+	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
 		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
 	}
 	return nil
