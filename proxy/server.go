@@ -19,6 +19,7 @@ import (
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
@@ -59,7 +60,7 @@ type Server struct {
 	engines *engine.Listener // the control socket
 	gcli    *gnet.Client
 
-	nodes *Room // same-node paths: our node socket and its connections
+	nodes *node.Room // same-node paths: our node socket and its connections
 
 	metrics    *metrics
 	metricsLn  net.Listener
@@ -165,8 +166,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin}); err != nil {
 		return nil, err
 	}
-	s.nodes = Listen(nodeHost{s}, Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
-		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: os.Getenv(FaultImportEnv) == "1", WG: &s.wg})
+	s.nodes = node.Listen(nodeHost{s}, node.Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
+		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: os.Getenv(node.FaultImportEnv) == "1", WG: &s.wg})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -40,7 +41,7 @@ type session struct {
 	tctl    *tlsControl    // or over TLS (security.tls)
 	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
-	node    *Peer // same-node paths (nodestate.go)
+	node    *node.Peer // same-node paths (nodestate.go)
 	// recvShare: the receive slots its streams' readers hold, for the
 	// fair shares among peers (staging.Pool.AcquireAs).
 	recvShare staging.Tenant

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -13,7 +14,7 @@ import (
 // startPush announces and moves a push: on a same-node path when the route
 // and the peer allow it, else (or when that path cannot start) through the
 // sender core over TCP.
-func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *Announcer) {
+func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *node.Announcer) {
 	ss := ox.ss
 	tcp := func() {
 		plan, err := ox.getPlan()
@@ -31,21 +32,21 @@ func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *Ann
 		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 		announce.ViaControl()
 	}
-	px := &Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}
-	run := func(t Transport) error { return ss.node.Push(px, t) }
-	finish := func(t Transport, err error) { s.finishDirectPush(ox, t, err) }
+	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}
+	run := func(t node.Transport) error { return ss.node.Push(px, t) }
+	finish := func(t node.Transport, err error) { s.finishDirectPush(ox, t, err) }
 	ss.node.Start(r.conf().Transport, wire.Push, run, finish, tcp)
 }
 
 // finishDirectPush ends a push that moved (or failed) on a same-node path.
-func (s *Server) finishDirectPush(ox *outXfer, t Transport, err error) {
+func (s *Server) finishDirectPush(ox *outXfer, t node.Transport, err error) {
 	ss := ox.ss
 	if err != nil {
 		// A refusal or a cancel says more in its Nack than in what the
 		// node socket answered.
 		wait := time.Duration(0)
 		if c := errCode(err); c == wire.CodeUnknownTransfer {
-			wait = NackWait
+			wait = node.NackWait
 		}
 		if nerr := ss.node.WaitNack(ox.wireID, wait); nerr != nil {
 			err = nerr
@@ -71,9 +72,9 @@ func (s *Server) finishDirectPush(ox *outXfer, t Transport, err error) {
 func (s *Server) startPull(r *route, x *inXfer, m *wire.Submit, req *wire.PullRequest) {
 	ss := x.ss
 	tcp := func() { ss.send(req) }
-	px := &Pull{ID: x.wireID, Tag: x.tag, Regions: m.RemoteNames, Ops: m.Ops, Local: x.regions, Total: x.total, Touch: x.touch}
-	run := func(Transport) error { return ss.node.Pull(px) }
-	finish := func(t Transport, err error) {
+	px := &node.Pull{ID: x.wireID, Tag: x.tag, Regions: m.RemoteNames, Ops: m.Ops, Local: x.regions, Total: x.total, Touch: x.touch}
+	run := func(node.Transport) error { return ss.node.Pull(px) }
+	finish := func(t node.Transport, err error) {
 		if err == nil {
 			if err = x.directLanded(x.total); err == nil {
 				ss.link.BytesIn.Add(x.total)

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -169,7 +170,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// would find nothing to fail, and the transfer would wait out its
 		// deadline.
 		lx.setState(wire.StateRunning)
-		announce := NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
+		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
 		s.startPush(r, ox, m.RemoteNames, announce)
 		return lx, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -16,12 +17,12 @@ import (
 
 type nodeHost struct{ s *Server }
 
-var _ Host = nodeHost{}
+var _ node.Host = nodeHost{}
 
 func (h nodeHost) Copier() *staging.Copier { return h.s.copier() }
 func (h nodeHost) Fallback(reason string)  { h.s.metrics.fallbacks.WithLabelValues(reason).Inc() }
 
-func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *Peer {
+func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *node.Peer {
 	for _, ss := range h.s.liveSessions() {
 		if ss.sid == sid {
 			return ss.node
@@ -32,11 +33,11 @@ func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *Peer {
 
 type nodeSession struct{ ss *session }
 
-var _ Session = nodeSession{}
+var _ node.Session = nodeSession{}
 
-func (n nodeSession) Ident() Ident {
+func (n nodeSession) Ident() node.Ident {
 	ss := n.ss
-	return Ident{Name: ss.peerName, Link: ss.linkName, ID: ss.sid, Dialer: ss.dialer, SameHost: ss.sameHost(), ChunkSize: ss.chunkSize}
+	return node.Ident{Name: ss.peerName, Link: ss.linkName, ID: ss.sid, Dialer: ss.dialer, SameHost: ss.sameHost(), ChunkSize: ss.chunkSize}
 }
 
 func (n nodeSession) Proof() [wire.ProofSize]byte {
@@ -48,7 +49,7 @@ func (n nodeSession) Send(m wire.Msg)             { n.ss.send(m) }
 func (n nodeSession) AcceptPush(m *wire.Announce) { n.ss.s.acceptPush(n.ss, m) }
 func (n nodeSession) Fallback(reason string)      { n.ss.link.addFallback(reason) }
 
-func (n nodeSession) IncomingPush(id uint64, wait bool) Incoming {
+func (n nodeSession) IncomingPush(id uint64, wait bool) node.Incoming {
 	var x *inXfer
 	if wait {
 		x = n.ss.incoming(id)
@@ -148,11 +149,11 @@ func (c *counters) fallbackCounts() map[string]uint64 {
 }
 
 // countDirect counts a transfer that moved on a same-node path.
-func (c *counters) countDirect(t Transport) {
+func (c *counters) countDirect(t node.Transport) {
 	switch t {
-	case IPC:
+	case node.IPC:
 		c.XfersIPC.Add(1)
-	case Shm:
+	case node.Shm:
 		c.XfersShm.Add(1)
 	}
 }
