@@ -41,7 +41,7 @@ type session struct {
 	tctl    *tlsControl    // or over TLS (security.tls)
 	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
-	node    *node.Peer // same-node paths (nodestate.go)
+	node    *node.Peer // same-node paths (proxy/node)
 	// recvShare: the receive slots its streams' readers hold, for the
 	// fair shares among peers (staging.Pool.AcquireAs).
 	recvShare staging.Tenant

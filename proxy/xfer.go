@@ -261,7 +261,7 @@ func (s *Server) accepted(*session, uint64) {}
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {
 	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
-	if ss.node.Nack(m.Transfer, err) { // a direct push (direct.go)
+	if ss.node.Nack(m.Transfer, err) { // a direct push (proxy/node)
 		return
 	}
 	if x := ss.lookupIn(m.Transfer); x != nil {

@@ -25,8 +25,8 @@ import (
 // The node socket: a Unix stream socket in node.socket_dir, which every
 // sidecar of a node (or every pod mounting that directory) shares. A peer
 // on the same node connects to it to take handles of this sidecar's
-// regions (the exporter's side is nodeserve.go; the importer's
-// nodeconn.go). The directory is 0700 and the socket 0600; a connection
+// regions (the exporter's side is serve.go; the importer's
+// conn.go). The directory is 0700 and the socket 0600; a connection
 // must prove membership of an established peer session (NodeHello)
 // before anything else.
 
