@@ -5,7 +5,7 @@ BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
 
-.PHONY: build test test-race demo bench lint fuzz gpu-build clean
+.PHONY: build test test-race test-engines demo bench lint fuzz gpu-build clean
 
 build:
 	@mkdir -p $(BIN)
@@ -19,6 +19,12 @@ test: build
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest discover -s tests
 	$(MAKE) deploy-check
+
+# The engine integrations alone (docs/ENGINES.md; `test` runs them too): the
+# vLLM connector through a replay of vLLM's calls, its failures, the SGLang
+# backend. Needs a $(PYTHON) with torch; the CUDA classes skip without a GPU.
+test-engines: build
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector tests.test_vllm_faults tests.test_sglang
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build

@@ -34,29 +34,36 @@ const (
 
 // Config tunes OpenDevice.
 type Config struct {
-	// CopyMode forces how multi-segment chunks move; CopyAuto reads
-	// $STAGE_ACL_COPY, and without it picks batch when the library has
-	// aclrtMemcpyBatchAsync, else pack.
+	// Library is the runtime library's path or name; "" means
+	// DefaultLibraryName.
+	Library string
+	// CopyMode forces how multi-segment chunks move; CopyAuto picks batch
+	// when the library has aclrtMemcpyBatchAsync, else pack.
 	CopyMode CopyMode
 	// Logf receives the decisions the device makes on its own (the copy
 	// mode and why, fallbacks taken at run time). nil means log.Printf.
 	Logf func(format string, args ...any)
 }
 
-// Open opens NPU ordinal with the default library and configuration; it is
-// the opener registered with device.Register. The runtime is loaded on the
-// first call, never at init.
-func Open(ordinal int, _ device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, Config{})
+// ConfigFrom reads the acl part of the device options (device.acl.*).
+func ConfigFrom(o device.ACLOptions) Config {
+	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode)}
+}
+
+// Open opens NPU ordinal as opts.ACL configures it; it is the opener
+// registered with device.Register. The runtime is loaded on the first
+// call, never at init.
+func Open(ordinal int, opts device.Options) (device.Device, error) {
+	d, err := OpenDevice(ordinal, ConfigFrom(opts.ACL))
 	if err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// OpenDevice opens NPU ordinal with DefaultLibrary.
+// OpenDevice opens NPU ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary(cfg.Library)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +112,7 @@ type allocRec struct {
 // (aclrtSetDevice, once) and keeps its default context, and picks the copy
 // mode.
 func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	want, err := copyModeFromEnv(cfg.CopyMode)
+	want, err := ParseCopyMode(string(cfg.CopyMode))
 	if err != nil {
 		return nil, err
 	}

@@ -48,8 +48,8 @@
 // costs: aclrtMemcpyBatchAsync (probed with dlsym; without it multi-block
 // chunks are packed), aclrtCreateStreamWithConfig (else aclrtCreateStream),
 // the four aclrtIpcMem* calls (import by key), aclrtDeviceGetBareTgid and
-// aclrtMemGetAddressRange. The library is $STAGE_ACL_LIBRARY or
-// libascendcl.so. aclInit is called once per Library; its
+// aclrtMemGetAddressRange. The library is device.acl.library
+// (Config.Library), by default libascendcl.so. aclInit is called once per Library; its
 // ACL_ERROR_REPEAT_INITIALIZE (100002: torch_npu got there first) counts as
 // success, and aclFinalize is never called.
 //
@@ -89,8 +89,8 @@
 // device address that aclrtHostRegister returns is not for memory copies.
 // Adjacent segments are merged first; a chunk that is then one range is one
 // aclrtMemcpyAsync (D2H or H2D). Several ranges take the device's copy
-// mode, chosen at open (Config.CopyMode, else
-// $STAGE_ACL_COPY=batch|pack|percopy, else batch when the library exports
+// mode, chosen at open (device.acl.copy_mode, Config.CopyMode:
+// batch|pack|percopy, else batch when the library exports
 // aclrtMemcpyBatchAsync, pack when not), logged with the reason:
 //
 //   - batch: one aclrtMemcpyBatchAsync per chunk, one attribute {host,

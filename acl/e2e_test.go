@@ -341,7 +341,7 @@ func moveCache(t *testing.T, pre, dec *node, sh shape, npu, peer func(name strin
 }
 
 // TestE2EStagedACL: an acl staged (emulated libascendcl, through
-// STAGE_ACL_LIBRARY) and a hostmem staged move 64 MiB each way as 1 MiB
+// device.acl.library) and a hostmem staged move 64 MiB each way as 1 MiB
 // ranges and as 16 KiB blocks, byte-exact, in batch and in pack mode. The
 // acl side's cache is fake-ACL device memory allocated by this process and
 // registered by export key (whitelisted for the acl staged's pid) at an odd
@@ -354,7 +354,7 @@ func TestE2EStagedACL(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			dec := startNode(t, bin, "decode", nodeOpts{})
 			pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 4,
-				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so, CopyModeEnv + "=" + mode}})
+				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: stagedEnv(so, CopyMode(mode))})
 			pre.settle(1)
 			dec.settle(1)
 			if want := fmt.Sprintf("acl: acl:0 (%s): copy mode %s (requested)", so, mode); !pre.logHas(want) {

@@ -4,33 +4,32 @@ import (
 	"strconv"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/dl"
 )
 
 // Error is a failed ACL call: the call with the values involved (Op), the
-// aclError (Code) and the runtime's own description of the failure, read
+// aclError (Code), its name (Name; "aclError(N)" for a code this package
+// does not know) and the runtime's own description of the failure, read
 // with aclGetRecentErrMsg on the thread that failed (Msg, may be empty).
+// cuda.Error and hip.Error have the same fields and form.
 //
-//	acl: aclrtMalloc(1073741824 B, HUGE_FIRST): 207001 ACL_ERROR_RT_MEMORY_ALLOCATION: <runtime text>
+//	acl: aclrtMalloc(1073741824 B, HUGE_FIRST): ACL_ERROR_RT_MEMORY_ALLOCATION: <runtime text>
 type Error struct {
 	Op   string
 	Code int
+	Name string
 	Msg  string
 }
 
-func (e *Error) Error() string {
-	s := "acl: " + e.Op + ": " + strconv.Itoa(e.Code)
-	if n := codeNames[e.Code]; n != "" {
-		s += " " + n
-	}
-	if e.Msg != "" {
-		s += ": " + e.Msg
-	}
-	return s
-}
+func (e *Error) Error() string { return dl.ErrorText("acl", e.Op, e.Name, e.Msg) }
 
-// Name returns the code's ACL name, e.g. "ACL_ERROR_RT_MEMORY_ALLOCATION",
-// or "" for a code this package does not know.
-func (e *Error) Name() string { return codeNames[e.Code] }
+// codeName is the ACL name of code, or "aclError(N)".
+func codeName(code int) string {
+	if n := codeNames[code]; n != "" {
+		return n
+	}
+	return "aclError(" + strconv.Itoa(code) + ")"
+}
 
 // Is maps aclErrors onto device's sentinels: memory allocation failures onto
 // ErrOutOfMemory, "feature not supported" onto ErrNotSupported, sync

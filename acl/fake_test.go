@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // These tests drive the whole Go and C path against testdata/fakeacl.c, an
@@ -65,7 +66,7 @@ func TestFakeInitError(t *testing.T) {
 	t.Setenv("FAKEACL_INIT_ERR", "500000")
 	l := fakeLibrary(t)
 	_, err := l.OpenDevice(0, Config{Logf: t.Logf})
-	want := "acl: aclInit(NULL): 500000 ACL_ERROR_INTERNAL_ERROR: fakeacl: aclInit failed as FAKEACL_INIT_ERR asked"
+	want := "acl: aclInit(NULL): ACL_ERROR_INTERNAL_ERROR: fakeacl: aclInit failed as FAKEACL_INIT_ERR asked"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)
 	}
@@ -95,47 +96,31 @@ func TestFakeNoBatchPicksPack(t *testing.T) {
 	if _, err := l.OpenDevice(0, Config{CopyMode: CopyBatch, Logf: t.Logf}); !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("batch requested without the symbol: got %v, want ErrNotSupported", err)
 	}
-	t.Setenv(CopyModeEnv, "percopy")
-	d2 := openDev(t, l, Config{})
+	cfg := ConfigFrom(device.ACLOptions{CopyMode: "percopy"})
+	d2 := openDev(t, l, cfg)
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
-		t.Errorf("%s=percopy: mode %q", CopyModeEnv, m)
+		t.Errorf("copy_mode percopy: mode %q", m)
 	}
 }
 
-// TestFakeGatherScatter moves random layouts byte-exact in every mode and
-// checks, through the fake's counters, that the mode did what it says and
-// that every copy was asynchronous from pinned memory (a copy given the
-// device view of a pinned slot fails; pageable memory would run
-// synchronously and be counted).
-func TestFakeGatherScatter(t *testing.T) {
+// TestFakeConformance runs the device conformance suite in every mode,
+// then grows the pack ring, and checks through the fake's counters that
+// the mode did what it says and that every copy was asynchronous from
+// pinned memory (a copy given the device view of a pinned slot fails;
+// pageable memory would run synchronously and be counted).
+func TestFakeConformance(t *testing.T) {
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
 			l := fakeLibrary(t)
 			d := openDev(t, l, Config{CopyMode: mode})
-			const poolSize = 8 << 20
-			pool, data := devicePool(t, d, poolSize, 1)
-			rng := rand.New(rand.NewPCG(2, uint64(len(mode))))
 			batches, d2d := counter(t, l, "fakeacl_batch_calls"), counter(t, l, "fakeacl_d2d_copies")
-			t.Run("16KiB-blocks", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, 300, 16<<10), 3)
-			})
-			t.Run("odd", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, layout(rng, pool, poolSize, 64, oddLens(rng)), 4)
-			})
-			t.Run("many-small", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, layout(rng, pool, poolSize, 2500, func() uint64 { return 1 + rng.Uint64N(300) }), 5)
-			})
-			t.Run("one-segment", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, []device.Seg{{Addr: pool + 3, Len: poolSize - 10}}, 6)
-			})
-			t.Run("adjacent-and-empty", func(t *testing.T) {
-				segs := []device.Seg{{Addr: pool + 100, Len: 0}, {Addr: pool + 4096, Len: 70000}, {Addr: pool + 4096 + 70000, Len: 5},
-					{Addr: pool, Len: 0}, {Addr: pool + 1<<20, Len: 5}, {Addr: pool + 4096 + 70005, Len: 1}}
-				checkGatherScatter(t, d, pool, data, segs, 7)
-			})
+			devicetest.Run(t, d, d, devicetest.Options{})
+			const poolSize = 8 << 20
+			pool, data := devicetest.Pool(t, d, poolSize, 1)
+			rng := rand.New(rand.NewPCG(2, uint64(len(mode))))
 			t.Run("growing-chunks", func(t *testing.T) { // pack: the ring grows
 				for i, n := range []int{4, 64, 512} {
-					checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, n, 8<<10), uint64(10+i))
+					devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.BlockSegs(rng, pool, poolSize, n, 8<<10), uint64(10+i))
 				}
 			})
 			nb, nd := counter(t, l, "fakeacl_batch_calls")-batches, counter(t, l, "fakeacl_d2d_copies")-d2d
@@ -171,14 +156,14 @@ func TestFakeBatchRefusedFallsBack(t *testing.T) {
 	if m, _ := d.CopyMode(); m != CopyBatch {
 		t.Fatalf("mode %q at open, want batch", m)
 	}
-	pool, data := devicePool(t, d, 1<<20, 3)
+	pool, data := devicetest.Pool(t, d, 1<<20, 3)
 	rng := rand.New(rand.NewPCG(4, 5))
-	checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, 1<<20, 20, 4096), 6)
+	devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.BlockSegs(rng, pool, 1<<20, 20, 4096), 6)
 	m, why := d.CopyMode()
 	if m != CopyPack || !strings.Contains(why, "refused at run time") {
 		t.Errorf("after the refusal: mode %q (%s), want pack", m, why)
 	}
-	if got := log.String(); !strings.Contains(got, "batched copies refused, copy mode pack from now on") || !strings.Contains(got, "207000 ACL_ERROR_RT_FEATURE_NOT_SUPPORT") {
+	if got := log.String(); !strings.Contains(got, "batched copies refused, copy mode pack from now on") || !strings.Contains(got, "ACL_ERROR_RT_FEATURE_NOT_SUPPORT") {
 		t.Errorf("log %q does not report the fallback with the runtime's error", got)
 	}
 	if n := counter(t, l, "fakeacl_batch_calls"); n != 1 {
@@ -192,7 +177,7 @@ func TestFakeBatchRefusedFallsBack(t *testing.T) {
 func TestFakeEventStatus(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, Config{CopyMode: CopyPerCopy})
-	pool, data := devicePool(t, d, 1<<20, 8)
+	pool, data := devicetest.Pool(t, d, 1<<20, 8)
 	s, err := d.NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -277,7 +262,7 @@ func TestFakeCopyFailure(t *testing.T) {
 			t.Setenv("FAKEACL_FAIL_COPY", "3")
 			l := fakeLibrary(t)
 			d := openDev(t, l, Config{CopyMode: mode})
-			pool, _ := devicePool(t, d, 1<<20, 9) // its CopyHtoD is synchronous: not counted
+			pool, _ := devicetest.Pool(t, d, 1<<20, 9) // its CopyHtoD is synchronous: not counted
 			s, err := d.NewStream()
 			if err != nil {
 				t.Fatal(err)
@@ -329,7 +314,7 @@ func TestFakeCopyFailure(t *testing.T) {
 			if err := s.Synchronize(); err == nil {
 				t.Error("Synchronize of the failed stream succeeded")
 			}
-			if err := s.Close(); err == nil || !strings.Contains(err.Error(), "507013") {
+			if err := s.Close(); err == nil || !strings.Contains(err.Error(), "ACL_ERROR_RT_SYS_DMA") {
 				t.Errorf("Close of the failed stream: %v, want its error", err)
 			}
 		})
@@ -341,7 +326,7 @@ func TestFakeHostRegisterUnsupported(t *testing.T) {
 	l := fakeLibrary(t)
 	var log logSink
 	d := openDev(t, l, Config{Logf: log.logf})
-	pool, data := devicePool(t, d, 1<<20, 10)
+	pool, data := devicetest.Pool(t, d, 1<<20, 10)
 	for range 2 {
 		p, err := d.AllocPinned(8192)
 		if err != nil {
@@ -358,7 +343,7 @@ func TestFakeHostRegisterUnsupported(t *testing.T) {
 		t.Errorf("logged %d times, want once: %q", n, log.String())
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
-	checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, 1<<20, 16, 4096), 11)
+	devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.BlockSegs(rng, pool, 1<<20, 16, 4096), 11)
 }
 
 func TestFakePinnedViews(t *testing.T) {
@@ -443,7 +428,7 @@ func TestFakeThreads(t *testing.T) {
 			l := fakeLibrary(t)
 			d := openDev(t, l, Config{CopyMode: mode})
 			const poolSize = 4 << 20
-			pool, data := devicePool(t, d, poolSize, 12)
+			pool, data := devicetest.Pool(t, d, poolSize, 12)
 			const workers, iters, blocks, bs = 8, 20, 64, 4096
 			var wg sync.WaitGroup
 			for w := range workers {
@@ -483,8 +468,8 @@ func TestFakeThreads(t *testing.T) {
 						}
 					}()
 					for i := range iters {
-						segs := blockSegs(rng, pool, poolSize, blocks, bs)
-						poison(p.Host(), byte(w))
+						segs := devicetest.BlockSegs(rng, pool, poolSize, blocks, bs)
+						devicetest.Poison(p.Host(), byte(w))
 						if err := s.Gather(p, segs); err != nil {
 							t.Errorf("worker %d gather %d: %v", w, i, err)
 							return
@@ -499,7 +484,7 @@ func TestFakeThreads(t *testing.T) {
 							t.Errorf("worker %d wait %d: %v", w, i, err)
 							return
 						}
-						if err := firstDiff(p.Host(), gathered(data, pool, segs), segs); err != nil {
+						if err := devicetest.FirstDiff(p.Host(), devicetest.Gathered(data, pool, segs), segs); err != nil {
 							t.Errorf("worker %d gather %d: %v", w, i, err)
 							return
 						}

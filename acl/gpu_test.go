@@ -4,26 +4,25 @@ package acl
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/stage-kv/stage/cuda"
-	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 	"github.com/stage-kv/stage/kvsim"
 )
 
-// GPU tests: build with -tags gpu; run where $STAGE_ACL_LIBRARY names
+// GPU tests: build with -tags gpu; run where $STAGE_TEST_ACL_LIBRARY names
 // testdata/fakeacl_cuda.c built into a shared library (the acl backend over
 // real GPU memory and CUDA streams) and STAGED_BIN a staged binary. They
 // skip without them. No Ascend hardware is involved.
 
 func gpuFakeLibrary(t *testing.T) (string, *Library) {
 	t.Helper()
-	so := os.Getenv(LibraryEnv)
+	so := os.Getenv(testLibraryEnv)
 	if so == "" {
-		t.Skipf("%s unset: build testdata/fakeacl_cuda.c and point it there", LibraryEnv)
+		t.Skipf("%s unset: build testdata/fakeacl_cuda.c and point it there", testLibraryEnv)
 	}
 	l, err := OpenLibrary(so)
 	if err != nil {
@@ -53,19 +52,15 @@ func openCUDA0(t *testing.T) *cuda.Device {
 	return cd
 }
 
-// TestGPUFakeGatherScatter: every copy mode moves random layouts of real
-// GPU memory byte-exact through pinned slots, with async copies and events.
-func TestGPUFakeGatherScatter(t *testing.T) {
+// TestGPUFakeConformance: every copy mode passes the device conformance
+// suite over real GPU memory, through pinned slots, with async copies and
+// events.
+func TestGPUFakeConformance(t *testing.T) {
 	_, l := gpuFakeLibrary(t)
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openDev(t, l, Config{CopyMode: mode})
-			const poolSize = 64 << 20
-			pool, data := devicePool(t, d, poolSize, 41)
-			rng := rand.New(rand.NewPCG(42, uint64(len(mode))))
-			checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, 256, 16<<10), 43)
-			checkGatherScatter(t, d, pool, data, layout(rng, pool, poolSize, 200, oddLens(rng)), 44)
-			checkGatherScatter(t, d, pool, data, []device.Seg{{Addr: pool + 7, Len: 32 << 20}}, 45)
+			devicetest.Run(t, d, d, devicetest.Options{PoolSize: 64 << 20})
 			if n := counter(t, l, "fakeacl_legacy_queries"); n != 0 {
 				t.Errorf("legacy aclrtQueryEvent called %d times", n)
 			}
@@ -89,7 +84,7 @@ func TestGPUHeteroE2E(t *testing.T) {
 			dec := startNode(t, bin, "decode", nodeOpts{stripes: 8, slots: 32, slot: "4MiB",
 				extra: "device:\n  kind: cuda\n  ordinal: 0\n"})
 			pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 8, slots: 32, slot: "4MiB",
-				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so, CopyModeEnv + "=" + mode}})
+				extra: "device:\n  kind: acl\n  ordinal: 0\n", env: stagedEnv(so, CopyMode(mode))})
 			pre.settle(1)
 			dec.settle(1)
 			if want := fmt.Sprintf("copy mode %s (requested)", mode); !pre.logHas(want) {

@@ -21,7 +21,7 @@ func TestGPUKVFromAscend(t *testing.T) {
 	dec := startNode(t, bin, "decode", nodeOpts{stripes: 8, slots: 32, slot: "4MiB",
 		extra: "device:\n  kind: cuda\n  ordinal: 0\n"})
 	pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 8, slots: 32, slot: "4MiB",
-		extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so}})
+		extra: "device:\n  kind: acl\n  ordinal: 0\n", env: stagedEnv(so, CopyAuto)})
 	pre.settle(1)
 	dec.settle(1)
 	npu := npuMemory(t, openDev(t, l, Config{}), int32(pre.cmd.Process.Pid))

@@ -154,7 +154,7 @@ func TestE2EKVFromAscend(t *testing.T) {
 	so := buildFake(t)
 	dec := startNode(t, bin, "decode", nodeOpts{})
 	pre := startNode(t, bin, "ascend", nodeOpts{route: "decode", peer: dec.peers, stripes: 4,
-		extra: "device:\n  kind: acl\n  ordinal: 0\n", env: []string{LibraryEnv + "=" + so}})
+		extra: "device:\n  kind: acl\n  ordinal: 0\n", env: stagedEnv(so, CopyAuto)})
 	pre.settle(1)
 	dec.settle(1)
 	l := openFakeSO(t, so, true)

@@ -8,9 +8,9 @@ package acl
 import "C"
 
 import (
+	"cmp"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"unsafe"
@@ -18,13 +18,15 @@ import (
 	"github.com/stage-kv/stage/internal/dl"
 )
 
-// DefaultLibraryName is the runtime opened when neither a path nor
-// $STAGE_ACL_LIBRARY names another. CANN's set_env.sh puts its directory on
+// DefaultLibraryName is the runtime opened when device.acl.library
+// (Config.Library) names no other. CANN's set_env.sh puts its directory on
 // LD_LIBRARY_PATH.
 const DefaultLibraryName = "libascendcl.so"
 
-// LibraryEnv names the environment variable that overrides the library path.
-const LibraryEnv = "STAGE_ACL_LIBRARY"
+// Symbol groups of the bound table (STACL_SYM_* in shim.h).
+const (
+	symIPC = C.STACL_SYM_IPC // the aclrtIpcMem* calls
+)
 
 // aclError values stage reacts to (CANN's acl_base.h / acl_rt.h).
 const (
@@ -47,7 +49,7 @@ type Library struct {
 	path   string
 	h      *dl.Handle
 	c      *C.stacl_acl
-	absent map[string]string // optional export -> what its absence costs
+	absent dl.Absent // optional export -> what its absence costs
 
 	batch      bool // aclrtMemcpyBatchAsync
 	ipc        bool // all four aclrtIpcMem* calls
@@ -59,65 +61,44 @@ type Library struct {
 	initRepeat bool // aclInit answered ACL_ERROR_REPEAT_INITIALIZE
 }
 
-// OpenLibrary opens the ACL runtime at path ("" means $STAGE_ACL_LIBRARY,
-// or libascendcl.so when that is unset) and resolves every symbol stage
-// uses. A missing required symbol fails the open with one error that lists
-// them all; missing optional ones are recorded in Absent with what each
-// costs.
+// OpenLibrary opens the ACL runtime at path ("" means DefaultLibraryName)
+// and resolves every symbol stage uses. A missing required symbol fails the
+// open with one error that lists them all; missing optional ones are
+// recorded in Absent with what each costs.
 func OpenLibrary(path string) (*Library, error) {
-	path = libraryPath(path)
+	path = cmp.Or(path, DefaultLibraryName)
 	h, err := dl.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("acl: dlopen %s: %v; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or %s set?", path, err, LibraryEnv)
+		return nil, fmt.Errorf("acl: %w; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or device.acl.library set?", err)
 	}
 	c := C.stacl_acl_new()
 	if c == nil {
 		h.Close()
 		return nil, fmt.Errorf("acl: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: map[string]string{}}
-	var missing []string
-	ipcMissing := 0
-	for i := 0; i < int(C.stacl_nsyms()); i++ {
-		name := C.GoString(C.stacl_sym_name(C.int(i)))
-		group := int(C.stacl_sym_group(C.int(i)))
-		p := h.Lookup(name)
-		if p == nil {
-			switch group {
-			case C.STACL_SYM_REQUIRED:
-				missing = append(missing, name)
-			case C.STACL_SYM_IPC:
-				ipcMissing++
-				l.absent[name] = "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
-			default:
-				l.absent[name] = absentReason(name)
-			}
-			continue
-		}
-		C.stacl_sym_set(c, C.int(i), p)
-	}
-	if len(missing) > 0 {
+	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
+	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.stacl_sym_set(c, C.int(i), p) })
+	if req := missing[dl.Required]; len(req) > 0 {
 		C.stacl_acl_free(c)
 		h.Close()
-		return nil, fmt.Errorf("acl: %s: missing %s; CANN too old, or not libascendcl?", path, strings.Join(missing, ", "))
+		return nil, dl.MissingError("acl", path, req, "CANN too old, or not libascendcl?")
+	}
+	for group, names := range missing {
+		for _, name := range names {
+			if group == symIPC {
+				l.absent[name] = "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
+			} else {
+				l.absent[name] = absentReason(name)
+			}
+		}
 	}
 	l.batch = c.aclrtMemcpyBatchAsync != nil
 	l.fastStream = c.aclrtCreateStreamWithConfig != nil
-	l.ipc = ipcMissing == 0
+	l.ipc = len(missing[symIPC]) == 0
 	if !l.ipc {
-		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, ipcMissing)
+		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, len(missing[symIPC]))
 	}
 	return l, nil
-}
-
-func libraryPath(path string) string {
-	if path != "" {
-		return path
-	}
-	if p := os.Getenv(LibraryEnv); p != "" {
-		return p
-	}
-	return DefaultLibraryName
 }
 
 func absentReason(name string) string {
@@ -136,34 +117,22 @@ func absentReason(name string) string {
 
 var libs dl.Cache[*Library]
 
-// DefaultLibrary returns the process-wide library for $STAGE_ACL_LIBRARY (or
-// libascendcl.so), opening it on first use. A failed open is not remembered:
-// a later call tries again. Libraries opened here are never closed.
-func DefaultLibrary() (*Library, error) {
-	return libs.Get(libraryPath(""), OpenLibrary)
+// SharedLibrary returns the process-wide library for path ("" means
+// DefaultLibraryName), opening it on first use. A failed open is not
+// remembered: a later call tries again. Libraries opened here are never
+// closed.
+func SharedLibrary(path string) (*Library, error) {
+	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
 func (l *Library) Path() string { return l.path }
 
 // Absent maps each optional export the library lacks to what that costs.
-func (l *Library) Absent() map[string]string {
-	m := make(map[string]string, len(l.absent))
-	for k, v := range l.absent {
-		m[k] = v
-	}
-	return m
-}
+func (l *Library) Absent() map[string]string { return l.absent.Copy() }
 
 // AbsentList renders Absent sorted, one "name: reason" per entry.
-func (l *Library) AbsentList() []string {
-	out := make([]string, 0, len(l.absent))
-	for k, v := range l.absent {
-		out = append(out, k+": "+v)
-	}
-	sort.Strings(out)
-	return out
-}
+func (l *Library) AbsentList() []string { return l.absent.List() }
 
 // HasBatchCopy reports whether aclrtMemcpyBatchAsync is exported.
 func (l *Library) HasBatchCopy() bool { return l.batch }
@@ -187,7 +156,7 @@ func (l *Library) BareTgid() (int32, error) {
 }
 
 // Close unloads a library that no open Device uses. Libraries from
-// DefaultLibrary must not be closed.
+// SharedLibrary must not be closed.
 func (l *Library) Close() error {
 	libs.Forget(l)
 	if l.c != nil {
@@ -221,7 +190,7 @@ func (l *Library) check(r C.stacl_ret, format string, args ...any) error {
 		freeMsg(r)
 		return nil
 	}
-	e := &Error{Op: format, Code: int(r.rc)}
+	e := &Error{Op: format, Code: int(r.rc), Name: codeName(int(r.rc))}
 	if len(args) > 0 {
 		e.Op = fmt.Sprintf(format, args...)
 	}
@@ -238,18 +207,13 @@ func freeMsg(r C.stacl_ret) {
 	}
 }
 
-// symbol is one entry of the bound-symbol table (shim.c).
-type symbol struct {
-	Name  string
-	Group int // 0 required, 1 batch, 2 IPC, 3 other optional
-}
-
-// symbols lists every export the Library resolves, in table order.
-func symbols() []symbol {
+// symbols lists every export the Library resolves, in table order, with
+// its group (dl.Required, symIPC, or another optional one).
+func symbols() []dl.Sym {
 	n := int(C.stacl_nsyms())
-	out := make([]symbol, n)
+	out := make([]dl.Sym, n)
 	for i := range out {
-		out[i] = symbol{Name: C.GoString(C.stacl_sym_name(C.int(i))), Group: int(C.stacl_sym_group(C.int(i)))}
+		out[i] = dl.Sym{Name: C.GoString(C.stacl_sym_name(C.int(i))), Group: int(C.stacl_sym_group(C.int(i)))}
 	}
 	return out
 }

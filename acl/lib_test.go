@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -24,7 +25,7 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 	msg := err.Error()
 	wantPrefix := "acl: dlopen " + path + ": "
-	wantSuffix := "; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or STAGE_ACL_LIBRARY set?"
+	wantSuffix := "; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or device.acl.library set?"
 	if !strings.HasPrefix(msg, wantPrefix) || !strings.HasSuffix(msg, wantSuffix) {
 		t.Fatalf("got %q, want %q<dlerror>%q", msg, wantPrefix, wantSuffix)
 	}
@@ -33,12 +34,11 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 }
 
-func TestOpenHonorsEnvLibrary(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "libascendcl-from-env.so")
-	t.Setenv(LibraryEnv, path)
-	_, err := device.Open(device.KindACL, 0, device.Options{})
+func TestOpenHonorsOptionsLibrary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libascendcl-from-config.so")
+	_, err := device.Open(device.KindACL, 0, device.Options{ACL: device.ACLOptions{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "acl: dlopen "+path+": ") {
-		t.Fatalf("device.Open with %s=%s: got %v, want a dlopen error naming it", LibraryEnv, path, err)
+		t.Fatalf("device.Open with ACL.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}
 }
 
@@ -111,12 +111,12 @@ func TestSymbolTable(t *testing.T) {
 }
 
 func TestError(t *testing.T) {
-	e := &Error{Op: "aclrtMalloc(1073741824 B, HUGE_FIRST)", Code: 207001, Msg: "EL0004: Failed to allocate memory."}
-	want := "acl: aclrtMalloc(1073741824 B, HUGE_FIRST): 207001 ACL_ERROR_RT_MEMORY_ALLOCATION: EL0004: Failed to allocate memory."
+	e := &Error{Op: "aclrtMalloc(1073741824 B, HUGE_FIRST)", Code: 207001, Name: codeName(207001), Msg: "EL0004: Failed to allocate memory."}
+	want := "acl: aclrtMalloc(1073741824 B, HUGE_FIRST): ACL_ERROR_RT_MEMORY_ALLOCATION: EL0004: Failed to allocate memory."
 	if e.Error() != want {
 		t.Errorf("got %q, want %q", e.Error(), want)
 	}
-	if got := (&Error{Op: "aclInit(NULL)", Code: 123456}).Error(); got != "acl: aclInit(NULL): 123456" {
+	if got := (&Error{Op: "aclInit(NULL)", Code: 123456, Name: codeName(123456)}).Error(); got != "acl: aclInit(NULL): aclError(123456)" {
 		t.Errorf("unknown code, no message: got %q", got)
 	}
 	tests := []struct {
@@ -181,31 +181,38 @@ func TestChooseCopyMode(t *testing.T) {
 	}
 }
 
-func TestCopyModeEnv(t *testing.T) {
+func TestParseCopyMode(t *testing.T) {
 	for _, tc := range []struct {
-		env  string
-		cfg  CopyMode
+		in   string
 		want CopyMode
 		bad  bool
 	}{
-		{"", CopyAuto, CopyAuto, false},
-		{"auto", CopyAuto, CopyAuto, false},
-		{"pack", CopyAuto, CopyPack, false},
-		{"percopy", CopyAuto, CopyPerCopy, false},
-		{"batch", CopyPack, CopyPack, false}, // explicit config wins
-		{"kernel", CopyAuto, "", true},
+		{"", CopyAuto, false},
+		{"auto", CopyAuto, false},
+		{"batch", CopyBatch, false},
+		{"pack", CopyPack, false},
+		{"percopy", CopyPerCopy, false},
+		{"kernel", "", true},
 	} {
-		t.Setenv(CopyModeEnv, tc.env)
-		got, err := copyModeFromEnv(tc.cfg)
+		got, err := ParseCopyMode(tc.in)
 		if tc.bad {
-			if err == nil || !strings.Contains(err.Error(), CopyModeEnv) {
-				t.Errorf("env %q: got (%q, %v), want an error naming %s", tc.env, got, err, CopyModeEnv)
+			if err == nil || !strings.Contains(err.Error(), `copy mode "kernel"`) {
+				t.Errorf("%q: got (%q, %v), want an error naming it", tc.in, got, err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("env %q cfg %q: got (%q, %v), want %q", tc.env, tc.cfg, got, err, tc.want)
+			t.Errorf("%q: got (%q, %v), want %q", tc.in, got, err, tc.want)
 		}
+	}
+	// What config accepts for device.acl.copy_mode parses here.
+	for _, m := range config.ACLCopyModes {
+		if _, err := ParseCopyMode(m); err != nil {
+			t.Errorf("config allows device.acl.copy_mode %q: %v", m, err)
+		}
+	}
+	if got, want := ConfigFrom(device.ACLOptions{Library: "/x.so", CopyMode: "pack"}), (Config{Library: "/x.so", CopyMode: CopyPack}); got.Library != want.Library || got.CopyMode != want.CopyMode {
+		t.Errorf("ConfigFrom = %+v, want %+v", got, want)
 	}
 }
 

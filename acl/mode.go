@@ -2,7 +2,6 @@ package acl
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/stage-kv/stage/device"
 )
@@ -29,11 +28,8 @@ const (
 	CopyPerCopy CopyMode = "percopy"
 )
 
-// CopyModeEnv names the environment variable that forces a copy mode.
-const CopyModeEnv = "STAGE_ACL_COPY"
-
-// ParseCopyMode reads a mode as $STAGE_ACL_COPY spells it; "" and "auto"
-// mean CopyAuto.
+// ParseCopyMode reads a mode as device.acl.copy_mode spells it; "" and
+// "auto" mean CopyAuto.
 func ParseCopyMode(s string) (CopyMode, error) {
 	switch s {
 	case "", "auto":
@@ -42,18 +38,6 @@ func ParseCopyMode(s string) (CopyMode, error) {
 		return CopyMode(s), nil
 	}
 	return "", fmt.Errorf("acl: copy mode %q: want batch, pack, percopy or auto", s)
-}
-
-// copyModeFromEnv applies $STAGE_ACL_COPY when the caller asked for auto.
-func copyModeFromEnv(want CopyMode) (CopyMode, error) {
-	if want != CopyAuto {
-		return ParseCopyMode(string(want))
-	}
-	m, err := ParseCopyMode(os.Getenv(CopyModeEnv))
-	if err != nil {
-		return "", fmt.Errorf("%w (from %s)", err, CopyModeEnv)
-	}
-	return m, nil
 }
 
 // chooseCopyMode decides a device's mode: batchErr is why

@@ -260,7 +260,7 @@ func (s *Stream) ringFor(total uint64) (uint64, error) {
 		half := (total + ringAlign - 1) / ringAlign * ringAlign
 		var p C.uintptr_t
 		if err := l.check(C.stacl_malloc(l.c, s.d.ctx, C.size_t(2*half), mallocHugeFirst, &p), "aclrtMalloc(%d B pack ring, HUGE_FIRST)", 2*half); err != nil {
-			return 0, fmt.Errorf("%w; pack mode needs 2 x slot size of device memory per copy stream (set %s=batch or percopy to avoid it)", err, CopyModeEnv)
+			return 0, fmt.Errorf("%w; pack mode needs 2 x slot size of device memory per copy stream (set device.acl.copy_mode to batch or percopy to avoid it)", err)
 		}
 		s.ring, s.ringHalf = uint64(p), half
 	}

@@ -258,7 +258,11 @@ func (c *Client) Unregister(ctx context.Context, name string) error {
 
 // Transfer is a transfer to submit. Ops index LocalNames and RemoteNames.
 type Transfer struct {
-	Route       string
+	Route string
+	// Peer names the route's peer: its node name or host:port. Empty:
+	// the route's only peer (or any, on a route with pick: any); a route
+	// of several peers refuses a transfer that names none.
+	Peer        string
 	Dir         wire.Direction
 	Tag         string
 	Checksum    uint8 // wire.ChecksumRoute, ChecksumOn, ChecksumOff
@@ -271,7 +275,7 @@ type Transfer struct {
 func (c *Client) Submit(ctx context.Context, t Transfer) (uint64, error) {
 	req := c.next()
 	a, err := c.call(ctx, req, &wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
-		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops}, -1)
+		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops, Peer: t.Peer}, -1)
 	if err != nil {
 		return 0, err
 	}
@@ -320,7 +324,7 @@ func statusResult(a wire.Msg) (*wire.XferStatus, error) {
 func (c *Client) Do(ctx context.Context, t Transfer) (*wire.XferStatus, error) {
 	req := c.next()
 	a, err := c.call(ctx, req, &wire.SubmitWait{Submit: wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
-		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops}}, -1)
+		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops, Peer: t.Peer}}, -1)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +380,8 @@ func (c *Client) Regions(ctx context.Context) ([]wire.RegionInfo, error) {
 	return r, c.query(ctx, wire.QueryRegions, "", &r)
 }
 
-// Catalog lists the regions a route's peer offers.
+// Catalog lists the regions a route's peer offers: route is the route's
+// name, or "route@peer" (node name or host:port) on a route of several.
 func (c *Client) Catalog(ctx context.Context, route string) ([]wire.RegionInfo, error) {
 	var r []wire.RegionInfo
 	return r, c.query(ctx, wire.QueryCatalog, route, &r)

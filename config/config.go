@@ -30,11 +30,14 @@ type Node struct {
 	SocketDir string `mapstructure:"socket_dir"`
 }
 
-// Device selects the backend.
+// Device selects the backend and holds each backend's settings (device.go).
 type Device struct {
-	Kind    string  `mapstructure:"kind"` // hostmem | cuda | acl | hip
-	Ordinal int     `mapstructure:"ordinal"`
-	Hostmem Hostmem `mapstructure:"hostmem"`
+	Kind    string     `mapstructure:"kind"` // hostmem | cuda | acl | hip
+	Ordinal int        `mapstructure:"ordinal"`
+	Hostmem Hostmem    `mapstructure:"hostmem"`
+	CUDA    DeviceCUDA `mapstructure:"cuda"`
+	ACL     DeviceACL  `mapstructure:"acl"`
+	HIP     DeviceHIP  `mapstructure:"hip"`
 }
 
 // Hostmem models an emulated device's copy engine.
@@ -69,7 +72,31 @@ type Route struct {
 	Checksum        bool          `mapstructure:"checksum"`  // CRC32C per chunk
 	ConnectTimeout  time.Duration `mapstructure:"connect_timeout"`
 	ProgressTimeout time.Duration `mapstructure:"progress_timeout"` // no progress for this long fails a transfer
+	// Pick: "named", a submit to a route with more than one peer must
+	// name one; "any", any live peer will do (replicas), round robin.
+	Pick string `mapstructure:"pick"`
+	// Allow lets a submit name a peer the route does not list, dialed on
+	// demand: CIDR ranges ("10.0.0.0/8") its IP must be in, or DNS
+	// suffixes (".decode.svc.cluster.local") its host name must end in.
+	// A named peer outside them is refused without a dial.
+	Allow []string `mapstructure:"allow"`
+	// IdleTimeout closes a session dialed on demand that carried no
+	// transfer for this long.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	// DNS is a host:port whose host is resolved every DNSInterval: each
+	// address becomes a peer (a headless Service's ready pods), and one
+	// that vanishes is drained. DNSServer, when set, is the DNS server
+	// (host:port) asked instead of the system's.
+	DNS         string        `mapstructure:"dns"`
+	DNSInterval time.Duration `mapstructure:"dns_interval"`
+	DNSServer   string        `mapstructure:"dns_server"`
 }
+
+// Pick values of a route.
+const (
+	PickNamed = "named"
+	PickAny   = "any"
+)
 
 // Security: peers authenticate with a shared token before naming any region,
 // and optionally with certificates (mutual TLS) below that.
@@ -108,6 +135,7 @@ type Log struct {
 // Limits protect the sidecar from a hostile or broken peer or engine.
 type Limits struct {
 	MaxSessions         int `mapstructure:"max_sessions"`           // peer sessions at once
+	MaxStreams          int `mapstructure:"max_streams"`            // data streams of all peer sessions at once
 	MaxTransfersPerPeer int `mapstructure:"max_transfers_per_peer"` // in flight from one peer
 	MaxClients          int `mapstructure:"max_clients"`            // control-socket connections
 	// Peer connections that have not finished their handshake, in all and

@@ -34,6 +34,9 @@ const (
 	DefaultRouteChecksum        = false
 	DefaultRouteConnectTimeout  = 5 * time.Second
 	DefaultRouteProgressTimeout = 30 * time.Second
+	DefaultRoutePick            = PickNamed
+	DefaultRouteIdleTimeout     = 5 * time.Minute
+	DefaultRouteDNSInterval     = 5 * time.Second
 )
 
 // flagKeys maps each flag RegisterFlags adds (except --config) to its key.
@@ -235,7 +238,7 @@ func source(key string, fs *pflag.FlagSet) string {
 			}
 		}
 	}
-	env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+	env := EnvName(key)
 	if !strings.ContainsAny(key, "[") && os.Getenv(env) != "" {
 		return env
 	}
@@ -255,6 +258,9 @@ func applyRouteDefaults(settings map[string]any) {
 		setDefault(m, "checksum", DefaultRouteChecksum)
 		setDefault(m, "connect_timeout", DefaultRouteConnectTimeout)
 		setDefault(m, "progress_timeout", DefaultRouteProgressTimeout)
+		setDefault(m, "pick", DefaultRoutePick)
+		setDefault(m, "idle_timeout", DefaultRouteIdleTimeout)
+		setDefault(m, "dns_interval", DefaultRouteDNSInterval)
 	}
 }
 

@@ -26,9 +26,7 @@ func cleanEnv(t *testing.T) {
 	t.Setenv("STAGE_ROUTES", "")
 }
 
-func envName(key string) string {
-	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
-}
+func envName(key string) string { return EnvName(key) }
 
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
@@ -409,9 +407,11 @@ routes:
 		want Route
 	}{
 		{"decode", Route{Name: "decode", Peers: []string{"decode-0.decode:7100", "10.0.0.5:7100"},
-			Stripes: 4, Transport: "auto", Checksum: false, ConnectTimeout: 5 * time.Second, ProgressTimeout: 30 * time.Second}},
+			Stripes: 4, Transport: "auto", Checksum: false, ConnectTimeout: 5 * time.Second, ProgressTimeout: 30 * time.Second,
+			Pick: PickNamed, IdleTimeout: 5 * time.Minute, DNSInterval: 5 * time.Second}},
 		{"prefill", Route{Name: "prefill", Peers: []string{"[::1]:7101"},
-			Stripes: 8, Transport: "tcp", Checksum: true, ConnectTimeout: time.Second, ProgressTimeout: 2 * time.Minute}},
+			Stripes: 8, Transport: "tcp", Checksum: true, ConnectTimeout: time.Second, ProgressTimeout: 2 * time.Minute,
+			Pick: PickNamed, IdleTimeout: 5 * time.Minute, DNSInterval: 5 * time.Second}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

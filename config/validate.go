@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"regexp"
@@ -65,6 +64,7 @@ const (
 	MaxStall       = 10 * time.Minute
 	MaxStreamDepth = 64
 	MaxStripes     = 64
+	MinDNSInterval = 100 * time.Millisecond
 	// Bounds of the peer timing limits.
 	MinHandshakeTimeout = 100 * time.Millisecond
 	MaxHandshakeTimeout = 5 * time.Minute
@@ -79,6 +79,7 @@ const (
 var (
 	DeviceKinds = []string{"hostmem", "cuda", "acl", "hip"}
 	Transports  = []string{"auto", "tcp", "ipc", "shm"}
+	Picks       = []string{PickNamed, PickAny}
 	LogLevels   = []string{"debug", "info", "warn", "error"}
 	LogFormats  = []string{"console", "json"}
 )
@@ -109,16 +110,7 @@ func Validate(c *Config) error {
 		v.add("node.socket_dir", fmt.Sprintf("path too long for the node sockets in it (got %d bytes, at most %d); use a shorter path", len(c.Node.SocketDir), maxSocketPath-1-NodeSocketName))
 	}
 
-	v.oneOf("device.kind", c.Device.Kind, DeviceKinds)
-	if c.Device.Ordinal < 0 {
-		v.add("device.ordinal", fmt.Sprintf("must be >= 0 (got %d)", c.Device.Ordinal))
-	}
-	if bw := c.Device.Hostmem.BandwidthGBps; bw < 0 || math.IsNaN(bw) || math.IsInf(bw, 0) {
-		v.add("device.hostmem.bandwidth_gbps", fmt.Sprintf("must be a finite number >= 0 (got %v); 0 means as fast as memmove", bw))
-	}
-	if c.Device.Hostmem.Latency < 0 {
-		v.add("device.hostmem.latency", fmt.Sprintf("must be >= 0 (got %s)", c.Device.Hostmem.Latency))
-	}
+	v.device(c.Device)
 
 	s := c.Staging
 	if s.SlotSize < MinSlotSize || s.SlotSize > MaxSlotSize {
@@ -164,6 +156,7 @@ func Validate(c *Config) error {
 	v.oneOf("log.format", c.Log.Format, LogFormats)
 
 	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
+	v.atLeastOne("limits.max_streams", c.Limits.MaxStreams)
 	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
 	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
 	v.limits(c.Limits)
@@ -247,9 +240,10 @@ func (v *validator) routes(routes []Route) {
 				seen[r.Name] = i
 			}
 		}
-		if len(r.Peers) == 0 {
-			v.add(p+".peers", "empty; list at least one peer as host:port")
+		if len(r.Peers) == 0 && r.DNS == "" && len(r.Allow) == 0 {
+			v.add(p+".peers", "empty; list at least one peer as host:port, or set dns or allow")
 		}
+		v.discovery(p, r)
 		peers := map[string]int{}
 		for j, peer := range r.Peers {
 			pk := fmt.Sprintf("%s.peers[%d]", p, j)
@@ -267,6 +261,39 @@ func (v *validator) routes(routes []Route) {
 		v.positive(p+".connect_timeout", r.ConnectTimeout)
 		v.positive(p+".progress_timeout", r.ProgressTimeout)
 	}
+}
+
+// discovery checks a route's pick, allow, idle_timeout and dns keys.
+func (v *validator) discovery(p string, r Route) {
+	if r.Pick != "" { // "": named, for routes built in code
+		v.oneOf(p+".pick", r.Pick, Picks)
+	}
+	for j, a := range r.Allow {
+		if !ValidAllow(a) {
+			v.add(fmt.Sprintf("%s.allow[%d]", p, j), fmt.Sprintf("must be a CIDR range or a DNS suffix (got %q); use e.g. \"10.0.0.0/8\" or \".decode.svc.cluster.local\"", a))
+		}
+	}
+	if len(r.Allow) > 0 {
+		v.positive(p+".idle_timeout", r.IdleTimeout)
+	}
+	if r.DNS != "" {
+		v.hostPort(p+".dns", r.DNS, true, true, `use e.g. "decode.stage.svc.cluster.local:7100"`)
+		if r.DNSInterval < MinDNSInterval {
+			v.add(p+".dns_interval", fmt.Sprintf("must be >= %s (got %s)", MinDNSInterval, r.DNSInterval))
+		}
+	}
+	if r.DNSServer != "" {
+		v.hostPort(p+".dns_server", r.DNSServer, true, true, `use e.g. "10.96.0.10:53", or "" for the system's resolver`)
+	}
+}
+
+// ValidAllow reports whether a is an allow entry: a CIDR range, or a DNS
+// suffix (a host name, with or without a leading dot).
+func ValidAllow(a string) bool {
+	if _, _, err := net.ParseCIDR(a); err == nil {
+		return true
+	}
+	return a != "." && hostnameRE.MatchString(strings.TrimPrefix(a, "."))
 }
 
 // SplicePage is what staging.slot_size must be a multiple of for

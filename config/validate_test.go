@@ -16,7 +16,8 @@ func validConfig() *Config {
 	c.Security.Token = "t0ken"
 	route := func(name string, peers ...string) Route {
 		return Route{Name: name, Peers: peers, Stripes: DefaultRouteStripes, Transport: DefaultRouteTransport,
-			ConnectTimeout: DefaultRouteConnectTimeout, ProgressTimeout: DefaultRouteProgressTimeout}
+			ConnectTimeout: DefaultRouteConnectTimeout, ProgressTimeout: DefaultRouteProgressTimeout,
+			Pick: DefaultRoutePick, IdleTimeout: DefaultRouteIdleTimeout, DNSInterval: DefaultRouteDNSInterval}
 	}
 	c.Routes = []Route{
 		route("decode", "decode-0.decode:7100", "10.0.0.5:7100"),
@@ -61,6 +62,18 @@ func TestValidateAcceptsGoodConfigs(t *testing.T) {
 			c.Limits.PeerProgressTimeout = time.Millisecond
 		}},
 		{"longest handshake timeout", func(c *Config) { c.Limits.HandshakeTimeout = MaxHandshakeTimeout }},
+		{"pick any", func(c *Config) { c.Routes[0].Pick = PickAny }},
+		{"allow only", func(c *Config) {
+			c.Routes[0].Peers = nil
+			c.Routes[0].Allow = []string{"10.0.0.0/8", "fd00::/8", ".decode.svc.cluster.local", "decode.local"}
+			c.Routes[0].IdleTimeout = time.Minute
+		}},
+		{"dns only", func(c *Config) {
+			c.Routes[0].Peers = nil
+			c.Routes[0].DNS = "decode.stage.svc.cluster.local:7100"
+			c.Routes[0].DNSInterval = MinDNSInterval
+			c.Routes[0].DNSServer = "127.0.0.1:5353"
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,6 +103,15 @@ func TestValidateRules(t *testing.T) {
 		wantMsg string // part of the line
 	}{
 		{"node name empty", func(c *Config) { c.Node.Name = "" }, "node.name", "empty"},
+		{"route without peers", func(c *Config) { c.Routes[0].Peers = nil }, "routes[0].peers", "or set dns or allow"},
+		{"pick unknown", func(c *Config) { c.Routes[0].Pick = "random" }, "routes[0].pick", `must be one of named, any (got "random")`},
+		{"allow junk", func(c *Config) { c.Routes[0].Allow = []string{"10.0.0.0/33"} }, "routes[0].allow[0]", "CIDR range or a DNS suffix"},
+		{"allow dot", func(c *Config) { c.Routes[0].Allow = []string{"."} }, "routes[0].allow[0]", "CIDR range or a DNS suffix"},
+		{"allow idle 0", func(c *Config) { c.Routes[0].Allow = []string{"10.0.0.0/8"}; c.Routes[0].IdleTimeout = 0 }, "routes[0].idle_timeout", "> 0"},
+		{"dns no port", func(c *Config) { c.Routes[0].DNS = "decode"; c.Routes[0].DNSInterval = time.Second }, "routes[0].dns", "host:port"},
+		{"dns interval", func(c *Config) { c.Routes[0].DNS = "decode:7100"; c.Routes[0].DNSInterval = time.Millisecond }, "routes[0].dns_interval", "must be >= 100ms"},
+		{"dns server", func(c *Config) { c.Routes[0].DNSServer = "10.0.0.1" }, "routes[0].dns_server", "host:port"},
+		{"max streams", func(c *Config) { c.Limits.MaxStreams = 0 }, "limits.max_streams", "(got 0)"},
 		{"listen not host:port", func(c *Config) { c.Listen = "7100" }, "listen", `must be host:port (got "7100")`},
 		{"listen empty", func(c *Config) { c.Listen = "" }, "listen", "host:port"},
 		{"listen bad port", func(c *Config) { c.Listen = ":http" }, "listen", "port"},

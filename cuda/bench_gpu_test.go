@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 const (
@@ -39,7 +40,7 @@ func benchMove(b *testing.B, mode CopyMode, gather bool) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	lists := make([][]device.Seg, 16)
 	for i := range lists {
-		lists[i] = blockSegs(rng, pool, benchPool, benchBlocks, benchBlock)
+		lists[i] = devicetest.BlockSegs(rng, pool, benchPool, benchBlocks, benchBlock)
 	}
 	op := func(segs []device.Seg) error {
 		if gather {
@@ -173,7 +174,7 @@ func BenchmarkGPUGatherLatency(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ev.Close()
-	segs := blockSegs(rand.New(rand.NewPCG(3, 4)), pool, benchPool, benchBlocks, benchBlock)
+	segs := devicetest.BlockSegs(rand.New(rand.NewPCG(3, 4)), pool, benchPool, benchBlocks, benchBlock)
 	b.SetBytes(benchSlot)
 	b.ResetTimer()
 	for range b.N {

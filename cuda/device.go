@@ -38,32 +38,40 @@ const (
 
 // Config tunes OpenDevice.
 type Config struct {
-	// CopyMode forces how multi-segment chunks move; CopyAuto reads
-	// $STAGE_CUDA_COPY, and without it picks kernel, batch, percopy in that
-	// order of preference by what loads.
+	// Library is the driver library's path or name; "" means
+	// DefaultLibraryName.
+	Library string
+	// CopyMode forces how multi-segment chunks move; CopyAuto picks
+	// kernel, batch, percopy in that order of preference by what loads.
 	CopyMode CopyMode
-	// PTX replaces the embedded kernel module (kernels.GatherPTX); empty
-	// means $STAGE_CUDA_PTX (a file path) or the embedded one.
-	PTX string
-	// EventWait says how Event.Wait waits; the zero value reads
-	// $STAGE_CUDA_EVENT_WAIT and defaults to WaitHybrid.
+	// PTX replaces the embedded kernel module (kernels.GatherPTX) with
+	// this text; PTXFile with the contents of that file. Both empty: the
+	// embedded one.
+	PTX     string
+	PTXFile string
+	// EventWait says how Event.Wait waits; the zero value is WaitHybrid.
 	EventWait EventWait
 }
 
-// Open opens CUDA device ordinal with the default library and configuration;
-// it is the opener registered with device.Register. The driver library is
-// loaded on the first call, never at init.
-func Open(ordinal int, _ device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, Config{})
+// ConfigFrom reads the cuda part of the device options (device.cuda.*).
+func ConfigFrom(o device.CUDAOptions) Config {
+	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode), PTXFile: o.PTX, EventWait: EventWait(o.EventWait)}
+}
+
+// Open opens CUDA device ordinal as opts.CUDA configures it; it is the
+// opener registered with device.Register. The driver library is loaded on
+// the first call, never at init.
+func Open(ordinal int, opts device.Options) (device.Device, error) {
+	d, err := OpenDevice(ordinal, ConfigFrom(opts.CUDA))
 	if err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// OpenDevice opens CUDA device ordinal with DefaultLibrary.
+// OpenDevice opens CUDA device ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary(cfg.Library)
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +123,11 @@ type pinnedRec struct {
 // OpenDevice initializes the driver (cuInit), retains device ordinal's
 // primary context, loads the copy kernel and picks the copy mode.
 func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	want, err := copyModeFromEnv(cfg.CopyMode)
+	want, err := ParseCopyMode(string(cfg.CopyMode))
 	if err != nil {
 		return nil, err
 	}
-	wait, err := eventWaitFromEnv(cfg.EventWait)
+	wait, err := ParseEventWait(string(cfg.EventWait))
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +136,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	var count C.int
 	if rc := C.stage_device_count(l.c, &count); rc != 0 {
-		return nil, l.errorf(rc, "cuDeviceGetCount")
+		return nil, l.check(rc, "cuDeviceGetCount")
 	}
 	if ordinal < 0 || ordinal >= int(count) {
 		return nil, fmt.Errorf("cuda: device %d: this process sees %d CUDA devices (check CUDA_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
@@ -142,7 +150,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		devMem:  map[device.Addr]uint64{},
 	}
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
-		return nil, l.errorf(rc, "cuDeviceGet(%d)", ordinal)
+		return nil, l.check(rc, "cuDeviceGet(%d)", ordinal)
 	}
 	var buf [256]C.char
 	if rc := C.stage_device_name(l.c, d.dev, &buf[0], C.int(len(buf))); rc == 0 {
@@ -151,11 +159,11 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	d.sms = d.attr(attrMultiprocessors)
 	d.cc = [2]int{d.attr(attrCCMajor), d.attr(attrCCMinor)}
 	if rc := C.stage_primary_retain(l.c, d.dev, &d.ctx); rc != 0 {
-		return nil, l.errorf(rc, "cuDevicePrimaryCtxRetain(device %d)", ordinal)
+		return nil, l.check(rc, "cuDevicePrimaryCtxRetain(device %d)", ordinal)
 	}
 
 	if want == CopyAuto || want == CopyKernel {
-		d.kernelErr = d.loadKernel(cfg.PTX)
+		d.kernelErr = d.loadKernel(cfg.PTX, cfg.PTXFile)
 	} else {
 		d.kernelErr = fmt.Errorf("not loaded (copy mode %s requested)", want)
 	}
@@ -182,18 +190,18 @@ func (d *Device) attr(a int) int {
 	return int(v)
 }
 
-func (d *Device) loadKernel(override string) error {
-	ptx, src := override, "Config.PTX"
-	if ptx == "" {
-		if p := os.Getenv("STAGE_CUDA_PTX"); p != "" {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return fmt.Errorf("STAGE_CUDA_PTX: %v", err)
-			}
-			ptx, src = string(b), p
-		} else {
-			ptx, src = kernels.GatherPTX, "embedded gather.ptx"
+func (d *Device) loadKernel(text, file string) error {
+	ptx, src := text, "Config.PTX"
+	switch {
+	case ptx != "":
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("device.cuda.ptx: %w", err)
 		}
+		ptx, src = string(b), file
+	default:
+		ptx, src = kernels.GatherPTX, "embedded gather.ptx"
 	}
 	if strings.TrimSpace(ptx) == "" {
 		return fmt.Errorf("%s is empty (generate cuda/kernels/gather.ptx with nvcc)", src)
@@ -203,15 +211,15 @@ func (d *Device) loadKernel(override string) error {
 	fname := C.CString(kernels.CopyFunc)
 	defer C.free(unsafe.Pointer(fname))
 	if rc := C.stage_module_load(d.lib.c, d.ctx, cs, fname, &d.mod, &d.fn); rc != 0 {
-		return d.lib.errorf(rc, "cuModuleLoadData(%s, %s)", src, kernels.CopyFunc)
+		return d.lib.check(rc, "cuModuleLoadData(%s, %s)", src, kernels.CopyFunc)
 	}
 	// The strided kernel is optional: a module without it (an older
-	// STAGE_CUDA_PTX) still copies, one plain descriptor per segment.
+	// device.cuda.ptx) still copies, one plain descriptor per segment.
 	sname := C.CString(kernels.StridedFunc)
 	defer C.free(unsafe.Pointer(sname))
 	if rc := C.stage_module_function(d.lib.c, d.ctx, d.mod, sname, &d.fnStrided); rc != 0 {
 		d.fnStrided = nil
-		d.stridedErr = d.lib.errorf(rc, "cuModuleGetFunction(%s, %s)", src, kernels.StridedFunc)
+		d.stridedErr = d.lib.check(rc, "cuModuleGetFunction(%s, %s)", src, kernels.StridedFunc)
 	}
 	return nil
 }
@@ -220,12 +228,12 @@ func (d *Device) release() error {
 	var first error
 	if d.mod != nil {
 		if rc := C.stage_module_unload(d.lib.c, d.ctx, d.mod); rc != 0 {
-			first = d.lib.errorf(rc, "cuModuleUnload")
+			first = d.lib.check(rc, "cuModuleUnload")
 		}
 		d.mod, d.fn, d.fnStrided = nil, nil, nil
 	}
 	if rc := C.stage_primary_release(d.lib.c, d.dev); rc != 0 && first == nil {
-		first = d.lib.errorf(rc, "cuDevicePrimaryCtxRelease(device %d)", d.ordinal)
+		first = d.lib.check(rc, "cuDevicePrimaryCtxRelease(device %d)", d.ordinal)
 	}
 	return first
 }
@@ -271,7 +279,7 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 	var host unsafe.Pointer
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_alloc(d.lib.c, d.ctx, C.size_t(n), memHostAllocPortable|memHostAllocDeviceMap, &host, &dev); rc != 0 {
-		return device.Pinned{}, d.lib.errorf(rc, "cuMemHostAlloc(%d B, PORTABLE|DEVICEMAP)", n)
+		return device.Pinned{}, d.lib.check(rc, "cuMemHostAlloc(%d B, PORTABLE|DEVICEMAP)", n)
 	}
 	d.mu.Lock()
 	d.pinned[uintptr(host)] = pinnedRec{n: n}
@@ -286,7 +294,7 @@ func (d *Device) FreePinned(p device.Pinned) error {
 		return err
 	}
 	if rc := C.stage_host_free(d.lib.c, d.ctx, unsafe.Pointer(&p.Host()[0])); rc != 0 {
-		return d.lib.errorf(rc, "cuMemFreeHost(%#x)", key)
+		return d.lib.check(rc, "cuMemFreeHost(%#x)", key)
 	}
 	return nil
 }
@@ -306,7 +314,7 @@ func (d *Device) RegisterHost(b []byte) (device.Pinned, error) {
 	key := uintptr(unsafe.Pointer(&b[0]))
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_register(d.lib.c, d.ctx, C.uintptr_t(key), C.size_t(len(b)), memHostRegPortable|memHostRegDeviceMap, &dev); rc != 0 {
-		return device.Pinned{}, d.lib.errorf(rc, "cuMemHostRegister(%#x, %d B, PORTABLE|DEVICEMAP)", key, len(b))
+		return device.Pinned{}, d.lib.check(rc, "cuMemHostRegister(%#x, %d B, PORTABLE|DEVICEMAP)", key, len(b))
 	}
 	d.mu.Lock()
 	d.pinned[key] = pinnedRec{n: len(b), registered: true}
@@ -321,7 +329,7 @@ func (d *Device) UnregisterHost(p device.Pinned) error {
 		return err
 	}
 	if rc := C.stage_host_unregister(d.lib.c, d.ctx, C.uintptr_t(key)); rc != 0 {
-		return d.lib.errorf(rc, "cuMemHostUnregister(%#x)", key)
+		return d.lib.check(rc, "cuMemHostUnregister(%#x)", key)
 	}
 	return nil
 }
@@ -368,7 +376,7 @@ func (d *Device) NewCUDAStream() (*Stream, error) {
 	}
 	var s C.CUstream
 	if rc := C.stage_stream_create(d.lib.c, d.ctx, streamNonBlocking, &s); rc != 0 {
-		return nil, d.lib.errorf(rc, "cuStreamCreate(NON_BLOCKING)")
+		return nil, d.lib.check(rc, "cuStreamCreate(NON_BLOCKING)")
 	}
 	d.mu.Lock()
 	d.streams++
@@ -388,7 +396,7 @@ func (d *Device) NewEvent() (device.Event, error) {
 		flags, what = flags|eventBlockingSync, "DISABLE_TIMING|BLOCKING_SYNC"
 	}
 	if rc := C.stage_event_create(d.lib.c, d.ctx, flags, &e); rc != 0 {
-		return nil, d.lib.errorf(rc, "cuEventCreate(%s)", what)
+		return nil, d.lib.check(rc, "cuEventCreate(%s)", what)
 	}
 	d.mu.Lock()
 	d.events++

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // GPU tests: build with -tags gpu, run on a machine with an NVIDIA GPU.
@@ -19,7 +20,7 @@ import (
 
 func gpuLibrary(t testing.TB) *Library {
 	t.Helper()
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary("")
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "cuda: dlopen ") {
 			t.Skipf("no CUDA driver here: %v", err)
@@ -91,25 +92,25 @@ func TestGPUPinnedViews(t *testing.T) {
 	}
 	t.Logf("pinned host %p, device %#x", &p.Host()[0], p.DeviceAddr())
 	// Written through the host view, read through the device view.
-	data := randBytes(21, n)
+	data := devicetest.RandBytes(21, n)
 	copy(p.Host(), data)
 	got := make([]byte, n)
-	poison(got, 0x11)
+	devicetest.Poison(got, 0x11)
 	if err := d.CopyDtoH(got, p.DeviceAddr()); err != nil {
 		t.Fatal(err)
 	}
-	if i := mismatch(got, data); i >= 0 {
+	if i := devicetest.Mismatch(got, data); i >= 0 {
 		t.Fatalf("device view byte %d is %#02x, want %#02x", i, got[i], data[i])
 	}
 	// Written through the device view at an odd offset, read on the host.
-	w := randBytes(22, 4099)
+	w := devicetest.RandBytes(22, 4099)
 	if err := d.CopyHtoD(p.DeviceAddr()+7, w); err != nil {
 		t.Fatal(err)
 	}
-	if i := mismatch(p.Host()[7:7+len(w)], w); i >= 0 {
+	if i := devicetest.Mismatch(p.Host()[7:7+len(w)], w); i >= 0 {
 		t.Fatalf("host view byte %d differs after a write through the device view", 7+i)
 	}
-	if i := mismatch(p.Host()[:7], data[:7]); i >= 0 {
+	if i := devicetest.Mismatch(p.Host()[:7], data[:7]); i >= 0 {
 		t.Fatalf("byte %d before the written range changed", i)
 	}
 }
@@ -118,14 +119,14 @@ func TestGPUSingleSegment(t *testing.T) {
 	for _, mode := range copyModes {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openGPU(t, mode)
-			pool, data := devicePool(t, d, 16<<20, 31)
+			pool, data := devicetest.Pool(t, d, 16<<20, 31)
 			for _, seg := range []device.Seg{
 				{Addr: pool, Len: 4 << 20},
 				{Addr: pool + 1, Len: 4<<20 + 3},
 				{Addr: pool + 777, Len: 1},
 				{Addr: pool + 5<<20 + 3, Len: 4095},
 			} {
-				checkGatherScatter(t, d, pool, data, []device.Seg{seg}, uint64(seg.Len))
+				devicetest.CheckGatherScatter(t, d, d, pool, data, []device.Seg{seg}, uint64(seg.Len))
 			}
 		})
 	}
@@ -136,25 +137,25 @@ func TestGPUGatherScatter(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openGPU(t, mode)
 			const poolSize = 256 << 20
-			pool, data := devicePool(t, d, poolSize, 41)
+			pool, data := devicetest.Pool(t, d, poolSize, 41)
 			rng := rand.New(rand.NewPCG(42, uint64(len(mode))))
 			t.Run("4096x16KiB-blocks", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, 4096, 16<<10), 1)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.BlockSegs(rng, pool, poolSize, 4096, 16<<10), 1)
 			})
 			t.Run("2048x16KiB-unaligned-offsets", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 2048, 1, func() uint64 { return 16 << 10 }), 2)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.CellSegs(rng, pool, poolSize, 2048, 1, func() uint64 { return 16 << 10 }), 2)
 			})
 			t.Run("odd-lengths", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 1024, 1, oddLens(rng)), 3)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.CellSegs(rng, pool, poolSize, 1024, 1, devicetest.OddLens(rng)), 3)
 			})
 			t.Run("odd-lengths-aligned-offsets", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 1024, 16, oddLens(rng)), 4)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.CellSegs(rng, pool, poolSize, 1024, 16, devicetest.OddLens(rng)), 4)
 			})
 			t.Run("3000-tiny", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 3000, 1, func() uint64 { return 1 + rng.Uint64N(300) }), 5)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.CellSegs(rng, pool, poolSize, 3000, 1, func() uint64 { return 1 + rng.Uint64N(300) }), 5)
 			})
 			t.Run("large-segments", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 12, 8, func() uint64 { return 3<<20 + rng.Uint64N(1<<20) }), 6)
+				devicetest.CheckGatherScatter(t, d, d, pool, data, devicetest.CellSegs(rng, pool, poolSize, 12, 8, func() uint64 { return 3<<20 + rng.Uint64N(1<<20) }), 6)
 			})
 		})
 	}
@@ -166,7 +167,7 @@ func TestGPUGatherScatter(t *testing.T) {
 func TestGPURingReuse(t *testing.T) {
 	d := openGPU(t, CopyKernel)
 	const poolSize = 256 << 20
-	pool, data := devicePool(t, d, poolSize, 51)
+	pool, data := devicetest.Pool(t, d, poolSize, 51)
 	// Each launch gathers a full descriptor slot of 4 KiB blocks (4 MiB):
 	// the GPU takes longer per launch than the host does to issue one, so
 	// the launches outrun it and the ring must wait for slots.
@@ -181,7 +182,7 @@ func TestGPURingReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.FreePinned(big)
-	poison(p.Host(), 0x77)
+	devicetest.Poison(p.Host(), 0x77)
 	s, err := d.NewCUDAStream()
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +198,7 @@ func TestGPURingReuse(t *testing.T) {
 	rng := rand.New(rand.NewPCG(52, 53))
 	all := make([][]device.Seg, rounds)
 	for i := range rounds {
-		all[i] = blockSegs(rng, pool, poolSize, perRound, bs)
+		all[i] = devicetest.BlockSegs(rng, pool, poolSize, perRound, bs)
 	}
 	headDone, err := d.NewEvent()
 	if err != nil {
@@ -225,28 +226,28 @@ func TestGPURingReuse(t *testing.T) {
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	if i := mismatch(big.Host(), data); i >= 0 {
+	if i := devicetest.Mismatch(big.Host(), data); i >= 0 {
 		t.Fatalf("big copy byte %d differs", i)
 	}
 	for i, segs := range all {
 		for k, sg := range segs {
 			off := uint64(sg.Addr - pool)
 			at := (i*perRound + k) * bs
-			if j := mismatch(p.Host()[at:at+bs], data[off:off+bs]); j >= 0 {
+			if j := devicetest.Mismatch(p.Host()[at:at+bs], data[off:off+bs]); j >= 0 {
 				t.Fatalf("round %d block %d byte %d differs", i, k, j)
 			}
 		}
 	}
 }
 
-// TestGPUConcurrentThreads drives one device from 8 goroutines on fresh OS
-// threads, each with its own stream (see checkConcurrent).
-func TestGPUConcurrentThreads(t *testing.T) {
+// TestGPUConformance runs the device conformance suite on the GPU in
+// every copy mode, with 8 goroutines on fresh OS threads in its concurrent
+// case (each must make the primary context current itself).
+func TestGPUConformance(t *testing.T) {
 	for _, mode := range copyModes {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openGPU(t, mode)
-			pool, data := devicePool(t, d, 64<<20, 111)
-			checkConcurrent(t, d, pool, data, 8, 50)
+			devicetest.Run(t, d, d, devicetest.Options{PoolSize: 64 << 20, Workers: 8, Iters: 50})
 		})
 	}
 }
@@ -261,7 +262,7 @@ func TestGPUEvents(t *testing.T) {
 	if done, err := ev.Query(); !done || err != nil {
 		t.Fatalf("Query of a fresh event = (%v, %v), want (true, nil)", done, err)
 	}
-	pool, _ := devicePool(t, d, 256<<20, 61)
+	pool, _ := devicetest.Pool(t, d, 256<<20, 61)
 	p, err := d.AllocPinned(256 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +298,7 @@ func TestGPURegisterHost(t *testing.T) {
 	for _, mode := range copyModes {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openGPU(t, mode)
-			pool, data := devicePool(t, d, 32<<20, 71)
+			pool, data := devicetest.Pool(t, d, 32<<20, 71)
 			const n = 4 << 20
 			b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 			if err != nil {
@@ -309,9 +310,9 @@ func TestGPURegisterHost(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("registered host %p -> device %#x", &b[0], p.DeviceAddr())
-			poison(b, 0x42)
+			devicetest.Poison(b, 0x42)
 			rng := rand.New(rand.NewPCG(72, 73))
-			segs := blockSegs(rng, pool, 32<<20, n/(16<<10), 16<<10)
+			segs := devicetest.BlockSegs(rng, pool, 32<<20, n/(16<<10), 16<<10)
 			s, err := d.NewStream()
 			if err != nil {
 				t.Fatal(err)
@@ -328,7 +329,7 @@ func TestGPURegisterHost(t *testing.T) {
 			o := 0
 			for k, sg := range segs {
 				off := uint64(sg.Addr - pool)
-				if mismatch(b[o:o+int(sg.Len)], data[off:off+sg.Len]) >= 0 {
+				if devicetest.Mismatch(b[o:o+int(sg.Len)], data[off:off+sg.Len]) >= 0 {
 					t.Fatalf("segment %d differs in registered memory", k)
 				}
 				o += int(sg.Len)
@@ -355,7 +356,7 @@ func TestGPUImportMemfd(t *testing.T) {
 	os.Remove(f.Name())
 	defer f.Close()
 	const n = 8 << 20
-	data := randBytes(81, n)
+	data := devicetest.RandBytes(81, n)
 	if _, err := f.WriteAt(data, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +365,7 @@ func TestGPUImportMemfd(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(82, 83))
-	segs := blockSegs(rng, m.Base(), n, 128, 16<<10)
+	segs := devicetest.BlockSegs(rng, m.Base(), n, 128, 16<<10)
 	p, err := d.AllocPinned(128 << 14)
 	if err != nil {
 		t.Fatal(err)
@@ -384,13 +385,13 @@ func TestGPUImportMemfd(t *testing.T) {
 	o := 0
 	for k, sg := range segs {
 		off := uint64(sg.Addr - m.Base())
-		if mismatch(p.Host()[o:o+int(sg.Len)], data[off:off+sg.Len]) >= 0 {
+		if devicetest.Mismatch(p.Host()[o:o+int(sg.Len)], data[off:off+sg.Len]) >= 0 {
 			t.Fatalf("segment %d differs", k)
 		}
 		o += int(sg.Len)
 	}
 	// Scatter back into the file's pages and read them with pread.
-	src := randBytes(84, p.Len())
+	src := devicetest.RandBytes(84, p.Len())
 	copy(p.Host(), src)
 	if err := s.Scatter(segs, p); err != nil {
 		t.Fatal(err)
@@ -404,7 +405,7 @@ func TestGPUImportMemfd(t *testing.T) {
 		if _, err := f.ReadAt(buf, int64(sg.Addr-m.Base())); err != nil {
 			t.Fatal(err)
 		}
-		if mismatch(buf, src[o:o+int(sg.Len)]) >= 0 {
+		if devicetest.Mismatch(buf, src[o:o+int(sg.Len)]) >= 0 {
 			t.Fatalf("scattered segment %d not visible in the file", k)
 		}
 		o += int(sg.Len)
@@ -416,7 +417,7 @@ func TestGPUImportMemfd(t *testing.T) {
 
 func TestGPUCopyDtoD(t *testing.T) {
 	d := openGPU(t, CopyAuto)
-	pool, data := devicePool(t, d, 8<<20, 91)
+	pool, data := devicetest.Pool(t, d, 8<<20, 91)
 	dst, err := d.AllocDevice(8 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -437,7 +438,7 @@ func TestGPUCopyDtoD(t *testing.T) {
 	if err := d.CopyDtoH(got, dst+3); err != nil {
 		t.Fatal(err)
 	}
-	if i := mismatch(got, data[5:5+5<<20]); i >= 0 {
+	if i := devicetest.Mismatch(got, data[5:5+5<<20]); i >= 0 {
 		t.Fatalf("byte %d differs", i)
 	}
 }
@@ -501,7 +502,7 @@ func TestGPUVMMFallback(t *testing.T) {
 	if v.Size() < 3<<20+1 {
 		t.Errorf("size %d < requested", v.Size())
 	}
-	data := randBytes(101, 3<<20+1)
+	data := devicetest.RandBytes(101, 3<<20+1)
 	if err := d.CopyHtoD(v.Addr(), data); err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +510,7 @@ func TestGPUVMMFallback(t *testing.T) {
 	if err := d.CopyDtoH(got, v.Addr()); err != nil {
 		t.Fatal(err)
 	}
-	if mismatch(got, data) >= 0 {
+	if devicetest.Mismatch(got, data) >= 0 {
 		t.Fatal("VMM memory round trip differs")
 	}
 	fd, err := v.ExportFD()

@@ -13,7 +13,8 @@
 // one error naming the library and all of them; the optional ones
 // (cuMemcpyBatchAsync_v2 / cuMemcpyBatchAsync, the VMM calls) are recorded in
 // Library.Absent with what their absence costs. The library is
-// $STAGE_CUDA_LIBRARY or libcuda.so.1. A small C shim (shim.c) holds the
+// device.cuda.library (Config.Library), by default libcuda.so.1, loaded by
+// internal/dl like every vendor library. A small C shim (shim.c) holds the
 // trampolines: cgo cannot call function pointers, and the 64-byte
 // CUipcMemHandle must be passed by value. Driver errors are *Error values
 // carrying the call, its arguments and the driver's own name and text;
@@ -36,7 +37,7 @@
 //
 // A Gather or Scatter of one segment is one cuMemcpyDtoHAsync /
 // cuMemcpyHtoDAsync. Several segments take the device's copy mode, chosen at
-// open (Config.CopyMode, else $STAGE_CUDA_COPY=kernel|batch|percopy, else the
+// open (device.cuda.copy_mode, Config.CopyMode: kernel|batch|percopy, else the
 // best available):
 //
 //   - kernel: one launch of stage_copy_segments (kernels/gather.cu; the PTX

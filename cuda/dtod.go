@@ -36,7 +36,7 @@ func (s *Stream) CopyDtoD(dst, src device.Addr, n uint64) error {
 func (s *Stream) dtod1(dst, src device.Addr, n uint64) error {
 	l := s.d.lib
 	if rc := C.stage_dtod_async(l.c, s.d.ctx, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.s); rc != 0 {
-		return l.errorf(rc, "cuMemcpyDtoDAsync(%d B %#x -> %#x)", n, uint64(src), uint64(dst))
+		return l.check(rc, "cuMemcpyDtoDAsync(%d B %#x -> %#x)", n, uint64(src), uint64(dst))
 	}
 	return nil
 }
@@ -161,13 +161,13 @@ func (s *Stream) listDtoD(cs []device.Copy, nz int, total uint64) error {
 	}
 	if s.d.mode == CopyBatch {
 		if rc := C.stage_batch(l.c, s.d.ctx, s.sc, C.size_t(nz), s.s); rc != 0 {
-			return l.errorf(rc, "cuMemcpyBatchAsync(%d device-to-device copies, %d B)%s", nz, total, s.failAt(nz))
+			return l.check(rc, "cuMemcpyBatchAsync(%d device-to-device copies, %d B)%s", nz, total, s.failAt(nz))
 		}
 		return nil
 	}
 	if rc := C.stage_percopy(l.c, s.d.ctx, 2, s.sc, C.size_t(nz), s.s); rc != 0 {
 		k := int(s.sc.fail)
-		return l.errorf(rc, "cuMemcpyDtoDAsync(%d B %#x -> %#x) [copy %d of %d]", uint64(sizes[k]), uint64(srcs[k]), uint64(dsts[k]), k+1, nz)
+		return l.check(rc, "cuMemcpyDtoDAsync(%d B %#x -> %#x) [copy %d of %d]", uint64(sizes[k]), uint64(srcs[k]), uint64(dsts[k]), k+1, nz)
 	}
 	return nil
 }

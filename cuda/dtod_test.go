@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // TestFakeCopyDtoDBatch: a batch of scattered short copies, long ones and
@@ -28,7 +29,7 @@ func TestFakeCopyDtoDBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.FreeDevice(dst)
-			data := randBytes(3, size)
+			data := devicetest.RandBytes(3, size)
 			if err := d.CopyHtoD(src, data); err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +69,7 @@ func TestFakeCopyDtoDBatch(t *testing.T) {
 			if err := d.CopyDtoH(got, dst); err != nil {
 				t.Fatal(err)
 			}
-			if i := mismatch(got, want); i >= 0 {
+			if i := devicetest.Mismatch(got, want); i >= 0 {
 				t.Fatalf("byte %d: got %#02x, want %#02x", i, got[i], want[i])
 			}
 			if n, _ := l.h.Call("fake_launches"); mode == CopyKernel && n == launches {

@@ -28,7 +28,7 @@ func (d *Device) AllocDevice(n uint64) (device.Addr, error) {
 	}
 	var p C.CUdeviceptr
 	if rc := C.stage_mem_alloc(d.lib.c, d.ctx, C.size_t(n), &p); rc != 0 {
-		return 0, d.lib.errorf(rc, "cuMemAlloc(%d B)", n)
+		return 0, d.lib.check(rc, "cuMemAlloc(%d B)", n)
 	}
 	d.mu.Lock()
 	d.devMem[device.Addr(p)] = n
@@ -50,7 +50,7 @@ func (d *Device) FreeDevice(a device.Addr) error {
 	delete(d.devMem, a)
 	d.mu.Unlock()
 	if rc := C.stage_mem_free(d.lib.c, d.ctx, C.CUdeviceptr(a)); rc != 0 {
-		return d.lib.errorf(rc, "cuMemFree(%#x)", uint64(a))
+		return d.lib.check(rc, "cuMemFree(%#x)", uint64(a))
 	}
 	return nil
 }
@@ -67,10 +67,10 @@ func (d *Device) IPCHandle(addr device.Addr) (base device.Addr, handle [64]byte,
 	var b C.CUdeviceptr
 	var n C.size_t
 	if rc := C.stage_mem_range(d.lib.c, d.ctx, C.CUdeviceptr(addr), &b, &n); rc != 0 {
-		return 0, handle, 0, 0, d.lib.errorf(rc, "cuMemGetAddressRange(%#x)", uint64(addr))
+		return 0, handle, 0, 0, d.lib.check(rc, "cuMemGetAddressRange(%#x)", uint64(addr))
 	}
 	if rc := C.stage_ipc_get(d.lib.c, d.ctx, b, (*C.char)(unsafe.Pointer(&handle[0]))); rc != 0 {
-		return 0, handle, 0, 0, d.lib.errorf(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))
+		return 0, handle, 0, 0, d.lib.check(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))
 	}
 	return device.Addr(b), handle, uint64(addr) - uint64(b), uint64(n), nil
 }
@@ -84,7 +84,7 @@ func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
 		return d.errClosed("CopyHtoD")
 	}
 	if rc := C.stage_copy_htod(d.lib.c, d.ctx, C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))); rc != 0 {
-		return d.lib.errorf(rc, "cuMemcpyHtoD(%d B to %#x)", len(src), uint64(dst))
+		return d.lib.check(rc, "cuMemcpyHtoD(%d B to %#x)", len(src), uint64(dst))
 	}
 	return nil
 }
@@ -99,7 +99,7 @@ func (d *Device) CopyDtoH(dst []byte, src device.Addr) error {
 		return d.errClosed("CopyDtoH")
 	}
 	if rc := C.stage_copy_dtoh(d.lib.c, d.ctx, unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst))); rc != 0 {
-		return d.lib.errorf(rc, "cuMemcpyDtoH(%d B from %#x)", len(dst), uint64(src))
+		return d.lib.check(rc, "cuMemcpyDtoH(%d B from %#x)", len(dst), uint64(src))
 	}
 	return nil
 }
@@ -159,7 +159,7 @@ func (v *VMMAlloc) create(n uint64, types int) error {
 	var h C.CUmemGenericAllocationHandle
 	var p C.CUdeviceptr
 	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.ordinal), C.int(types), -1, &size, &h, &p, &step); rc != 0 {
-		return d.lib.errorf(rc, "%s(%d B, handle types %s)", stepName(step), n, handleTypesString(types))
+		return d.lib.check(rc, "%s(%d B, handle types %s)", stepName(step), n, handleTypesString(types))
 	}
 	v.handle, v.addr, v.size = h, device.Addr(p), uint64(size)
 	v.handleTypes = types
@@ -206,7 +206,7 @@ func (v *VMMAlloc) ExportFD() (int, error) {
 	}
 	var fd C.int
 	if rc := C.stage_vmm_export_fd(d.lib.c, d.ctx, v.handle, &fd); rc != 0 {
-		return -1, d.lib.errorf(rc, "cuMemExportToShareableHandle(%#x, POSIX_FD)", uint64(v.addr))
+		return -1, d.lib.check(rc, "cuMemExportToShareableHandle(%#x, POSIX_FD)", uint64(v.addr))
 	}
 	return int(fd), nil
 }
@@ -226,7 +226,7 @@ func (v *VMMAlloc) Free() error {
 	d.mu.Unlock()
 	var step C.int
 	if rc := C.stage_vmm_teardown(d.lib.c, d.ctx, C.CUdeviceptr(v.addr), C.size_t(v.size), v.handle, &step); rc != 0 {
-		return d.lib.errorf(rc, "%s(%#x, %d B)", stepName(step), uint64(v.addr), v.size)
+		return d.lib.check(rc, "%s(%#x, %d B)", stepName(step), uint64(v.addr), v.size)
 	}
 	return nil
 }

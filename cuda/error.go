@@ -1,6 +1,9 @@
 package cuda
 
-import "github.com/stage-kv/stage/device"
+import (
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/dl"
+)
 
 // CUresult values stage reacts to.
 const (
@@ -11,7 +14,9 @@ const (
 )
 
 // Error is a failed driver call: the call with the values involved (Op), the
-// CUresult (Code) and the driver's own name and description of it.
+// CUresult (Code) and the driver's own name and description of it (Name
+// is "CUresult(N)" when the driver has none). acl.Error and hip.Error have
+// the same fields and form.
 //
 //	cuda: cuMemcpyDtoHAsync(4194304 B from 0x7f...): CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered
 type Error struct {
@@ -21,13 +26,7 @@ type Error struct {
 	Msg  string
 }
 
-func (e *Error) Error() string {
-	s := "cuda: " + e.Op + ": " + e.Name
-	if e.Msg != "" {
-		s += ": " + e.Msg
-	}
-	return s
-}
+func (e *Error) Error() string { return dl.ErrorText("cuda", e.Op, e.Name, e.Msg) }
 
 // Is maps CUresults onto device's sentinels: out of memory onto
 // ErrOutOfMemory, not supported and not permitted onto ErrNotSupported, not

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // These tests drive the whole Go and C path against testdata/fakecuda.c, a
@@ -98,17 +100,29 @@ func TestFakeCopyModeFallbacks(t *testing.T) {
 	if !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("kernel mode with bad PTX: got %v, want ErrNotSupported", err)
 	}
-	t.Setenv("STAGE_CUDA_COPY", "percopy")
-	d2 := openFake(t, l, Config{PTX: fakePTX})
+	d2 := openFake(t, l, ConfigFrom(device.CUDAOptions{CopyMode: "percopy"}))
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
-		t.Errorf("STAGE_CUDA_COPY=percopy: mode %q", m)
+		t.Errorf("copy_mode percopy: mode %q", m)
+	}
+	if _, err := l.OpenDevice(0, Config{CopyMode: "fast"}); err == nil || !strings.Contains(err.Error(), `copy mode "fast"`) {
+		t.Errorf("copy mode fast: got %v, want an error naming it", err)
+	}
+	ptx := filepath.Join(t.TempDir(), "gather.ptx")
+	if err := os.WriteFile(ptx, []byte(fakePTX), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m, why := openFake(t, l, Config{PTXFile: ptx}).CopyMode(); m != CopyKernel {
+		t.Errorf("PTXFile: copy mode %q (%s), want kernel", m, why)
+	}
+	d4 := openFake(t, l, Config{PTXFile: ptx + ".gone"})
+	if m, why := d4.CopyMode(); m != CopyBatch || !strings.Contains(why, "device.cuda.ptx: ") {
+		t.Errorf("missing PTXFile: copy mode %q (%s), want batch naming device.cuda.ptx", m, why)
 	}
 
 	nb := fakeLibrary(t, "-DFAKE_NO_BATCH")
 	if nb.HasBatchCopy() {
 		t.Fatal("library without cuMemcpyBatchAsync reports batch copies")
 	}
-	t.Setenv("STAGE_CUDA_COPY", "")
 	d3 := openFake(t, nb, Config{PTX: "not ptx"})
 	if m, why := d3.CopyMode(); m != CopyPerCopy || !strings.Contains(why, "batch unavailable") {
 		t.Errorf("no kernel, no batch: mode %q (%s), want percopy", m, why)
@@ -128,42 +142,20 @@ func TestFakeInitError(t *testing.T) {
 	}
 }
 
-func TestFakeGatherScatter(t *testing.T) {
+// TestFakeConformance runs the device conformance suite in every copy
+// mode, strided kernel included: each must move every layout byte-exact,
+// from any thread (the fake counts how often a context was made current).
+func TestFakeConformance(t *testing.T) {
 	for _, mode := range []CopyMode{CopyKernel, CopyBatch, CopyPerCopy} {
 		t.Run(string(mode), func(t *testing.T) {
 			l := fakeLibrary(t)
-			d := openFake(t, l, Config{CopyMode: mode, PTX: fakePTX})
-			const poolSize = 8 << 20
-			pool, err := d.AllocDevice(poolSize)
-			if err != nil {
-				t.Fatal(err)
+			d := openFake(t, l, Config{CopyMode: mode, PTX: fakeStridedPTX})
+			devicetest.Run(t, d, d, devicetest.Options{Workers: 8})
+			if n, _ := l.h.Call("fake_launches"); mode == CopyKernel && n == 0 {
+				t.Error("kernel mode launched no kernel")
 			}
-			defer d.FreeDevice(pool)
-			data := randBytes(1, poolSize)
-			if err := d.CopyHtoD(pool, data); err != nil {
-				t.Fatal(err)
-			}
-			rng := rand.New(rand.NewPCG(2, uint64(len(mode))))
-			t.Run("16KiB-blocks", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, blockSegs(rng, pool, poolSize, 300, 16<<10), 3)
-			})
-			t.Run("odd", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 64, 1, oddLens(rng)), 4)
-			})
-			t.Run("many-small", func(t *testing.T) { // more than one ring slot
-				checkGatherScatter(t, d, pool, data, cellSegs(rng, pool, poolSize, 2500, 1, func() uint64 { return 1 + rng.Uint64N(300) }), 5)
-			})
-			t.Run("one-segment", func(t *testing.T) {
-				checkGatherScatter(t, d, pool, data, []device.Seg{{Addr: pool + 3, Len: poolSize - 10}}, 6)
-			})
-			t.Run("with-empty", func(t *testing.T) {
-				segs := []device.Seg{{Addr: pool + 100, Len: 0}, {Addr: pool + 4096, Len: 70000}, {Addr: pool, Len: 0}, {Addr: pool + 1<<20, Len: 5}}
-				checkGatherScatter(t, d, pool, data, segs, 7)
-			})
-			if mode == CopyKernel {
-				if n, _ := l.h.Call("fake_launches"); n == 0 {
-					t.Error("kernel mode launched no kernel")
-				}
+			if n, _ := l.h.Call("fake_ctx_sets"); n < 2 {
+				t.Errorf("context made current %d times across 8 fresh threads", n)
 			}
 		})
 	}
@@ -179,7 +171,7 @@ func TestFakeRingUnderPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.FreeDevice(pool)
-	data := randBytes(9, poolSize)
+	data := devicetest.RandBytes(9, poolSize)
 	if err := d.CopyHtoD(pool, data); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +189,7 @@ func TestFakeRingUnderPressure(t *testing.T) {
 	// 3*ringMaxSlots launches without synchronizing: slots must be made up
 	// to the cap and then waited for, never overwritten while "running".
 	for i := range 3 * ringMaxSlots {
-		segs := blockSegs(rng, pool, poolSize, 4, 1024)
+		segs := devicetest.BlockSegs(rng, pool, poolSize, 4, 1024)
 		dst := p.Slice((i%64)*4096, 4096)
 		if err := s.Gather(dst, segs); err != nil {
 			t.Fatalf("gather %d: %v", i, err)
@@ -359,29 +351,6 @@ func TestFakeRegisterHost(t *testing.T) {
 	}
 }
 
-func TestFakeConcurrentThreads(t *testing.T) {
-	for _, mode := range []CopyMode{CopyKernel, CopyBatch, CopyPerCopy} {
-		t.Run(string(mode), func(t *testing.T) {
-			l := fakeLibrary(t)
-			d := openFake(t, l, Config{CopyMode: mode, PTX: fakePTX})
-			const poolSize = 4 << 20
-			pool, err := d.AllocDevice(poolSize)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.FreeDevice(pool)
-			data := randBytes(12, poolSize)
-			if err := d.CopyHtoD(pool, data); err != nil {
-				t.Fatal(err)
-			}
-			checkConcurrent(t, d, pool, data, 8, 20)
-			if n, _ := l.h.Call("fake_ctx_sets"); n < 2 {
-				t.Errorf("context made current %d times across 8 fresh threads", n)
-			}
-		})
-	}
-}
-
 // fakeStridedPTX declares both kernels, as gather.ptx does.
 const fakeStridedPTX = fakePTX + ".visible .entry stage_copy_strided(\n"
 
@@ -401,7 +370,7 @@ func TestFakeStrided(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.FreeDevice(pool)
-	data := randBytes(21, poolSize)
+	data := devicetest.RandBytes(21, poolSize)
 	if err := d.CopyHtoD(pool, data); err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +380,7 @@ func TestFakeStrided(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := launches()
-			checkGatherScatter(t, d, pool, data, tc.segs, uint64(30+i))
+			devicetest.CheckGatherScatter(t, d, d, pool, data, tc.segs, uint64(30+i))
 			if got := launches() > before; got != tc.strided {
 				t.Errorf("strided kernel launched: %v, want %v", got, tc.strided)
 			}
@@ -423,7 +392,7 @@ func TestFakeStrided(t *testing.T) {
 		t.Errorf("module without the strided kernel: mode %q (%s), strided %v", m, why, plain.fnStrided != nil)
 	}
 	before := launches()
-	checkGatherScatter(t, plain, pool, data, hndSegs(rng, pool, poolSize, 4, 16, 8, 256, 0), 40)
+	devicetest.CheckGatherScatter(t, plain, plain, pool, data, hndSegs(rng, pool, poolSize, 4, 16, 8, 256, 0), 40)
 	if launches() != before {
 		t.Error("a module without the strided kernel launched it")
 	}

@@ -89,7 +89,7 @@ func (d *Device) importIPC(h device.Handle) (*mapping, error) {
 	}
 	var p C.CUdeviceptr
 	if rc := C.stage_ipc_open(d.lib.c, d.ctx, (*C.char)(unsafe.Pointer(&h.Bytes[0])), ipcLazyPeerAccess, &p); rc != 0 {
-		return nil, d.lib.errorf(rc, "cuIpcOpenMemHandle(handle %x..., %d B, LAZY_ENABLE_PEER_ACCESS)", h.Bytes[:8], h.Size)
+		return nil, d.lib.check(rc, "cuIpcOpenMemHandle(handle %x..., %d B, LAZY_ENABLE_PEER_ACCESS)", h.Bytes[:8], h.Size)
 	}
 	// The engine says how large the allocation is; the driver knows. A
 	// region that claimed more would let peers reach past the allocation.
@@ -99,7 +99,7 @@ func (d *Device) importIPC(h device.Handle) (*mapping, error) {
 	if rc != 0 || b != p || uint64(n) < h.Size {
 		_ = C.stage_ipc_close(d.lib.c, d.ctx, p)
 		if rc != 0 {
-			return nil, d.lib.errorf(rc, "cuMemGetAddressRange(imported %#x)", uint64(p))
+			return nil, d.lib.check(rc, "cuMemGetAddressRange(imported %#x)", uint64(p))
 		}
 		return nil, fmt.Errorf("cuda: %s: import cuda-ipc: the handle's allocation has %d B at %#x, the engine claimed %d B: %w",
 			d, uint64(n), uint64(b), h.Size, device.ErrBadHandle)
@@ -119,7 +119,7 @@ func (d *Device) importFD(h device.Handle) (*mapping, error) {
 	var p C.CUdeviceptr
 	var step C.int
 	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.ordinal), HandleTypePosixFD, C.int(h.FD), &size, &ah, &p, &step); rc != 0 {
-		return nil, d.lib.errorf(rc, "%s(import fd %d, %d B)", stepName(step), h.FD, h.Size)
+		return nil, d.lib.check(rc, "%s(import fd %d, %d B)", stepName(step), h.FD, h.Size)
 	}
 	return &mapping{d: d, kind: h.Kind, base: device.Addr(p), size: h.Size, vmmHandle: ah, vmmSize: size}, nil
 }
@@ -144,7 +144,7 @@ func (d *Device) importMemfd(h device.Handle) (*mapping, error) {
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_register(d.lib.c, d.ctx, C.uintptr_t(key), C.size_t(len(b)), memHostRegPortable|memHostRegDeviceMap, &dev); rc != 0 {
 		syscall.Munmap(b)
-		return nil, d.lib.errorf(rc, "cuMemHostRegister(memfd %d, %d B, PORTABLE|DEVICEMAP)", h.FD, h.Size)
+		return nil, d.lib.check(rc, "cuMemHostRegister(memfd %d, %d B, PORTABLE|DEVICEMAP)", h.FD, h.Size)
 	}
 	return &mapping{d: d, kind: h.Kind, base: device.Addr(dev), size: h.Size, host: b}, nil
 }
@@ -184,18 +184,18 @@ func (m *mapping) Close() error {
 	switch m.kind {
 	case device.HandleCUDAIPC:
 		if rc := C.stage_ipc_close(l.c, d.ctx, C.CUdeviceptr(m.base)); rc != 0 {
-			return l.errorf(rc, "cuIpcCloseMemHandle(%#x)", uint64(m.base))
+			return l.check(rc, "cuIpcCloseMemHandle(%#x)", uint64(m.base))
 		}
 	case device.HandlePosixFD:
 		var step C.int
 		if rc := C.stage_vmm_teardown(l.c, d.ctx, C.CUdeviceptr(m.base), m.vmmSize, m.vmmHandle, &step); rc != 0 {
-			return l.errorf(rc, "%s(%#x, %d B)", stepName(step), uint64(m.base), uint64(m.vmmSize))
+			return l.check(rc, "%s(%#x, %d B)", stepName(step), uint64(m.base), uint64(m.vmmSize))
 		}
 	case device.HandleMemfd:
 		key := uintptr(unsafe.Pointer(&m.host[0]))
 		var first error
 		if rc := C.stage_host_unregister(l.c, d.ctx, C.uintptr_t(key)); rc != 0 {
-			first = l.errorf(rc, "cuMemHostUnregister(memfd mapping %#x)", key)
+			first = l.check(rc, "cuMemHostUnregister(memfd mapping %#x)", key)
 		}
 		if err := syscall.Munmap(m.host); err != nil && first == nil {
 			first = fmt.Errorf("cuda: %s: munmap memfd mapping: %w", d, err)

@@ -8,18 +8,23 @@ package cuda
 import "C"
 
 import (
+	"cmp"
 	"fmt"
-	"os"
-	"sort"
-	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/stage-kv/stage/internal/dl"
 )
 
-// DefaultLibraryName is the driver library opened when neither a path nor
-// $STAGE_CUDA_LIBRARY names another.
+// DefaultLibraryName is the driver library opened when device.cuda.library
+// (Config.Library) names no other.
 const DefaultLibraryName = "libcuda.so.1"
+
+// Symbol groups of the bound table (stage_sym_optional in shim.c).
+const (
+	symBatch = 1 // cuMemcpyBatchAsync (either ABI)
+	symVMM   = 2 // VMM import/export
+)
 
 // Library is libcuda opened with dlopen, every entry point resolved once at
 // open into a field of a C struct (shim.h lists each with its C prototype).
@@ -29,7 +34,7 @@ type Library struct {
 	path   string
 	h      *dl.Handle
 	c      *C.stage_cu
-	absent map[string]string // optional export -> why it matters
+	absent dl.Absent // optional export -> what its absence costs
 
 	batch  bool // cuMemcpyBatchAsync_v2 or cuMemcpyBatchAsync
 	vmm    bool // every VMM call present
@@ -40,63 +45,39 @@ type Library struct {
 }
 
 // OpenLibrary opens the CUDA driver library at path ("" means
-// $STAGE_CUDA_LIBRARY, or libcuda.so.1 when that is unset) and resolves every
-// symbol stage uses. A missing required symbol fails the open with one error
-// that lists them all; missing optional ones (batched copies, VMM) are
-// recorded in Absent.
+// DefaultLibraryName) and resolves every symbol stage uses. A missing
+// required symbol fails the open with one error that lists them all;
+// missing optional ones (batched copies, VMM) are recorded in Absent.
 func OpenLibrary(path string) (*Library, error) {
-	path = libraryPath(path)
+	path = cmp.Or(path, DefaultLibraryName)
 	h, err := dl.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: dlopen %s: %v; is the NVIDIA driver installed and visible in this container?", path, err)
+		return nil, fmt.Errorf("cuda: %w; is the NVIDIA driver installed and visible in this container (or device.cuda.library set)?", err)
 	}
 	c := C.stage_cu_new()
 	if c == nil {
 		h.Close()
 		return nil, fmt.Errorf("cuda: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: map[string]string{}}
-	var missing []string
-	vmmMissing := 0
-	for i := 0; i < int(C.stage_nsyms()); i++ {
-		name := C.GoString(C.stage_sym_name(C.int(i)))
-		opt := int(C.stage_sym_optional(C.int(i)))
-		p := h.Lookup(name)
-		if p == nil {
-			switch opt {
-			case 0:
-				missing = append(missing, name)
-			case 1:
-				l.absent[name] = batchAbsentReason(name)
-			default:
-				vmmMissing++
-				l.absent[name] = "VMM import/export (POSIX fd handles) unavailable; needs a CUDA 10.2+ driver"
-			}
-			continue
-		}
-		C.stage_sym_set(c, C.int(i), p)
-	}
-	if len(missing) > 0 {
+	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
+	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.stage_sym_set(c, C.int(i), p) })
+	if req := missing[dl.Required]; len(req) > 0 {
 		C.stage_cu_free(c)
 		h.Close()
-		return nil, fmt.Errorf("cuda: %s: missing %s; driver too old?", path, strings.Join(missing, ", "))
+		return nil, dl.MissingError("cuda", path, req, "driver too old?")
+	}
+	for _, name := range missing[symBatch] {
+		l.absent[name] = batchAbsentReason(name)
+	}
+	for _, name := range missing[symVMM] {
+		l.absent[name] = "VMM import/export (POSIX fd handles) unavailable; needs a CUDA 10.2+ driver"
 	}
 	l.batch = c.cuMemcpyBatchAsync_v2 != nil || c.cuMemcpyBatchAsync != nil
-	l.vmm = vmmMissing == 0
+	l.vmm = len(missing[symVMM]) == 0
 	if !l.vmm {
-		l.vmmWhy = fmt.Sprintf("%s lacks %d VMM entry points", path, vmmMissing)
+		l.vmmWhy = fmt.Sprintf("%s lacks %d VMM entry points", path, len(missing[symVMM]))
 	}
 	return l, nil
-}
-
-func libraryPath(path string) string {
-	if path != "" {
-		return path
-	}
-	if p := os.Getenv("STAGE_CUDA_LIBRARY"); p != "" {
-		return p
-	}
-	return DefaultLibraryName
 }
 
 func batchAbsentReason(name string) string {
@@ -108,35 +89,22 @@ func batchAbsentReason(name string) string {
 
 var libs dl.Cache[*Library]
 
-// DefaultLibrary returns the process-wide library for $STAGE_CUDA_LIBRARY
-// (or libcuda.so.1), opening it on first use. A failed open is not
+// SharedLibrary returns the process-wide library for path ("" means
+// DefaultLibraryName), opening it on first use. A failed open is not
 // remembered: a later call tries again. Libraries opened here are never
 // closed (drivers do not like dlclose).
-func DefaultLibrary() (*Library, error) {
-	return libs.Get(libraryPath(""), OpenLibrary)
+func SharedLibrary(path string) (*Library, error) {
+	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
 func (l *Library) Path() string { return l.path }
 
 // Absent maps each optional export the library lacks to what that costs.
-func (l *Library) Absent() map[string]string {
-	m := make(map[string]string, len(l.absent))
-	for k, v := range l.absent {
-		m[k] = v
-	}
-	return m
-}
+func (l *Library) Absent() map[string]string { return l.absent.Copy() }
 
 // AbsentList renders Absent sorted, one "name: reason" per entry.
-func (l *Library) AbsentList() []string {
-	out := make([]string, 0, len(l.absent))
-	for k, v := range l.absent {
-		out = append(out, k+": "+v)
-	}
-	sort.Strings(out)
-	return out
-}
+func (l *Library) AbsentList() []string { return l.absent.List() }
 
 // HasBatchCopy reports whether cuMemcpyBatchAsync (either ABI) is exported.
 func (l *Library) HasBatchCopy() bool { return l.batch }
@@ -148,13 +116,13 @@ func (l *Library) HasVMM() bool { return l.vmm }
 func (l *Library) DriverVersion() (int, error) {
 	var v C.int
 	if rc := C.stage_driver_version(l.c, &v); rc != 0 {
-		return 0, l.errorf(rc, "cuDriverGetVersion")
+		return 0, l.check(rc, "cuDriverGetVersion")
 	}
 	return int(v), nil
 }
 
 // Close unloads a library that no open Device uses. Libraries from
-// DefaultLibrary must not be closed.
+// SharedLibrary must not be closed.
 func (l *Library) Close() error {
 	libs.Forget(l)
 	if l.c != nil {
@@ -167,15 +135,18 @@ func (l *Library) Close() error {
 func (l *Library) init() error {
 	l.initOnce.Do(func() {
 		if rc := C.stage_init(l.c); rc != 0 {
-			l.initErr = l.errorf(rc, "cuInit")
+			l.initErr = l.check(rc, "cuInit")
 		}
 	})
 	return l.initErr
 }
 
-// errorf builds an *Error for a failed call; op is formatted only here, on
-// the error path.
-func (l *Library) errorf(rc C.CUresult, format string, args ...any) error {
+// check turns a driver call's result into nil or an *Error; op is
+// formatted only on the error path.
+func (l *Library) check(rc C.CUresult, format string, args ...any) error {
+	if rc == 0 {
+		return nil
+	}
 	code := int(rc)
 	e := &Error{Op: format, Code: code}
 	if len(args) > 0 {
@@ -192,21 +163,13 @@ func (l *Library) errorf(rc C.CUresult, format string, args ...any) error {
 	return e
 }
 
-// symbol is one entry of the bound-symbol table (shim.c).
-type symbol struct {
-	Name     string
-	Optional bool
-}
-
-// symbols lists every export the Library resolves, in table order.
-func symbols() []symbol {
+// symbols lists every export the Library resolves, in table order, with
+// its group (dl.Required, symBatch, symVMM).
+func symbols() []dl.Sym {
 	n := int(C.stage_nsyms())
-	out := make([]symbol, n)
+	out := make([]dl.Sym, n)
 	for i := range out {
-		out[i] = symbol{
-			Name:     C.GoString(C.stage_sym_name(C.int(i))),
-			Optional: C.stage_sym_optional(C.int(i)) != 0,
-		}
+		out[i] = dl.Sym{Name: C.GoString(C.stage_sym_name(C.int(i))), Group: int(C.stage_sym_optional(C.int(i)))}
 	}
 	return out
 }

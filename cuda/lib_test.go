@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/dl"
 )
 
 func TestRegistered(t *testing.T) {
@@ -24,7 +25,7 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 	msg := err.Error()
 	wantPrefix := "cuda: dlopen " + path + ": "
-	wantSuffix := "; is the NVIDIA driver installed and visible in this container?"
+	wantSuffix := "; is the NVIDIA driver installed and visible in this container (or device.cuda.library set)?"
 	if !strings.HasPrefix(msg, wantPrefix) || !strings.HasSuffix(msg, wantSuffix) {
 		t.Fatalf("got %q, want %q<dlerror>%q", msg, wantPrefix, wantSuffix)
 	}
@@ -33,12 +34,11 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 }
 
-func TestOpenHonorsEnvLibrary(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "libcuda-from-env.so.1")
-	t.Setenv("STAGE_CUDA_LIBRARY", path)
-	_, err := device.Open(device.KindCUDA, 0, device.Options{})
+func TestOpenHonorsOptionsLibrary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libcuda-from-config.so.1")
+	_, err := device.Open(device.KindCUDA, 0, device.Options{CUDA: device.CUDAOptions{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "cuda: dlopen "+path+": ") {
-		t.Fatalf("device.Open with STAGE_CUDA_LIBRARY=%s: got %v, want a dlopen error naming it", path, err)
+		t.Fatalf("device.Open with CUDA.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}
 }
 
@@ -58,7 +58,7 @@ int cuGetErrorName(int r, const char **s) { (void)r; *s = "CUDA_SUCCESS"; return
 	listed := strings.Split(strings.TrimSuffix(strings.TrimPrefix(msg, "cuda: "+so+": missing "), "; driver too old?"), ", ")
 	var want []string
 	for _, s := range symbols() {
-		if !s.Optional && s.Name != "cuInit" && s.Name != "cuGetErrorName" {
+		if s.Group == dl.Required && s.Name != "cuInit" && s.Name != "cuGetErrorName" {
 			want = append(want, s.Name)
 		}
 	}
@@ -80,7 +80,7 @@ func TestSymbolTable(t *testing.T) {
 			t.Errorf("symbol %s bound twice", s.Name)
 		}
 		seen[s.Name] = true
-		if s.Optional {
+		if s.Group != dl.Required {
 			optional = append(optional, s.Name)
 		}
 	}

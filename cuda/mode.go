@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/stage-kv/stage/device"
 )
@@ -24,8 +23,8 @@ const (
 	CopyPerCopy CopyMode = "percopy"
 )
 
-// ParseCopyMode reads a mode name as $STAGE_CUDA_COPY spells it; "" and
-// "auto" mean CopyAuto.
+// ParseCopyMode reads a mode name as device.cuda.copy_mode spells it; ""
+// and "auto" mean CopyAuto.
 func ParseCopyMode(s string) (CopyMode, error) {
 	switch s {
 	case "", "auto":
@@ -34,18 +33,6 @@ func ParseCopyMode(s string) (CopyMode, error) {
 		return CopyMode(s), nil
 	}
 	return "", fmt.Errorf("cuda: copy mode %q: want kernel, batch, percopy or auto", s)
-}
-
-// copyModeFromEnv applies $STAGE_CUDA_COPY when the caller asked for auto.
-func copyModeFromEnv(want CopyMode) (CopyMode, error) {
-	if want != CopyAuto {
-		return ParseCopyMode(string(want))
-	}
-	m, err := ParseCopyMode(os.Getenv("STAGE_CUDA_COPY"))
-	if err != nil {
-		return "", fmt.Errorf("%w (from STAGE_CUDA_COPY)", err)
-	}
-	return m, nil
 }
 
 // chooseCopyMode decides the mode of a device from what is available:
@@ -95,7 +82,7 @@ func fallbackMode(batchErr error) CopyMode {
 // so short copies finish inside the poll and long ones cost no CPU.
 type EventWait string
 
-// Event wait modes ($STAGE_CUDA_EVENT_WAIT).
+// Event wait modes (device.cuda.event_wait).
 const (
 	WaitAuto   EventWait = ""
 	WaitSpin   EventWait = "spin"
@@ -117,7 +104,7 @@ func (w EventWait) spin() int64 {
 	return 0
 }
 
-// ParseEventWait reads a mode as $STAGE_CUDA_EVENT_WAIT spells it; "" and
+// ParseEventWait reads a mode as device.cuda.event_wait spells it; "" and
 // "auto" mean the default, WaitHybrid.
 func ParseEventWait(s string) (EventWait, error) {
 	switch s {
@@ -127,15 +114,4 @@ func ParseEventWait(s string) (EventWait, error) {
 		return EventWait(s), nil
 	}
 	return "", fmt.Errorf("cuda: event wait %q: want spin, block, hybrid or auto", s)
-}
-
-func eventWaitFromEnv(want EventWait) (EventWait, error) {
-	if want != WaitAuto {
-		return ParseEventWait(string(want))
-	}
-	w, err := ParseEventWait(os.Getenv("STAGE_CUDA_EVENT_WAIT"))
-	if err != nil {
-		return "", fmt.Errorf("%w (from STAGE_CUDA_EVENT_WAIT)", err)
-	}
-	return w, nil
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -48,59 +49,74 @@ func TestChooseCopyMode(t *testing.T) {
 	}
 }
 
-func TestCopyModeEnv(t *testing.T) {
+func TestParseCopyMode(t *testing.T) {
 	for _, tc := range []struct {
-		env  string
-		cfg  CopyMode
+		in   string
 		want CopyMode
 		bad  bool
 	}{
-		{"", CopyAuto, CopyAuto, false},
-		{"auto", CopyAuto, CopyAuto, false},
-		{"batch", CopyAuto, CopyBatch, false},
-		{"percopy", CopyKernel, CopyKernel, false}, // explicit config wins
-		{"kernel", CopyAuto, CopyKernel, false},
-		{"fast", CopyAuto, "", true},
+		{"", CopyAuto, false},
+		{"auto", CopyAuto, false},
+		{"batch", CopyBatch, false},
+		{"kernel", CopyKernel, false},
+		{"percopy", CopyPerCopy, false},
+		{"fast", "", true},
 	} {
-		t.Setenv("STAGE_CUDA_COPY", tc.env)
-		got, err := copyModeFromEnv(tc.cfg)
+		got, err := ParseCopyMode(tc.in)
 		if tc.bad {
-			if err == nil || !strings.Contains(err.Error(), "STAGE_CUDA_COPY") {
-				t.Errorf("env %q: got (%q, %v), want an error naming STAGE_CUDA_COPY", tc.env, got, err)
+			if err == nil || !strings.Contains(err.Error(), `copy mode "fast"`) {
+				t.Errorf("%q: got (%q, %v), want an error naming it", tc.in, got, err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("env %q cfg %q: got (%q, %v), want %q", tc.env, tc.cfg, got, err, tc.want)
+			t.Errorf("%q: got (%q, %v), want %q", tc.in, got, err, tc.want)
 		}
 	}
 }
 
-func TestEventWaitEnv(t *testing.T) {
+func TestParseEventWait(t *testing.T) {
 	for _, tc := range []struct {
-		env  string
-		cfg  EventWait
+		in   string
 		want EventWait
 		spin int64
 		bad  bool
 	}{
-		{"", WaitAuto, WaitHybrid, hybridSpin, false},
-		{"auto", WaitAuto, WaitHybrid, hybridSpin, false},
-		{"spin", WaitAuto, WaitSpin, 0, false},
-		{"block", WaitAuto, WaitBlock, 0, false},
-		{"block", WaitSpin, WaitSpin, 0, false}, // explicit config wins
-		{"busy", WaitAuto, "", 0, true},
+		{"", WaitHybrid, hybridSpin, false},
+		{"auto", WaitHybrid, hybridSpin, false},
+		{"spin", WaitSpin, 0, false},
+		{"block", WaitBlock, 0, false},
+		{"busy", "", 0, true},
 	} {
-		t.Setenv("STAGE_CUDA_EVENT_WAIT", tc.env)
-		got, err := eventWaitFromEnv(tc.cfg)
+		got, err := ParseEventWait(tc.in)
 		if tc.bad {
-			if err == nil || !strings.Contains(err.Error(), "STAGE_CUDA_EVENT_WAIT") {
-				t.Errorf("env %q: got (%q, %v), want an error naming STAGE_CUDA_EVENT_WAIT", tc.env, got, err)
+			if err == nil || !strings.Contains(err.Error(), `event wait "busy"`) {
+				t.Errorf("%q: got (%q, %v), want an error naming it", tc.in, got, err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want || got.spin() != tc.spin {
-			t.Errorf("env %q cfg %q: got (%q, spin %d, %v), want %q, spin %d", tc.env, tc.cfg, got, got.spin(), err, tc.want, tc.spin)
+			t.Errorf("%q: got (%q, spin %d, %v), want %q, spin %d", tc.in, got, got.spin(), err, tc.want, tc.spin)
 		}
+	}
+}
+
+// The values config accepts for device.cuda.* are the ones this package
+// parses, and ConfigFrom carries each option to its field.
+func TestConfigFromOptions(t *testing.T) {
+	for _, m := range config.CUDACopyModes {
+		if _, err := ParseCopyMode(m); err != nil {
+			t.Errorf("config allows device.cuda.copy_mode %q: %v", m, err)
+		}
+	}
+	for _, w := range config.CUDAEventWaits {
+		if _, err := ParseEventWait(w); err != nil {
+			t.Errorf("config allows device.cuda.event_wait %q: %v", w, err)
+		}
+	}
+	got := ConfigFrom(device.CUDAOptions{Library: "/x/libcuda.so", CopyMode: "batch", EventWait: "spin", PTX: "/x/k.ptx"})
+	want := Config{Library: "/x/libcuda.so", CopyMode: CopyBatch, EventWait: WaitSpin, PTXFile: "/x/k.ptx"}
+	if got != want {
+		t.Errorf("ConfigFrom = %+v, want %+v", got, want)
 	}
 }

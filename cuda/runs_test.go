@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // runCase is a run list inside a pool of 8 MiB or more, whose runs do not
@@ -35,7 +36,7 @@ func runCases(rng *rand.Rand, pool device.Addr, size uint64) []runCase {
 	tail := pool + device.Addr(size-64<<10) // the last 64 KiB: the cut pieces
 	cut := append([]device.Run{{Addr: tail + 7, Len: 100, N1: 1, N2: 1}}, hndRuns(rng, pool, size, 9, 16, 8, 256, 0)...)
 	cut = append(cut, device.Run{Addr: tail + 4096, Len: 1024, N1: 3, S1: 2048, N2: 1}, device.Run{Addr: tail + 20000, Len: 33, N1: 1, N2: 1})
-	blocks := blockSegs(rng, pool, size, 64, 16<<10)
+	blocks := devicetest.BlockSegs(rng, pool, size, 64, 16<<10)
 	whole := make([]device.Run, len(blocks))
 	for i, b := range blocks {
 		whole[i] = device.Run{Addr: b.Addr, Len: uint32(b.Len), N1: 1, N2: 1}
@@ -103,19 +104,18 @@ func TestFakeRuns(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakeStridedPTX})
 	const poolSize = 8 << 20
-	pool, data := devicePool(t, d, poolSize, 61)
+	pool, data := devicetest.Pool(t, d, poolSize, 61)
 	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
 	plain := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakePTX})
 	for i, tc := range runCases(rand.New(rand.NewPCG(62, 63)), pool, poolSize) {
 		t.Run(tc.name, func(t *testing.T) {
-			segs := device.AppendRunSegs(nil, tc.runs)
 			before := launches()
-			checkCopies(t, d, pool, data, segs, tc.runs, uint64(70+i))
+			devicetest.CheckRuns(t, d, d, pool, data, tc.runs, uint64(70+i))
 			if got := launches() > before; got != tc.strided {
 				t.Errorf("strided kernel launched: %v, want %v", got, tc.strided)
 			}
 			before = launches()
-			checkCopies(t, plain, pool, data, segs, tc.runs, uint64(80+i))
+			devicetest.CheckRuns(t, plain, plain, pool, data, tc.runs, uint64(80+i))
 			if launches() != before {
 				t.Error("a module without the strided kernel launched it")
 			}

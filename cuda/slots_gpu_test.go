@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // TestGPURenewSlot: on the real driver, a slot of an AllocSlots slab that
@@ -21,7 +22,7 @@ func TestGPURenewSlot(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			d := openGPU(t, mode)
 			const size, n = 4 << 20, 4
-			pool, data := devicePool(t, d, 2*size, 7)
+			pool, data := devicetest.Pool(t, d, 2*size, 7)
 			slots, err := d.AllocSlots(size, n)
 			if err != nil {
 				t.Fatal(err)

@@ -107,12 +107,12 @@ func (s *Stream) copy1(gather bool, host uintptr, a device.Addr, n uint64) error
 	l := s.d.lib
 	if gather {
 		if rc := C.stage_dtoh_async(l.c, s.d.ctx, C.uintptr_t(host), C.CUdeviceptr(a), C.size_t(n), s.s); rc != 0 {
-			return l.errorf(rc, "cuMemcpyDtoHAsync(%d B from %#x)", n, uint64(a))
+			return l.check(rc, "cuMemcpyDtoHAsync(%d B from %#x)", n, uint64(a))
 		}
 		return nil
 	}
 	if rc := C.stage_htod_async(l.c, s.d.ctx, C.CUdeviceptr(a), C.uintptr_t(host), C.size_t(n), s.s); rc != 0 {
-		return l.errorf(rc, "cuMemcpyHtoDAsync(%d B to %#x)", n, uint64(a))
+		return l.check(rc, "cuMemcpyHtoDAsync(%d B to %#x)", n, uint64(a))
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (s *Stream) listMove(gather bool, mode CopyMode, host uintptr, segs []devic
 	}
 	if mode == CopyBatch {
 		if rc := C.stage_batch(l.c, s.d.ctx, s.sc, C.size_t(nz), s.s); rc != 0 {
-			return l.errorf(rc, "cuMemcpyBatchAsync(%d copies, %d B, %s)%s", nz, total, dirName(gather), s.failAt(nz))
+			return l.check(rc, "cuMemcpyBatchAsync(%d copies, %d B, %s)%s", nz, total, dirName(gather), s.failAt(nz))
 		}
 		return nil
 	}
@@ -161,9 +161,9 @@ func (s *Stream) listMove(gather bool, mode CopyMode, host uintptr, segs []devic
 	if rc := C.stage_percopy(l.c, s.d.ctx, dir, s.sc, C.size_t(nz), s.s); rc != 0 {
 		k := int(s.sc.fail)
 		if gather {
-			return l.errorf(rc, "cuMemcpyDtoHAsync(%d B from %#x) [copy %d of %d]", uint64(sizes[k]), uint64(srcs[k]), k+1, nz)
+			return l.check(rc, "cuMemcpyDtoHAsync(%d B from %#x) [copy %d of %d]", uint64(sizes[k]), uint64(srcs[k]), k+1, nz)
 		}
-		return l.errorf(rc, "cuMemcpyHtoDAsync(%d B to %#x) [copy %d of %d]", uint64(sizes[k]), uint64(dsts[k]), k+1, nz)
+		return l.check(rc, "cuMemcpyHtoDAsync(%d B to %#x) [copy %d of %d]", uint64(sizes[k]), uint64(dsts[k]), k+1, nz)
 	}
 	return nil
 }
@@ -238,13 +238,13 @@ func (s *Stream) kernelRun(what string, more func() bool, fill func(*ringSlot) (
 		if res.rc != 0 {
 			if res.step == 0 {
 				s.ring.putBack(slot)
-				return l.errorf(res.rc, "cuLaunchKernel(%s, %d %s)", name, n, what)
+				return l.check(res.rc, "cuLaunchKernel(%s, %d %s)", name, n, what)
 			}
 			// The kernel is queued but its slot has no event to say when it
 			// is done: wait for the stream before the slot can be reused.
 			C.stage_stream_sync(l.c, s.d.ctx, s.s)
 			s.ring.putBack(slot)
-			return l.errorf(res.rc, "cuEventRecord(after %s)", name)
+			return l.check(res.rc, "cuEventRecord(after %s)", name)
 		}
 		s.ring.submit(slot)
 	}
@@ -261,12 +261,12 @@ func (b slotBackend) alloc(id, n int) (*ringSlot, error) {
 	var host unsafe.Pointer
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_alloc(l.c, s.d.ctx, C.size_t(bytes), memHostAllocPortable|memHostAllocDeviceMap, &host, &dev); rc != 0 {
-		return nil, l.errorf(rc, "cuMemHostAlloc(%d B, descriptor ring)", bytes)
+		return nil, l.check(rc, "cuMemHostAlloc(%d B, descriptor ring)", bytes)
 	}
 	var ev C.CUevent
 	if rc := C.stage_event_create(l.c, s.d.ctx, eventDisableTiming, &ev); rc != 0 {
 		C.stage_host_free(l.c, s.d.ctx, host)
-		return nil, l.errorf(rc, "cuEventCreate(descriptor ring)")
+		return nil, l.check(rc, "cuEventCreate(descriptor ring)")
 	}
 	for len(s.slots) <= id {
 		s.slots = append(s.slots, slotRes{})
@@ -285,13 +285,13 @@ func (b slotBackend) done(sl *ringSlot) (bool, error) {
 	case codeNotReady:
 		return false, nil
 	}
-	return true, s.d.lib.errorf(rc, "cuEventQuery(descriptor ring slot %d)", sl.id)
+	return true, s.d.lib.check(rc, "cuEventQuery(descriptor ring slot %d)", sl.id)
 }
 
 func (b slotBackend) wait(sl *ringSlot) error {
 	s := b.s
 	if rc := C.stage_event_sync(s.d.lib.c, s.d.ctx, s.slots[sl.id].ev); rc != 0 {
-		return s.d.lib.errorf(rc, "cuEventSynchronize(descriptor ring slot %d)", sl.id)
+		return s.d.lib.check(rc, "cuEventSynchronize(descriptor ring slot %d)", sl.id)
 	}
 	return nil
 }
@@ -303,10 +303,10 @@ func (b slotBackend) free(sl *ringSlot) error {
 	s.slots[sl.id] = slotRes{}
 	var first error
 	if rc := C.stage_event_destroy(l.c, s.d.ctx, r.ev); rc != 0 {
-		first = l.errorf(rc, "cuEventDestroy(descriptor ring slot %d)", sl.id)
+		first = l.check(rc, "cuEventDestroy(descriptor ring slot %d)", sl.id)
 	}
 	if rc := C.stage_host_free(l.c, s.d.ctx, r.host); rc != 0 && first == nil {
-		first = l.errorf(rc, "cuMemFreeHost(descriptor ring slot %d)", sl.id)
+		first = l.check(rc, "cuMemFreeHost(descriptor ring slot %d)", sl.id)
 	}
 	return first
 }
@@ -323,7 +323,7 @@ func (s *Stream) Record(ev device.Event) error {
 		return s.d.errClosed("Record")
 	}
 	if rc := C.stage_event_record(s.d.lib.c, s.d.ctx, e.e, s.s); rc != 0 {
-		return s.d.lib.errorf(rc, "cuEventRecord")
+		return s.d.lib.check(rc, "cuEventRecord")
 	}
 	return nil
 }
@@ -337,7 +337,7 @@ func (s *Stream) Synchronize() error {
 		return s.d.errClosed("Synchronize")
 	}
 	if rc := C.stage_stream_sync(s.d.lib.c, s.d.ctx, s.s); rc != 0 {
-		return s.d.lib.errorf(rc, "cuStreamSynchronize")
+		return s.d.lib.check(rc, "cuStreamSynchronize")
 	}
 	return nil
 }
@@ -354,7 +354,7 @@ func (s *Stream) Close() error {
 	l := s.d.lib
 	var first error
 	if rc := C.stage_stream_sync(l.c, s.d.ctx, s.s); rc != 0 {
-		first = l.errorf(rc, "cuStreamSynchronize(before destroy)")
+		first = l.check(rc, "cuStreamSynchronize(before destroy)")
 	}
 	if s.ring != nil {
 		if err := s.ring.close(); err != nil && first == nil {
@@ -367,7 +367,7 @@ func (s *Stream) Close() error {
 		s.sc = nil
 	}
 	if rc := C.stage_stream_destroy(l.c, s.d.ctx, s.s); rc != 0 && first == nil {
-		first = l.errorf(rc, "cuStreamDestroy")
+		first = l.check(rc, "cuStreamDestroy")
 	}
 	s.d.mu.Lock()
 	s.d.streams--
@@ -396,7 +396,7 @@ func (e *Event) Query() (bool, error) {
 	case codeNotReady:
 		return false, nil
 	}
-	return true, e.d.lib.errorf(rc, "cuEventQuery")
+	return true, e.d.lib.check(rc, "cuEventQuery")
 }
 
 // Wait blocks the calling OS thread until the work before the event is done
@@ -407,7 +407,7 @@ func (e *Event) Wait() error {
 		return e.d.errClosed("Event.Wait")
 	}
 	if rc := C.stage_event_wait(e.d.lib.c, e.d.ctx, e.e, C.int64_t(e.d.wait.spin())); rc != 0 {
-		return e.d.lib.errorf(rc, "cuEventSynchronize (wait %s)", e.d.wait)
+		return e.d.lib.check(rc, "cuEventSynchronize (wait %s)", e.d.wait)
 	}
 	return nil
 }
@@ -424,7 +424,7 @@ func (e *Event) Close() error {
 	e.d.events--
 	e.d.mu.Unlock()
 	if rc := C.stage_event_destroy(e.d.lib.c, e.d.ctx, e.e); rc != 0 {
-		return e.d.lib.errorf(rc, "cuEventDestroy")
+		return e.d.lib.check(rc, "cuEventDestroy")
 	}
 	return nil
 }

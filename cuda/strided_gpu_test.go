@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // TestGPUStrided: every list of stridedCases gathers and scatters
@@ -20,7 +21,7 @@ func TestGPUStrided(t *testing.T) {
 		t.Fatalf("the module has no strided kernel: %v", d.stridedErr)
 	}
 	const poolSize = 64 << 20
-	pool, data := devicePool(t, d, poolSize, 41)
+	pool, data := devicetest.Pool(t, d, poolSize, 41)
 	p, err := d.AllocPinned(16 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +34,7 @@ func TestGPUStrided(t *testing.T) {
 	defer s.Close()
 	for i, tc := range stridedCases(rand.New(rand.NewPCG(42, 43)), pool, poolSize) {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGatherScatter(t, d, pool, data, tc.segs, uint64(50+i))
+			devicetest.CheckGatherScatter(t, d, d, pool, data, tc.segs, uint64(50+i))
 			before := s.stridedLaunches
 			if err := s.Gather(p.Slice(0, int(device.SegsLen(tc.segs))), tc.segs); err != nil {
 				t.Fatal(err)
@@ -49,7 +50,7 @@ func TestGPUStrided(t *testing.T) {
 	// strided descriptors.
 	for i, tc := range runCases(rand.New(rand.NewPCG(92, 93)), pool, poolSize) {
 		t.Run("runs/"+tc.name, func(t *testing.T) {
-			checkCopies(t, d, pool, data, device.AppendRunSegs(nil, tc.runs), tc.runs, uint64(100+i))
+			devicetest.CheckRuns(t, d, d, pool, data, tc.runs, uint64(100+i))
 			var total uint64
 			for _, r := range tc.runs {
 				total += r.Bytes()

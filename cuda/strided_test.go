@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // hndSegs lists, in canonical order (for each block, token, head), the row
@@ -49,8 +50,8 @@ func stridedCases(rng *rand.Rand, pool device.Addr, size uint64) []stridedCase {
 		{"hnd-unaligned", hndSegs(rng, pool, size, 9, 16, 3, 200, 5), true},
 		{"hnd-odd-pieces", hndSegs(rng, pool, size, 7, 32, 5, 17, 3), true},
 		{"hnd-cut", hndSegs(rng, pool, size, 6, 16, 8, 256, 0)[3:700], true},
-		{"16KiB-blocks", blockSegs(rng, pool, size, 300, 16<<10), false},
-		{"odd", cellSegs(rng, pool, size, 64, 1, oddLens(rng)), false},
+		{"16KiB-blocks", devicetest.BlockSegs(rng, pool, size, 300, 16<<10), false},
+		{"odd", devicetest.CellSegs(rng, pool, size, 64, 1, devicetest.OddLens(rng)), false},
 	}
 }
 
@@ -215,7 +216,7 @@ func TestCompressSegs(t *testing.T) {
 func TestCompressSegsResume(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	segs := hndSegs(rng, 1<<40, 1<<30, 10, 16, 8, 256, 0)
-	segs = append(segs, cellSegs(rng, 1<<41, 1<<20, 50, 1, oddLens(rng))...)
+	segs = append(segs, devicetest.CellSegs(rng, 1<<41, 1<<20, 50, 1, devicetest.OddLens(rng))...)
 	for _, room := range []int{3, 4, 7, 384} {
 		for _, gather := range []bool{true, false} {
 			t.Run(fmt.Sprint(room, gather), func(t *testing.T) {

@@ -137,7 +137,8 @@ type Device interface {
 // arrive through the next event recorded after it.
 type Stream interface {
 	// Gather enqueues a copy of segs, in order, into dst contiguously
-	// (device to host). The segment lengths must add up to dst.Len().
+	// (device to host). The segment lengths must add up to dst.Len();
+	// segments of length 0 are skipped.
 	Gather(dst Pinned, segs []Seg) error
 	// Scatter enqueues a copy of src, contiguously, into segs (host to
 	// device). The segment lengths must add up to src.Len().

@@ -6,11 +6,39 @@ import (
 	"sync"
 )
 
-// Options carries backend-specific settings from the config.
+// Options carries backend-specific settings from the config (the
+// device.* keys); each backend reads its own part and ignores the rest.
+// The zero value means every backend's defaults.
 type Options struct {
 	// Hostmem models: 0 means as fast as memmove.
 	BandwidthBytesPerSec float64
 	LatencyNanos         int64
+
+	CUDA CUDAOptions
+	ACL  ACLOptions
+	HIP  HIPOptions
+}
+
+// CUDAOptions are the cuda backend's settings (device.cuda.*). Empty
+// strings mean the defaults.
+type CUDAOptions struct {
+	Library   string // driver library path or name; "": libcuda.so.1
+	CopyMode  string // auto | kernel | batch | percopy
+	EventWait string // auto | spin | block | hybrid
+	PTX       string // file replacing the embedded copy kernel module; "": the embedded one
+}
+
+// ACLOptions are the acl backend's settings (device.acl.*). Empty strings
+// mean the defaults.
+type ACLOptions struct {
+	Library  string // runtime library path or name; "": libascendcl.so
+	CopyMode string // auto | batch | pack | percopy
+}
+
+// HIPOptions are the hip backend's settings (device.hip.*). Empty strings
+// mean the defaults.
+type HIPOptions struct {
+	Library string // runtime library path or name; "": libamdhip64.so
 }
 
 // Opener opens device ordinal of one backend.

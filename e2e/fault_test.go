@@ -54,7 +54,7 @@ func TestCancel(t *testing.T) {
 // transfer fails on both sides with a device error instead of hanging or
 // reporting success, and the next transfer on a fresh region works.
 func TestDeviceCopyFails(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{slots: 8, decEnv: []string{"STAGE_HOSTMEM_FAIL_AFTER=5"}})
+	pre, dec := pair(t, nodeOpts{slots: 8, decEnv: []string{"STAGE_TEST_HOSTMEM_FAIL_AFTER=5"}})
 	S, D := caches(t, pre, dec, 1, 16<<20)
 	notes, err := dec.cl.Subscribe(context.Background())
 	if err != nil {

@@ -86,6 +86,7 @@ type nodeOpts struct {
 	// sidecars of one test machine talk TCP as on separate nodes.
 	nodeDir   string
 	transport string // the route's transport; empty: the default (auto)
+	listen    string // peer listen address; empty: 127.0.0.1:0
 }
 
 // startNode starts staged with a config built from o and waits until it is ready.
@@ -106,8 +107,11 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 	if o.nodeDir != "" {
 		hostID, sockDir = "e2e-one-node", o.nodeDir
 	}
-	cfg := fmt.Sprintf("node:\n  name: %s\n  host_id: %s\n  socket_dir: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
-		name, hostID, sockDir, sock, o.slot, o.slots, o.slots/2)
+	if o.listen == "" {
+		o.listen = "127.0.0.1:0"
+	}
+	cfg := fmt.Sprintf("node:\n  name: %s\n  host_id: %s\n  socket_dir: %s\nlisten: %s\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
+		name, hostID, sockDir, o.listen, sock, o.slot, o.slots, o.slots/2)
 	if o.route != "" {
 		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 10s\n", o.route, o.peer, o.stripes)
 		if o.transport != "" {

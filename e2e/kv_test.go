@@ -19,7 +19,14 @@ import (
 // or poisoned.
 func kvCache(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
 	t.Helper()
-	k, err := kvsim.NewKV(n.name+"-"+name, preset, p, layers)
+	return kvCacheNamed(t, n, n.name+"-"+name, preset, p, layers, seed)
+}
+
+// kvCacheNamed is kvCache with the cache's full name (identical decodes
+// register caches of one name).
+func kvCacheNamed(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
+	t.Helper()
+	k, err := kvsim.NewKV(name, preset, p, layers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +263,11 @@ func TestKVRefused(t *testing.T) {
 			s.Layers = []uint32{0, 2}
 			return s
 		}(), "has 2 layers; the transfer names layer 2"},
-		{"peer named", func() wire.SubmitKV {
+		{"unknown peer named", func() wire.SubmitKV {
 			s := base.Submit("decode", "i", wire.Push, src, ok)
 			s.Peer = "decode-1"
 			return s
-		}(), "routes do not address peers by name yet"},
+		}(), `route "decode" has no peer "decode-1" (peers: decode at `},
 		{"no cache", func() wire.SubmitKV {
 			s := base.Submit("decode", "h", wire.Push, src, ok)
 			s.Remote = "nope"

@@ -131,7 +131,7 @@ func TestSameNodeShm(t *testing.T) {
 // ipc transfer falls back to TCP, still lands byte-exact, and the fallback
 // shows in stats (per route, by reason) and in the metrics.
 func TestSameNodeFallback(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc", env: []string{"STAGE_FAULT_IPC_IMPORT=1"},
+	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t), transport: "ipc", env: []string{"STAGE_TEST_FAULT_IPC_IMPORT=1"},
 		extra: "metrics:\n  listen: 127.0.0.1:0\n"})
 	S, D := caches(t, pre, dec, 4, 4<<20)
 	ms := kvsim.Ranges(S, 1<<20)

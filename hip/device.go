@@ -32,25 +32,31 @@ const (
 
 // Config tunes OpenDevice.
 type Config struct {
+	// Library is the runtime library's path or name; "" means
+	// DefaultLibraryName.
+	Library string
 	// Logf receives what the device decides on its own. nil means
 	// log.Printf.
 	Logf func(format string, args ...any)
 }
 
-// Open opens GPU ordinal with the default library and configuration; it is
-// the opener registered with device.Register. The runtime is loaded on the
-// first call, never at init.
-func Open(ordinal int, _ device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, Config{})
+// ConfigFrom reads the hip part of the device options (device.hip.*).
+func ConfigFrom(o device.HIPOptions) Config { return Config{Library: o.Library} }
+
+// Open opens GPU ordinal as opts.HIP configures it; it is the opener
+// registered with device.Register. The runtime is loaded on the first
+// call, never at init.
+func Open(ordinal int, opts device.Options) (device.Device, error) {
+	d, err := OpenDevice(ordinal, ConfigFrom(opts.HIP))
 	if err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// OpenDevice opens GPU ordinal with DefaultLibrary.
+// OpenDevice opens GPU ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary(cfg.Library)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +108,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	if d.logf == nil {
 		d.logf = log.Printf
 	}
-	if abs := l.Absent(); len(abs) > 0 {
+	if abs := l.AbsentList(); len(abs) > 0 {
 		d.logf("hip: %s (%s): optional exports absent: %s", d, l.path, strings.Join(abs, "; "))
 	}
 	return d, nil

@@ -47,8 +47,8 @@
 // pointers (shim.h lists each with its C prototype). Missing required
 // symbols fail the open with one error naming the library and all of them;
 // hipDeviceEnablePeerAccess is optional and recorded in Absent when
-// missing. The library is $STAGE_HIP_LIBRARY or libamdhip64.so. hipInit(0)
-// runs once per Library.
+// missing. The library is device.hip.library (Config.Library), by default
+// libamdhip64.so. hipInit(0) runs once per Library.
 //
 // Errors are *Error values: the call with its arguments, the hipError_t,
 // and the runtime's hipGetErrorName and hipGetErrorString text. errors.Is

@@ -2,9 +2,9 @@ package hip
 
 import (
 	"errors"
-	"strconv"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/dl"
 )
 
 // hipError_t values stage reacts to (hip/hip_runtime_api.h; they follow
@@ -24,9 +24,11 @@ var ErrOutOfRange = errors.New("out of range")
 
 // Error is a failed HIP call: the call with the values involved (Op), the
 // hipError_t (Code) and the runtime's own name and description of it
-// (hipGetErrorName, hipGetErrorString; either may be empty).
+// (hipGetErrorName, hipGetErrorString; Name is "hipError_t(N)" when the
+// runtime has none). cuda.Error and acl.Error have the same fields and
+// form.
 //
-//	hip: hipMemcpyAsync(D2H, 4194304 B from 0x7f...): hipErrorInvalidValue (1): invalid argument
+//	hip: hipMemcpyAsync(D2H, 4194304 B from 0x7f...): hipErrorInvalidValue: invalid argument
 type Error struct {
 	Op   string
 	Code int
@@ -34,18 +36,7 @@ type Error struct {
 	Msg  string
 }
 
-func (e *Error) Error() string {
-	s := "hip: " + e.Op + ": "
-	if e.Name != "" {
-		s += e.Name + " (" + strconv.Itoa(e.Code) + ")"
-	} else {
-		s += "hipError_t " + strconv.Itoa(e.Code)
-	}
-	if e.Msg != "" && e.Msg != e.Name {
-		s += ": " + e.Msg
-	}
-	return s
-}
+func (e *Error) Error() string { return dl.ErrorText("hip", e.Op, e.Name, e.Msg) }
 
 // Is maps hipError_t values onto device's sentinels: out of memory onto
 // ErrOutOfMemory, not supported (and peer access unsupported) onto

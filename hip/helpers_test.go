@@ -21,7 +21,7 @@ import (
 // and check after each test that the fake holds nothing: no device or
 // pinned memory, no open IPC handle, no stream, no event.
 
-var fakeKnobs = []string{LibraryEnv, "FAKEHIP_DEVICES", "FAKEHIP_INIT_ERR", "FAKEHIP_FAIL_COPY", "FAKEHIP_HOST_LIMIT", "FAKEHIP_NO_DEVICE_POINTER"}
+var fakeKnobs = []string{childLibraryEnv, "FAKEHIP_DEVICES", "FAKEHIP_INIT_ERR", "FAKEHIP_FAIL_COPY", "FAKEHIP_HOST_LIMIT", "FAKEHIP_NO_DEVICE_POINTER"}
 
 func TestMain(m *testing.M) {
 	// A developer's shell must not turn the emulation's knobs on for

@@ -7,22 +7,20 @@ package hip
 import "C"
 
 import (
+	"cmp"
 	"fmt"
-	"os"
-	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/stage-kv/stage/internal/dl"
 )
 
-// DefaultLibraryName is the runtime opened when neither a path nor
-// $STAGE_HIP_LIBRARY names another. ROCm puts it in /opt/rocm/lib, which its
+// DefaultLibraryName is the runtime opened when device.hip.library
+// (Config.Library) names no other. ROCm puts it in /opt/rocm/lib, which its
 // ld.so.conf entry or LD_LIBRARY_PATH makes visible.
 const DefaultLibraryName = "libamdhip64.so"
-
-// LibraryEnv names the environment variable that overrides the library path.
-const LibraryEnv = "STAGE_HIP_LIBRARY"
 
 // Library is libamdhip64 opened with dlopen, every entry point resolved once
 // at open into a field of a C struct (shim.h lists each with its C
@@ -32,58 +30,40 @@ type Library struct {
 	path   string
 	h      *dl.Handle
 	c      *C.sthip_hip
-	absent map[string]string // optional export -> what its absence costs
+	absent dl.Absent // optional export -> what its absence costs
 
 	initOnce sync.Once
 	initErr  error
 }
 
-// OpenLibrary opens the HIP runtime at path ("" means $STAGE_HIP_LIBRARY,
-// or libamdhip64.so when that is unset) and resolves every symbol stage
-// uses. A missing required symbol fails the open with one error naming the
-// library and every missing symbol; missing optional ones are recorded in
-// Absent with what each costs.
+// OpenLibrary opens the HIP runtime at path ("" means DefaultLibraryName)
+// and resolves every symbol stage uses. A missing required symbol fails the
+// open with one error naming the library and every missing symbol; missing
+// optional ones are recorded in Absent with what each costs.
 func OpenLibrary(path string) (*Library, error) {
-	path = libraryPath(path)
+	path = cmp.Or(path, DefaultLibraryName)
 	h, err := dl.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("hip: dlopen %s: %v; is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or %s set?", path, err, LibraryEnv)
+		return nil, fmt.Errorf("hip: %w; is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or device.hip.library set?", err)
 	}
 	c := C.sthip_hip_new()
 	if c == nil {
 		h.Close()
 		return nil, fmt.Errorf("hip: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: map[string]string{}}
-	var missing []string
-	for _, s := range symbols() {
-		p := h.Lookup(s.Name)
-		if p == nil {
-			if s.Group == C.STHIP_SYM_REQUIRED {
-				missing = append(missing, s.Name)
-			} else {
-				l.absent[s.Name] = absentReason(s.Name)
-			}
-			continue
-		}
-		C.sthip_sym_set(c, C.int(s.index), p)
-	}
-	if len(missing) > 0 {
+	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
+	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.sthip_sym_set(c, C.int(i), p) })
+	if req := missing[dl.Required]; len(req) > 0 {
 		C.sthip_hip_free(c)
 		h.Close()
-		return nil, fmt.Errorf("hip: %s: missing %s; ROCm too old, or not libamdhip64?", path, strings.Join(missing, ", "))
+		return nil, dl.MissingError("hip", path, req, "ROCm too old, or not libamdhip64?")
+	}
+	for _, names := range missing {
+		for _, name := range names {
+			l.absent[name] = absentReason(name)
+		}
 	}
 	return l, nil
-}
-
-func libraryPath(path string) string {
-	if path != "" {
-		return path
-	}
-	if p := os.Getenv(LibraryEnv); p != "" {
-		return p
-	}
-	return DefaultLibraryName
 }
 
 func absentReason(name string) string {
@@ -95,30 +75,25 @@ func absentReason(name string) string {
 
 var libs dl.Cache[*Library]
 
-// DefaultLibrary returns the process-wide library for $STAGE_HIP_LIBRARY (or
-// libamdhip64.so), opening it on first use. A failed open is not
+// SharedLibrary returns the process-wide library for path ("" means
+// DefaultLibraryName), opening it on first use. A failed open is not
 // remembered: a later call tries again. Libraries opened here are never
 // closed.
-func DefaultLibrary() (*Library, error) {
-	return libs.Get(libraryPath(""), OpenLibrary)
+func SharedLibrary(path string) (*Library, error) {
+	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
 
 // Path returns the path the library was opened with.
 func (l *Library) Path() string { return l.path }
 
-// Absent lists each optional export the library lacks with what that
-// costs, sorted, one "name: reason" per entry.
-func (l *Library) Absent() []string {
-	out := make([]string, 0, len(l.absent))
-	for k, v := range l.absent {
-		out = append(out, k+": "+v)
-	}
-	sort.Strings(out)
-	return out
-}
+// Absent maps each optional export the library lacks to what that costs.
+func (l *Library) Absent() map[string]string { return l.absent.Copy() }
+
+// AbsentList renders Absent sorted, one "name: reason" per entry.
+func (l *Library) AbsentList() []string { return l.absent.List() }
 
 // Close unloads a library that no open Device uses. Libraries from
-// DefaultLibrary must not be closed.
+// SharedLibrary must not be closed.
 func (l *Library) Close() error {
 	libs.Forget(l)
 	if l.c != nil {
@@ -151,25 +126,22 @@ func (l *Library) check(r C.sthip_ret, format string, args ...any) error {
 	if r.name != nil {
 		e.Name = C.GoString(r.name)
 	}
+	if e.Name == "" {
+		e.Name = "hipError_t(" + strconv.Itoa(e.Code) + ")"
+	}
 	if r.msg != nil {
 		e.Msg = strings.TrimSpace(C.GoString(r.msg))
 	}
 	return e
 }
 
-// symbol is one entry of the bound-symbol table (shim.c).
-type symbol struct {
-	Name  string
-	Group int // 0 required, 1 optional
-	index int
-}
-
-// symbols lists every export the Library resolves, in table order.
-func symbols() []symbol {
+// symbols lists every export the Library resolves, in table order, with
+// its group (dl.Required or optional).
+func symbols() []dl.Sym {
 	n := int(C.sthip_nsyms())
-	out := make([]symbol, n)
+	out := make([]dl.Sym, n)
 	for i := range out {
-		out[i] = symbol{Name: C.GoString(C.sthip_sym_name(C.int(i))), Group: int(C.sthip_sym_group(C.int(i))), index: i}
+		out[i] = dl.Sym{Name: C.GoString(C.sthip_sym_name(C.int(i))), Group: int(C.sthip_sym_group(C.int(i)))}
 	}
 	return out
 }

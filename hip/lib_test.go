@@ -26,7 +26,7 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 	msg := err.Error()
 	prefix := "hip: dlopen " + path + ": "
-	suffix := "; is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or STAGE_HIP_LIBRARY set?"
+	suffix := "; is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or device.hip.library set?"
 	if !strings.HasPrefix(msg, prefix) || !strings.HasSuffix(msg, suffix) {
 		t.Fatalf("got %q, want %q<dlerror>%q", msg, prefix, suffix)
 	}
@@ -35,21 +35,19 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 }
 
-// The registered opener loads $STAGE_HIP_LIBRARY when a device is opened,
-// not before.
-func TestOpenHonorsEnvLibrary(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "libamdhip64-from-env.so")
-	t.Setenv(LibraryEnv, path)
-	_, err := device.Open(device.KindHIP, 0, device.Options{})
+// The registered opener loads device.hip.library (Options.HIP.Library)
+// when a device is opened, not before.
+func TestOpenHonorsOptionsLibrary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libamdhip64-from-config.so")
+	_, err := device.Open(device.KindHIP, 0, device.Options{HIP: device.HIPOptions{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "hip: dlopen "+path+": ") {
-		t.Fatalf("device.Open with %s=%s: got %v, want a dlopen error naming it", LibraryEnv, path, err)
+		t.Fatalf("device.Open with HIP.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}
 
 	so := buildFake(t)
-	t.Setenv(LibraryEnv, so)
-	dev, err := device.Open(device.KindHIP, 0, device.Options{})
+	dev, err := device.Open(device.KindHIP, 0, device.Options{HIP: device.HIPOptions{Library: so}})
 	if err != nil {
-		t.Fatalf("device.Open with %s=<fake>: %v", LibraryEnv, err)
+		t.Fatalf("device.Open with HIP.Library=<fake>: %v", err)
 	}
 	if dev.Kind() != device.KindHIP || dev.String() != "hip:0" {
 		t.Errorf("opened %s of kind %s, want hip:0 of kind hip", dev, dev.Kind())
@@ -57,9 +55,9 @@ func TestOpenHonorsEnvLibrary(t *testing.T) {
 	if err := dev.Close(); err != nil {
 		t.Error(err)
 	}
-	l, err := DefaultLibrary()
+	l, err := SharedLibrary(so)
 	if err != nil || l.Path() != so {
-		t.Fatalf("DefaultLibrary() = %v, %v; want the library at %s", l, err, so)
+		t.Fatalf("SharedLibrary(%s) = %v, %v; want the library at that path", so, l, err)
 	}
 	if err := l.Close(); err != nil {
 		t.Error(err)
@@ -95,8 +93,8 @@ int hipDeviceEnablePeerAccess(int p, unsigned f) { (void)p; (void)f; return 0; }
 
 func TestOptionalPeerAccessAbsent(t *testing.T) {
 	l := fakeLibrary(t, "-DFAKEHIP_NO_PEER")
-	abs := l.Absent()
-	if len(abs) != 1 || !strings.HasPrefix(abs[0], "hipDeviceEnablePeerAccess: ") {
+	abs := l.AbsentList()
+	if len(abs) != 1 || !strings.HasPrefix(abs[0], "hipDeviceEnablePeerAccess: ") || len(l.Absent()) != 1 {
 		t.Fatalf("Absent() = %q, want hipDeviceEnablePeerAccess with its cost", abs)
 	}
 	d := openDev(t, l, 0)
@@ -140,15 +138,15 @@ func TestError(t *testing.T) {
 		oom, unsupported, notReady bool
 	}{
 		{&Error{Op: "hipMemcpyAsync(D2H, 4194304 B from 0x1000)", Code: 1, Name: "hipErrorInvalidValue", Msg: "invalid argument"},
-			"hip: hipMemcpyAsync(D2H, 4194304 B from 0x1000): hipErrorInvalidValue (1): invalid argument", false, false, false},
+			"hip: hipMemcpyAsync(D2H, 4194304 B from 0x1000): hipErrorInvalidValue: invalid argument", false, false, false},
 		{&Error{Op: "hipHostMalloc(1 B, PORTABLE|MAPPED)", Code: 2, Name: "hipErrorOutOfMemory"},
-			"hip: hipHostMalloc(1 B, PORTABLE|MAPPED): hipErrorOutOfMemory (2)", true, false, false},
+			"hip: hipHostMalloc(1 B, PORTABLE|MAPPED): hipErrorOutOfMemory", true, false, false},
 		{&Error{Op: "hipEventQuery", Code: 600, Name: "hipErrorNotReady", Msg: "hipErrorNotReady"},
-			"hip: hipEventQuery: hipErrorNotReady (600)", false, false, true},
+			"hip: hipEventQuery: hipErrorNotReady", false, false, true},
 		{&Error{Op: "x", Code: 801, Name: "hipErrorNotSupported", Msg: "operation not supported"},
-			"hip: x: hipErrorNotSupported (801): operation not supported", false, true, false},
-		{&Error{Op: "x", Code: 217}, "hip: x: hipError_t 217", false, true, false},
-		{&Error{Op: "x", Code: 704}, "hip: x: hipError_t 704", false, false, false},
+			"hip: x: hipErrorNotSupported: operation not supported", false, true, false},
+		{&Error{Op: "x", Code: 217, Name: "hipError_t(217)"}, "hip: x: hipError_t(217)", false, true, false},
+		{&Error{Op: "x", Code: 704, Name: "hipError_t(704)"}, "hip: x: hipError_t(704)", false, false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.want, func(t *testing.T) {
@@ -175,7 +173,7 @@ func TestOpenDeviceErrors(t *testing.T) {
 		want    string
 		code    int
 	}{
-		{"init fails", map[string]string{"FAKEHIP_INIT_ERR": "100"}, 0, "hip: hipInit(0): hipErrorUnknown (100)", 100},
+		{"init fails", map[string]string{"FAKEHIP_INIT_ERR": "100"}, 0, "hip: hipInit(0): hipErrorUnknown", 100},
 		{"ordinal past the count", map[string]string{"FAKEHIP_DEVICES": "2"}, 2, "hip: device 2: this process sees 2 GPUs", 0},
 		{"negative ordinal", nil, -1, "hip: device -1: this process sees 1 GPUs", 0},
 	}

@@ -86,7 +86,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 		return nil, err
 	}
 	ss := s.newSession(true, r.conf().Stripes)
-	ss.route, ss.addr, ss.linkName = r, addr, r.conf().Name
+	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.conf().Name, raw.RemoteAddr().String()
 	ss.link = s.link(r.conf().Name)
 	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	randBytes(ss.nonceC[:])
@@ -368,7 +368,11 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		return fail(fmt.Errorf("peer %s (%s) sent a wrong token proof", h.NodeName, c.RemoteAddr()))
 	}
 	randBytes(ss.sid[:])
-	maxStreams := 64
+	maxStreams := s.streamOffer(64)
+	if maxStreams == 0 {
+		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("too many data streams (limits.max_streams %d)", s.cfg.Limits.MaxStreams)})
+		return fail(fmt.Errorf("peer %s: limits.max_streams (%d) reached", h.NodeName, s.cfg.Limits.MaxStreams))
+	}
 	ss.stripes = maxStreams // the dialer picks how many it opens, at most this
 	ss.streams = make([]*dataStream, maxStreams)
 	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(h.SlotSize))

@@ -32,11 +32,6 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if m.Tokens == 0 {
 		return nil, codeErr(wire.CodeBadRequest, "KV transfer of 0 tokens")
 	}
-	if m.Peer != "" {
-		// Routes do not address their peers by name yet: refusing beats
-		// sending to whichever peer the route picks.
-		return nil, codeErr(wire.CodeUnsupported, "SubmitKV names peer %q, but routes do not address peers by name yet; leave it empty and use a route with one peer", m.Peer)
-	}
 	remoteLayers := m.RemoteLayers
 	if len(remoteLayers) == 0 {
 		remoteLayers = m.Layers
@@ -44,7 +39,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if len(remoteLayers) != len(m.Layers) {
 		return nil, codeErr(wire.CodeBadRequest, "%d remote layers for %d local ones", len(remoteLayers), len(m.Layers))
 	}
-	ss, err := r.pick(ctx)
+	ss, err := r.pick(ctx, m.Peer)
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,17 +17,22 @@ import (
 )
 
 // route keeps one session to each of its peers, redialing with backoff.
-// Its settings can change under it (hot reload); its name and peers cannot
-// (a reload that changes them replaces the route).
+// Its peers come from its config (static), from DNS (discovery.go), and
+// from submits naming an allowed address (dynamic, dialed on demand); a
+// peer that leaves is drained (peers.go). Its settings can change under it
+// (hot reload); a change of stripes replaces it.
 type route struct {
 	name    string
+	s       *Server
 	cfg     atomic.Pointer[config.Route]
-	mu      sync.Mutex
-	sess    map[string]*session // by peer address
-	lastErr map[string]error
-	rr      int
-	changed chan struct{} // closed and replaced whenever a session comes or goes
+	ctx     context.Context // ends when the route is removed
 	cancel  context.CancelFunc
+	mu      sync.Mutex
+	peers   map[string]*peer // by address, draining ones until they close
+	rr      int
+	changed chan struct{} // closed and replaced whenever a peer or session comes or goes
+	dns     dnsWatch      // the DNS watcher of the current dns settings
+	stats   routeStats
 }
 
 // conf is the route's current settings.
@@ -36,15 +40,14 @@ func (r *route) conf() *config.Route { return r.cfg.Load() }
 
 func (s *Server) addRoute(rc config.Route) {
 	ctx, cancel := context.WithCancel(s.ctx)
-	r := &route{name: rc.Name, sess: map[string]*session{}, lastErr: map[string]error{}, changed: make(chan struct{}), cancel: cancel}
+	r := &route{name: rc.Name, s: s, ctx: ctx, cancel: cancel, peers: map[string]*peer{}, changed: make(chan struct{})}
 	r.cfg.Store(&rc)
 	s.mu.Lock()
 	s.routes[rc.Name] = r
 	s.mu.Unlock()
-	for _, addr := range rc.Peers {
-		s.wg.Add(1)
-		go s.dialLoop(ctx, r, addr)
-	}
+	r.reconcile(nil)
+	s.wg.Add(1)
+	go r.janitor()
 }
 
 // removeRoute stops a route: its dialers exit and its sessions close,
@@ -60,10 +63,11 @@ func (s *Server) removeRoute(name string) {
 }
 
 // ApplyRoutes makes the configured routes those of cfg (hot reload): new
-// routes are dialed, removed ones closed, routes whose peers or stripes
-// changed are replaced, and routes whose other settings changed take them
-// at once. Routes that stay as they were are not touched, nor are the
-// transfers on them. Settings that need a restart are listed in the result.
+// routes are dialed, removed ones closed, routes whose stripes changed are
+// replaced, and routes whose other settings changed take them at once:
+// peers added are dialed, peers removed are drained (their transfers in
+// flight finish), and sessions to peers that stay, with their transfers,
+// are not touched. Settings that need a restart are listed in the result.
 func (s *Server) ApplyRoutes(cfg *config.Config) (added, removed, changed []string, restart []string) {
 	want := map[string]config.Route{}
 	for _, rc := range cfg.Routes {
@@ -87,17 +91,32 @@ func (s *Server) ApplyRoutes(cfg *config.Config) (added, removed, changed []stri
 		case r == nil:
 			s.addRoute(rc)
 			added = append(added, n)
-		case !slices.Equal(r.conf().Peers, rc.Peers) || r.conf().Stripes != rc.Stripes:
+		case r.conf().Stripes != rc.Stripes:
 			s.removeRoute(n)
 			s.addRoute(rc)
 			changed = append(changed, n)
 		case !reflect.DeepEqual(*r.conf(), rc):
 			c := rc
+			old := r.conf()
 			r.cfg.Store(&c)
+			r.reconcile(old)
 			changed = append(changed, n)
 		}
 	}
-	old := s.cfg
+	restart = restartKeys(s.cfg, cfg)
+	sort.Strings(added)
+	sort.Strings(removed)
+	sort.Strings(changed)
+	s.log.Info("routes reloaded", zap.Strings("added", added), zap.Strings("removed", removed), zap.Strings("changed", changed))
+	if len(restart) > 0 {
+		s.log.Warn("config changes that take effect only after a restart", zap.Strings("keys", restart))
+	}
+	return added, removed, changed, restart
+}
+
+// restartKeys lists the settings that differ between old and cfg and
+// take effect only after a restart.
+func restartKeys(old, cfg *config.Config) (restart []string) {
 	if old.Listen != cfg.Listen {
 		restart = append(restart, "listen")
 	}
@@ -116,43 +135,43 @@ func (s *Server) ApplyRoutes(cfg *config.Config) (added, removed, changed []stri
 	if old.Limits != cfg.Limits {
 		restart = append(restart, "limits")
 	}
-	sort.Strings(added)
-	sort.Strings(removed)
-	sort.Strings(changed)
-	s.log.Info("routes reloaded", zap.Strings("added", added), zap.Strings("removed", removed), zap.Strings("changed", changed))
-	if len(restart) > 0 {
-		s.log.Warn("config changes that take effect only after a restart", zap.Strings("keys", restart))
-	}
-	return added, removed, changed, restart
+	return restart
 }
 
-func (r *route) set(addr string, ss *session, err error) {
+// set records a session of p coming (ss) or going (nil, with why).
+func (r *route) set(p *peer, ss *session, err error) {
 	r.mu.Lock()
+	p.sess, p.lastErr = ss, err
 	if ss != nil {
-		r.sess[addr] = ss
-	} else {
-		delete(r.sess, addr)
+		p.node, p.remote = ss.peerName, ss.remote
 	}
-	r.lastErr[addr] = err
-	close(r.changed)
-	r.changed = make(chan struct{})
+	r.signalLocked()
 	r.mu.Unlock()
 }
 
-func (s *Server) dialLoop(ctx context.Context, r *route, addr string) {
+// signalLocked wakes whoever waits for a peer or session (r.mu held).
+func (r *route) signalLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// dialLoop keeps a session to p until p's context ends (the route is
+// removed, or p drained) or p, drained, loses its session.
+func (s *Server) dialLoop(r *route, p *peer) {
 	defer s.wg.Done()
+	defer r.forget(p)
 	backoff := 50 * time.Millisecond
 	logged := false
-	for ctx.Err() == nil {
-		ss, err := s.dial(ctx, r, addr)
+	for p.ctx.Err() == nil && !r.isDraining(p) {
+		ss, err := s.dialPeer(r, p)
 		if err != nil {
-			r.set(addr, nil, err)
+			r.set(p, nil, err)
 			if !logged || errCode(err) == wire.CodeAuthFailed {
-				s.log.Warn("cannot reach peer; retrying", zap.String("route", r.conf().Name), zap.String("addr", addr), zap.Error(err))
+				s.log.Warn("cannot reach peer; retrying", zap.String("route", r.name), zap.String("addr", p.addr), zap.Error(err))
 				logged = true
 			}
 			select {
-			case <-ctx.Done():
+			case <-p.ctx.Done():
 				return
 			case <-time.After(backoff):
 			}
@@ -160,37 +179,43 @@ func (s *Server) dialLoop(ctx context.Context, r *route, addr string) {
 			continue
 		}
 		backoff, logged = 50*time.Millisecond, false
-		r.set(addr, ss, nil)
+		r.set(p, ss, nil)
 		select {
 		case <-ss.done:
-			r.set(addr, nil, ss.err)
-		case <-ctx.Done():
-			ss.close(fmt.Errorf("route %s removed", r.conf().Name))
-			r.set(addr, nil, nil)
+			r.set(p, nil, ss.err)
+		case <-p.ctx.Done():
+			ss.close(fmt.Errorf("route %s: %s", r.name, r.leaving(p)))
+			r.set(p, nil, nil)
 			return
 		}
 	}
 }
 
-// pick returns a live session of the route, round robin, waiting up to
-// the route's connect timeout for one.
-func (r *route) pick(ctx context.Context) (*session, error) {
+// dialPeer dials a session to p within limits.max_sessions and
+// limits.max_streams.
+func (s *Server) dialPeer(r *route, p *peer) (*session, error) {
+	stripes := r.conf().Stripes
+	if err := s.reserveSession(stripes); err != nil {
+		return nil, err
+	}
+	defer s.dialing.release(stripes)
+	return s.dial(p.ctx, r, p.addr)
+}
+
+// pick returns the live session of the peer a transfer names (want:
+// node name or address; empty: the route's only peer, or any on a route
+// with pick: any), waiting up to the route's connect timeout for it. A
+// peer the route does not have is refused at once, before anything is
+// dialed or moved.
+func (r *route) pick(ctx context.Context, want string) (*session, error) {
 	deadline := time.NewTimer(r.conf().ConnectTimeout)
 	defer deadline.Stop()
 	for {
-		r.mu.Lock()
-		live := make([]*session, 0, len(r.sess))
-		for _, ss := range r.sess {
-			live = append(live, ss)
+		ss, ch, err := r.choose(want)
+		if err != nil {
+			return nil, err
 		}
-		ch := r.changed
-		r.mu.Unlock()
-		if len(live) > 0 {
-			sort.Slice(live, func(i, j int) bool { return live[i].addr < live[j].addr })
-			r.mu.Lock()
-			r.rr++
-			ss := live[r.rr%len(live)]
-			r.mu.Unlock()
+		if ss != nil {
 			return ss, nil
 		}
 		select {
@@ -198,20 +223,44 @@ func (r *route) pick(ctx context.Context) (*session, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-deadline.C:
-			return nil, codeErr(wire.CodePeerUnavailable, "route %q: no peer connected within %v (%s); is the peer's staged running and is security.token the same on both?", r.conf().Name, r.conf().ConnectTimeout, r.errSummary())
+			return nil, r.unavailable(want)
 		}
 	}
+}
+
+// unavailable is the error of a submit that found no session in time.
+func (r *route) unavailable(want string) error {
+	r.mu.Lock()
+	p, _ := r.matchLocked(want)
+	list := r.listLocked()
+	r.mu.Unlock()
+	switch {
+	case want == "":
+		return codeErr(wire.CodePeerUnavailable, "route %q: no peer connected within %v (%s); is the peer's staged running and is security.token the same on both?", r.name, r.conf().ConnectTimeout, r.errSummary())
+	case p == nil:
+		r.stats.refusals[refuseUnknown].Add(1)
+		return codeErr(wire.CodeUnknownPeer, "route %q has no peer %q (peers: %s)", r.name, want, list)
+	}
+	return codeErr(wire.CodePeerUnavailable, "route %q: peer %q not connected within %v (%s); is its staged running and is security.token the same on both?", r.name, want, r.conf().ConnectTimeout, r.errSummary())
 }
 
 func (r *route) errSummary() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var parts []string
-	for _, addr := range r.conf().Peers {
-		if e := r.lastErr[addr]; e != nil {
-			parts = append(parts, addr+": "+e.Error())
-		} else {
-			parts = append(parts, addr+": not connected yet")
+	for _, p := range r.sortedLocked() {
+		switch {
+		case p.draining:
+		case p.lastErr != nil:
+			parts = append(parts, p.addr+": "+p.lastErr.Error())
+		case p.sess == nil:
+			parts = append(parts, p.addr+": not connected yet")
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "no peers yet")
+		if e := r.dns.err; e != nil {
+			parts = append(parts, "dns: "+e.Error())
 		}
 	}
 	return strings.Join(parts, "; ")

@@ -90,6 +90,7 @@ type Server struct {
 	links    map[string]*counters
 
 	seq      atomic.Uint64 // transfer ids, session ids
+	dialing  dialing       // route sessions being dialed (limits.max_sessions, max_streams)
 	closing  atomic.Bool
 	draining atomic.Bool // no new transfers from engines; in-flight ones may finish
 }
@@ -101,10 +102,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := device.Open(device.Kind(cfg.Device.Kind), cfg.Device.Ordinal, device.Options{
-		BandwidthBytesPerSec: cfg.Device.Hostmem.BandwidthGBps * 1e9,
-		LatencyNanos:         int64(cfg.Device.Hostmem.Latency),
-	})
+	dev, err := device.Open(device.Kind(cfg.Device.Kind), cfg.Device.Ordinal, cfg.Device.Options())
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}

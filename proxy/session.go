@@ -27,7 +27,8 @@ type session struct {
 	dialer   bool // we dialed: our transfer ids are odd
 	peerName string
 	peerHost string
-	addr     string
+	addr     string // as dialed (a route's peer address), or the dialer's
+	remote   string // ip:port the dialed session reached
 	route    *route // nil when the peer dialed us
 	link     *counters
 	linkName string

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -67,19 +68,8 @@ func (s *Server) Routes() []RouteInfo {
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
 		ri := RouteInfo{Name: r.conf().Name, Transport: r.conf().Transport, Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
-		r.mu.Lock()
-		for _, addr := range r.conf().Peers {
-			p := PeerInfo{Addr: addr, State: "connecting"}
-			if ss := r.sess[addr]; ss != nil {
-				p.State, p.Node, p.SameHost, p.Stripes, p.Chunk = "up", ss.peerName, ss.sameHost(), ss.stripeCount(), ss.chunkSize
-				p.StreamsUp = ss.streamsUp()
-				p.Transport = ss.node.TransportOf(r.conf().Transport)
-			} else if e := r.lastErr[addr]; e != nil {
-				p.State, p.Error = "down", e.Error()
-			}
-			ri.Peers = append(ri.Peers, p)
-		}
-		r.mu.Unlock()
+		ri.Pick, ri.DNS, ri.Allow, ri.DNSError = r.conf().Pick, r.conf().DNS, r.conf().Allow, r.dnsError()
+		ri.Peers = r.peerInfos()
 		out = append(out, ri)
 	}
 	return out
@@ -99,15 +89,17 @@ func (s *Server) query(q *wire.Query) ([]byte, error) {
 	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
 }
 
-// remoteCatalog asks a route's peer for its regions.
-func (s *Server) remoteCatalog(routeName string) ([]byte, error) {
+// remoteCatalog asks a route's peer for its regions: arg is the route's
+// name, or route@peer on a route of several peers.
+func (s *Server) remoteCatalog(arg string) ([]byte, error) {
+	routeName, peerName, _ := strings.Cut(arg, "@")
 	s.mu.Lock()
 	r := s.routes[routeName]
 	s.mu.Unlock()
 	if r == nil {
 		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", routeName, s.routeNames())
 	}
-	ss, err := r.pick(s.ctx)
+	ss, err := r.pick(s.ctx, peerName)
 	if err != nil {
 		return nil, err
 	}

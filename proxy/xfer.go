@@ -141,7 +141,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		return nil, err
 	}
 	total, ends := chk.Total, chk.Ends
-	ss, err := r.pick(ctx)
+	ss, err := r.pick(ctx, m.Peer)
 	if err != nil {
 		return nil, err
 	}

@@ -176,6 +176,7 @@ const (
 	CodeUnknownTransfer Code = 16
 	CodeDevice          Code = 17
 	CodeShutdown        Code = 18
+	CodeUnknownPeer     Code = 19
 )
 
 var codeNames = map[Code]string{
@@ -185,6 +186,7 @@ var codeNames = map[Code]string{
 	CodeCancelled: "cancelled", CodeChecksum: "checksum mismatch", CodeInternal: "internal error",
 	CodeBusy: "busy", CodeExists: "already exists", CodeUnsupported: "unsupported", CodeMalformed: "malformed",
 	CodeUnknownTransfer: "unknown transfer", CodeDevice: "device error", CodeShutdown: "shutting down",
+	CodeUnknownPeer: "unknown peer",
 }
 
 func (c Code) String() string {

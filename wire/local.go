@@ -68,6 +68,13 @@ type Submit struct {
 	LocalNames  []string
 	RemoteNames []string
 	Ops         []LocalOp
+	// Peer names the route's peer that the transfer goes to: its node
+	// name (from the handshake) or its host:port. Empty: the route's only
+	// peer, or any live one on a route with pick: any. It travels after
+	// Ops and only when set, so a Submit without it has the bytes of
+	// earlier versions, and a sidecar that predates it refuses one that
+	// names a peer (trailing bytes) instead of sending it elsewhere.
+	Peer string
 }
 
 // SubmitWait is a Submit (same body) answered once the transfer has

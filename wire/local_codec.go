@@ -47,7 +47,11 @@ func (m *Unregister) decode(d *decoder) {
 // none, when dst has room), and writes the ops with fixed offsets.
 func (m *Submit) AppendBody(dst []byte) []byte {
 	n := listLen(len(m.Ops))
-	if need := m.headSize() + 4 + n*localOpSize; cap(dst)-len(dst) < need {
+	need := m.headSize() + 4 + n*localOpSize
+	if m.Peer != "" {
+		need += strSize(m.Peer)
+	}
+	if cap(dst)-len(dst) < need {
 		dst = append(make([]byte, 0, len(dst)+need), dst...)
 	}
 	dst = appendU64(dst, m.Req)
@@ -69,6 +73,9 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 		le.PutUint64(p[8:], op.LocalOff)
 		le.PutUint64(p[16:], op.RemoteOff)
 		le.PutUint64(p[24:], op.Len)
+	}
+	if m.Peer != "" {
+		dst = appendStr(dst, m.Peer)
 	}
 	return dst
 }
@@ -102,6 +109,19 @@ func (m *Submit) decode(d *decoder) {
 	m.Tag = d.str("Tag", MaxTag)
 	m.LocalNames = d.strs("LocalNames", MaxNames, MaxName)
 	m.RemoteNames = d.strs("RemoteNames", MaxNames, MaxName)
+	m.decodeOps(d)
+	if d.err == nil && d.rem() > 0 {
+		// The optional tail: present only when a peer is named, so an
+		// empty one is not canonical.
+		m.Peer = d.str("Peer", MaxName)
+		if d.err == nil && m.Peer == "" {
+			d.fail(ErrMalformed, "Peer", "present but empty (leave it out to name no peer)")
+		}
+	}
+}
+
+// decodeOps reads Submit.Ops.
+func (m *Submit) decodeOps(d *decoder) {
 	n := d.count("Ops", MaxOps, localOpSize)
 	if d.err != nil || n == 0 {
 		return

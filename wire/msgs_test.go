@@ -70,6 +70,10 @@ func samples() []sample {
 			LocalNames: []string{"l0", "l1", "l2"}, RemoteNames: []string{"r0"},
 			Ops: []LocalOp{{Local: 2, Remote: 0, LocalOff: 1, RemoteOff: 2, Len: 3}, {Local: 0, Remote: 0, LocalOff: 1 << 40, RemoteOff: 0, Len: 1 << 20}}}},
 		{"SubmitEmpty", &Submit{Req: 5, Route: "r", Dir: Push}},
+		{"SubmitPeer", &Submit{Req: 5, Route: "r", Dir: Push, LocalNames: []string{"a"}, RemoteNames: []string{"b"},
+			Ops: []LocalOp{{Len: 1}}, Peer: "decode-1"}},
+		{"SubmitPeerNoOps", &Submit{Req: 5, Route: "r", Dir: Pull, Peer: "10.0.0.5:7100"}},
+		{"SubmitWaitPeer", &SubmitWait{Submit{Req: 5, Route: "r", Dir: Push, Peer: "decode-0"}}},
 		{"SubmitWait", &SubmitWait{Submit{Req: 5, Route: "r", Dir: Push, Tag: "w", LocalNames: []string{"a"}, RemoteNames: []string{"b"},
 			Ops: []LocalOp{{Local: 0, Remote: 0, LocalOff: 4096, RemoteOff: 8192, Len: 4096}}}}},
 		{"Submitted", &Submitted{Req: 6, Transfer: 77}},
@@ -269,6 +273,28 @@ func TestGolden(t *testing.T) {
 			),
 		},
 		{
+			name: "SubmitPeer",
+			got: AppendFrame(nil, &Submit{Req: 5, Route: "r", Dir: Push, Checksum: ChecksumOn, Tag: "t",
+				LocalNames: []string{"a"}, RemoteNames: []string{"b", "c"},
+				Ops: []LocalOp{{Local: 0, Remote: 1, LocalOff: 0x10, RemoteOff: 0x20, Len: 0x30}}, Peer: "d1"}, false, 0),
+			want: hexBytes(
+				"SG", 1, 130, 0, 0, 0, 0, 73, 0, 0, 0, 0, 0, 0, 0,
+				5, 0, 0, 0, 0, 0, 0, 0, // req
+				1, 0, "r", // route
+				1,         // dir push
+				1,         // checksum on
+				1, 0, "t", // tag
+				1, 0, 0, 0, 1, 0, "a", // local names
+				2, 0, 0, 0, 1, 0, "b", 1, 0, "c", // remote names
+				1, 0, 0, 0, // ops
+				0, 0, 0, 0, 1, 0, 0, 0,
+				0x10, 0, 0, 0, 0, 0, 0, 0,
+				0x20, 0, 0, 0, 0, 0, 0, 0,
+				0x30, 0, 0, 0, 0, 0, 0, 0,
+				2, 0, "d1", // peer
+			),
+		},
+		{
 			name: "Fail",
 			got:  AppendFrame(nil, &Fail{Req: 0x100, Code: CodeBusy, Message: "no"}, false, 0),
 			want: hexBytes("SG", 1, 141, 0, 0, 0, 0, 14, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 12, 0, 2, 0, "no"),
@@ -299,8 +325,16 @@ func TestDecodeTruncated(t *testing.T) {
 	for _, s := range samples() {
 		t.Run(s.name, func(t *testing.T) {
 			body := s.m.AppendBody(nil)
+			tail := optionalTail(s.m, len(body))
 			for n := 0; n < len(body); n++ {
 				m, err := Decode(s.m.Type(), body[:n:n])
+				if n == tail {
+					// Cut just before the optional Peer: a Submit naming no peer.
+					if err != nil || peerOf(m) != "" {
+						t.Fatalf("prefix without the optional tail: got %#v, %v; want a Submit naming no peer", m, err)
+					}
+					continue
+				}
 				if err == nil {
 					t.Fatalf("prefix of %d/%d bytes: got %#v, want an error", n, len(body), m)
 				}
@@ -323,11 +357,33 @@ func TestDecodeTrailing(t *testing.T) {
 			if !errors.Is(err, ErrMalformed) || m != nil {
 				t.Fatalf("got %v, %v; want nil, ErrMalformed", m, err)
 			}
-			if !strings.Contains(err.Error(), "trailing") {
+			// A Submit naming no peer reads the extra byte as its optional
+			// Peer's length.
+			if !strings.Contains(err.Error(), "trailing") && !(optionalTail(s.m, len(body)-1) < 0 && (strings.Contains(err.Error(), "Submit.Peer:") || strings.Contains(err.Error(), "SubmitWait.Peer:"))) {
 				t.Fatalf("got %q, want it to mention trailing bytes", err)
 			}
 		})
 	}
+}
+
+// optionalTail is where a Submit's optional Peer starts in its body of n
+// bytes: -1 when it names no peer, or m is not a Submit.
+func optionalTail(m Msg, n int) int {
+	if p := peerOf(m); p != "" {
+		return n - strSize(p)
+	}
+	return -1
+}
+
+// peerOf is the Peer of a Submit or SubmitWait, "" for anything else.
+func peerOf(m Msg) string {
+	switch m := m.(type) {
+	case *Submit:
+		return m.Peer
+	case *SubmitWait:
+		return m.Peer
+	}
+	return ""
 }
 
 // body builds test bodies with the package's own primitives.
@@ -368,6 +424,12 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty body", TypeOK, nil, ErrMalformed, "OK.Req: need 8 bytes at offset 0, have 0"},
 		{"ops over limit", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(5000000)...), ErrTooLarge,
 			"wire: Submit.Ops: count 5000000 exceeds limit 1048576: frame too large"},
+		{"peer empty", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(0).str("")...), ErrMalformed,
+			"Submit.Peer: present but empty"},
+		{"peer over limit", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(0).str(long(MaxName+1))...), ErrTooLarge,
+			"Submit.Peer: length 256 exceeds limit 255"},
+		{"peer cut short", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(0).u16(5).u8('x')...), ErrMalformed,
+			"Submit.Peer"},
 		{"ops over bytes", TypeSubmit, append(submitHead(nil, nil), body(nil).u32(3).zeros(64)...), ErrMalformed,
 			"Submit.Ops: count 3 needs at least 96 bytes, 64 remain"},
 		{"ack chunks 2^32-1", TypeAck, body(nil).u64(1).u32(math.MaxUint32).zeros(2), ErrTooLarge, "Ack.Chunks: count 4294967295"},

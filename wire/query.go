@@ -68,20 +68,33 @@ type LinkStats struct {
 
 // RouteInfo is one element of the QueryRoutes answer.
 type RouteInfo struct {
-	Name      string     `json:"name"`
-	Transport string     `json:"transport"`
-	Stripes   int        `json:"stripes"`
-	Checksum  bool       `json:"checksum"`
-	Peers     []PeerInfo `json:"peers"`
+	Name      string `json:"name"`
+	Transport string `json:"transport"`
+	Stripes   int    `json:"stripes"`
+	Checksum  bool   `json:"checksum"`
+	// Pick: named (a submit names one of several peers) or any. DNS and
+	// Allow: where peers beyond the listed ones come from; DNSError: the
+	// last DNS lookup's failure, if it failed.
+	Pick     string     `json:"pick,omitempty"`
+	DNS      string     `json:"dns,omitempty"`
+	DNSError string     `json:"dns_error,omitempty"`
+	Allow    []string   `json:"allow,omitempty"`
+	Peers    []PeerInfo `json:"peers"`
 }
 
 // PeerInfo is a route's view of one peer.
 type PeerInfo struct {
-	Addr     string `json:"addr"`
-	State    string `json:"state"` // up | connecting | down
-	Node     string `json:"node,omitempty"`
-	SameHost bool   `json:"same_host"`
-	Stripes  int    `json:"stripes"`
+	Addr  string `json:"addr"`
+	State string `json:"state"` // up | connecting | down | draining
+	Node  string `json:"node,omitempty"`
+	// Found: how the route has it: static (routes[].peers), dns, or
+	// dynamic (named by a submit, within routes[].allow).
+	Found string `json:"found"`
+	// Sessions up to it (0 or 1), and transfers in flight on the session.
+	Sessions int  `json:"sessions"`
+	InFlight int  `json:"in_flight"`
+	SameHost bool `json:"same_host"`
+	Stripes  int  `json:"stripes"`
 	// StreamsUp: data streams attached and reading now; below Stripes
 	// while lost streams are being redialed.
 	StreamsUp int `json:"streams_up"`

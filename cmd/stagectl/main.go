@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -146,7 +147,7 @@ func rate(b uint64, sec float64) string {
 func routesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "routes",
-		Short: "show routes, their peers, stripes and transport",
+		Short: "show routes and each peer: node, address, how found, state, sessions, streams, last error",
 		Args:  cobra.NoArgs,
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print JSON")
@@ -166,11 +167,14 @@ func routesCmd() *cobra.Command {
 			return enc.Encode(rs)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ROUTE\tPEER\tSTATE\tNODE\tSAME HOST\tSTRIPES\tCHUNK\tTRANSPORT\tERROR")
+		fmt.Fprintln(tw, "ROUTE\tNODE\tPEER\tFOUND\tSTATE\tSESSIONS\tSTREAMS\tIN FLIGHT\tSAME HOST\tCHUNK\tTRANSPORT\tERROR")
 		for _, r := range rs {
 			for _, p := range r.Peers {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%s\t%s\t%s\n", r.Name, p.Addr, p.State, p.Node, p.SameHost, p.Stripes,
-					config.ByteSize(p.Chunk), transportCell(r.Transport, p.Transport), p.Error)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d/%d\t%d\t%v\t%s\t%s\t%s\n", r.Name, dash(p.Node), p.Addr, p.Found, p.State,
+					p.Sessions, p.StreamsUp, p.Stripes, p.InFlight, p.SameHost, config.ByteSize(p.Chunk), transportCell(r.Transport, p.Transport), p.Error)
+			}
+			if len(r.Peers) == 0 {
+				fmt.Fprintf(tw, "%s\t-\t(no peers%s)\t\t\t\t\t\t\t\t\t%s\n", r.Name, routeSource(r), r.DNSError)
 			}
 		}
 		if len(rs) == 0 {
@@ -179,6 +183,29 @@ func routesCmd() *cobra.Command {
 		return tw.Flush()
 	}
 	return cmd
+}
+
+// dash stands for an empty cell.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// routeSource says where a route without peers takes them from.
+func routeSource(r wire.RouteInfo) string {
+	var from []string
+	if r.DNS != "" {
+		from = append(from, "dns "+r.DNS)
+	}
+	if len(r.Allow) > 0 {
+		from = append(from, "allow "+strings.Join(r.Allow, ","))
+	}
+	if len(from) == 0 {
+		return ""
+	}
+	return " yet: " + strings.Join(from, "; ")
 }
 
 func configCmd() *cobra.Command {

@@ -56,6 +56,7 @@ func newRoot() *cobra.Command {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		logStartConfig(log, cfg, os.Environ())
 		var pprofAddr string
 		if addr, _ := cmd.Flags().GetString("pprof"); addr != "" {
 			bound, stop, err := servePprof(addr, log)
@@ -145,6 +146,29 @@ func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet, pp
 		return fmt.Errorf("shutdown did not finish within %v", cfg.Drain+5*time.Second)
 	}
 	return nil
+}
+
+// logStartConfig logs the device settings staged opens its backend with,
+// and warns about each STAGE_* variable that sets nothing (a typo, or a
+// name of an earlier release), naming it.
+func logStartConfig(log *zap.Logger, cfg *config.Config, environ []string) {
+	d := cfg.Device
+	fields := []zap.Field{zap.String("kind", d.Kind), zap.Int("ordinal", d.Ordinal)}
+	switch d.Kind {
+	case "hostmem":
+		fields = append(fields, zap.Float64("bandwidth_gbps", d.Hostmem.BandwidthGBps), zap.Duration("latency", d.Hostmem.Latency))
+	case "cuda":
+		fields = append(fields, zap.String("library", d.CUDA.Library), zap.String("copy_mode", d.CUDA.CopyMode),
+			zap.String("event_wait", d.CUDA.EventWait), zap.String("ptx", d.CUDA.PTX))
+	case "acl":
+		fields = append(fields, zap.String("library", d.ACL.Library), zap.String("copy_mode", d.ACL.CopyMode))
+	case "hip":
+		fields = append(fields, zap.String("library", d.HIP.Library))
+	}
+	log.Info("device config", fields...)
+	for _, u := range config.UnknownEnvVars(environ) {
+		log.Warn("unknown environment variable: it sets no config key (STAGE_TEST_* are reserved for tests)", zap.String("variable", u.Name), zap.String("renamed_to", u.Hint))
+	}
 }
 
 func newLogger(c config.Log) (*zap.Logger, error) {

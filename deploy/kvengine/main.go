@@ -287,10 +287,11 @@ func cutLast(tag string) (string, string, bool) {
 // prefill fills and registers its cache, waits for the route's peer to
 // offer the decode cache, and pushes it round after round.
 func prefill(ctx context.Context, s *shape, args []string) error {
-	var route, remote string
+	var route, remote, peer string
 	var interval time.Duration
 	if err := parse(s, args, "prefill-kv", func(fs *flag.FlagSet) {
 		fs.StringVar(&route, "route", "decode", "route to push on (the sidecar's config names it)")
+		fs.StringVar(&peer, "peer", "", "the route's decode to push to (node name or host:port); empty: its only peer")
 		fs.StringVar(&remote, "remote", "decode-kv", "the decode side's cache name (its --name)")
 		fs.DurationVar(&interval, "interval", 0, "pause between rounds")
 	}); err != nil {
@@ -315,7 +316,11 @@ func prefill(ctx context.Context, s *shape, args []string) error {
 		return err
 	}
 	R := &kvsim.Cache{Name: remote, Layers: s.layers, LayerBytes: s.layerBytes} // names only: it lives at the peer
-	if err := waitCatalog(ctx, cl, route, R.Regions(), s); err != nil {
+	catalogOf := route
+	if peer != "" {
+		catalogOf = route + "@" + peer
+	}
+	if err := waitCatalog(ctx, cl, catalogOf, R.Regions(), s); err != nil {
 		return err
 	}
 	perLayer := kvsim.ByLayer(P, s.moves(P))
@@ -326,7 +331,9 @@ func prefill(ctx context.Context, s *shape, args []string) error {
 		ids := make([]uint64, 0, s.layers)
 		for l, ms := range perLayer {
 			tag := fmt.Sprintf("%s/%d/%d", prefix, round, l)
-			id, err := cl.Submit(ctx, kvsim.Transfer(route, wire.Push, tag, P, R, ms))
+			tr := kvsim.Transfer(route, wire.Push, tag, P, R, ms)
+			tr.Peer = peer
+			id, err := cl.Submit(ctx, tr)
 			if err != nil {
 				return fmt.Errorf("round %d: push layer %d: %w", round, l, err)
 			}

@@ -28,7 +28,7 @@
 //     scatters (H2D); LatencyNanos adds a fixed delay per copy. The
 //     memmove runs first and the worker then waits out the rest, so the
 //     model only ever slows copies down.
-//   - Failures: STAGE_HOSTMEM_FAIL_AFTER=N (read by Open) or (*Dev).FailAfter
+//   - Failures: STAGE_TEST_HOSTMEM_FAIL_AFTER=N (read by Open) or (*Dev).FailAfter
 //     makes the copy after the next N fail with an error wrapping
 //     ErrInjected. The failing copy moves no bytes, and its stream's error is
 //     sticky from then on, like a CUDA stream after a faulting kernel: later

@@ -18,11 +18,11 @@ func init() { device.Register(device.KindHostmem, Open) }
 
 // FailAfterEnv names the environment variable Open reads for fault
 // injection: an integer N >= 0 makes the N+1-th copy on the device fail.
-const FailAfterEnv = "STAGE_HOSTMEM_FAIL_AFTER"
+const FailAfterEnv = "STAGE_TEST_HOSTMEM_FAIL_AFTER"
 
 var (
 	// ErrInjected is wrapped by the error of a copy failed on purpose
-	// (FailAfter, STAGE_HOSTMEM_FAIL_AFTER).
+	// (FailAfter, STAGE_TEST_HOSTMEM_FAIL_AFTER).
 	ErrInjected = errors.New("injected copy failure")
 	// ErrLeaked is wrapped by Dev.Close when something was still open.
 	ErrLeaked = errors.New("resources still open")
@@ -83,7 +83,7 @@ var _ device.Device = (*Dev)(nil)
 
 // Open opens emulated device ordinal. Any ordinal >= 0 works; devices with
 // the same ordinal are independent. opts sets the speed model; the
-// environment variable STAGE_HOSTMEM_FAIL_AFTER arms fault injection.
+// environment variable STAGE_TEST_HOSTMEM_FAIL_AFTER arms fault injection.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("hostmem: ordinal %d: must be >= 0", ordinal)

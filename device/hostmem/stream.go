@@ -106,8 +106,8 @@ func newStream(d *Dev, id uint64, queue int) *stream {
 
 // Gather enqueues a copy of segs, in order, into dst. Checks (nothing is
 // enqueued when one fails): dst is a pinned buffer of hostmem (its device
-// view is its host address), no segment is empty or wraps around the address
-// space, and the lengths add up to dst.Len(). It blocks while the queue is
+// view is its host address), no segment wraps around the address space,
+// and the lengths add up to dst.Len(). Empty segments are skipped. It blocks while the queue is
 // full.
 func (s *stream) Gather(dst device.Pinned, segs []device.Seg) error {
 	return s.enqueueCopy(opGather, dst, segs)
@@ -146,7 +146,7 @@ func checkCopy(what string, kind opKind, p device.Pinned, segs []device.Seg) err
 	var sum uint64
 	for i, sg := range segs {
 		if sg.Len == 0 {
-			return fmt.Errorf("%s: %s: segment %d at %#x is empty", what, kind, i, uint64(sg.Addr))
+			continue // nothing to move, as on every backend (devicetest checks it)
 		}
 		if sg.Addr == 0 {
 			return fmt.Errorf("%s: %s: segment %d (%d B) is at address 0", what, kind, i, sg.Len)

@@ -143,7 +143,7 @@ func TestEnqueueRejects(t *testing.T) {
 	}{
 		{"sum short", p, []device.Seg{sg(base, 1000), sg(base+2000, 1000)}, "add up to 2000 B, pinned buffer is 4096 B"},
 		{"sum long", p.Slice(0, 100), []device.Seg{sg(base, 64), sg(base+100, 64)}, "add up to 128 B, pinned buffer is 100 B"},
-		{"zero-length seg", p.Slice(0, 8), []device.Seg{sg(base, 8), sg(base+8, 0)}, "segment 1 at"},
+		{"only empty segs", p.Slice(0, 8), []device.Seg{sg(base, 0), sg(0, 0)}, "add up to 0 B, pinned buffer is 8 B"},
 		{"no segs", p.Slice(0, 8), nil, "nothing to copy"},
 		{"empty pinned", p.Slice(0, 0), []device.Seg{sg(base, 8)}, "nothing to copy"},
 		{"address 0", p.Slice(0, 8), []device.Seg{sg(0, 8)}, "at address 0"},
@@ -345,7 +345,7 @@ func TestConcurrentStreams(t *testing.T) {
 func TestInjectedFailure(t *testing.T) {
 	tests := []struct {
 		name  string
-		env   string // STAGE_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
+		env   string // STAGE_TEST_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
 		after int64
 	}{
 		{"FailAfter(0)", "", 0},

@@ -7,7 +7,7 @@ require (
 	github.com/rs/zerolog v1.33.0
 	github.com/stage-kv/stage v0.0.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sys v0.31.0
+	golang.org/x/sys v0.39.0
 )
 
 require (

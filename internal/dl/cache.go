@@ -3,7 +3,7 @@ package dl
 import "sync"
 
 // Cache keeps one opened library value per path for the life of the
-// process: the vendor backends' DefaultLibrary. A failed open is not
+// process: the vendor backends' SharedLibrary. A failed open is not
 // remembered, so a later call tries again; nothing in it is ever closed
 // (vendor drivers do not like dlclose). The zero value is ready to use.
 type Cache[L comparable] struct {

@@ -1,15 +1,50 @@
 // Package dl is the vendor backends' door to the dynamic loader (cuda, acl,
-// hip): open a shared library at run time, look up symbols, unload it.
-// Errors carry dlerror's own text, so a missing file or an unresolved
-// dependency reads as the loader said it.
+// hip): open a shared library at run time, bind its symbol table, unload
+// it, and the one shape their errors take.
+//
+// dlerror's text lives in a per-thread buffer that the next loader call on
+// that thread overwrites, and a goroutine may move to another OS thread
+// between two cgo calls. So every call here runs the loader function and
+// reads dlerror in one C call, copying the text before returning: a loader
+// error is never lost or swapped for another thread's.
 package dl
 
 /*
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 
-static const char *dl_error(void) { return dlerror(); }
+// dl_ret is a loader call's result and, when it failed, a malloc'd copy of
+// dlerror's text (NULL when the loader gave none).
+typedef struct { void *p; char *err; } dl_ret;
+
+static char *dl_take_error(void) {
+	const char *e = dlerror();
+	return e ? strdup(e) : NULL;
+}
+
+static dl_ret dl_open(const char *path, int flags) {
+	dl_ret r = {0, 0};
+	dlerror();
+	r.p = dlopen(path, flags);
+	if (r.p == NULL) r.err = dl_take_error();
+	return r;
+}
+
+static dl_ret dl_sym(void *h, const char *name) {
+	dl_ret r = {0, 0};
+	dlerror();
+	r.p = dlsym(h, name);
+	if (r.p == NULL) r.err = dl_take_error();
+	return r;
+}
+
+static char *dl_close(void *h) {
+	dlerror();
+	return dlclose(h) != 0 ? dl_take_error() : NULL;
+}
+
 static long dl_call0(void *fp) { return ((long (*)(void))fp)(); }
 static long dl_call1(void *fp, long a) { return ((long (*)(long))fp)(a); }
 */
@@ -27,18 +62,27 @@ type Handle struct {
 	h    unsafe.Pointer
 }
 
+// takeError turns a C string from the shim into Go text and frees it.
+func takeError(e *C.char, fallback string) string {
+	if e == nil {
+		return fallback
+	}
+	defer C.free(unsafe.Pointer(e))
+	return C.GoString(e)
+}
+
 // Open loads path (a bare name is searched the way dlopen searches) with
 // RTLD_NOW|RTLD_LOCAL: every undefined symbol of the library is bound now,
-// so a broken install fails here and not in the middle of a copy.
+// so a broken install fails here and not in the middle of a copy. The
+// error reads "dlopen PATH: <dlerror's text>".
 func Open(path string) (*Handle, error) {
 	cs := C.CString(path)
 	defer C.free(unsafe.Pointer(cs))
-	C.dl_error() // drop a stale message
-	h := C.dlopen(cs, C.RTLD_NOW|C.RTLD_LOCAL)
-	if h == nil {
-		return nil, errors.New(loaderError("dlopen failed"))
+	r := C.dl_open(cs, C.RTLD_NOW|C.RTLD_LOCAL)
+	if r.p == nil {
+		return nil, fmt.Errorf("dlopen %s: %s", path, takeError(r.err, "dlopen failed"))
 	}
-	return &Handle{path: path, h: h}, nil
+	return &Handle{path: path, h: r.p}, nil
 }
 
 // Path is the path given to Open.
@@ -48,8 +92,11 @@ func (h *Handle) Path() string { return h.path }
 func (h *Handle) Lookup(name string) unsafe.Pointer {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
-	C.dl_error()
-	return C.dlsym(h.h, cs)
+	r := C.dl_sym(h.h, cs)
+	if r.err != nil {
+		C.free(unsafe.Pointer(r.err))
+	}
+	return r.p
 }
 
 // Call calls `long name(void)`, or `long name(long)` when an argument is
@@ -74,17 +121,9 @@ func (h *Handle) Close() error {
 	if h.h == nil {
 		return nil
 	}
-	C.dl_error()
-	if C.dlclose(h.h) != 0 {
-		return errors.New(loaderError("dlclose failed"))
+	if e := C.dl_close(h.h); e != nil {
+		return errors.New("dlclose " + h.path + ": " + takeError(e, ""))
 	}
 	h.h = nil
 	return nil
-}
-
-func loaderError(fallback string) string {
-	if e := C.dl_error(); e != nil {
-		return C.GoString(e)
-	}
-	return fallback
 }

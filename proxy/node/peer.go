@@ -118,7 +118,7 @@ func (r *Room) NewPeer(s Session) *Peer {
 }
 
 // importPeer imports a peer's allocation on our device, unless the fault
-// injection of the same-node paths says to fail (STAGE_FAULT_IPC_IMPORT).
+// injection of the same-node paths says to fail (STAGE_TEST_FAULT_IPC_IMPORT).
 func (r *Room) importPeer(h device.Handle) (device.Mapping, error) {
 	if r.o.FaultImport {
 		return nil, errors.New("import refused on purpose (fault injection " + FaultImportEnv + "=1)")

@@ -34,6 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from stage_client.layout import Layout, sides  # noqa: E402
 from stage_client.kvmap import gather_tensor, scatter  # noqa: E402
+# Rank r's kv heads: an even split, or one replicated head when ranks exceed the heads (GQA), as the engines split them.
+from stage_client.engines import head_slice  # noqa: E402,F401
 
 #: presets a RankCache can hold (the MLA ones need a latent-attention model)
 CACHE_PRESETS = ("vllm-flash", "vllm-hnd", "vllm-flashinfer", "vllm-packed", "ascend", "sglang")
@@ -49,19 +51,6 @@ class Config:
     d_model: int = 256
     ffn: int = 512
     rope_theta: float = 10000.0
-
-
-def head_slice(kv_heads: int, ranks: int, r: int) -> Tuple[int, int]:
-    """Rank ``r``'s kv heads: an even split, or one replicated head when ranks exceed the heads (GQA)."""
-    if ranks <= kv_heads:
-        if kv_heads % ranks:
-            raise ValueError("%d kv heads do not split over %d ranks" % (kv_heads, ranks))
-        n = kv_heads // ranks
-        return r * n, (r + 1) * n
-    if ranks % kv_heads:
-        raise ValueError("%d ranks do not replicate %d kv heads evenly" % (ranks, kv_heads))
-    h = r * kv_heads // ranks
-    return h, h + 1
 
 
 class RankCache:
@@ -258,8 +247,13 @@ class TinyLM:
         kp = torch.arange(Tk, device=self.device)[None, :].expand(len(lens), Tk)
         return torch.where(kp < lens[:, None], kp, torch.zeros_like(kp))
 
-    def prefill(self, prompts: Sequence[Sequence[int]], cache: Cache) -> Any:
-        """Run the prompts, filling ``cache`` (block tables included); logits (B, vocab) of each last token."""
+    def prefill(self, prompts: Sequence[Sequence[int]], cache: Cache,
+                after_layer: Optional[Callable[[int], None]] = None) -> Any:
+        """Run the prompts, filling ``cache`` (block tables included); logits (B, vocab) of each last token.
+
+        ``after_layer(i)`` is called once layer ``i``'s K/V rows are in the
+        cache (where vLLM calls a KV connector's ``save_kv_layer``).
+        """
         B, T = len(prompts), max(len(p) for p in prompts)
         for i, pr in enumerate(prompts):
             cache.reserve(i, len(pr))
@@ -274,6 +268,8 @@ class TinyLM:
         x = self.embed[toks]
         for i in range(self.cfg.layers):
             x = self._layer(i, x, pos, cache, seq, valid, kpos, mask)
+            if after_layer is not None:
+                after_layer(i)
         return self._logits(x[torch.arange(B), lens - 1])
 
     def decode(self, cache: Cache, logits: Any, n_steps: int) -> Tuple[Any, Any]:

@@ -50,20 +50,20 @@ class ACLError(StageError):
 class ACL:
     """The ACL runtime of this process, for exporting device memory to a sidecar.
 
-    ``path``: libascendcl (default: ``$STAGE_ACL_LIBRARY``, else
-    ``libascendcl.so`` from the loader path). ``device``: the NPU to bind
+    ``path``: libascendcl (default ``libascendcl.so`` from the loader
+    path, as CANN's ``set_env.sh`` sets it). ``device``: the NPU to bind
     the calling thread to (``aclrtSetDevice``). ACL contexts are per
     thread: call the methods from the thread that made this object, or
     call :meth:`bind` first on another.
     """
 
     def __init__(self, path: Optional[str] = None, device: int = 0) -> None:
-        self.path = path or os.environ.get("STAGE_ACL_LIBRARY") or "libascendcl.so"
+        self.path = path or "libascendcl.so"
         self.device = device
         try:
             self.lib = ctypes.CDLL(self.path)
         except OSError as e:
-            raise StageError(Code.UNSUPPORTED, "acl: load %s: %s (set STAGE_ACL_LIBRARY to libascendcl's path)"
+            raise StageError(Code.UNSUPPORTED, "acl: load %s: %s (give ACL(path=...) libascendcl's path)"
                              % (self.path, e)) from None
         self._sigs()
         self._lock = threading.Lock()

@@ -411,31 +411,43 @@ class Client(KVRequests):
 
     def submit(self, route: str, direction: int, ops: Iterable[OpLike], local_names: Union[str, Sequence[str]],
                remote_names: Union[str, Sequence[str]], tag: str = "",
-               checksum: Union[None, bool, int] = None) -> int:
+               checksum: Union[None, bool, int] = None, peer: str = "") -> int:
         """Start a transfer on ``route``; returns its id on this sidecar.
 
         ``ops`` index ``local_names`` (this sidecar's regions) and
         ``remote_names`` (the peer's); see :func:`make_ops` for the forms.
         ``checksum``: None as the route says, True/False to force CRC32C per
         chunk on/off. ``tag`` reaches the peer's subscribers in Notify.
+        ``peer`` names the route's peer the transfer goes to: its node name
+        or ``host:port``. Empty: the route's only peer (or any live one on a
+        route with ``pick: any``); a route of several peers refuses a
+        transfer naming none (BAD_REQUEST, listing them), a peer it does
+        not have (UNKNOWN_PEER), and an address outside its ``allow`` list
+        (ACCESS_DENIED, never dialed).
         """
         wops = ops if isinstance(ops, list) and all(isinstance(o, LocalOp) for o in ops) else make_ops(ops)
         ln, rn, ck, d = _names(local_names), _names(remote_names), _checksum(checksum), Direction(direction)
         a = self._call(lambda r: wire.Submit(req=r, route=route, direction=d, checksum=ck, tag=tag,
-                                             local_names=ln, remote_names=rn, ops=wops))
+                                             local_names=ln, remote_names=rn, ops=wops, peer=peer))
         if not isinstance(a, wire.Submitted):
             raise StageError(Code.INTERNAL, "Submit answered with %s" % type(a).__name__)
         return a.transfer
 
     def push(self, route: str, local: Union[str, Sequence[str]], remote: Union[str, Sequence[str]],
-             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None) -> int:
-        """Push local regions' bytes into the peer's regions; returns the transfer id."""
-        return self.submit(route, Direction.PUSH, ops, local, remote, tag, checksum)
+             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None, peer: str = "") -> int:
+        """Push local regions' bytes into the peer's regions; returns the transfer id.
+
+        ``peer``: the route's peer (node name or host:port), as :meth:`submit`.
+        """
+        return self.submit(route, Direction.PUSH, ops, local, remote, tag, checksum, peer)
 
     def pull(self, route: str, local: Union[str, Sequence[str]], remote: Union[str, Sequence[str]],
-             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None) -> int:
-        """Pull the peer's regions' bytes into local regions; returns the transfer id."""
-        return self.submit(route, Direction.PULL, ops, local, remote, tag, checksum)
+             ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None, peer: str = "") -> int:
+        """Pull the peer's regions' bytes into local regions; returns the transfer id.
+
+        ``peer``: the route's peer (node name or host:port), as :meth:`submit`.
+        """
+        return self.submit(route, Direction.PULL, ops, local, remote, tag, checksum, peer)
 
     def wait_future(self, transfer_id: int, timeout: Optional[float] = None) -> "concurrent.futures.Future[XferStatus]":
         """Start waiting for a transfer; the future resolves when it ends.
@@ -565,9 +577,12 @@ class Client(KVRequests):
         access, device)."""
         return self.query(QueryKind.REGIONS) or []
 
-    def catalog(self, route: str) -> List[Dict[str, Any]]:
-        """The regions the peer of ``route`` offers (asks the peer; up to 5 s)."""
-        return self.query(QueryKind.CATALOG, route) or []
+    def catalog(self, route: str, peer: str = "") -> List[Dict[str, Any]]:
+        """The regions the peer of ``route`` offers (asks the peer; up to 5 s).
+
+        ``peer`` names one of a route's several peers (node name or host:port).
+        """
+        return self.query(QueryKind.CATALOG, route + "@" + peer if peer else route) or []
 
 
 # ----------------------------------------------------------------------

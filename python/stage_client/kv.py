@@ -231,30 +231,31 @@ class PagedKV:
 
     def _move(self, direction: Direction, route: str, local_blocks: Sequence[int], remote_blocks: Sequence[int],
               tag: str, remote: Optional[str], layers: Optional[Iterable[int]], checksum: Union[None, bool, int],
-              max_ops: int) -> List[int]:
+              max_ops: int, peer: str = "") -> List[int]:
         ids: List[int] = []
         for sel, ops in self.plan(local_blocks, remote_blocks, layers, max_ops):
             ids.append(self.client.submit(route, direction, ops, [self.region(i) for i in sel],
-                                          [self.region(i, remote) for i in sel], tag, checksum))
+                                          [self.region(i, remote) for i in sel], tag, checksum, peer))
         return ids
 
     def push_blocks(self, route: str, src_blocks: Sequence[int], dst_blocks: Sequence[int], tag: str = "", *,
                     remote: Optional[str] = None, layers: Optional[Iterable[int]] = None,
-                    checksum: Union[None, bool, int] = None, max_ops: int = MAX_OPS) -> List[int]:
+                    checksum: Union[None, bool, int] = None, max_ops: int = MAX_OPS, peer: str = "") -> List[int]:
         """Push local blocks ``src_blocks`` into the peer's ``dst_blocks``.
 
         ``remote`` is the peer cache's name (default: this one's); ``layers``
-        picks regions (default all). Returns the transfer ids (usually one;
-        more when the ops exceed ``max_ops``), each carrying ``tag``. The
-        peer's subscribers get one Notify per transfer.
+        picks regions (default all). ``peer`` names the route's decode (node
+        name or host:port) on a route of several. Returns the transfer ids
+        (usually one; more when the ops exceed ``max_ops``), each carrying
+        ``tag``. The peer's subscribers get one Notify per transfer.
         """
-        return self._move(Direction.PUSH, route, src_blocks, dst_blocks, tag, remote, layers, checksum, max_ops)
+        return self._move(Direction.PUSH, route, src_blocks, dst_blocks, tag, remote, layers, checksum, max_ops, peer)
 
     def pull_blocks(self, route: str, src_blocks: Sequence[int], dst_blocks: Sequence[int], tag: str = "", *,
                     remote: Optional[str] = None, layers: Optional[Iterable[int]] = None,
-                    checksum: Union[None, bool, int] = None, max_ops: int = MAX_OPS) -> List[int]:
-        """Pull the peer's blocks ``src_blocks`` into local ``dst_blocks``."""
-        return self._move(Direction.PULL, route, dst_blocks, src_blocks, tag, remote, layers, checksum, max_ops)
+                    checksum: Union[None, bool, int] = None, max_ops: int = MAX_OPS, peer: str = "") -> List[int]:
+        """Pull the peer's blocks ``src_blocks`` into local ``dst_blocks`` (``peer`` as for push)."""
+        return self._move(Direction.PULL, route, dst_blocks, src_blocks, tag, remote, layers, checksum, max_ops, peer)
 
     def wait(self, transfer_ids: Iterable[int], timeout: Optional[float] = None) -> List[XferStatus]:
         """Wait for transfers; raises StageError for the first that failed."""

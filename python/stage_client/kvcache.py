@@ -141,7 +141,9 @@ class KVCache:
         """Push ``tokens`` tokens of every layer (or ``layers``) into the peer's KV cache ``remote``.
 
         Keywords as :meth:`Client.submit_kv` (local_first, remote_first,
-        heads, tag, remote_layers, checksum, peer). Returns the transfer id.
+        heads, tag, remote_layers, checksum, peer). ``peer=`` names the
+        route's decode (node name or host:port); a route of several refuses
+        a transfer naming none. Returns the transfer id.
         """
         return self._move(Direction.PUSH, route, remote, local_blocks, remote_blocks, tokens, layers, **kw)
 

@@ -55,7 +55,8 @@ class KVRequests:
         (default: the same indices); ``heads`` ``(lo, hi)`` narrows the
         heads (default: every head both sides hold). ``direction`` PUSH
         sends ours, PULL fetches the peer's. Block tables may be lists,
-        arrays or tensors of ids. ``checksum`` as for :meth:`submit`.
+        arrays or tensors of ids. ``checksum`` and ``peer`` (the route's
+        peer: node name or host:port) as for :meth:`submit`.
 
         The sidecar learns the peer's shape first and refuses with
         StageError what either side would refuse (another dtype or row

@@ -156,6 +156,7 @@ class Code(enum.IntEnum):
     UNKNOWN_TRANSFER = 16
     DEVICE = 17
     SHUTDOWN = 18
+    UNKNOWN_PEER = 19
 
     @property
     def text(self) -> str:
@@ -168,7 +169,7 @@ _CODE_TEXT: Dict[int, str] = {
     4: "out of range", 5: "access denied", 6: "authentication failed",
     7: "peer unavailable", 8: "timeout", 9: "cancelled", 10: "checksum mismatch",
     11: "internal error", 12: "busy", 13: "already exists", 14: "unsupported",
-    15: "malformed", 16: "unknown transfer", 17: "device error", 18: "shutting down",
+    15: "malformed", 16: "unknown transfer", 17: "device error", 18: "shutting down", 19: "unknown peer",
 }
 
 
@@ -683,7 +684,12 @@ _LOCAL_OP = struct.Struct("<IIQQQ")
 
 @dataclass
 class Submit(Message):
-    """Submit (130): start a transfer on a route; answered by Submitted."""
+    """Submit (130): start a transfer on a route; answered by Submitted.
+
+    ``peer`` names the route's peer (node name or host:port); empty: the
+    route's only peer. It is encoded after the ops only when set, so a
+    Submit naming no peer has the bytes of earlier versions.
+    """
 
     TYPE = FrameType.SUBMIT
     req: int = 0
@@ -694,6 +700,7 @@ class Submit(Message):
     local_names: List[str] = field(default_factory=list)
     remote_names: List[str] = field(default_factory=list)
     ops: List[LocalOp] = field(default_factory=list)
+    peer: str = ""
 
     def encode(self) -> bytes:
         e = _Enc("Submit")
@@ -728,6 +735,8 @@ class Submit(Message):
                 raise ValueError("Submit.Ops[%d].RemoteOff: offset %d + length %d overflows u64" % (i, roff, ln))
             out.append(pack(loc, rem, loff, roff, ln))
         e.raw(b"".join(out))
+        if self.peer:
+            e.str16(self.peer, MAX_NAME, "Peer")
         return e.done()
 
     @classmethod
@@ -757,9 +766,14 @@ class Submit(Message):
             if roff > _U64_MAX - length:
                 raise d.fail("malformed", "Ops[%d].RemoteOff" % i, "offset %d + length %d overflows" % (roff, length))
             ops.append(LocalOp(loc, rem, loff, roff, length))
+        peer = ""
+        if d.rem() > 0:
+            peer = d.str16(MAX_NAME, "Peer")
+            if not peer:
+                raise d.fail("malformed", "Peer", "present but empty (leave it out to name no peer)")
         d.finish()
         return cls(req=req, route=route, direction=direction, checksum=Checksum(ck), tag=tag,
-                   local_names=ln, remote_names=rn, ops=ops)
+                   local_names=ln, remote_names=rn, ops=ops, peer=peer)
 
 
 @dataclass

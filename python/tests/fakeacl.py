@@ -12,7 +12,10 @@ torch_npu; nothing here runs there.
 Build the library on the GPU machine and point the tests at it::
 
     nvcc -shared -Xcompiler -fPIC -o libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread
-    STAGE_ACL_LIBRARY=$PWD/libascendcl.so ...
+    STAGE_TEST_ACL_LIBRARY=$PWD/libascendcl.so ...
+
+(the variable the Go acl tests read too; the acl sidecars get the path as
+``device.acl.library`` from :func:`sidecar_config`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from stage_client.ascend import ACL
 
-LIBRARY = os.environ.get("STAGE_ACL_LIBRARY", "")
+LIBRARY = os.environ.get("STAGE_TEST_ACL_LIBRARY", "")
 
 
 class _Span:
@@ -63,5 +66,10 @@ class ACLArena:
 
 
 def open_acl(ordinal: int) -> Optional[ACL]:
-    """The fake ACL runtime on GPU ``ordinal``, or None without ``STAGE_ACL_LIBRARY``."""
+    """The fake ACL runtime on GPU ``ordinal``, or None without ``STAGE_TEST_ACL_LIBRARY``."""
     return ACL(LIBRARY, ordinal) if LIBRARY else None
+
+
+def sidecar_config(ordinal: int) -> str:
+    """staged config for an acl sidecar over the fake library on GPU ``ordinal``."""
+    return "device: {kind: acl, ordinal: %d, acl: {library: %s}}\n" % (ordinal, LIBRARY)

@@ -15,11 +15,11 @@ reference mapper, kvmap.gather_tensor), and every decode block no request
 used must be untouched. MLA: one rank, vllm-ascend's latent (512) and rope
 (64) tensors into vLLM's one 576-wide row.
 
-Skipped without CUDA or without STAGE_ACL_LIBRARY (fakeacl_cuda built as
+Skipped without CUDA or without STAGE_TEST_ACL_LIBRARY (fakeacl_cuda built as
 libascendcl.so). On the GPU machine::
 
     nvcc -shared -Xcompiler -fPIC -o /tmp/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread
-    cd python && STAGE_ACL_LIBRARY=/tmp/libascendcl.so STAGED=$PWD/../bin/staged \\
+    cd python && STAGE_TEST_ACL_LIBRARY=/tmp/libascendcl.so STAGED=$PWD/../bin/staged \\
         python3 -m unittest -v tests.test_ascend_gpu
 """
 
@@ -48,7 +48,7 @@ except ImportError:
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
 
 if HAVE_CUDA:
-    from fakeacl import LIBRARY, ACLArena, open_acl  # noqa: E402
+    from fakeacl import LIBRARY, ACLArena, open_acl, sidecar_config  # noqa: E402
 else:
     LIBRARY = ""
 
@@ -63,7 +63,7 @@ REQUESTS, MAX_TOKENS = 64, 700
 
 
 @unittest.skipUnless(HAVE_CUDA, WHY)
-@unittest.skipUnless(LIBRARY, "STAGE_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
+@unittest.skipUnless(LIBRARY, "STAGE_TEST_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
 @unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
 class TestAscendToCUDA(unittest.TestCase):
     @classmethod
@@ -76,7 +76,7 @@ class TestAscendToCUDA(unittest.TestCase):
         try:
             cls.dec = Staged("decode", extra="device: {kind: cuda, ordinal: %d}\n" % GPU, slots=32)
             cls.nodes.append(cls.dec)
-            cls.pre = Staged("ascend", route_to=cls.dec.peers, extra="device: {kind: acl, ordinal: %d}\n" % GPU,
+            cls.pre = Staged("ascend", route_to=cls.dec.peers, extra=sidecar_config(GPU),
                              slots=32)
             cls.nodes.append(cls.pre)
             cls.pre.settle(1)

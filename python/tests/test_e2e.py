@@ -419,6 +419,64 @@ class TestE2E(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestPeers(unittest.TestCase):
+    """One route to two decodes whose regions have one name: peer= picks."""
+
+    def test_named_peer_and_refusals(self) -> None:
+        decs: List[Staged] = []
+        try:
+            for i in range(2):
+                decs.append(Staged("decode-%d" % i))
+            route = ("routes:\n  - name: decode\n    peers: [\"%s\", \"%s\"]\n    stripes: 1\n"
+                     "    connect_timeout: 2s\n" % (decs[0].peers, decs[1].peers))
+            pre = Staged("prefill", extra=route)
+            decs.append(pre)
+            pre.settle(2)
+            src = Mem("src", MiB)
+            self.addCleanup(src.close)
+            src.fill(7)
+            pre.client.register_memfd("src", src.fd, src.size, GUARD, MiB, Access.ALL)
+            dsts = []
+            for d in decs[:2]:
+                m = Mem("kv", MiB)
+                self.addCleanup(m.close)
+                m.poison()
+                d.client.register_memfd("kv", m.fd, m.size, GUARD, MiB, Access.ALL)
+                dsts.append(m)
+            c = pre.client
+            with self.assertRaises(StageError) as cm:
+                c.push("decode", "src", "kv", [Block(0, 0, 4096)])
+            self.assertIs(cm.exception.code, Code.BAD_REQUEST)
+            self.assertIn("decode-0 at " + decs[0].peers, str(cm.exception))
+            self.assertIn("decode-1 at " + decs[1].peers, str(cm.exception))
+            with self.assertRaises(StageError) as cm:
+                c.push("decode", "src", "kv", [Block(0, 0, 4096)], peer="decode-7")
+            self.assertIs(cm.exception.code, Code.UNKNOWN_PEER)
+            with self.assertRaises(StageError) as cm:
+                c.push("decode", "src", "kv", [Block(0, 0, 4096)], peer="127.0.0.1:9")
+            self.assertIs(cm.exception.code, Code.ACCESS_DENIED)
+            untouched = bytes([POISON]) * dsts[0].size
+            self.assertEqual(bytes(dsts[0].mm), untouched)
+            self.assertEqual(bytes(dsts[1].mm), untouched)
+            for off in range(0, 6 * 8192, 8192):
+                st = c.wait(c.push("decode", "src", "kv", [Block(off, off, 4096)], peer="decode-1"), timeout=30)
+                self.assertTrue(st.ok)
+                self.assertEqual(bytes(dsts[1].region()[off:off + 4096]), bytes(src.region()[off:off + 4096]))
+            self.assertEqual(bytes(dsts[0].mm), untouched, "decode-0 got bytes meant for decode-1")
+            st = c.wait(c.pull("decode", "src", "kv", [Block(0, 0, 4096)], peer=decs[1].peers), timeout=30)
+            self.assertTrue(st.ok)
+            peers = {p["node"]: p for p in c.routes()[0]["peers"]}
+            self.assertEqual(sorted(peers), ["decode-0", "decode-1"])
+            self.assertEqual({p["found"] for p in peers.values()}, {"static"})
+            self.assertEqual(c.catalog("decode", peer="decode-0")[0]["name"], "kv")
+            for d in decs:
+                d.client.unregister("src" if d is pre else "kv")
+        finally:
+            rcs = [d.stop() for d in decs]
+        self.assertEqual(rcs, [0] * len(rcs))
+
+
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
 class TestShutdown(unittest.TestCase):
     def test_sigterm_exits_zero_and_idle(self) -> None:
         pre, dec = pair()

@@ -33,7 +33,7 @@ class FakeClient:
     def __init__(self) -> None:
         self.subs: list = []
 
-    def submit(self, route, direction, ops, local, remote, tag, checksum):  # type: ignore[no-untyped-def]
+    def submit(self, route, direction, ops, local, remote, tag, checksum, peer=""):  # type: ignore[no-untyped-def]
         self.subs.append((route, direction, list(ops), list(local), list(remote), tag, checksum))
         return len(self.subs)
 

@@ -249,7 +249,7 @@ class TestTinyLMSidecarsCUDA(TestTinyLMSidecars):
 
 
 @unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
-@unittest.skipUnless(os.environ.get("STAGE_ACL_LIBRARY"), "STAGE_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
+@unittest.skipUnless(os.environ.get("STAGE_TEST_ACL_LIBRARY"), "STAGE_TEST_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
 class TestTinyLMSidecarsAscend(TestTinyLMSidecarsCUDA):
     """The prefill's sidecar is an "Ascend" one: the acl backend over fakeacl_cuda (no NPU involved).
 
@@ -259,13 +259,12 @@ class TestTinyLMSidecarsAscend(TestTinyLMSidecarsCUDA):
     sidecar.
     """
 
-    pre_sidecar = "device: {kind: acl, ordinal: %d}\n" % GPU
-
     @classmethod
     def setUpClass(cls) -> None:
-        from fakeacl import open_acl
+        from fakeacl import open_acl, sidecar_config
 
         cls.acl = open_acl(GPU)
+        cls.pre_sidecar = sidecar_config(GPU)
         super().setUpClass()
 
     @classmethod

@@ -36,6 +36,8 @@ def samples() -> list:
                     ops=[LocalOp(0, 0, 0, 16384, 16384), LocalOp(1, 0, 2**63, 2**64 - 2, 1)]),
         wire.Submit(req=6, route="r", direction=Direction.PUSH, checksum=Checksum.ROUTE, tag="", local_names=[],
                     remote_names=[], ops=[]),
+        wire.Submit(req=7, route="r", direction=Direction.PUSH, local_names=["a"], remote_names=["b"],
+                    ops=[LocalOp(0, 0, 0, 0, 1)], peer="decode-1"),
         wire.Submitted(req=9, transfer=0xDEADBEEF),
         wire.Wait(req=10, transfer=11, timeout_ms=0xFFFFFFFF),
         wire.Status(req=12, transfer=13),
@@ -92,6 +94,28 @@ class TestGolden(unittest.TestCase):
         h, got = wire.decode_frame(want)
         self.assertEqual(h.flags, 0)
         self.assertEqual(got, m)
+
+    def test_submit_peer_golden(self) -> None:
+        # PROTOCOL.md 9.5: the optional Peer after the ops; the rest as without it.
+        want = hx("""
+            53 47 01 82 00 00 00 00 49 00 00 00 00 00 00 00   # header, type 130, length 73
+            05 00 00 00 00 00 00 00 01 00 72 01 01 01 00 74   # Req, Route "r", push, checksum on, Tag "t"
+            01 00 00 00 01 00 61                              # LocalNames ["a"]
+            02 00 00 00 01 00 62 01 00 63                     # RemoteNames ["b", "c"]
+            01 00 00 00 00 00 00 00 01 00 00 00               # Ops count, Local 0, Remote 1
+            10 00 00 00 00 00 00 00 20 00 00 00 00 00 00 00   # LocalOff, RemoteOff
+            30 00 00 00 00 00 00 00                           # Len
+            02 00 64 31                                       # Peer "d1"
+        """)
+        m = wire.Submit(req=5, route="r", direction=Direction.PUSH, checksum=Checksum.ON, tag="t",
+                        local_names=["a"], remote_names=["b", "c"], ops=[LocalOp(0, 1, 0x10, 0x20, 0x30)], peer="d1")
+        self.assertEqual(wire.encode_frame(m), want)
+        _, got = wire.decode_frame(want)
+        self.assertEqual(got, m)
+        # An empty Peer present is not canonical: refused.
+        body = wire.Submit(route="r").encode() + b"\x00\x00"
+        with self.assertRaises(wire.ProtocolError):
+            wire.Submit.decode(body)
 
     def test_register_golden(self) -> None:
         # PROTOCOL.md 9.3: body 50 + n + k bytes; n = 4 ("kv/0"), k = 2.
@@ -263,15 +287,24 @@ class TestMalformed(unittest.TestCase):
     def test_truncated(self) -> None:
         for m in samples():
             body = m.encode()
+            # A Submit cut just before its optional Peer is one naming no peer.
+            tail = len(body) - 2 - len(m.peer.encode()) if isinstance(m, wire.Submit) and m.peer else -1
             for n in range(len(body)):
                 with self.subTest(m=type(m).__name__, n=n):
+                    if n == tail:
+                        self.assertEqual(wire.decode_body(m.TYPE, body[:n]).peer, "")
+                        continue
                     self.assertProto("malformed", wire.decode_body, m.TYPE, body[:n])
 
     def test_trailing(self) -> None:
         for m in samples():
             with self.subTest(m=type(m).__name__):
                 e = self.assertProto("malformed", wire.decode_body, m.TYPE, m.encode() + b"\x00")
-                self.assertIn("trailing", str(e))
+                if isinstance(m, wire.Submit) and not m.peer:
+                    # Read as the start of the optional Peer.
+                    self.assertIn("Submit.Peer", str(e))
+                else:
+                    self.assertIn("trailing", str(e))
 
     def test_truncated_frame(self) -> None:
         f = wire.encode_frame(wire.OK(req=1))

@@ -410,6 +410,7 @@ type stagedYAML struct {
 	Routes []struct {
 		Name  string   `json:"name"`
 		Peers []string `json:"peers"`
+		DNS   string   `json:"dns"`
 	} `json:"routes"`
 }
 
@@ -444,11 +445,28 @@ func TestRoutesNameStatefulSetPods(t *testing.T) {
 		}
 		for _, r := range c.Routes {
 			routes++
-			if len(r.Peers) == 0 {
-				t.Errorf("%s: route %s has no peers", o, r.Name)
+			if len(r.Peers) == 0 && r.DNS == "" {
+				t.Errorf("%s: route %s has no peers and no dns", o, r.Name)
 			}
 			for _, peer := range r.Peers {
 				checkPeer(t, objs, o.String()+" route "+r.Name, peer)
+			}
+			if r.DNS != "" {
+				// <service>:<port> resolves to every pod behind a headless
+				// Service: check it as the name of its pod 0.
+				host, port, err := net.SplitHostPort(r.DNS)
+				svc, _, _ := strings.Cut(host, ".")
+				if err != nil || find[corev1.Service](objs, svc) == nil {
+					t.Errorf("%s: route %s dns %q: want <headless service>[.<namespace>...]:<port> (%v)", o, r.Name, r.DNS, err)
+					continue
+				}
+				sts := ""
+				for _, x := range objs {
+					if s, ok := x.Obj.(*appsv1.StatefulSet); ok && s.Spec.ServiceName == svc {
+						sts = s.Name
+					}
+				}
+				checkPeer(t, objs, o.String()+" route "+r.Name+" dns", net.JoinHostPort(sts+"-0."+host, port))
 			}
 		}
 	}

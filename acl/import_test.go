@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // Cross-process tests: the test binary re-executes itself as a child (the
@@ -35,7 +36,7 @@ const (
 func TestFakeIPCSameProcess(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, Config{})
-	base, data := devicePool(t, d, 1<<20, 21)
+	base, data := devicetest.Pool(t, d, 1<<20, 21)
 	b, key, off, size, err := d.ExportKey(base + 12345)
 	if err != nil {
 		t.Fatal(err)
@@ -78,14 +79,14 @@ func TestFakeIPCSameProcess(t *testing.T) {
 	}
 
 	// A key whose whitelist does not hold this process is refused.
-	other, _ := devicePool(t, d, 8192, 22)
+	other, _ := devicetest.Pool(t, d, 8192, 22)
 	_, key2, _, _, err := d.ExportKey(other, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ae *Error
 	if _, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte(key2), Size: 8192, FD: -1}); !errors.As(err, &ae) || ae.Code != 207006 {
-		t.Errorf("import without being whitelisted: %v, want 207006 ACL_ERROR_RT_NO_PERMISSION", err)
+		t.Errorf("import without being whitelisted: %v, want ACL_ERROR_RT_NO_PERMISSION", err)
 	}
 }
 
@@ -95,7 +96,7 @@ func TestFakeIPCAbsent(t *testing.T) {
 		t.Fatal("HasIPC without the aclrtIpcMem* exports")
 	}
 	d := openDev(t, l, Config{})
-	a, _ := devicePool(t, d, 4096, 1)
+	a, _ := devicetest.Pool(t, d, 4096, 1)
 	if _, _, _, _, err := d.ExportKey(a); !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("ExportKey: %v, want ErrNotSupported", err)
 	}
@@ -118,8 +119,8 @@ func TestFakeIPCChild(t *testing.T) {
 			l := openFakeSO(t, so, true)
 			d := openDev(t, l, Config{})
 			seed := uint64(time.Now().UnixNano())
-			base, data := devicePool(t, d, ipcAllocSize, seed)
-			other, _ := devicePool(t, d, 65536, seed+1)
+			base, data := devicetest.Pool(t, d, ipcAllocSize, seed)
+			other, _ := devicetest.Pool(t, d, 65536, seed+1)
 
 			pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
 			if err != nil {
@@ -131,7 +132,7 @@ func TestFakeIPCChild(t *testing.T) {
 			var out bytes.Buffer
 			cmd := exec.Command(os.Args[0], "-test.run=^TestFakeIPCChildHelper$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), childRoleEnv+"=import", childSeedEnv+"="+strconv.FormatUint(seed, 10),
-				LibraryEnv+"="+so, CopyModeEnv+"="+string(mode))
+				testLibraryEnv+"="+so, testCopyModeEnv+"="+string(mode))
 			cmd.ExtraFiles = []*os.File{childEnd}
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
@@ -173,8 +174,8 @@ func TestFakeIPCChild(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := append([]byte(nil), data...)
-			copy(want[ipcViewOff+ipcWriteOff:], randBytes(seed^0xc0ffee, ipcWriteLen))
-			if i := mismatch(got, want); i >= 0 {
+			copy(want[ipcViewOff+ipcWriteOff:], devicetest.RandBytes(seed^0xc0ffee, ipcWriteLen))
+			if i := devicetest.Mismatch(got, want); i >= 0 {
 				t.Fatalf("allocation byte %d (view offset %d) is %#02x, want %#02x: the child's write landed in the wrong place",
 					i, i-ipcViewOff, got[i], want[i])
 			}
@@ -200,7 +201,7 @@ func TestFakeIPCChildHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDevice(0, Config{Logf: t.Logf})
+	d, err := OpenDevice(0, Config{Library: os.Getenv(testLibraryEnv), CopyMode: CopyMode(os.Getenv(testCopyModeEnv)), Logf: t.Logf})
 	if err != nil {
 		reply(err.Error())
 		t.Fatal(err)
@@ -234,7 +235,7 @@ func childWork(d *Device, key, key2 string, off, size, seed uint64) error {
 	}
 	defer m.Close() // importer closes first: the parent frees after our reply
 	view := m.Base() + device.Addr(off)
-	data := randBytes(seed, ipcAllocSize)[off : off+ipcViewLen]
+	data := devicetest.RandBytes(seed, ipcAllocSize)[off : off+ipcViewLen]
 	s, err := d.NewStream()
 	if err != nil {
 		return err
@@ -258,11 +259,11 @@ func childWork(d *Device, key, key2 string, off, size, seed uint64) error {
 		return err
 	}
 	want := append(append(append([]byte(nil), data[2<<20:]...), data[1<<20:2<<20]...), data[:1<<20]...)
-	if i := mismatch(p.Host(), want); i >= 0 {
+	if i := devicetest.Mismatch(p.Host(), want); i >= 0 {
 		return fmt.Errorf("child: gathered byte %d of the view is %#02x, want %#02x (import offset lost?)", i, p.Host()[i], want[i])
 	}
 	w := p.Slice(0, ipcWriteLen)
-	copy(w.Host(), randBytes(seed^0xc0ffee, ipcWriteLen))
+	copy(w.Host(), devicetest.RandBytes(seed^0xc0ffee, ipcWriteLen))
 	if err := s.Scatter([]device.Seg{{Addr: view + ipcWriteOff, Len: ipcWriteLen}}, w); err != nil {
 		return err
 	}

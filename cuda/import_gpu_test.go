@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/devicetest"
 )
 
 // Cross-process tests: the test binary re-executes itself as a child (an
@@ -63,7 +64,7 @@ func TestGPUChildHelper(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer d.FreeDevice(base)
-		if err := d.CopyHtoD(base, randBytes(seed, ipcAllocSize)); err != nil {
+		if err := d.CopyHtoD(base, devicetest.RandBytes(seed, ipcAllocSize)); err != nil {
 			t.Fatal(err)
 		}
 		b, h, off, size, err := d.IPCHandle(base + ipcViewOff)
@@ -85,7 +86,7 @@ func TestGPUChildHelper(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		if err := d.CopyHtoD(v.Addr(), randBytes(seed, ipcAllocSize)); err != nil {
+		if err := d.CopyHtoD(v.Addr(), devicetest.RandBytes(seed, ipcAllocSize)); err != nil {
 			t.Fatal(err)
 		}
 		fd, err := v.ExportFD()
@@ -132,7 +133,7 @@ func childServe(t *testing.T, d *Device, base device.Addr) {
 			t.Fatal(err)
 		}
 		reply := "ok"
-		if i := mismatch(got, randBytes(seed, int(n2))); i >= 0 {
+		if i := devicetest.Mismatch(got, devicetest.RandBytes(seed, int(n2))); i >= 0 {
 			reply = fmt.Sprintf("byte %d of the parent's write differs", i)
 		}
 		childSend(t, reply, -1)
@@ -222,7 +223,7 @@ func (c *child) finish() {
 // allocation with one copy and with a scattered kernel gather, then writes
 // into it with a scatter and has the child verify the bytes.
 func checkImported(t *testing.T, d *Device, c *child, base device.Addr, seed uint64) {
-	want := randBytes(seed, ipcAllocSize)[ipcViewOff : ipcViewOff+ipcViewLen]
+	want := devicetest.RandBytes(seed, ipcAllocSize)[ipcViewOff : ipcViewOff+ipcViewLen]
 	view := base + ipcViewOff
 	read := func(segs []device.Seg, wantBytes []byte) {
 		t.Helper()
@@ -231,7 +232,7 @@ func checkImported(t *testing.T, d *Device, c *child, base device.Addr, seed uin
 			t.Fatal(err)
 		}
 		defer d.FreePinned(p)
-		poison(p.Host(), 0xC3)
+		devicetest.Poison(p.Host(), 0xC3)
 		s, err := d.NewStream()
 		if err != nil {
 			t.Fatal(err)
@@ -243,7 +244,7 @@ func checkImported(t *testing.T, d *Device, c *child, base device.Addr, seed uin
 		if err := s.Synchronize(); err != nil {
 			t.Fatal(err)
 		}
-		if err := firstDiff(p.Host(), wantBytes, segs); err != nil {
+		if err := devicetest.FirstDiff(p.Host(), wantBytes, segs); err != nil {
 			t.Fatalf("reading the imported view: %v", err)
 		}
 	}
@@ -265,7 +266,7 @@ func checkImported(t *testing.T, d *Device, c *child, base device.Addr, seed uin
 
 	// Write through the mapping; the exporter checks.
 	wseed := seed + 1
-	src := randBytes(wseed, writeLen)
+	src := devicetest.RandBytes(wseed, writeLen)
 	p, err := d.AllocPinned(writeLen)
 	if err != nil {
 		t.Fatal(err)

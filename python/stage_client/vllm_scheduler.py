@@ -1,0 +1,247 @@
+"""The scheduler side of :class:`stage_client.vllm.StageConnector`.
+
+It runs in vLLM's scheduler process and only decides; the workers move
+bytes. Per step, :meth:`build_connector_meta` tells the workers which
+requests' rows to push during this forward (layer by layer), which to push
+before it (rows computed before the decode's ticket arrived), which
+prefill requests are held for the decode's pulls, and which decode
+requests receive. kv_transfer_params keys (all but vLLM's own
+``do_remote_prefill`` / ``do_remote_decode`` start with ``stage_``):
+
+* to the prefill: ``stage_mode``, ``stage_xfer`` (the router's transfer
+  key; default the request id), push only: ``stage_ticket`` (the decode's
+  ticket, when the router has it already);
+* to the decode in push mode: ``stage_mode``, ``stage_xfer``,
+  ``stage_rendezvous`` (the prefill's rendezvous host:port);
+* from the prefill at its end in pull mode (for the decode):
+  ``stage_peer``, ``stage_kv``, ``stage_tp``, ``stage_block_ids``,
+  ``stage_tokens``, ``stage_lease_expires`` (wall clock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import rendezvous as rdv
+from .vllm import PushChunk, RecvReq, StageConfig, StageConnectorMetadata
+
+__all__ = ["StageScheduler", "block_ids_of", "scheduled"]
+
+log = logging.getLogger("stage_client.vllm")
+
+
+def block_ids_of(x: Any) -> List[int]:
+    """Block ids of one KV-cache group from what vLLM passes: KVCacheBlocks, a tuple of lists, or a list."""
+    if x is None:
+        return []
+    if hasattr(x, "get_block_ids"):
+        x = x.get_block_ids()
+    x = list(x)
+    if x and isinstance(x[0], (list, tuple)):
+        return [int(b) for b in x[0]]
+    return [int(b) for b in x]
+
+
+def scheduled(so: Any) -> Iterator[Tuple[str, Optional[List[int]], int, bool]]:
+    """(req_id, block ids (all for new and resumed requests, the new ones otherwise, None for none),
+    num_computed_tokens, replaces) for every request of a SchedulerOutput, in both of vLLM's forms."""
+    for r in getattr(so, "scheduled_new_reqs", ()) or ():
+        yield r.req_id, block_ids_of(r.block_ids), int(r.num_computed_tokens), True
+    c = getattr(so, "scheduled_cached_reqs", None)
+    if c is None:
+        return
+    if isinstance(c, (list, tuple)):  # older vLLM: one CachedRequestData per request
+        for r in c:
+            nb = getattr(r, "new_block_ids", None)
+            res = bool(getattr(r, "resumed_from_preemption", False))
+            yield r.req_id, (None if nb is None else block_ids_of(nb)), int(r.num_computed_tokens), res
+        return
+    resumed = set(getattr(c, "resumed_req_ids", None) or ())
+    flags = getattr(c, "resumed_from_preemption", None)
+    for i, rid in enumerate(c.req_ids):
+        nb = c.new_block_ids[i]
+        res = rid in resumed or bool(flags[i] if flags else False)
+        yield rid, (None if nb is None else block_ids_of(nb)), int(c.num_computed_tokens[i]), res
+
+
+@dataclass
+class _Push:
+    xfer: str
+    prompt: int
+    ticket: Optional[Dict[str, Any]] = None
+    blocks: List[int] = field(default_factory=list)
+    computed: int = 0  # tokens computed so far
+    pushed_to: int = 0  # tokens [0, pushed_to) pushed or handed to a worker
+    finished_at: float = 0.0
+
+
+class StageScheduler:
+    """Scheduler-side state: push requests by id, and what the next step's metadata carries."""
+
+    def __init__(self, cfg: StageConfig) -> None:
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self._push: Dict[str, _Push] = {}
+        self._recv: List[RecvReq] = []
+        self._hold: Dict[str, Tuple[str, float]] = {}
+        self._preempted: List[str] = []
+        #: where decodes post tickets (push mode); tests and routers may post here directly
+        self.rendezvous: Any = (rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s)
+                                if cfg.rendezvous_listen else rdv.LocalRendezvous(ttl=cfg.lease_s))
+
+    def _mode(self, p: Dict[str, Any]) -> str:
+        return str(p.get("stage_mode") or self.cfg.mode)
+
+    # ------------------------------------------------------------------
+    # vLLM's calls
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
+        p = request.kv_transfer_params
+        if p and p.get("do_remote_prefill"):
+            total = int(p.get("stage_tokens") or len(request.prompt_token_ids or ()))
+            n = total - num_computed_tokens
+            if n > 0:
+                return n, True
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        p = request.kv_transfer_params
+        if not p:
+            return
+        rid = request.request_id
+        xfer = str(p.get("stage_xfer") or rid)
+        if p.get("do_remote_prefill"):
+            p["do_remote_prefill"] = False  # one transfer per request
+            if num_external_tokens <= 0:
+                return
+            total = int(p.get("stage_tokens") or len(request.prompt_token_ids or ()))
+            rr = RecvReq(rid, xfer, self._mode(p), block_ids_of(blocks), total - num_external_tokens,
+                         num_external_tokens)
+            if rr.mode == "pull":
+                rr.peer, rr.remote_kv = str(p.get("stage_peer") or ""), str(p.get("stage_kv") or "")
+                rr.remote_tp = int(p.get("stage_tp") or 1)
+                rr.remote_blocks = [int(b) for b in p.get("stage_block_ids") or ()]
+                rr.lease_expires = float(p.get("stage_lease_expires") or 0)
+            else:
+                rr.error = self._post_ticket(p, rr)
+            with self._lock:
+                self._recv.append(rr)
+        elif p.get("do_remote_decode") and self._mode(p) == "push":
+            with self._lock:
+                st = self._push.setdefault(rid, _Push(xfer, len(request.prompt_token_ids or ())))
+                if p.get("stage_ticket"):
+                    st.ticket = dict(p["stage_ticket"])
+
+    def _post_ticket(self, p: Dict[str, Any], rr: RecvReq) -> str:
+        """Tell the prefill where to push; the error as text ("" when posted)."""
+        ticket = {"peer": self.cfg.peer_name, "kv": self.cfg.kv_name, "tp": self.cfg.tp_size,
+                  "block_ids": rr.blocks, "first": rr.first, "tokens": rr.tokens}
+        addr = str(p.get("stage_rendezvous") or self.cfg.rendezvous)
+        try:
+            if addr:
+                rdv.post(addr, rr.xfer, ticket, timeout=min(5.0, self.cfg.timeout_s))
+            else:
+                self.rendezvous.post(rr.xfer, ticket)
+        except (OSError, ValueError) as e:
+            log.warning("stage: posting the push ticket of %s to %s: %s", rr.req_id, addr or "this process", e)
+            return "posting the ticket to the prefill's rendezvous %s: %s" % (addr, e)
+        return ""
+
+    def build_connector_meta(self, scheduler_output: Any) -> StageConnectorMetadata:
+        meta = StageConnectorMetadata()
+        nsched = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
+        with self._lock:
+            meta.recv, self._recv = self._recv, []
+            meta.hold, self._hold = self._hold, {}
+            for rid, blocks, computed, replaces in scheduled(scheduler_output):
+                st = self._push.get(rid)
+                if st is None:
+                    continue
+                if replaces:
+                    st.blocks = list(blocks or [])
+                    st.pushed_to = min(st.pushed_to, computed)  # resumed: recomputed rows go again
+                elif blocks:
+                    st.blocks.extend(blocks)
+                end = computed + int(nsched.get(rid, 0))
+                st.computed = max(st.computed, end)
+                if self.cfg.layerwise:
+                    self._emit(meta, rid, st, computed, end)
+            now = time.monotonic()
+            for rid, st in list(self._push.items()):
+                if not st.finished_at:
+                    continue
+                self._emit(meta, rid, st, st.computed, st.computed)
+                t = st.ticket
+                if t is not None or now - st.finished_at > self.cfg.lease_s:
+                    if t is None:
+                        log.warning("stage: no push ticket for %s (%s) within the lease; its blocks are freed",
+                                    rid, st.xfer)
+                    meta.seal[rid] = st.xfer
+                    del self._push[rid]
+            pre = getattr(scheduler_output, "preempted_req_ids", None) or ()
+            meta.preempted = list(pre) + self._preempted
+            self._preempted = []
+        return meta
+
+    def _emit(self, meta: StageConnectorMetadata, rid: str, st: _Push, c0: int, c1: int) -> None:
+        """Hand the workers rows [pushed_to, c0) to push before the forward and [c0, c1) during it."""
+        if st.ticket is None:
+            st.ticket = self.rendezvous.take(st.xfer)
+        t = st.ticket
+        if t is None:
+            return
+        lo, hi = int(t["first"]), int(t["first"]) + int(t["tokens"])
+        a, b = max(st.pushed_to, lo), min(c0, hi)
+        if a < b:
+            meta.catchup.append(PushChunk(rid, st.xfer, list(st.blocks), a, b - a, t))
+        a, b = max(c0, st.pushed_to, lo), min(c1, hi)
+        if a < b:
+            meta.push.append(PushChunk(rid, st.xfer, list(st.blocks), a, b - a, t))
+        st.pushed_to = max(st.pushed_to, c1)
+
+    def request_finished(self, request: Any, block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        p = request.kv_transfer_params
+        if not p:
+            return False, None
+        rid = request.request_id
+        if p.get("do_remote_prefill"):  # a decode request aborted before it was scheduled
+            p["do_remote_prefill"] = False
+            return False, None
+        if not p.get("do_remote_decode"):
+            return False, None
+        blocks = block_ids_of(block_ids)
+        if self._mode(p) == "push":
+            with self._lock:
+                st = self._push.get(rid)
+                if st is None:
+                    return False, None
+                st.finished_at = time.monotonic()
+            return True, None  # freed once the pushes from these blocks ended (get_finished)
+        if not blocks or "ABORT" in str(getattr(request, "status", "")).upper():
+            return False, None
+        xfer = str(p.get("stage_xfer") or rid)
+        with self._lock:
+            self._hold[rid] = (xfer, self.cfg.lease_s)
+        return True, {"do_remote_prefill": True, "do_remote_decode": False, "stage_mode": "pull",
+                      "stage_xfer": xfer, "stage_peer": self.cfg.peer_name, "stage_kv": self.cfg.kv_name,
+                      "stage_tp": self.cfg.tp_size, "stage_block_ids": blocks,
+                      "stage_tokens": len(request.prompt_token_ids or ()),
+                      "stage_lease_expires": time.time() + self.cfg.lease_s}
+
+    def preempted(self, req_ids: List[str]) -> None:
+        """Requests vLLM preempted (for a vLLM whose SchedulerOutput lacks preempted_req_ids)."""
+        with self._lock:
+            self._preempted.extend(req_ids)
+
+    def has_pending_push_work(self) -> bool:
+        with self._lock:
+            return any(st.finished_at for st in self._push.values())
+
+    def shutdown(self) -> None:
+        close = getattr(self.rendezvous, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,345 @@
+"""The worker side of :class:`stage_client.vllm.StageConnector`: one per tensor-parallel rank.
+
+Each rank registers its own KV cache (``<kv_name>-tp<rank>``) with the
+sidecar and moves the heads :func:`~stage_client.engines.plan` gives it.
+Transfers start on a :class:`~stage_client.engines.Mover` thread (a CUDA
+event recorded in ``save_kv_layer`` is waited for there, not on the
+forward thread); notifications are read on another thread. vLLM's calls
+only read and update state under one lock, and never wait longer than
+the configured timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from .client import Client
+from .engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from .errors import SidecarConnectionError, StageError
+from .kvcache import register_kv_cache
+from .vllm import PushChunk, RecvReq, StageConfig, StageConnectorMetadata
+from .wire import Code
+
+__all__ = ["StageWorker", "detect_preset"]
+
+log = logging.getLogger("stage_client.vllm")
+
+MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
+
+
+def detect_preset(t: Any) -> str:
+    """The stage_client preset of one layer's KV cache as vLLM or vllm-ascend hands it over."""
+    if isinstance(t, (list, tuple)):
+        return "ascend-mla" if len(t) == 2 and t[0].dim() == 3 else "ascend"
+    shape = tuple(t.shape)
+    if len(shape) == 3:
+        return "vllm-mla"
+    if len(shape) == 5 and shape[0] == 2:
+        return "vllm-flash"  # NHD, or HND seen through vLLM's permuted view: the strides tell
+    if len(shape) == 5 and shape[1] == 2:
+        return "vllm-flashinfer"
+    raise ValueError("stage connector: cannot tell the KV layout of a tensor of shape %s; set kv_layout" % (shape,))
+
+
+@dataclass
+class _Recv:
+    rr: RecvReq
+    deadline: float
+    cov: Optional[Coverage] = None
+    error: str = ""
+
+
+@dataclass
+class _Hold:
+    xfer: str
+    deadline: float
+    expect: Optional[Set[int]] = None
+    got: Set[int] = field(default_factory=set)
+
+
+class StageWorker:
+    """What one worker does for the connector; see the module doc."""
+
+    def __init__(self, cfg: StageConfig, client: Optional[Any] = None) -> None:
+        self.cfg = cfg
+        self.rank, self.tp = cfg.rank(), cfg.tp_size
+        self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s)
+        self.name = cfg.cache_name(self.rank)
+        self.mover = Mover(self.client, cfg.timeout_s, "stage-mover-tp%d" % self.rank)
+        self.kv: Any = None
+        self.layers: Dict[str, int] = {}
+        self.lock = threading.Lock()
+        self._recv: Dict[str, _Recv] = {}
+        self._recv_by_xfer: Dict[str, str] = {}
+        self._sealed: Dict[str, str] = {}
+        self._held: Dict[str, _Hold] = {}
+        self._held_by_xfer: Dict[str, str] = {}
+        self._early: Dict[str, List[Any]] = {}
+        self._seen: Set[str] = set()  # request ids vLLM said finished
+        self._errors: Set[int] = set()
+        self._absorbed: Optional[StageConnectorMetadata] = None  # the last step's metadata, taken in
+        self._saving = False  # pushes were queued this step
+        self._sub = self.client.subscribe()
+        self._notes = threading.Thread(target=self._read_notes, name="stage-notes-tp%d" % self.rank, daemon=True)
+        self._notes.start()
+
+    # ------------------------------------------------------------------
+    # registration
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        names = sorted(kv_caches, key=lambda n: (layer_index(n, 0), n))
+        self.layers = {n: i for i, n in enumerate(names)}
+        tensors = [kv_caches[n] for n in names]
+        preset = self.cfg.kv_layout or detect_preset(tensors[0])
+        lo, hi = head_slice(self.cfg.kv_heads, self.tp, self.rank)
+        if preset in ("vllm-mla", "ascend-mla", "sglang-mla"):
+            lo, hi, heads = 0, 1, 1
+        else:
+            heads = self.cfg.kv_heads
+        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi)
+        log.info("stage: registered KV cache %s (%s, %d layers, block %d)", self.name, preset, len(names),
+                 self.kv.layout.block_size)
+
+    # ------------------------------------------------------------------
+    # each step
+
+    def start_load_kv(self, meta: Optional[StageConnectorMetadata]) -> None:
+        if meta is None:
+            return
+        self._absorb(meta)
+        for ch in meta.catchup:
+            self._push(ch, list(range(self.kv.layers)), _event())
+            self._saving = True
+
+    def save_kv_layer(self, meta: Optional[StageConnectorMetadata], layer_name: str, kv_layer: Any) -> None:
+        if meta is None or not meta.push:
+            return
+        layer = self.layers.get(layer_name)
+        if layer is None:
+            return
+        ev = _event() if getattr(kv_layer, "is_cuda", False) else None
+        for ch in meta.push:
+            self._push(ch, [layer], ev)
+        self._saving = True
+
+    def wait_for_save(self) -> None:
+        """Wait until this step's pushes were handed to the sidecar (a failure to start shows now).
+
+        The rows they read need no more: the request keeps its blocks until
+        get_finished reports it sent, and vLLM writes no computed row again.
+        Loads never wait here."""
+        if not self._saving:
+            return
+        self._saving = False
+        if not self.mover.drain(self.cfg.timeout_s):
+            log.warning("stage: transfers of this step not started after %ss", self.cfg.timeout_s)
+
+    def handle_preemptions(self, meta: Any) -> None:
+        """Preempted requests' blocks are about to be reused: let their transfers end first."""
+        reqs = list(getattr(meta, "preempted", None) or ())
+        if not reqs:
+            return
+        self.mover.drain(self.cfg.timeout_s)
+        deadline = time.monotonic() + self.cfg.timeout_s
+        for r in reqs:
+            while not self.mover.ledger.idle(r) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            for tid in self.mover.ledger.transfers(r):
+                self.mover._cancel(tid)
+            self.mover.ledger.forget(r)
+
+    def get_finished(self, meta: Optional[StageConnectorMetadata],
+                     finished: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        if meta is not None:
+            self._absorb(meta)
+        now = time.monotonic()
+        sending: Set[str] = set()
+        recving: Set[str] = set()
+        with self.lock:
+            self._seen |= finished
+            for rid in [r for r in self._sealed if r in self._seen and self.mover.ledger.idle(r)]:
+                err = self.mover.ledger.error(rid)
+                if err is not None:
+                    log.warning("stage: pushing %s (%s) failed: %s", rid, self._sealed[rid], err)
+                sending.add(rid)
+                del self._sealed[rid]
+            for rid, h in list(self._held.items()):
+                done = h.expect is not None and h.expect <= h.got
+                if rid in self._seen and (done or now > h.deadline):
+                    if not done:
+                        log.warning("stage: lease of %s (%s) ran out before the decode pulled it", rid, h.xfer)
+                    sending.add(rid)
+                    del self._held[rid]
+                    self._held_by_xfer.pop(h.xfer, None)
+            for rid, st in list(self._recv.items()):
+                why = self._recv_state(rid, st, now)
+                if why is None:
+                    continue
+                if why:
+                    log.warning("stage: KV of %s (%s) did not arrive: %s", rid, st.rr.xfer, why)
+                    self._errors.update(self._blocks_of(st.rr))
+                recving.add(rid)
+                del self._recv[rid]
+                self._recv_by_xfer.pop(st.rr.xfer, None)
+            self._seen -= sending
+        for rid in sending | recving:
+            self.mover.ledger.forget(rid)
+        return sending or None, recving or None
+
+    def take_load_errors(self) -> Set[int]:
+        with self.lock:
+            out, self._errors = self._errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        self.mover.close()
+        self._sub.close()
+        if self.kv is not None:
+            try:
+                self.kv.close()
+            except (StageError, OSError) as e:
+                log.info("stage: unregistering %s: %s", self.name, e)
+        self.client.close()
+        self._notes.join(5)
+
+    # ------------------------------------------------------------------
+    # internals
+
+    def _absorb(self, meta: StageConnectorMetadata) -> None:
+        """Take the requests a step's metadata announces (once per metadata)."""
+        if meta is self._absorbed:
+            return
+        self._absorbed = meta
+        now = time.monotonic()
+        with self.lock:
+            self._sealed.update(meta.seal)
+            for rid, (xfer, lease) in meta.hold.items():
+                h = _Hold(xfer, now + lease)
+                if primary(self.cfg.kv_heads, self.tp, self.rank) is None:
+                    h.expect = set()  # a replica: no decode pulls from this rank
+                self._held[rid] = h
+                self._held_by_xfer[xfer] = rid
+                for n in self._early.pop(xfer, ()):
+                    self._note_pull(h, n)
+        for rr in meta.recv:
+            self._start_recv(rr, now)
+
+    def _start_recv(self, rr: RecvReq, now: float) -> None:
+        st = _Recv(rr, now + self.cfg.timeout_s, error=rr.error)
+        if rr.mode == "pull" and not st.error:
+            if rr.lease_expires and time.time() + self.cfg.timeout_s > rr.lease_expires:
+                st.error = "the prefill's lease ends before a pull could finish"
+            else:
+                for s, d, lo, hi in plan(self.cfg.kv_heads, rr.remote_tp, self.tp):
+                    if d == self.rank:
+                        self.mover.submit(rr.req_id, self._puller(rr, s, lo, hi))
+        with self.lock:
+            self._recv[rr.req_id] = st
+            self._recv_by_xfer[rr.xfer] = rr.req_id
+            for n in self._early.pop(rr.xfer, ()):
+                self._note_push(st, n)
+
+    def _puller(self, rr: RecvReq, src: int, lo: int, hi: int) -> Any:
+        kw = {"peer": rr.peer} if rr.peer else {}
+        tag = make_tag(rr.xfer, "d", self.rank, self.tp)
+        return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv), rr.blocks,
+                                     rr.remote_blocks, rr.tokens, local_first=rr.first, remote_first=rr.first,
+                                     heads=(lo, hi), tag=tag, **kw)]
+
+    def _push(self, ch: PushChunk, layers: List[int], event: Any) -> None:
+        t = ch.ticket
+        kw = {"peer": t["peer"]} if t.get("peer") else {}
+        tag = make_tag(ch.xfer, "p", self.rank, self.tp)
+        for s, d, lo, hi in plan(self.cfg.kv_heads, self.tp, int(t["tp"])):
+            if s != self.rank:
+                continue
+            remote = self.cfg.cache_name(d, str(t["kv"]))
+
+            def fn(remote: str = remote, lo: int = lo, hi: int = hi) -> List[int]:
+                return [self.kv.push(self.cfg.route, remote, ch.blocks, t["block_ids"], ch.tokens, layers=layers,
+                                     local_first=ch.first, remote_first=ch.first, heads=(lo, hi), tag=tag, **kw)]
+
+            self.mover.submit(ch.req_id, fn, event)
+
+    def _recv_state(self, rid: str, st: _Recv, now: float) -> Optional[str]:
+        """None: still arriving; "": arrived; else why it failed."""
+        if st.error:
+            return st.error
+        if st.rr.mode == "pull":
+            led = self.mover.ledger
+            if led.idle(rid):
+                err = led.error(rid)
+                return "" if err is None else str(err)
+        elif st.cov is not None and st.cov.complete():
+            return ""
+        if now > st.deadline + (1.0 if st.rr.mode == "pull" else 0.0):
+            return "not complete after %ss" % self.cfg.timeout_s
+        return None
+
+    def _blocks_of(self, rr: RecvReq) -> List[int]:
+        bs = self.kv.layout.block_size
+        a, b = rr.first // bs, -(-(rr.first + rr.tokens) // bs)
+        return rr.blocks[a:b]
+
+    def _read_notes(self) -> None:
+        while True:
+            try:
+                n = self._sub.get(1.0)
+            except SidecarConnectionError:
+                return
+            if n is None:
+                continue
+            t = parse_tag(n.tag)
+            if t is None or n.kv != self.name:
+                continue
+            with self.lock:
+                if t[1] == "p":
+                    rid = self._recv_by_xfer.get(t[0])
+                    if rid is not None:
+                        self._note_push(self._recv[rid], n)
+                        continue
+                else:
+                    rid = self._held_by_xfer.get(t[0])
+                    if rid is not None:
+                        self._note_pull(self._held[rid], n)
+                        continue
+                if sum(len(v) for v in self._early.values()) < MAX_EARLY:
+                    self._early.setdefault(t[0], []).append(n)
+
+    def _note_push(self, st: _Recv, n: Any) -> None:
+        """A push into this rank's cache ended (under the lock)."""
+        _, _, src, src_tp = parse_tag(n.tag)  # type: ignore[misc]
+        if n.code != Code.OK:
+            st.error = st.error or "a push from prefill rank %d failed: %s (%s)" % (src, n.message, Code(n.code).name)
+            return
+        if st.cov is None:
+            st.cov = Coverage(st.rr.first, st.rr.tokens)
+        if st.cov.expect is None:
+            srcs = {s for s, d, _, _ in plan(self.cfg.kv_heads, src_tp, self.tp) if d == self.rank}
+            st.cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
+        for layer in n.layers:
+            st.cov.add(src, int(layer), n.first, n.first + n.tokens)
+
+    def _note_pull(self, h: _Hold, n: Any) -> None:
+        """A decode rank's pull from this rank's cache ended (under the lock)."""
+        _, _, dst, dst_tp = parse_tag(n.tag)  # type: ignore[misc]
+        if h.expect is None:
+            h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
+        h.got.add(dst)
+
+
+def _event() -> Any:
+    """A CUDA event recorded on the current stream (None without CUDA): rows written before it are readable after."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev

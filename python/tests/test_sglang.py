@@ -1,0 +1,150 @@
+"""stage_client.sglang driven as SGLang's disaggregation drives a backend, with two real sidecars.
+
+A prefill of two tensor-parallel ranks (two kv heads each) and a decode of
+one rank (all four), SGLang token pools (per layer K and V buffers of
+(tokens, heads, head_dim), 16-token pages), random rows. Per request, as
+SGLang does: the decode's KVReceiver ``init`` + ``send_metadata(pages)``;
+the prefill's KVSender polls until WaitingForInput, ``init(num_pages)``,
+``send`` once per chunk (two chunks), polls until Success; the decode's
+receiver polls until Success. Every row moved must equal the prefill's
+(compared in canonical order with the reference mapper), rows not moved
+must be untouched; a receiver whose prefill never sends is Failed at its
+deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import unittest
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+
+    WHY = ""
+except ImportError:
+    torch = None
+    WHY = "torch is not installed"
+
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from stage_client import HostArena, sides  # noqa: E402
+from stage_client.kvmap import gather_tensor  # noqa: E402
+from stage_client.rendezvous import RendezvousServer  # noqa: E402
+from stage_client.sglang import KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: E402
+
+LAYERS, HEADS, D, PAGE, PAGES = 3, 4, 32, 16, 40
+
+
+def poll_until(obj: Any, want: int, limit: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while True:
+        st = obj.poll()
+        if st == want:
+            return
+        if st == KVPoll.Failed and want != KVPoll.Failed:
+            obj.failure_exception()
+        if time.monotonic() - t0 > limit:
+            raise AssertionError("poll %s after %ss, want %s" % (st, limit, want))
+        time.sleep(0.01)
+
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestSGLangBackend(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.dec = Staged("decode")
+        try:
+            cls.pre = Staged("prefill", route_to=cls.dec.peers)
+        except BaseException:
+            cls.dec.stop()
+            raise
+        cls.pre.settle(1)
+        cls.arena = HostArena(16 << 20, "sglang")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        rcs = [cls.pre.stop(), cls.dec.stop()]
+        cls.arena.close()
+        if any(rcs):
+            raise AssertionError("staged exit codes %s" % rcs)
+
+    def pool(self, held: int, seed: int) -> tuple:
+        g = torch.Generator().manual_seed(seed)
+        ks, vs = [], []
+        for _ in range(LAYERS):
+            for out in (ks, vs):
+                t = self.arena.empty((PAGES * PAGE, held, D), torch.float32)
+                t.copy_(torch.randn(t.shape, generator=g))
+                out.append(t)
+        return ks, vs
+
+    def managers(self, name: str, timeout: float = 30.0) -> tuple:
+        boot = RendezvousServer("127.0.0.1", 0)
+        pres = []
+        for r in range(2):
+            ks, vs = self.pool(2, 10 + r)
+            pres.append(StageKVManager(self.pre.socket, name + "-p", ks, vs, PAGE, HEADS, "prefill", tp_rank=r,
+                                       tp_size=2, route="decode", bootstrap=boot, timeout=timeout))
+        ks, vs = self.pool(4, 20)
+        dec = StageKVManager(self.dec.socket, name + "-d", ks, vs, PAGE, HEADS, "decode", route="prefill",
+                             timeout=timeout)
+        for m in pres + [dec]:
+            self.addCleanup(m.close)
+        self.addCleanup(boot.close)
+        return boot, pres, dec
+
+    def test_push_chunks(self) -> None:
+        boot, pres, dec = self.managers("sg")
+        before = [t.clone() for layer in dec.buffers for t in layer]
+        rng = random.Random(5)
+        tokens = 7 * PAGE - 5
+        npages = -(-tokens // PAGE)
+        ppages = rng.sample(range(PAGES), npages)
+        dpages = rng.sample(range(PAGES), npages)
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=4242)
+        self.assertEqual(recv.poll(), KVPoll.WaitingForInput)
+        recv.init(0)  # newer SGLang: a prefill dp rank, then send_metadata
+        recv.send_metadata(dpages)
+        senders = [StageKVSender(m, boot.address, 4242, dest_tp_ranks=[0]) for m in pres]
+        for s in senders:
+            poll_until(s, KVPoll.WaitingForInput)
+            s.init(npages)
+            s.send(ppages[:3])  # chunked prefill: two chunks
+        for s in senders:
+            s.send(ppages[3:])
+            poll_until(s, KVPoll.Success)
+        poll_until(recv, KVPoll.Success)
+        # every moved row equals the prefill rank's row
+        for m in pres:
+            a, b = sides(m.kv.layout, ppages, dec.kv.layout, dpages, tokens)
+            got = gather_tensor(b, dec.buffers)
+            self.assertTrue(torch.equal(gather_tensor(a, m.buffers), got), "rows of prefill rank %d" % m.rank)
+        # rows of pages not named stay as they were
+        untouched = [p for p in range(PAGES) if p not in dpages]
+        for t0, t1 in zip(before, [t for layer in dec.buffers for t in layer]):
+            v0, v1 = t0.view(PAGES, -1), t1.view(PAGES, -1)
+            self.assertTrue(torch.equal(v0[untouched], v1[untouched]))
+
+    def test_receiver_fails_at_deadline(self) -> None:
+        boot, pres, dec = self.managers("sgf", timeout=1.0)
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=7)
+        recv.send_metadata([1, 2])
+        t0 = time.monotonic()
+        poll_until(recv, KVPoll.Failed, 5)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9)
+        with self.assertRaises(RuntimeError):
+            recv.failure_exception()
+        s = StageKVSender(pres[0], boot.address, 8)  # no decode ever posts room 8
+        poll_until(s, KVPoll.Failed, 5)
+
+
+if __name__ == "__main__":
+    unittest.main()

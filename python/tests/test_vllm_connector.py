@@ -1,0 +1,274 @@
+"""stage_client.vllm driven through vLLM's own call sequence (tests/vllm_replay.py), with two real sidecars.
+
+The prefill engine is vllm-ascend-shaped: two tensor-parallel ranks, each
+holding two of the tiny model's four kv heads, K and V as separate tensors,
+128-token blocks. The decode engine is vLLM-GPU-shaped: one rank, HND,
+16-token blocks. Both ranks' workers and the scheduler connector are
+built by the same constructor vLLM uses, ``(vllm_config, role,
+kv_cache_config)``. The tiny transformer (examples/tinylm.py) prefills six
+prompts on the prefill engine, calling ``save_kv_layer`` after each layer
+as vLLM's attention layers do; the KV reaches the decode engine through the
+connector, and 64 greedy tokens decoded there must equal those of one
+process that moved nothing.
+
+* push, layer by layer: the decode is scheduled first and posts its
+  tickets (block ids) to the prefill's rendezvous; the prefill pushes each
+  layer as it is computed;
+* push after prefill: the tickets arrive after the prefill finished; the
+  rows go from the blocks vLLM holds for the connector;
+* pull: the prefill finishes and returns kv_transfer_params; the decode
+  pulls; the prefill frees its blocks once the pulls were served;
+* failures (test_vllm_faults.py) come back as load errors within the deadline.
+
+CPU: hostmem sidecars, float32 caches in HostArena memfds. CUDA (skipped
+without a GPU): cuda sidecars, bfloat16 CUDA tensors::
+
+    cd python && STAGED=$PWD/../bin/staged python3 -m unittest -v tests.test_vllm_connector.TestVLLMConnectorCUDA
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+
+    import tinylm
+    WHY = ""
+    HAVE_CUDA = bool(torch.cuda.is_available())
+except ImportError:
+    torch = None
+    WHY = "torch is not installed"
+    HAVE_CUDA = False
+
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_tinylm import STEPS, prompts  # noqa: E402
+from stage_client import HostArena  # noqa: E402
+from stage_client.vllm import HAVE_VLLM  # noqa: E402
+from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_name  # noqa: E402
+
+GPU = int(os.environ.get("STAGE_GPU", "0"))
+PREFILL = ("ascend", 128, 2)
+DECODE = ("vllm-hnd", 16, 1)
+
+
+def kv_caches(cache: "tinylm.Cache", rank: int) -> Dict[str, Any]:
+    """What vLLM hands register_kv_caches: layer name -> that layer's cache (a (K, V) pair for ascend)."""
+    rc = cache.ranks[rank]
+    return {layer_name(i): (tuple(ts) if len(ts) > 1 else ts[0]) for i, ts in enumerate(rc.tensors)}
+
+
+def started(e: Engine) -> int:
+    """Transfers the engine's workers started or queued so far."""
+    n = 0
+    for w in e.workers:
+        led = w.worker.mover.ledger
+        with led.lock:
+            n += sum(r.done + len(r.pending) + r.submitting for r in led._reqs.values())
+    return n
+
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestVLLMConnector(unittest.TestCase):
+    device: Any = "cpu"
+    dtype: Any = None
+    sidecar = ""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+        cls.dtype = cls.dtype or torch.float32
+        cls.cfg = tinylm.Config()
+        cls.model = tinylm.TinyLM(cls.cfg, seed=7, dtype=cls.dtype, device=cls.device)
+        cls.prompts = prompts(11)
+        ref = cls.cache(DECODE, seed=1)
+        cls.ref_tokens, _ = cls.model.decode(ref, cls.model.prefill(cls.prompts, ref), STEPS)
+        cls.arenas: List[HostArena] = []
+        cls.nodes: List[Staged] = []
+        try:
+            cls.dec = Staged("decode", extra=cls.sidecar)
+            cls.nodes.append(cls.dec)
+            cls.pre = Staged("prefill", route_to=cls.dec.peers, extra=cls.sidecar)
+            cls.nodes.append(cls.pre)
+            cls.pre.settle(1)
+            cls.dec.add_route("prefill", cls.pre.peers)
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        rcs = {n.name: n.stop() for n in cls.nodes}
+        for a in cls.arenas:
+            a.close()
+        if any(rc != 0 for rc in rcs.values()):
+            raise AssertionError("staged exit codes after SIGTERM: %s\n%s"
+                                 % (rcs, "\n".join(n.tail() for n in cls.nodes)))
+
+    @classmethod
+    def alloc(cls, node: Staged) -> Any:
+        a = HostArena(96 << 20, "vllm-" + node.name)
+        cls.arenas.append(a)
+        return a.empty
+
+    @classmethod
+    def sync(cls) -> None:
+        """Rows the engine wrote are in memory before a sidecar copies them (the connector's events do this on CUDA)."""
+
+    @classmethod
+    def cache(cls, kind: tuple, seed: int, alloc: Any = None) -> "tinylm.Cache":
+        preset, bs, ranks = kind
+        blocks = sum(-(-(len(p) + STEPS) // bs) for p in cls.prompts) + 8
+        c = tinylm.Cache(cls.cfg, preset, bs, blocks, ranks, cls.dtype, cls.device, seed, alloc)
+        for rc in c.ranks[1:]:  # vLLM's ranks share one block table: the same ids on every rank
+            rc._free = list(c.ranks[0]._free)
+        return c
+
+    def engines(self, name: str, mode: str, layerwise: bool = True, timeout: float = 30.0) -> tuple:
+        """A prefill engine (2 ranks) and a decode engine (1 rank), with fresh caches registered."""
+        src = self.cache(PREFILL, seed=2, alloc=self.alloc(self.pre))
+        dst = self.cache(DECODE, seed=3, alloc=self.alloc(self.dec))
+        self.sync()
+        common = dict(mode=mode, kv_heads=self.cfg.kv_heads, timeout_s=timeout, layerwise=layerwise)
+        # Each side names the other's sidecar by its node name (the peer field of every transfer).
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
+                    self.cfg.kv_heads, [kv_caches(src, r) for r in range(2)], "%s-pre" % name)
+        self.addCleanup(pe.shutdown)
+        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), self.cfg.kv_heads,
+                    [kv_caches(dst, 0)],
+                    "%s-dec" % name)
+        self.addCleanup(de.shutdown)
+        return src, dst, pe, de
+
+    def reqs(self, name: str, params: Dict[str, Any]) -> List[Request]:
+        return [Request("%s-%d" % (name, s), list(p), dict(params, stage_xfer="%s-x%d" % (name, s)))
+                for s, p in enumerate(self.prompts)]
+
+    def prefill_step(self, pe: Engine, src: "tinylm.Cache", reqs: List[Request]) -> Any:
+        """Admit every request and run its whole prompt in one step, saving layer by layer."""
+        for s, r in enumerate(reqs):
+            pe.admit(r, lambda n, s=s: self._reserve(src, s, n))
+        so = SchedulerOutput([NewRequestData(r.request_id, r.prompt_token_ids, (src.tables[0][s],), 0)
+                              for s, r in enumerate(reqs)],
+                             num_scheduled_tokens={r.request_id: len(r.prompt_token_ids) for r in reqs})
+
+        def forward(after_layer: Any) -> Any:
+            logits = self.model.prefill(self.prompts, src, after_layer=after_layer)
+            return logits
+
+        return pe.step(so, forward)
+
+    @staticmethod
+    def _reserve(cache: "tinylm.Cache", s: int, n: int) -> List[int]:
+        cache.reserve(s, n)
+        cache.lens[s] = n
+        return list(cache.tables[0][s])
+
+    def decode_and_compare(self, dst: "tinylm.Cache", logits: Any, what: str) -> None:
+        tokens, _ = self.model.decode(dst, logits, STEPS)
+        self.assertTrue(torch.equal(tokens, self.ref_tokens),
+                        "%s: tokens differ from the unmoved run\n%s\n%s" % (what, tokens, self.ref_tokens))
+
+    def push(self, name: str, layerwise: bool, decode_first: bool) -> None:
+        src, dst, pe, de = self.engines(name, "push", layerwise)
+        rdv = pe.sched.scheduler.rendezvous.address
+        preqs = self.reqs(name, {"do_remote_decode": True, "stage_mode": "push"})
+        dreqs = self.reqs(name, {"do_remote_prefill": True, "stage_mode": "push", "stage_rendezvous": rdv})
+
+        def admit_decode() -> None:
+            for s, r in enumerate(dreqs):
+                n, load_async = de.admit(r, lambda n, s=s: self._reserve(dst, s, n))
+                self.assertEqual((n, load_async), (len(r.prompt_token_ids), True))
+            de.step()  # the decode's workers learn what they receive
+
+        if decode_first:
+            admit_decode()
+        logits = self.prefill_step(pe, src, preqs)
+        # layer by layer: one push per layer and request from each prefill rank, started during the forward
+        want = self.cfg.layers * len(preqs) * 2 if layerwise and decode_first else 0
+        self.assertEqual(started(pe), want)
+        for s, r in enumerate(preqs):  # max_tokens=1: the prefill requests end after this step
+            self.assertEqual(pe.finish(r, src.tables[0][s]), (True, None))
+        if not decode_first:
+            pe.step()  # the prefill engine keeps stepping: it has push work pending
+            self.assertTrue(pe.sched.has_pending_push_work())
+            admit_decode()
+        pe.until(lambda: len(pe.sent) == len(preqs), 30)
+        de.until(lambda: len(de.recvd) == len(dreqs), 30)
+        self.assertEqual(de.load_errors, set())
+        self.assertFalse(pe.sched.has_pending_push_work())
+        self.decode_and_compare(dst, logits, name)
+
+    def test_push_layerwise(self) -> None:
+        self.push("pushlw", layerwise=True, decode_first=True)
+
+    def test_push_after_prefill(self) -> None:
+        self.push("pushaf", layerwise=False, decode_first=True)
+
+    def test_push_ticket_late(self) -> None:
+        self.push("pushlate", layerwise=True, decode_first=False)
+
+    def test_pull(self) -> None:
+        src, dst, pe, de = self.engines("pull", "pull")
+        preqs = self.reqs("pull", {"do_remote_decode": True})
+        logits = self.prefill_step(pe, src, preqs)
+        params = []
+        for s, r in enumerate(preqs):
+            delay, p = pe.finish(r, src.tables[0][s])
+            self.assertTrue(delay)
+            self.assertEqual((p["stage_peer"], p["stage_kv"], p["stage_tp"], p["stage_block_ids"], p["stage_tokens"]),
+                             ("prefill", "pull-pre", 2, src.tables[0][s], len(r.prompt_token_ids)))
+            params.append(p)
+        pe.step()
+        self.assertEqual(pe.sent, set(), "the prefill freed blocks before the decode pulled them")
+        dreqs = [Request("pull-d%d" % s, list(p), dict(params[s])) for s, p in enumerate(self.prompts)]
+        for s, r in enumerate(dreqs):
+            self.assertEqual(de.admit(r, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
+        de.until(lambda: len(de.recvd) == len(dreqs), 30)
+        self.assertEqual(de.load_errors, set())
+        pe.until(lambda: len(pe.sent) == len(preqs), 30)
+        self.decode_and_compare(dst, logits, "pull")
+
+    def test_stand_in(self) -> None:
+        # Without vLLM the connector stands on the stand-in base; with it, on vLLM's own.
+        from stage_client import vllm as sv
+        self.assertEqual(HAVE_VLLM, sv.KVConnectorBase_V1.__module__.startswith("vllm."))
+        for m in ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
+                  "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                  "get_finished", "get_block_ids_with_load_errors", "shutdown", "bind_connector_metadata",
+                  "clear_connector_metadata", "handle_preemptions"):
+            self.assertTrue(callable(getattr(sv.StageConnector, m, None)), m)
+
+
+@unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
+class TestVLLMConnectorCUDA(TestVLLMConnector):
+    """The same on the GPU: torch CUDA tensors, cuda sidecars, bfloat16; save_kv_layer records CUDA events."""
+
+    device = "cuda:%d" % GPU
+    sidecar = "device: {kind: cuda, ordinal: %d}\n" % GPU
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.dtype = torch.bfloat16
+        super().setUpClass()
+
+    @classmethod
+    def alloc(cls, node: Staged) -> Any:
+        return None
+
+    @classmethod
+    def sync(cls) -> None:
+        torch.cuda.synchronize(cls.device)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,149 @@
+"""stage_client.vllm when the KV does not come: load errors within the deadline, never a hang.
+
+The same replay of vLLM's calls as test_vllm_connector.py, on caches of
+random rows (no model), with a short ``timeout_s``:
+
+* push, the prefill never pushes (its ticket is never taken): after the
+  deadline the decode reports the request finished receiving and every
+  block it was to receive in ``get_block_ids_with_load_errors``;
+* push, the prefill's rendezvous is not there: the same at once;
+* pull naming a peer the decode's route does not have: refused, the same at once;
+* pull, the prefill's sidecar died after the prefill finished: the pulls
+  fail and the blocks come back as load errors within the deadline; the
+  prefill side (whose sidecar is gone) still frees its blocks at the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import unittest
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+
+    WHY = ""
+except ImportError:
+    torch = None
+    WHY = "torch is not installed"
+
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from stage_client import HostArena  # noqa: E402
+from stage_client.rendezvous import RendezvousServer  # noqa: E402
+from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_name  # noqa: E402
+
+LAYERS, HEADS, D, BLOCKS = 2, 2, 16, 64
+TIMEOUT = 2.0
+
+
+def caches(arena: HostArena, block: int, seed: int) -> Dict[str, Any]:
+    """One rank's vLLM flash-layout cache of random rows, layer name -> tensor."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(LAYERS):
+        t = arena.empty((2, BLOCKS, block, HEADS, D), torch.float32)
+        t.copy_(torch.randn(t.shape, generator=g))
+        out[layer_name(i)] = t
+    return out
+
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestVLLMFaults(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nodes: List[Staged] = []
+        self.dec = Staged("decode")
+        self.nodes.append(self.dec)
+        self.pre = Staged("prefill", route_to=self.dec.peers)
+        self.nodes.append(self.pre)
+        self.pre.settle(1)
+        self.dec.add_route("prefill", self.pre.peers)
+        self.arena = HostArena(8 << 20, "faults")
+        self.addCleanup(self.arena.close)
+        self.addCleanup(self._stop)
+
+    def _stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def engine(self, node: Staged, name: str, mode: str, route: str, block: int, seed: int, **extra: Any) -> Engine:
+        e = Engine(node.socket, dict(mode=mode, route=route, kv_heads=HEADS, timeout_s=TIMEOUT, **extra), HEADS,
+                   [caches(self.arena, block, seed)], name)
+        self.addCleanup(e.shutdown)
+        return e
+
+    def decode_push(self, rendezvous: str) -> tuple:
+        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2)
+        r = Request("r0", list(range(40)), {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0",
+                                            "stage_rendezvous": rendezvous})
+        self.assertEqual(de.admit(r, lambda n: [5, 9, 3]), (40, True))
+        t0 = time.monotonic()
+        de.step()
+        took = de.until(lambda: "r0" in de.recvd, 3 * TIMEOUT)
+        self.assertEqual(de.load_errors, {5, 9, 3})
+        return time.monotonic() - t0, took
+
+    def test_push_never_comes(self) -> None:
+        srv = RendezvousServer("127.0.0.1", 0)  # takes the ticket; no prefill ever reads it
+        self.addCleanup(srv.close)
+        took, _ = self.decode_push(srv.address)
+        self.assertEqual(len(srv), 1)
+        self.assertGreaterEqual(took, TIMEOUT)
+        self.assertLess(took, TIMEOUT + 1.5)
+
+    def test_push_rendezvous_down(self) -> None:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        took, _ = self.decode_push("127.0.0.1:%d" % port)
+        self.assertLess(took, 1.5)
+
+    def prefill_done(self) -> tuple:
+        """A prefill engine whose request p0 finished; its kv_transfer_params for the decode."""
+        pe = self.engine(self.pre, "pre", "pull", "decode", 32, 1, lease_s=3 * TIMEOUT, peer_name="prefill")
+        pr = Request("p0", list(range(70)), {"do_remote_decode": True, "stage_xfer": "x1"})
+        pe.admit(pr, lambda n: [7, 1, 4])
+        pe.step(SchedulerOutput([NewRequestData("p0", pr.prompt_token_ids, ([7, 1, 4],), 0)],
+                                num_scheduled_tokens={"p0": 70}))
+        delay, params = pe.finish(pr, [7, 1, 4])
+        self.assertTrue(delay)
+        return pe, params
+
+    def test_pull_unknown_peer(self) -> None:
+        # the route has no peer of that name: refused at once, a load error, not a wait
+        _, params = self.prefill_done()
+        params["stage_peer"] = "nobody"
+        de = self.engine(self.dec, "dec", "pull", "prefill", 16, 2)
+        self.assertEqual(de.admit(Request("d0", list(range(70)), params), lambda n: [3, 4, 5, 6, 7]), (70, True))
+        t0 = time.monotonic()
+        de.step()
+        de.until(lambda: "d0" in de.recvd, 3 * TIMEOUT)
+        self.assertLess(time.monotonic() - t0, 1.5)
+        self.assertEqual(de.load_errors, {3, 4, 5, 6, 7})
+
+    def test_pull_prefill_sidecar_died(self) -> None:
+        pe, params = self.prefill_done()
+        self.pre.kill()
+        de = self.engine(self.dec, "dec", "pull", "prefill", 16, 2)
+        dr = Request("d0", list(range(70)), dict(params))
+        table = [11, 2, 30, 8, 17]
+        self.assertEqual(de.admit(dr, lambda n: table), (70, True))
+        t0 = time.monotonic()
+        de.step()
+        de.until(lambda: "d0" in de.recvd, 3 * TIMEOUT)
+        self.assertLess(time.monotonic() - t0, TIMEOUT + 1.5)
+        self.assertEqual(de.load_errors, set(table))
+        # the prefill's blocks come back at the lease, though its sidecar is gone
+        pe.until(lambda: "p0" in pe.sent, 4 * TIMEOUT)
+
+
+if __name__ == "__main__":
+    unittest.main()
