@@ -151,9 +151,9 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 			ch <- m.Regions
 		}
 	case *wire.NodeInfo:
-		ss.node.setInfo(m)
+		ss.node.SetInfo(m)
 	case *wire.Revoke:
-		if err := ss.node.maps.revoke(m.RegionID); err != nil {
+		if err := ss.node.Revoked(m.RegionID); err != nil {
 			s.log.Warn("revoke a peer region", zap.String("peer", ss.peerName), zap.Error(err))
 		}
 	case *wire.Heartbeat:
@@ -176,7 +176,7 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 // transfer that already failed looks the same as a forged one; either way
 // nothing changes, but a peer that forges them shows in the log.
 func (s *Server) stray(ss *session, frame string, id uint64) {
-	if ss.node.logOnce("stray " + frame) {
+	if ss.node.LogOnce("stray " + frame) {
 		s.log.Warn("peer answered a transfer that is not in flight on its session; ignored (logged once per session)",
 			zap.String("peer", ss.peerName), zap.String("frame", frame), zap.Uint64("transfer", id))
 	}

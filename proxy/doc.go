@@ -2,8 +2,9 @@
 // routes, authenticates sessions, moves chunks over data streams, keeps the
 // transfer tables, and answers the engines' requests. Its rooms: the
 // control socket (package engine, whose Backend engines.go implements),
-// the region table (region), the coded error (status), the Unix-socket
-// frames and fds (unixsock).
+// the same-node paths (node, whose Host, Session and Incoming nodes.go
+// implements), the region table (region), the coded error (status), the
+// Unix-socket frames and fds (unixsock).
 //
 // Threads of control:
 //   - one goroutine runs the staging.Sender core (loop.go) and performs the

@@ -250,7 +250,7 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	}
 	s.log.Info("session up", fields...)
 	if ss.sameHost() {
-		ss.send(&wire.NodeInfo{Socket: s.nodeName, Device: s.dev.String()})
+		ss.send(&wire.NodeInfo{Socket: s.nodes.Name(), Device: s.dev.String()})
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ type inXfer struct {
 	ackOn    *dataStream // inline: acks go on this data stream, not the control session
 	finished bool
 	released bool
-	ring     bool // chunks come through the shared ring (indirect.go)
+	ring     bool // chunks come through the shared ring (proxy/node, shm.go)
 	progress time.Time
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -67,8 +68,8 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	// KV transfers take the TCP path, where each side maps its own
 	// layout; a same-node path the route would have taken is counted as
 	// a fallback.
-	if t, _ := s.choose(r.conf().Transport, ss, m.Dir); t != viaTCP {
-		s.noteFallback(ss, fallback(fbKV, fmt.Errorf("KV transfers move over TCP (same-node paths do not convert layouts)")))
+	if t, _ := ss.node.Choose(r.conf().Transport, m.Dir); t != node.TCP {
+		ss.node.NoteFallback(node.Fallback(node.FallbackKV, fmt.Errorf("KV transfers move over TCP (same-node paths do not convert layouts)")))
 	}
 	total := side.Len()
 	id := s.newID()

@@ -48,10 +48,14 @@ func (s *Server) gatherChunk(c staging.CopyCmd, segs []device.Seg) {
 	s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().Gather(buf, segs, done) })
 }
 
+// sendSlot is the pages of a slot the sender core handed to a chunk: the
+// core's slots are the send pool's, one for one.
+func (s *Server) sendSlot(i staging.SendSlot) device.Pinned { return s.sendPool.Slot(int(i)) }
+
 // gatherWith is gatherChunk for any way of enqueueing the copy (segments
 // or runs) into the chunk's slot.
 func (s *Server) gatherWith(c staging.CopyCmd, enqueue func(buf device.Pinned, done func(error)) error) {
-	buf := s.sendPool.Slot(c.Slot).Slice(0, int(c.C.Len))
+	buf := s.sendSlot(c.Slot).Slice(0, int(c.C.Len))
 	t0 := time.Now()
 	err := enqueue(buf, func(err error) {
 		s.metrics.copyNanos[copyGather].Add(int64(time.Since(t0)))
@@ -201,7 +205,7 @@ func (s *Server) perform(r *staging.Ready) {
 		s.retire(k)
 	}
 	if len(r.Taint) > 0 {
-		s.renewSlots(append([]int(nil), r.Taint...))
+		s.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
 	}
 }
 

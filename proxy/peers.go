@@ -554,7 +554,7 @@ func (r *route) peerInfos() []PeerInfo {
 			pi.Sessions, pi.SameHost, pi.Stripes, pi.Chunk = 1, ss.sameHost(), ss.stripeCount(), ss.chunkSize
 			pi.StreamsUp = ss.streamsUp()
 			pi.InFlight = s.busyOn(ss)
-			pi.Transport = s.transportOf(r.conf().Transport, ss)
+			pi.Transport = ss.node.TransportOf(r.conf().Transport)
 		}
 		out = append(out, pi)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
@@ -59,11 +60,7 @@ type Server struct {
 	engines *engine.Listener // the control socket
 	gcli    *gnet.Client
 
-	// same-node paths: our node socket, its connections, fault injection
-	nodeLn      *net.UnixListener
-	nodeName    string
-	nodeConns   map[*net.UnixConn]struct{}
-	faultImport bool
+	nodes *node.Room // same-node paths: our node socket and its connections
 
 	metrics    *metrics
 	metricsLn  net.Listener
@@ -112,12 +109,11 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
 		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
 		xfers: map[uint64]*localXfer{},
-		links: map[string]*counters{}, nodeConns: map[*net.UnixConn]struct{}{}}
+		links: map[string]*counters{}}
 	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
-	s.faultImport = os.Getenv(FaultImportEnv) == "1"
 	if cfg.Security.TLS.Enabled() {
 		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {
 			_ = dev.Close()
@@ -168,7 +164,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin}); err != nil {
 		return nil, err
 	}
-	s.listenNode()
+	s.nodes = node.Listen(nodeHost{s}, node.Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
+		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: os.Getenv(node.FaultImportEnv) == "1", WG: &s.wg})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err
@@ -199,10 +196,7 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.loop()
 	go s.acceptPeers()
 	s.engines.Serve()
-	if s.nodeLn != nil {
-		s.wg.Add(1)
-		go s.acceptNode()
-	}
+	s.nodes.Serve(s.ctx)
 	for i := range s.cfg.Routes {
 		s.addRoute(s.cfg.Routes[i])
 	}
@@ -245,7 +239,7 @@ func (s *Server) Close() error {
 	}
 	_ = s.peerLn.Close()
 	s.engines.StopAccepting()
-	s.closeNode()
+	s.nodes.Close()
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
 	}
@@ -295,8 +289,8 @@ func (s *Server) closeResources() error {
 	if s.engines != nil {
 		s.engines.StopAccepting()
 	}
-	if s.nodeLn != nil {
-		_ = s.nodeLn.Close()
+	if s.nodes != nil {
+		s.nodes.Close()
 	}
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()

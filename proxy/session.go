@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -41,7 +42,7 @@ type session struct {
 	tctl    *tlsControl    // or over TLS (security.tls)
 	sent    func(wire.Msg) // tests only: sees every frame send queues
 	streams []*dataStream
-	node    *nodeState // same-node paths (nodestate.go)
+	node    *node.Peer // same-node paths (proxy/node)
 	// recvShare: the receive slots its streams' readers hold, for the
 	// fair shares among peers (staging.Pool.AcquireAs).
 	recvShare staging.Tenant
@@ -77,7 +78,7 @@ func (s *Server) newSession(dialer bool, stripes int) *session {
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
-	ss.node = newNodeState(s)
+	ss.node = s.nodes.NewPeer(nodeSession{ss})
 	ss.announce = sync.NewCond(&ss.mu)
 	now := time.Now().UnixNano()
 	ss.lastRecv.Store(now)
@@ -154,7 +155,7 @@ func (ss *session) close(err error) {
 		tctl.close()
 	}
 	ss.closeStreams()
-	ss.node.shut()
+	ss.node.Shut()
 	s := ss.s
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
@@ -184,7 +185,7 @@ func (ss *session) keepAlive(now time.Time) {
 		ss.close(fmt.Errorf("peer silent for %v (no heartbeat): dead, stopped, or the connection is half-open", silent.Round(time.Millisecond)))
 		return
 	}
-	ss.node.expire(now)
+	ss.node.Expire(now)
 	if now.Sub(time.Unix(0, ss.lastSent.Load())) >= heartbeatEvery {
 		ss.send(&wire.Heartbeat{Seq: uint64(now.UnixNano()), UnixNanos: now.UnixNano()})
 	}

@@ -53,16 +53,16 @@ func (s *Server) newSendPool(slot, n int) (*staging.Pool, error) {
 // renewSlots gives tainted send slots fresh pages off the core's goroutine
 // and hands each back to the core (EvRenewed). A slot that cannot be
 // renewed is never used again: the core leaves it out.
-func (s *Server) renewSlots(slots []int) {
+func (s *Server) renewSlots(slots []staging.SendSlot) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		for _, i := range slots {
-			err := s.sendPool.Renew(i)
+			err := s.sendPool.Renew(int(i))
 			if err == nil {
 				s.metrics.renewals.Add(1)
 			} else {
-				s.log.Error("send slot taken out of use: it could not get fresh pages after a spliced chunk was given up", zap.Int("slot", i), zap.Error(err))
+				s.log.Error("send slot taken out of use: it could not get fresh pages after a spliced chunk was given up", zap.Int("slot", int(i)), zap.Error(err))
 			}
 			s.mbox.post(staging.Event{Kind: staging.EvRenewed, Slot: i, Err: err, Now: time.Now()})
 		}

@@ -32,7 +32,7 @@ func (s *Server) Snapshot() Stats {
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
 	for _, ss := range s.sessions {
-		st.PeerMappings += int(ss.node.maps.open.Load())
+		st.PeerMappings += ss.node.Mappings()
 	}
 	up := map[string]int{}
 	for _, ss := range s.sessions {

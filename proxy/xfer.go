@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -169,7 +170,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		// would find nothing to fail, and the transfer would wait out its
 		// deadline.
 		lx.setState(wire.StateRunning)
-		announce := &announcer{ss: ss, m: &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends}}
+		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
 		s.startPush(r, ox, m.RemoteNames, announce)
 		return lx, nil
 	}
@@ -260,7 +261,7 @@ func (s *Server) accepted(*session, uint64) {}
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {
 	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
-	if ss.node.nack(m.Transfer, err) { // a direct push (direct.go)
+	if ss.node.Nack(m.Transfer, err) { // a direct push (proxy/node)
 		return
 	}
 	if x := ss.lookupIn(m.Transfer); x != nil {
@@ -375,7 +376,7 @@ func (s *Server) cancelXfer(id uint64) error {
 		s.finishLocal(lx, err)
 		return nil
 	}
-	if !ss.node.nack(lx.wireID, err) { // a direct push stops at its next step
+	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
 		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
 	}
 	return nil

@@ -27,6 +27,13 @@ const (
 	EvRenewed                          // Slot, Err: a tainted slot has fresh pages (Err: it could not get them)
 )
 
+// SendSlot is a slot of the send half of the pinned pool (slot i of the
+// proxy's send pool), which the core owns: it hands one to a chunk's copy
+// and send, and takes it back when the bytes are gone. A type of its own
+// so that it is not taken for a receive slot, a stream or a chunk index,
+// all plain ints.
+type SendSlot int
+
 // MaxResends is how many chunks of one transfer may be sent again because
 // the receiver found them damaged (EvResend) before the transfer fails.
 const MaxResends = 8
@@ -39,7 +46,7 @@ type Event struct {
 	Transfer uint64
 	Chunk    uint32
 	Chunks   []uint32
-	Slot     int
+	Slot     SendSlot
 	Stream   int
 	Spliced  bool // EvWritten: the kernel took the slot's pages, not a copy (splice.go)
 	N        int
@@ -54,7 +61,7 @@ type Event struct {
 type CopyCmd struct {
 	Transfer uint64
 	Chunk    uint32
-	Slot     int
+	Slot     SendSlot
 	C        *Chunk
 }
 
@@ -66,7 +73,7 @@ type SendCmd struct {
 	Transfer uint64
 	Chunk    uint32
 	Count    uint32
-	Slot     int
+	Slot     SendSlot
 	C        *Chunk
 }
 
@@ -99,7 +106,7 @@ type Ready struct {
 	Retired []uint64
 	// Taint lists slots given up while the kernel may still reference
 	// their pages (splice.go): renew each and report EvRenewed.
-	Taint []int
+	Taint []SendSlot
 }
 
 // Errors a Sender reports in completions; the proxy maps them to codes.
@@ -158,7 +165,7 @@ type sxfer struct {
 // Sender schedules outgoing chunks over all peer sessions. It is not safe
 // for concurrent use: one goroutine feeds it.
 type Sender struct {
-	free     []int
+	free     []SendSlot
 	slots    int
 	renewing int // tainted slots handed out for renewal
 	broken   int // slots whose renewal failed: never used again
@@ -183,7 +190,7 @@ func NewSender(slots int) *Sender { return NewSenderDepth(slots, 0) }
 func NewSenderDepth(slots, depth int) *Sender {
 	s := &Sender{slots: slots, depth: depth, sessions: map[uint64]*ssess{}, xfers: map[uint64]*sxfer{}}
 	for i := slots - 1; i >= 0; i-- {
-		s.free = append(s.free, i)
+		s.free = append(s.free, SendSlot(i))
 	}
 	return s
 }
@@ -411,11 +418,11 @@ func (s *Sender) tick() {
 	}
 }
 
-func (s *Sender) release(x *sxfer, slot int) { s.letGo(x, slot, false) }
+func (s *Sender) release(x *sxfer, slot SendSlot) { s.letGo(x, slot, false) }
 
 // letGo returns a slot x held: to the free list, or, when tainted (the
 // kernel may still reference its pages), out for renewal.
-func (s *Sender) letGo(x *sxfer, slot int, tainted bool) {
+func (s *Sender) letGo(x *sxfer, slot SendSlot, tainted bool) {
 	s.giveBack(slot, tainted)
 	x.sess.held--
 	x.busy--

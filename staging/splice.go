@@ -28,7 +28,7 @@ package staging
 // Credits are untouched by all this: they follow answers as before.
 
 // hold keeps slot for spliced chunk c until the receiver answers it.
-func (x *sxfer) hold(c uint32, slot int) {
+func (x *sxfer) hold(c uint32, slot SendSlot) {
 	if x.held == nil {
 		x.held = make([]int32, len(x.state))
 		for i := range x.held {
@@ -52,7 +52,7 @@ func (s *Sender) answered(x *sxfer, c uint32) {
 	if x.held == nil || x.held[c] < 0 {
 		return
 	}
-	slot := int(x.held[c])
+	slot := SendSlot(x.held[c])
 	x.held[c] = -1
 	s.letGo(x, slot, x.hadGhost(c))
 }
@@ -75,7 +75,7 @@ func (s *Sender) taintChunk(x *sxfer, c uint32) {
 	if x.held == nil || x.held[c] < 0 {
 		return
 	}
-	slot := int(x.held[c])
+	slot := SendSlot(x.held[c])
 	x.held[c] = -1
 	s.letGo(x, slot, true)
 }
@@ -85,13 +85,13 @@ func (s *Sender) taintHeld(x *sxfer) {
 	for c, slot := range x.held {
 		if slot >= 0 {
 			x.held[c] = -1
-			s.letGo(x, int(slot), true)
+			s.letGo(x, SendSlot(slot), true)
 		}
 	}
 }
 
 // giveBack returns a slot to the free list, or a tainted one for renewal.
-func (s *Sender) giveBack(slot int, tainted bool) {
+func (s *Sender) giveBack(slot SendSlot, tainted bool) {
 	if tainted {
 		s.renewing++
 		s.ready.Taint = append(s.ready.Taint, slot)

@@ -23,17 +23,17 @@ type wcopy struct {
 // be gathered into pages such a copy still references.
 type spliceHarness struct {
 	*harness
-	gen   map[int]int
+	gen   map[SendSlot]int
 	wire  []wcopy // on a live stream, unanswered
 	limbo []wcopy // given up unanswered: the kernel may still hold them
-	taint []int
+	taint []SendSlot
 	// written by the kernel (on the wire, answerable) but not yet reported
 	// to the core: the receiver's answer can overtake the writer's report
 	unreported []SendCmd
 }
 
 func newSpliceHarness(t *testing.T, slots int) *spliceHarness {
-	h := &spliceHarness{harness: newHarness(t, slots), gen: map[int]int{}}
+	h := &spliceHarness{harness: newHarness(t, slots), gen: map[SendSlot]int{}}
 	h.onReady = func(r *Ready) {
 		for _, c := range r.Copies {
 			for _, w := range append(slices.Clip(h.wire), h.limbo...) {
@@ -256,7 +256,7 @@ func TestSpliceGhostAnswerTaints(t *testing.T) {
 	h.limbo = append(h.limbo[:0], again)
 	h.wire = nil
 	h.step(Event{Kind: EvAck, Session: 1, Transfer: 1, Chunks: []uint32{ghost.Chunk}})
-	if !slices.Equal(h.taint, []int{again.Slot}) {
+	if !slices.Equal(h.taint, []SendSlot{again.Slot}) {
 		t.Fatalf("taint %v after the ghost's ack, want the second copy's slot %d", h.taint, again.Slot)
 	}
 	if err, ok := h.done[1]; !ok || err != nil {

@@ -1,7 +1,8 @@
-package proxy
+package node
 
 import (
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/stage-kv/stage/device"
@@ -144,4 +145,13 @@ func TestPeerMapsRefusesBadHandles(t *testing.T) {
 	if e.mappings() != 0 {
 		t.Fatalf("got %d mappings after closeAll, want 0", e.mappings())
 	}
+}
+
+// countFDs counts this process's open file descriptors (-1 if unknown).
+func countFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory being read
 }

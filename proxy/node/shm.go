@@ -1,4 +1,4 @@
-package proxy
+package node
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
@@ -85,38 +86,38 @@ func (r *shmRing) close() error {
 }
 
 // ensureRing sets up the connection's ring (once) with the peer.
-func (s *Server) ensureRing(nc *nodeConn, slotSize int) error {
+func (r *Room) ensureRing(nc *nodeConn, slotSize int) error {
 	if nc.ring != nil {
 		return nil
 	}
-	hr, ok := s.dev.(device.HostRegisterer)
+	hr, ok := r.o.Dev.(device.HostRegisterer)
 	if !ok {
-		return fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring", s.dev))
+		return Fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring", r.o.Dev))
 	}
-	r, fd, err := newRing(hr, shmSlots, slotSize)
+	ring, fd, err := newRing(hr, shmSlots, slotSize)
 	if err != nil {
-		return fallback(fbShmSetup, err)
+		return Fallback(fbShmSetup, err)
 	}
 	err = nc.call(&wire.ShmRing{Slots: shmSlots, SlotSize: uint32(slotSize)}, fd)
 	unixsock.CloseFD(fd)
 	if err != nil {
-		_ = r.close()
-		return fallback(fbShmSetup, err)
+		_ = ring.close()
+		return Fallback(fbShmSetup, err)
 	}
-	nc.ring = r
+	nc.ring = ring
 	return nil
 }
 
 // shmPush sends a push's chunks through the ring: gather into a free slot,
 // announce it, and take the slot back when the receiver says it landed.
-func (s *Server) shmPush(ox *outXfer) (err error) {
-	ss := ox.ss
-	nc, err := ss.node.getConn(ss)
+func (p *Peer) shmPush(x *Push) (err error) {
+	id := p.s.Ident()
+	nc, err := p.getConn()
 	if err != nil {
-		return fallback(fbPeerUnreachable, err)
+		return Fallback(fbPeerUnreachable, err)
 	}
-	defer func() { ss.node.putConn(nc, err == nil) }()
-	if err := s.ensureRing(nc, ss.chunkSize); err != nil {
+	defer func() { p.putConn(nc, err == nil) }()
+	if err := p.r.ensureRing(nc, id.ChunkSize); err != nil {
 		return err
 	}
 	free := make([]int, 0, shmSlots)
@@ -128,20 +129,20 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		m, fd, err := nc.read()
 		unixsock.CloseFD(fd)
 		if err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
+			return status.Errorf(wire.CodePeerUnavailable, "shared ring with %s: %w", id.Name, err)
 		}
 		l, ok := m.(*wire.ShmLanded)
-		if !ok || l.Transfer != ox.wireID || int(l.Slot) >= shmSlots {
-			return codeErr(wire.CodeMalformed, "shared ring with %s: unexpected answer %s", ss.peerName, m.Type())
+		if !ok || l.Transfer != x.ID || int(l.Slot) >= shmSlots {
+			return status.Errorf(wire.CodeMalformed, "shared ring with %s: unexpected answer %s", id.Name, m.Type())
 		}
 		if l.Code != wire.CodeOK {
-			return codeErr(l.Code, "peer %s: chunk %d: %s", ss.peerName, l.Index, l.Message)
+			return status.Errorf(l.Code, "peer %s: chunk %d: %s", id.Name, l.Index, l.Message)
 		}
 		free = append(free, int(l.Slot))
 		inflight--
 		return nil
 	}
-	plan, err := ox.getPlan()
+	plan, err := x.Plan()
 	if err != nil {
 		return err
 	}
@@ -155,15 +156,15 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 		}
 		k := free[len(free)-1]
 		free = free[:len(free)-1]
-		if err := s.gatherSync(nc.ring.slot(k, int(c.Len)), c.Src); err != nil {
+		if err := p.r.gatherSync(nc.ring.slot(k, int(c.Len)), c.Src); err != nil {
 			return err
 		}
-		m := &wire.ShmChunk{Transfer: ox.wireID, Slot: uint32(k), Index: uint32(i), Count: count, PayloadLen: c.Len, Segs: make([]wire.ChunkSeg, len(c.Dst))}
+		m := &wire.ShmChunk{Transfer: x.ID, Slot: uint32(k), Index: uint32(i), Count: count, PayloadLen: c.Len, Segs: make([]wire.ChunkSeg, len(c.Dst))}
 		for j, d := range c.Dst {
 			m.Segs[j] = wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off}
 		}
 		if err := unixsock.WriteFrame(nc.c, m, -1); err != nil {
-			return codeErr(wire.CodePeerUnavailable, "shared ring with %s: %w", ss.peerName, err)
+			return status.Errorf(wire.CodePeerUnavailable, "shared ring with %s: %w", id.Name, err)
 		}
 		inflight++
 	}
@@ -176,13 +177,13 @@ func (s *Server) shmPush(ox *outXfer) (err error) {
 }
 
 // gatherSync copies segs into dst on a copy stream and waits.
-func (s *Server) gatherSync(dst device.Pinned, segs []device.Seg) error {
+func (r *Room) gatherSync(dst device.Pinned, segs []device.Seg) error {
 	done := make(chan error, 1)
-	if err := s.copier().Gather(dst, segs, func(err error) { done <- err }); err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
+	if err := r.h.Copier().Gather(dst, segs, func(err error) { done <- err }); err != nil {
+		return status.Errorf(wire.CodeDevice, "gather into the shared ring on %s: %w", r.o.Dev, err)
 	}
 	if err := <-done; err != nil {
-		return codeErr(wire.CodeDevice, "gather into the shared ring on %s: %w", s.dev, err)
+		return status.Errorf(wire.CodeDevice, "gather into the shared ring on %s: %w", r.o.Dev, err)
 	}
 	return nil
 }
@@ -191,19 +192,19 @@ func (s *Server) gatherSync(dst device.Pinned, segs []device.Seg) error {
 func (e *exporter) openRing(m *wire.ShmRing, fd int) error {
 	switch {
 	case fd < 0:
-		return codeErr(wire.CodeBadRequest, "ShmRing came without its memfd")
+		return status.Errorf(wire.CodeBadRequest, "ShmRing came without its memfd")
 	case e.ring != nil:
-		return codeErr(wire.CodeExists, "this connection already has a ring")
+		return status.Errorf(wire.CodeExists, "this connection already has a ring")
 	case m.Slots == 0 || m.Slots > maxShmSlots || m.SlotSize == 0 || uint64(m.Slots)*uint64(m.SlotSize) > maxShmBytes:
-		return codeErr(wire.CodeBadRequest, "ring of %d slots of %d B: want 1..%d slots and at most %d B", m.Slots, m.SlotSize, maxShmSlots, maxShmBytes)
+		return status.Errorf(wire.CodeBadRequest, "ring of %d slots of %d B: want 1..%d slots and at most %d B", m.Slots, m.SlotSize, maxShmSlots, maxShmBytes)
 	}
-	hr, ok := e.s.dev.(device.HostRegisterer)
+	hr, ok := e.r.o.Dev.(device.HostRegisterer)
 	if !ok {
-		return codeErr(wire.CodeUnsupported, "%s cannot pin a shared ring", e.s.dev)
+		return status.Errorf(wire.CodeUnsupported, "%s cannot pin a shared ring", e.r.o.Dev)
 	}
 	r, err := mapRing(hr, fd, int(m.Slots), int(m.SlotSize))
 	if err != nil {
-		return codeErr(wire.CodeDevice, "%w", err)
+		return status.Errorf(wire.CodeDevice, "%w", err)
 	}
 	e.ring = r
 	return nil
@@ -216,26 +217,25 @@ func (e *exporter) shmChunk(m *wire.ShmChunk) error {
 		return fmt.Errorf("ShmChunk for slot %d of %d B does not fit the ring", m.Slot, m.PayloadLen)
 	}
 	reply := func(err error) error {
-		return e.write(&wire.ShmLanded{Transfer: m.Transfer, Slot: m.Slot, Index: m.Index, Code: errCode(err), Message: err.Error()}, -1)
+		return e.write(&wire.ShmLanded{Transfer: m.Transfer, Slot: m.Slot, Index: m.Index, Code: status.Code(err), Message: err.Error()}, -1)
 	}
-	x := e.ss.incoming(m.Transfer)
-	if x == nil || x.dir != wire.Push || x.local != nil {
-		return reply(codeErr(wire.CodeUnknownTransfer, "push %d is unknown here: refused, finished or never announced", m.Transfer))
+	x := e.p.s.IncomingPush(m.Transfer, true)
+	if x == nil {
+		return reply(status.Errorf(wire.CodeUnknownTransfer, "push %d is unknown here: refused, finished or never announced", m.Transfer))
 	}
-	x.viaRing()
+	x.ViaRing()
 	ch := wire.Chunk{Transfer: m.Transfer, Index: m.Index, Count: m.Count, PayloadLen: m.PayloadLen, Segs: m.Segs}
-	segs, err := x.resolve(&ch, nil)
+	segs, err := x.Resolve(&ch, nil)
 	if err != nil {
-		x.fail(err, true)
+		x.Fail(err, true)
 		return reply(err)
 	}
 	idx, n := m.Index, uint64(m.PayloadLen)
 	e.busy.Add(1)
-	err = e.s.copier().Scatter(segs, e.ring.slot(int(m.Slot), int(m.PayloadLen)), func(err error) {
+	err = e.r.h.Copier().Scatter(segs, e.ring.slot(int(m.Slot), int(m.PayloadLen)), func(err error) {
 		defer e.busy.Done()
-		x.landed(idx, n, err)
-		x.release()
-		e.ss.link.BytesIn.Add(n)
+		x.Landed(idx, n, err)
+		x.Release()
 		a := &wire.ShmLanded{Transfer: m.Transfer, Slot: m.Slot, Index: idx}
 		if err != nil {
 			a.Code, a.Message = wire.CodeDevice, err.Error()
@@ -246,9 +246,9 @@ func (e *exporter) shmChunk(m *wire.ShmChunk) error {
 	})
 	if err != nil {
 		e.busy.Done()
-		err = codeErr(wire.CodeDevice, "scatter ring chunk %d to %s: %w", idx, e.s.dev, err)
-		x.fail(err, true)
-		x.release()
+		err = status.Errorf(wire.CodeDevice, "scatter ring chunk %d to %s: %w", idx, e.r.o.Dev, err)
+		x.Fail(err, true)
+		x.Release()
 		return reply(err)
 	}
 	return nil

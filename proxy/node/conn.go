@@ -1,4 +1,4 @@
-package proxy
+package node
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/internal/spin"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
@@ -23,29 +24,30 @@ type nodeConn struct {
 }
 
 // getConn returns an idle connection to the peer's node socket or dials one.
-func (n *nodeState) getConn(ss *session) (*nodeConn, error) {
-	n.mu.Lock()
-	if k := len(n.idle); k > 0 {
-		nc := n.idle[k-1]
-		n.idle = n.idle[:k-1]
-		n.mu.Unlock()
+func (p *Peer) getConn() (*nodeConn, error) {
+	p.mu.Lock()
+	if k := len(p.idle); k > 0 {
+		nc := p.idle[k-1]
+		p.idle = p.idle[:k-1]
+		p.mu.Unlock()
 		return nc, nil
 	}
-	n.mu.Unlock()
-	path := filepath.Join(n.s.cfg.NodeSocketDir(), n.peerSock)
+	p.mu.Unlock()
+	id := p.s.Ident()
+	path := filepath.Join(p.r.o.Dir, p.peerSock)
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("dial the node socket of %s at %s (is node.socket_dir the same directory for both sidecars?): %w", ss.peerName, path, err)
+		return nil, fmt.Errorf("dial the node socket of %s at %s (is node.socket_dir the same directory for both sidecars?): %w", id.Name, path, err)
 	}
-	if !n.track(c) {
+	if !p.track(c) {
 		_ = c.Close()
-		return nil, fmt.Errorf("session with %s closed", ss.peerName)
+		return nil, fmt.Errorf("session with %s closed", id.Name)
 	}
 	nc := &nodeConn{c: c}
-	_ = c.SetDeadline(time.Now().Add(ss.s.handshakeTimeout()))
-	if err := nc.call(&wire.NodeHello{SessionID: ss.sid, Proof: ss.nodeProof()}, -1); err != nil {
-		n.drop(nc)
-		return nil, fmt.Errorf("node socket of %s: %w", ss.peerName, err)
+	_ = c.SetDeadline(time.Now().Add(p.r.o.HandshakeTimeout))
+	if err := nc.call(&wire.NodeHello{SessionID: id.ID, Proof: p.s.Proof()}, -1); err != nil {
+		p.drop(nc)
+		return nil, fmt.Errorf("node socket of %s: %w", id.Name, err)
 	}
 	_ = c.SetDeadline(time.Time{})
 	return nc, nil
@@ -53,25 +55,25 @@ func (n *nodeState) getConn(ss *session) (*nodeConn, error) {
 
 // putConn returns a connection for reuse, or closes it when it may be out
 // of step (an error happened on it) or the session closed.
-func (n *nodeState) putConn(nc *nodeConn, reuse bool) {
-	n.mu.Lock()
-	if reuse && !n.closed {
+func (p *Peer) putConn(nc *nodeConn, reuse bool) {
+	p.mu.Lock()
+	if reuse && !p.closed {
 		nc.last = time.Now()
-		n.idle = append(n.idle, nc)
-		n.mu.Unlock()
+		p.idle = append(p.idle, nc)
+		p.mu.Unlock()
 		return
 	}
-	n.mu.Unlock()
-	n.drop(nc)
+	p.mu.Unlock()
+	p.drop(nc)
 }
 
 // drop closes a connection and its ring.
-func (n *nodeState) drop(nc *nodeConn) {
-	n.untrack(nc.c)
+func (p *Peer) drop(nc *nodeConn) {
+	p.untrack(nc.c)
 	_ = nc.c.Close()
 	if nc.ring != nil {
 		if err := nc.ring.close(); err != nil {
-			n.s.log.Warn("close shared ring: " + err.Error())
+			p.r.o.Log.Warn("close shared ring: " + err.Error())
 		}
 		nc.ring = nil
 	}
@@ -118,7 +120,7 @@ func (nc *nodeConn) call(m wire.Msg, fd int) error {
 	case *wire.OK:
 		return nil
 	case *wire.Fail:
-		return codeErr(a.Code, "peer refused %s: %s", m.Type(), a.Message)
+		return status.Errorf(a.Code, "peer refused %s: %s", m.Type(), a.Message)
 	}
 	return fmt.Errorf("answer to %s is %s, want OK or Fail", m.Type(), a.Type())
 }
@@ -144,7 +146,7 @@ func (nc *nodeConn) handles(req *wire.HandleRequest) ([]*wire.RegionHandle, []in
 		switch m := m.(type) {
 		case *wire.Fail:
 			unixsock.CloseFD(fd)
-			return fail(codeErr(m.Code, "%s", m.Message))
+			return fail(status.Errorf(m.Code, "%s", m.Message))
 		case *wire.RegionHandle:
 			fds = append(fds, fd)
 			if m.Transfer != req.Transfer || int(m.Index) != len(hs) {

@@ -1,0 +1,223 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/status"
+	"github.com/stage-kv/stage/wire"
+)
+
+// FaultImportEnv names the fault injection of the same-node paths, for
+// tests only: set to 1, every import of a peer's handle fails, so ipc
+// transfers fall back to TCP (counted as reason import_failed).
+const FaultImportEnv = "STAGE_TEST_FAULT_IPC_IMPORT"
+
+// Transport is how one transfer moves.
+type Transport uint8
+
+const (
+	TCP Transport = iota // staging over the data streams
+	IPC                  // device to device through the peer's imported regions
+	Shm                  // through a memfd ring both sidecars mapped and pinned
+)
+
+func (t Transport) String() string {
+	return [...]string{"tcp", "ipc", "shm"}[t]
+}
+
+// Fallback reasons: the label values of stage_transport_fallbacks_total and
+// the keys of a link's "fallbacks" in stats.
+const (
+	fbNoNodeSocket    = "no_node_socket"   // we serve no node socket (node.socket_dir unusable)
+	fbPeerNoSocket    = "peer_no_socket"   // the peer serves none, or sent no NodeInfo
+	fbPeerUnreachable = "peer_unreachable" // dialing or talking to its node socket failed
+	fbDeviceMismatch  = "device_mismatch"  // transport ipc between different device kinds
+	fbNoPeerCopy      = "no_peer_copy"     // our backend cannot copy device to device
+	fbNotExportable   = "not_exportable"   // a region's memory cannot be handed out
+	fbImportFailed    = "import_failed"    // importing the peer's handle failed
+	fbShmSetup        = "shm_setup_failed" // the shared ring could not be set up
+	fbShmPull         = "shm_pull_unsupported"
+	// FallbackKV: KV transfers convert layouts on the TCP path only.
+	FallbackKV = "kv_layout"
+)
+
+// fallbackError says the same-node path could not start; the transfer
+// moves over TCP instead, untouched so far.
+type fallbackError struct {
+	reason string
+	err    error
+}
+
+func (e *fallbackError) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *fallbackError) Unwrap() error { return e.err }
+
+// Fallback is the error of a transfer that could not take a same-node
+// path for reason (one of the reasons above), with its cause.
+func Fallback(reason string, err error) error { return &fallbackError{reason: reason, err: err} }
+
+// nodeInfoWait is how long a transfer waits for a same-node peer's
+// NodeInfo (sent right after the session comes up) before it goes by TCP.
+const nodeInfoWait = time.Second
+
+// Choose picks the transport of a transfer on the session for a route
+// that asks for want (auto, tcp, ipc, shm). A reason is returned when a
+// same-node path was possible in principle (the peer shares our node) but
+// cannot be used.
+func (p *Peer) Choose(want string, dir wire.Direction) (Transport, error) {
+	id := p.s.Ident()
+	if want == "tcp" || !id.SameHost {
+		return TCP, nil // not on one node: TCP is the path, not a fallback
+	}
+	dev := p.r.o.Dev
+	if p.r.ln == nil {
+		return TCP, Fallback(fbNoNodeSocket, fmt.Errorf("this sidecar serves no node socket in %s", p.r.o.Dir))
+	}
+	if !p.waitInfo(nodeInfoWait) || p.peerSock == "" {
+		return TCP, Fallback(fbPeerNoSocket, fmt.Errorf("peer %s on this node offers no node socket; check its node.socket_dir and log", id.Name))
+	}
+	p.mu.Lock()
+	broken := p.broken
+	p.mu.Unlock()
+	if broken != "" {
+		return TCP, Fallback(broken, errors.New("an earlier transfer of this session could not use the same-node path"))
+	}
+	same := p.peerKind() == dev.Kind()
+	t := IPC
+	switch {
+	case want == "shm" || (want == "auto" && !same):
+		t = Shm
+	case !same:
+		return TCP, Fallback(fbDeviceMismatch, fmt.Errorf("transport ipc between %s and the peer's %s: device kinds differ; use shm or auto", dev, p.peerDev))
+	}
+	if t == Shm && dir == wire.Pull {
+		return TCP, Fallback(fbShmPull, errors.New("pulls over the shared ring are not built; pull over TCP"))
+	}
+	if t == Shm {
+		if _, ok := dev.(device.HostRegisterer); !ok {
+			return TCP, Fallback(fbShmSetup, fmt.Errorf("%s cannot pin a shared ring (no RegisterHost)", dev))
+		}
+	}
+	return t, nil
+}
+
+// NoteFallback counts a fallback (err made by Fallback; any other error
+// is not one) on the session's link and in metrics, and logs it once per
+// session and reason.
+func (p *Peer) NoteFallback(err error) {
+	var fb *fallbackError
+	if !errors.As(err, &fb) {
+		return
+	}
+	p.s.Fallback(fb.reason)
+	p.r.h.Fallback(fb.reason)
+	if p.LogOnce(fb.reason) {
+		id := p.s.Ident()
+		p.r.o.Log.Warn("same-node path unavailable; using TCP (logged once per session)", zap.String("peer", id.Name),
+			zap.String("link", id.Link), zap.String("reason", fb.reason), zap.Error(fb.err))
+	}
+	if fb.reason == fbImportFailed || fb.reason == fbNotExportable || fb.reason == fbShmSetup {
+		// It would fail the same way for the next transfer: stop trying.
+		p.mu.Lock()
+		p.broken = fb.reason
+		p.mu.Unlock()
+	}
+}
+
+// Start starts a transfer on a same-node path when the route (asking for
+// transport want) and the peer allow it, running run in its own
+// goroutine, then finish with run's result; run returns a Fallback error
+// when it could not start, and tcp then starts the transfer over TCP, as
+// it does at once when no same-node path applies.
+func (p *Peer) Start(want string, dir wire.Direction, run func(Transport) error, finish func(Transport, error), tcp func()) {
+	t, err := p.Choose(want, dir)
+	p.NoteFallback(err)
+	if t == TCP {
+		tcp()
+		return
+	}
+	p.r.o.WG.Add(1)
+	go func() {
+		defer p.r.o.WG.Done()
+		err := run(t)
+		var fb *fallbackError
+		if errors.As(err, &fb) {
+			p.NoteFallback(err)
+			tcp()
+			return
+		}
+		finish(t, err)
+	}()
+}
+
+// TransportOf says what the next transfer on the session would use for a
+// route asking for want, for stagectl routes (no waiting, no counting).
+func (p *Peer) TransportOf(want string) string {
+	if want == "tcp" || !p.s.Ident().SameHost {
+		return "tcp"
+	}
+	select {
+	case <-p.info:
+	default:
+		return "tcp (same node; waiting for the peer's node info)"
+	}
+	t, err := p.Choose(want, wire.Push)
+	if err != nil {
+		return "tcp (fallback: " + err.Error() + ")"
+	}
+	return t.String()
+}
+
+// piece is one device-to-device copy.
+type piece struct {
+	dst, src device.Addr
+	n        uint64
+}
+
+// appendPiece adds p, merged into the last piece when both sides continue it.
+func appendPiece(ps []piece, p piece) []piece {
+	if k := len(ps) - 1; k >= 0 && ps[k].dst+device.Addr(ps[k].n) == p.dst && ps[k].src+device.Addr(ps[k].n) == p.src {
+		ps[k].n += p.n
+		return ps
+	}
+	return append(ps, p)
+}
+
+// copyDirect runs the pieces on a fresh stream of our device and waits:
+// as one batch where the stream takes batches (scattered blocks then cost
+// a kernel launch per thousand, not a copy each), else one copy each.
+func (r *Room) copyDirect(ps []piece) error {
+	dev := r.o.Dev
+	st, err := dev.NewStream()
+	if err != nil {
+		return status.Errorf(wire.CodeDevice, "direct copy: new stream on %s: %w", dev, err)
+	}
+	defer func() { _ = st.Close() }()
+	dd, ok := st.(device.DtoD)
+	if !ok {
+		return Fallback(fbNoPeerCopy, fmt.Errorf("%s streams cannot copy device to device", dev))
+	}
+	if b, ok := st.(device.DtoDBatch); ok && len(ps) > 1 {
+		cs := make([]device.Copy, len(ps))
+		for i, p := range ps {
+			cs[i] = device.Copy{Dst: p.dst, Src: p.src, Len: p.n}
+		}
+		if err := b.CopyDtoDBatch(cs); err != nil {
+			return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
+		}
+	} else {
+		for i, p := range ps {
+			if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
+				return status.Errorf(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), dev, err)
+			}
+		}
+	}
+	if err := st.Synchronize(); err != nil {
+		return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"maps"
+	"time"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/node"
+	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// The server as the same-node room (package node) sees it: nodeHost is
+// its Host, nodeSession a session's Session, nodeIn an incoming push's
+// Incoming.
+
+type nodeHost struct{ s *Server }
+
+var _ node.Host = nodeHost{}
+
+func (h nodeHost) Copier() *staging.Copier { return h.s.copier() }
+func (h nodeHost) Fallback(reason string)  { h.s.metrics.fallbacks.WithLabelValues(reason).Inc() }
+
+func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *node.Peer {
+	for _, ss := range h.s.liveSessions() {
+		if ss.sid == sid {
+			return ss.node
+		}
+	}
+	return nil
+}
+
+type nodeSession struct{ ss *session }
+
+var _ node.Session = nodeSession{}
+
+func (n nodeSession) Ident() node.Ident {
+	ss := n.ss
+	return node.Ident{Name: ss.peerName, Link: ss.linkName, ID: ss.sid, Dialer: ss.dialer, SameHost: ss.sameHost(), ChunkSize: ss.chunkSize}
+}
+
+func (n nodeSession) Proof() [wire.ProofSize]byte {
+	ss := n.ss
+	return proof(ss.s.token, "stage-node", ss.sid[:], ss.nonceC[:], ss.nonceS[:])
+}
+
+func (n nodeSession) Send(m wire.Msg)             { n.ss.send(m) }
+func (n nodeSession) AcceptPush(m *wire.Announce) { n.ss.s.acceptPush(n.ss, m) }
+func (n nodeSession) Fallback(reason string)      { n.ss.link.addFallback(reason) }
+
+func (n nodeSession) IncomingPush(id uint64, wait bool) node.Incoming {
+	var x *inXfer
+	if wait {
+		x = n.ss.incoming(id)
+	} else {
+		x = n.ss.lookupIn(id)
+	}
+	if x == nil || x.dir != wire.Push || x.local != nil {
+		return nil
+	}
+	return nodeIn{x}
+}
+
+func (n nodeSession) ServedPull(id uint64, tag string, bytes uint64) {
+	ss := n.ss
+	ss.link.XfersOK.Add(1)
+	ss.link.XfersIPC.Add(1)
+	ss.link.BytesOut.Add(bytes)
+	ss.s.notify(&wire.Notify{Transfer: id, Peer: ss.peerName, Route: routeName(ss), Tag: tag, Dir: wire.Pull, Bytes: bytes})
+}
+
+type nodeIn struct{ x *inXfer }
+
+func (n nodeIn) Regions() []*region.Region     { return n.x.regions }
+func (n nodeIn) Touch()                        { n.x.touch() }
+func (n nodeIn) Fail(err error, tellPeer bool) { n.x.fail(err, tellPeer) }
+func (n nodeIn) Release()                      { n.x.release() }
+
+func (n nodeIn) ViaRing() {
+	n.x.mu.Lock()
+	n.x.ring = true
+	n.x.mu.Unlock()
+}
+
+func (n nodeIn) Resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
+	return n.x.resolve(ch, segs)
+}
+
+// LandedDirect also counts the push on its link.
+func (n nodeIn) LandedDirect(b uint64) error {
+	if err := n.x.directLanded(b); err != nil {
+		return err
+	}
+	n.x.ss.link.BytesIn.Add(b)
+	n.x.ss.link.XfersIPC.Add(1)
+	return nil
+}
+
+// Landed also counts the chunk's bytes on its link.
+func (n nodeIn) Landed(idx uint32, b uint64, err error) {
+	n.x.landed(idx, b, err)
+	n.x.ss.link.BytesIn.Add(b)
+}
+
+// touch records progress (a direct copy is under way).
+func (x *inXfer) touch() {
+	x.mu.Lock()
+	x.progress = time.Now()
+	x.mu.Unlock()
+}
+
+// directLanded completes a transfer whose n bytes the peer (push) or we
+// (pull) copied directly: no chunks, no acks.
+func (x *inXfer) directLanded(n uint64) error {
+	x.mu.Lock()
+	if x.finished {
+		x.mu.Unlock()
+		return errFinished
+	}
+	if n != x.total {
+		x.mu.Unlock()
+		return codeErr(wire.CodeMalformed, "direct copy of %d B, the transfer has %d B", n, x.total)
+	}
+	x.finished, x.bytes, x.progress = true, n, time.Now()
+	x.mu.Unlock()
+	x.done(nil)
+	return nil
+}
+
+// addFallback counts a transfer that could not use a same-node path.
+func (c *counters) addFallback(reason string) {
+	c.fbMu.Lock()
+	if c.fallbacks == nil {
+		c.fallbacks = map[string]uint64{}
+	}
+	c.fallbacks[reason]++
+	c.fbMu.Unlock()
+}
+
+// fallbackCounts copies the fallback counts (nil when none).
+func (c *counters) fallbackCounts() map[string]uint64 {
+	c.fbMu.Lock()
+	defer c.fbMu.Unlock()
+	if len(c.fallbacks) == 0 {
+		return nil
+	}
+	return maps.Clone(c.fallbacks)
+}
+
+// countDirect counts a transfer that moved on a same-node path.
+func (c *counters) countDirect(t node.Transport) {
+	switch t {
+	case node.IPC:
+		c.XfersIPC.Add(1)
+	case node.Shm:
+		c.XfersShm.Add(1)
+	}
+}
+
+// revokeRegion tells every same-node peer that got r's handle that r is gone.
+func (s *Server) revokeRegion(r *region.Region) {
+	for _, ss := range s.liveSessions() {
+		ss.node.Revoke(r.ID)
+	}
+}
+
+func (ss *session) sameHost() bool { return ss.peerHost != "" && ss.peerHost == ss.s.hostID }
