@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -104,5 +105,60 @@ func TestMetricsMoveDuringTransfer(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestInboundMetricsBounded: a decode that three prefills dial exports one
+// link for all of them (wire.InboundLink), not one per prefill, so its
+// series do not grow with the peers; its stats still list each inbound
+// peer by node name.
+func TestInboundMetricsBounded(t *testing.T) {
+	const n = 3
+	dec := startNode(t, "decode", nodeOpts{slots: 8, extra: "metrics:\n  listen: 127.0.0.1:0\n"})
+	D := cacheOn(t, dec, "kv", 0)
+	for i := range n {
+		pre := startNode(t, fmt.Sprintf("prefill-%d", i), nodeOpts{slots: 8, route: "decode", peer: dec.peers})
+		pre.settle(1)
+		S := cacheOn(t, pre, "src", uint64(i)+1)
+		off := uint64(i) * 4096
+		ms := []kvsim.Move{{Layer: 0, SrcOff: off, DstOff: off, Len: 4096}}
+		if _, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, fmt.Sprintf("in-%d", i), S, D, ms)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dec.settle(n)
+	_, body := scrape(t, dec.metrics, "/metrics")
+	links := map[string]bool{}
+	for _, line := range strings.Split(body, "\n") {
+		if _, rest, ok := strings.Cut(line, `link="`); ok && !strings.HasPrefix(line, "#") {
+			l, _, _ := strings.Cut(rest, `"`)
+			links[l] = true
+		}
+	}
+	if len(links) != 1 || !links[wire.InboundLink] {
+		t.Fatalf("link labels on a decode with %d inbound peers: %v, want only %q", n, links, wire.InboundLink)
+	}
+	for _, want := range []struct {
+		series string
+		v      float64
+	}{
+		{`stage_sessions{link="peer:*"}`, n},
+		{`stage_transfers_total{link="peer:*",result="ok"}`, n},
+		{`stage_bytes_total{direction="in",link="peer:*"}`, n * 4096},
+	} {
+		if v, ok := metricValue(body, want.series); !ok || v != want.v {
+			t.Errorf("%s = %v (found %v), want %v", want.series, v, ok, want.v)
+		}
+	}
+	st := dec.stats()
+	var nodes []string
+	for _, p := range st.Inbound {
+		nodes = append(nodes, p.Node)
+		if p.Addr == "" || p.StreamsUp != p.Stripes || p.Stripes == 0 {
+			t.Errorf("inbound peer %+v: want its address and every stripe up", p)
+		}
+	}
+	if got := strings.Join(nodes, ","); got != "prefill-0,prefill-1,prefill-2" {
+		t.Errorf("stats list inbound peers %q, want prefill-0,prefill-1,prefill-2", got)
 	}
 }

@@ -143,7 +143,7 @@ func TestDamagedChunk(t *testing.T) {
 	if n := pre.link("decode").Resends; n != 1 {
 		t.Errorf("sender: chunks_resent %d, want 1", n)
 	}
-	if n := dec.link("peer:prefill").ChecksumErrors; n != 1 {
+	if n := dec.link(wire.InboundLink).ChecksumErrors; n != 1 {
 		t.Errorf("receiver: checksum_errors %d, want 1", n)
 	}
 

@@ -350,7 +350,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	ss := s.newSession(false, 0)
 	ss.nonceC, ss.peerName, ss.peerHost = h.Nonce, h.NodeName, h.HostID
 	ss.addr = c.RemoteAddr().String()
-	ss.linkName = "peer:" + h.NodeName
+	ss.linkName = wire.InboundLink // one link for all: metrics stay bounded however many peers dial
 	ss.link = s.link(ss.linkName)
 	randBytes(ss.nonceS[:])
 	ch := &wire.Challenge{Version: min(h.VersionMax, wire.VersionMax), NodeName: s.cfg.Node.Name, HostID: s.hostID,

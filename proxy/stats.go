@@ -35,8 +35,12 @@ func (s *Server) Snapshot() Stats {
 		st.PeerMappings += ss.node.Mappings()
 	}
 	up := map[string]int{}
+	var inbound []*session
 	for _, ss := range s.sessions {
 		up[ss.linkName]++
+		if ss.route == nil {
+			inbound = append(inbound, ss)
+		}
 	}
 	for _, lx := range s.xfers {
 		select {
@@ -53,7 +57,25 @@ func (s *Server) Snapshot() Stats {
 	}
 	s.mu.Unlock()
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
+	st.Inbound = s.inboundPeers(inbound)
 	return st
+}
+
+// inboundPeers describes the sessions peers dialed in (s.mu not held:
+// busyOn takes it).
+func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
+	out := make([]wire.InboundPeer, 0, len(ss))
+	for _, x := range ss {
+		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.stripeCount(),
+			StreamsUp: x.streamsUp(), InFlight: s.busyOn(x)})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+		return out[i].Addr < out[j].Addr
+	})
+	return out
 }
 
 // Routes describes configured routes and their peers.

@@ -34,10 +34,28 @@ type Stats struct {
 	KVAccepts     uint64      `json:"kv_accepts"`
 	KVAcceptNanos uint64      `json:"kv_accept_ns"`
 	Links         []LinkStats `json:"links"`
+	// Inbound: each session a peer dialed in, by peer (the per-peer
+	// detail that the InboundLink counters and metrics leave out).
+	Inbound []InboundPeer `json:"inbound"`
 }
 
-// LinkStats are the counters of a route, or of a peer that dialed us
-// (named "peer:<node>").
+// InboundLink names the one link that counts every session peers
+// dialed in, together: one series set in the metrics however many peers
+// dial (route names cannot hold a colon, so it is no route's).
+const InboundLink = "peer:*"
+
+// InboundPeer is one session a peer dialed in.
+type InboundPeer struct {
+	Node      string `json:"node"`
+	Addr      string `json:"addr"` // the peer's ip:port
+	SameHost  bool   `json:"same_host"`
+	Stripes   int    `json:"stripes"`
+	StreamsUp int    `json:"streams_up"`
+	InFlight  int    `json:"in_flight"`
+}
+
+// LinkStats are the counters of a route, or of every peer that dialed
+// us together (InboundLink).
 type LinkStats struct {
 	Name        string `json:"name"`
 	Up          int    `json:"sessions_up"`
