@@ -175,13 +175,13 @@ with --sweep, right after each row, and each row is a share of its own.`,
 			if err != nil {
 				return err
 			}
-			defer dec.stop()
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes, *transport)+preTLS, token, extra...)
+			defer stopSidecar(dec)
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.Peers, *stripes, *transport)+preTLS, token, extra...)
 			if err != nil {
 				return err
 			}
-			defer pre.stop()
-			local, *remote = pre.socket, dec.socket
+			defer stopSidecar(pre)
+			local, *remote = pre.Socket, dec.Socket
 			if *profDir != "" {
 				if prof, err = newProfiler(*profDir, pre, dec); err != nil {
 					return err

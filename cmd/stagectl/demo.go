@@ -119,18 +119,18 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, dec.stop()) }()
-	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.pdev, o.slot, o.slots, "decode", dec.peers, o.stripes, o.transport), token)
+	defer func() { err = errors.Join(err, stopSidecar(dec)) }()
+	pre, err := startSidecar(ctx, o.bin, o.dir, "prefill", sidecarYAML("prefill", filepath.Join(o.dir, "prefill.sock"), o.pdev, o.slot, o.slots, "decode", dec.Peers, o.stripes, o.transport), token)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, pre.stop()) }()
-	pc, err := client.Dial(pre.socket)
+	defer func() { err = errors.Join(err, stopSidecar(pre)) }()
+	pc, err := client.Dial(pre.Socket)
 	if err != nil {
 		return err
 	}
 	defer pc.Close()
-	dc, err := client.Dial(dec.socket)
+	dc, err := client.Dial(dec.Socket)
 	if err != nil {
 		return err
 	}
@@ -208,9 +208,9 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	}
 	fmt.Println("\ndemo ok: every byte verified")
 	if o.hold {
-		fmt.Printf("\nsidecars still running (Ctrl-C stops them):\n  prefill %s (route \"decode\")\n  decode  %s\n", pre.socket, dec.socket)
-		fmt.Printf("for example:\n  python3 python/examples/kv_connector.py --prefill %s --decode %s\n", pre.socket, dec.socket)
-		fmt.Printf("  ./bin/stagectl --socket %s stats --watch 1s\n", pre.socket)
+		fmt.Printf("\nsidecars still running (Ctrl-C stops them):\n  prefill %s (route \"decode\")\n  decode  %s\n", pre.Socket, dec.Socket)
+		fmt.Printf("for example:\n  python3 python/examples/kv_connector.py --prefill %s --decode %s\n", pre.Socket, dec.Socket)
+		fmt.Printf("  ./bin/stagectl --socket %s stats --watch 1s\n", pre.Socket)
 		<-ctx.Done()
 	}
 	return nil
