@@ -1,9 +1,12 @@
 package sidecars
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // Config is what a local sidecar differs in from the embedded default
@@ -36,49 +39,78 @@ type Config struct {
 // for peers on 127.0.0.1, on a port the kernel picks (the ready line says
 // which).
 func (c Config) YAML() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "node:\n  name: %s\n", c.Name)
-	if c.HostID != "" {
-		fmt.Fprintf(&b, "  host_id: %s\n", c.HostID)
+	f := file{Node: node{Name: c.Name, HostID: c.HostID, SocketDir: c.SocketDir}, Listen: c.Listen, ControlSocket: c.Socket}
+	if f.Listen == "" {
+		f.Listen = "127.0.0.1:0"
 	}
-	if c.SocketDir != "" {
-		fmt.Fprintf(&b, "  socket_dir: %s\n", c.SocketDir)
-	}
-	listen := c.Listen
-	if listen == "" {
-		listen = "127.0.0.1:0"
-	}
-	fmt.Fprintf(&b, "listen: %s\ncontrol_socket: %s\n", listen, c.Socket)
 	if c.DeviceKind != "" {
-		fmt.Fprintf(&b, "device:\n  kind: %s\n  ordinal: %d\n", c.DeviceKind, c.DeviceOrdinal)
+		f.Device = &device{Kind: c.DeviceKind, Ordinal: c.DeviceOrdinal}
 	}
 	if c.SlotSize != "" || c.Slots > 0 {
-		b.WriteString("staging:\n")
-		if c.SlotSize != "" {
-			fmt.Fprintf(&b, "  slot_size: %s\n", c.SlotSize)
-		}
+		f.Staging = &staging{SlotSize: c.SlotSize, Slots: c.Slots}
 		if c.Slots > 0 {
-			fmt.Fprintf(&b, "  slots: %d\n  window: %d\n", c.Slots, max(1, c.Slots/2))
+			f.Staging.Window = max(1, c.Slots/2)
 		}
 	}
 	if c.LogLevel != "" {
-		fmt.Fprintf(&b, "log:\n  level: %s\n", c.LogLevel)
+		f.Log = &logging{Level: c.LogLevel}
 	}
 	if c.Route != "" {
-		fmt.Fprintf(&b, "routes:\n  - name: %s\n    peers: [%q]\n", c.Route, c.Peer)
-		if c.Stripes > 0 {
-			fmt.Fprintf(&b, "    stripes: %d\n", c.Stripes)
-		}
-		if c.Transport != "" {
-			fmt.Fprintf(&b, "    transport: %s\n", c.Transport)
-		}
-		if c.ConnectTimeout > 0 {
-			fmt.Fprintf(&b, "    connect_timeout: %s\n", c.ConnectTimeout)
-		}
-		if c.ProgressTimeout > 0 {
-			fmt.Fprintf(&b, "    progress_timeout: %s\n", c.ProgressTimeout)
-		}
+		f.Routes = []route{{Name: c.Route, Peers: []string{c.Peer}, Stripes: c.Stripes, Transport: c.Transport,
+			ConnectTimeout: durationOrEmpty(c.ConnectTimeout), ProgressTimeout: durationOrEmpty(c.ProgressTimeout)}}
 	}
-	b.WriteString(c.Extra)
-	return b.String()
+	// Two-space indents and routes last: a test may append a route item
+	// ("  - name: ...") to the text, as a person editing the file would.
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := errors.Join(enc.Encode(f), enc.Close()); err != nil { // only a type yaml cannot encode fails, and file has none
+		panic(fmt.Sprintf("sidecars: marshal a config: %v", err))
+	}
+	return b.String() + c.Extra
 }
+
+func durationOrEmpty(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return d.String()
+}
+
+// The config file's keys Config sets; staged's config package reads them.
+type (
+	file struct {
+		Node          node     `yaml:"node"`
+		Listen        string   `yaml:"listen"`
+		ControlSocket string   `yaml:"control_socket"`
+		Device        *device  `yaml:"device,omitempty"`
+		Staging       *staging `yaml:"staging,omitempty"`
+		Log           *logging `yaml:"log,omitempty"`
+		Routes        []route  `yaml:"routes,omitempty"`
+	}
+	node struct {
+		Name      string `yaml:"name"`
+		HostID    string `yaml:"host_id,omitempty"`
+		SocketDir string `yaml:"socket_dir,omitempty"`
+	}
+	device struct {
+		Kind    string `yaml:"kind"`
+		Ordinal int    `yaml:"ordinal"`
+	}
+	staging struct {
+		SlotSize string `yaml:"slot_size,omitempty"`
+		Slots    int    `yaml:"slots,omitempty"`
+		Window   int    `yaml:"window,omitempty"`
+	}
+	logging struct {
+		Level string `yaml:"level"`
+	}
+	route struct {
+		Name            string   `yaml:"name"`
+		Peers           []string `yaml:"peers"`
+		Stripes         int      `yaml:"stripes,omitempty"`
+		Transport       string   `yaml:"transport,omitempty"`
+		ConnectTimeout  string   `yaml:"connect_timeout,omitempty"`
+		ProgressTimeout string   `yaml:"progress_timeout,omitempty"`
+	}
+)

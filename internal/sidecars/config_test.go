@@ -39,6 +39,14 @@ func TestConfigYAML(t *testing.T) {
 				r.ConnectTimeout == 2*time.Second && r.ProgressTimeout == 10*time.Second
 		}},
 		{"extra", Config{Name: "e", Socket: sock, Extra: "drain_timeout: 7s\n"}, func(c *config.Config) bool { return c.Drain == 7*time.Second }},
+		// e2e's reload test adds a route by appending its item to the text.
+		{"a route appended as text", Config{Name: "g", Socket: sock, Route: "r", Peer: "127.0.0.1:1", Extra: "  - name: other\n    peers: [\"127.0.0.1:2\"]\n"},
+			func(c *config.Config) bool {
+				return len(c.Routes) == 2 && c.Routes[1].Name == "other" && c.Routes[1].Peers[0] == "127.0.0.1:2"
+			}},
+		{"names that YAML must quote", Config{Name: "f", Socket: filepath.Join(dir, "a: b #c.sock"), Route: "r", Peer: "[::1]:7100"}, func(c *config.Config) bool {
+			return c.ControlSocket == filepath.Join(dir, "a: b #c.sock") && len(c.Routes) == 1 && c.Routes[0].Peers[0] == "[::1]:7100"
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			y := tc.c.YAML()
