@@ -116,51 +116,22 @@ func (n *node) tail() string { return n.Tail(30) }
 // logHas reports whether the node's log holds s.
 func (n *node) logHas(s string) bool { return n.LogHas(s) }
 
-func (n *node) stats() wire.Stats {
-	n.t.Helper()
-	st, err := n.cl.Stats(context.Background())
-	if err != nil {
-		n.t.Fatalf("%s stats: %v", n.name, err)
-	}
-	return *st
-}
-
 // settle records the idle figures once the node's sessions are up.
 func (n *node) settle(sessions int) {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st := n.stats(); st.Sessions >= sessions {
-			time.Sleep(100 * time.Millisecond)
-			n.base = n.stats()
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: no session after 10s\n%s", n.name, n.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
-// checkIdle fails unless the node is back to its idle figures.
+// checkIdle fails unless the node is back to its idle figures (see
+// sidecars.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	var st wire.Stats
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st = n.stats()
-		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
-			st.Mappings == n.base.Mappings && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
-			return
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
-	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), goroutines %d (was %d), fds %d (was %d)",
-		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings,
-		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
 }
 
 // stop sends SIGINT and requires a clean exit.
@@ -177,26 +148,8 @@ func (n *node) stop() {
 // run submits one transfer per layer at once and waits for all of them.
 func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
 	t.Helper()
-	ctx := context.Background()
-	var ids []uint64
-	for l, lm := range kvsim.ByLayer(local, ms) {
-		if len(lm) == 0 {
-			continue
-		}
-		id, err := cl.Submit(ctx, kvsim.Transfer("decode", dir, fmt.Sprintf("%s-%d", tag, l), local, remote, lm))
-		if err != nil {
-			t.Fatalf("submit layer %d: %v", l, err)
-		}
-		ids = append(ids, id)
-	}
-	for _, id := range ids {
-		st, err := cl.Wait(ctx, id, 120*time.Second)
-		if err != nil {
-			t.Fatalf("transfer %d: %v", id, err)
-		}
-		if st.State != wire.StateDone {
-			t.Fatalf("transfer %d: state %s, want done", id, st.State)
-		}
+	if _, err := kvsim.RunLayers(context.Background(), cl, "decode", dir, tag, local, remote, ms, 120*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -131,42 +131,19 @@ func (n *node) stats() wire.Stats {
 // settle records the idle figures once the node's sessions are up.
 func (n *node) settle(sessions int) {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := n.stats()
-		if st.Sessions >= sessions {
-			time.Sleep(100 * time.Millisecond) // let session goroutines start
-			n.base = n.stats()
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: %d sessions after 10s, want %d\n%s", n.name, st.Sessions, sessions, n.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
-// checkIdle fails unless the node is back to its idle figures: no slot in
-// use, no transfer active, no region or mapping left (the test unregistered
-// its own), goroutines and fds as at settle.
+// checkIdle fails unless the node is back to its idle figures (see
+// sidecars.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	var st wire.Stats
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st = n.stats()
-		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
-			st.Mappings == n.base.Mappings && st.PeerMappings == 0 && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
-			return
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
-	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), peer mappings %d, goroutines %d (was %d), fds %d (was %d)",
-		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings, st.PeerMappings,
-		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
 }
 
 // stop sends SIGINT and requires a clean exit.

@@ -114,7 +114,7 @@ type phaseResult struct {
 
 func runDemo(ctx context.Context, o demoOpts) (err error) {
 	token := randomToken()
-	fmt.Printf("starting two sidecars (emulated devices) in %s\n", o.dir)
+	fmt.Printf("starting two sidecars (%s -> %s) in %s\n", o.pdev, o.ddev, o.dir)
 	dec, err := startSidecar(ctx, o.bin, o.dir, "decode", sidecarYAML("decode", filepath.Join(o.dir, "decode.sock"), o.ddev, o.slot, o.slots, "", "", 0, ""), token)
 	if err != nil {
 		return err
@@ -186,7 +186,7 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	}
 	results = append(results, r)
 
-	printPhases(os.Stdout, results)
+	printPhases(os.Stdout, o, results)
 	for _, sc := range []struct {
 		name string
 		c    *client.Client

@@ -21,34 +21,32 @@ import (
 // a write fault on a memfd page mapped afresh costs ~5 us there. An engine
 // registers its cache once and transfers many times, so the second pass
 // is the figure to show; the first is printed beside it.
-const demoMeaning = "GB/s is each phase's second pass (FIRST: the same transfers into freshly registered memory, paying its page faults once);\n" +
-	"emulated devices (hostmem) on one host over loopback TCP: stage's own cost, not a network's or an accelerator's."
+//
+// demoMeaning says so in the output, with what the figure is of.
+func demoMeaning(o demoOpts) string {
+	devices := "emulated devices (hostmem)"
+	if o.pdev.kind != "hostmem" || o.ddev.kind != "hostmem" {
+		devices = fmt.Sprintf("devices %s -> %s", o.pdev, o.ddev)
+	}
+	path := "over loopback TCP"
+	if o.transport != "tcp" {
+		path = fmt.Sprintf("on route transport %q (the same-node paths where they apply)", o.transport)
+	}
+	return "GB/s is each phase's second pass (FIRST: the same transfers into freshly registered memory, paying its page faults once);\n" +
+		devices + " on one host " + path + ": stage's own cost, not a network's."
+}
 
 // demoPass submits one transfer per layer at once, waits for all, and
-// waits for the decode side's notification of each (tags start with
-// prefix).
+// waits for the decode side's notification of each (tags PREFIX-LAYER).
 func demoPass(ctx context.Context, pc *client.Client, notes <-chan *wire.Notify, prefix string, dir wire.Direction,
 	local, remote *kvsim.Cache, ms []kvsim.Move) (el time.Duration, xfers, notified int, err error) {
 	start := time.Now()
-	var ids []uint64
-	for l, lm := range kvsim.ByLayer(local, ms) {
-		if len(lm) == 0 {
-			continue
-		}
-		id, err := pc.Submit(ctx, kvsim.Transfer("decode", dir, fmt.Sprintf("%s%d", prefix, l), local, remote, lm))
-		if err != nil {
-			return 0, 0, 0, fmt.Errorf("submit layer %d: %w", l, err)
-		}
-		ids = append(ids, id)
-	}
-	for _, id := range ids {
-		if _, err := pc.Wait(ctx, id, 0); err != nil {
-			return 0, 0, 0, fmt.Errorf("transfer %d: %w", id, err)
-		}
+	if xfers, err = kvsim.RunLayers(ctx, pc, "decode", dir, prefix, local, remote, ms, 0); err != nil {
+		return 0, 0, 0, err
 	}
 	el = time.Since(start)
-	notified, err = collectNotes(notes, len(ids), prefix, dir)
-	return el, len(ids), notified, err
+	notified, err = collectNotes(notes, xfers, prefix, dir)
+	return el, xfers, notified, err
 }
 
 // demoPhase runs a pass, poisons dst, runs it again and verifies it: the
@@ -57,15 +55,15 @@ func demoPass(ctx context.Context, pc *client.Client, notes <-chan *wire.Notify,
 func demoPhase(ctx context.Context, pc *client.Client, notes <-chan *wire.Notify, name string, dir wire.Direction,
 	local, remote, src, dst *kvsim.Cache, ms []kvsim.Move) (phaseResult, error) {
 	r := phaseResult{name: name, bytes: kvsim.Bytes(ms)}
-	prefix := fmt.Sprintf("demo-%d-", time.Now().UnixNano())
+	prefix := fmt.Sprintf("demo-%d", time.Now().UnixNano())
 	var err error
-	if r.first, _, _, err = demoPass(ctx, pc, notes, prefix+"first-", dir, local, remote, ms); err != nil {
+	if r.first, _, _, err = demoPass(ctx, pc, notes, prefix+"-first", dir, local, remote, ms); err != nil {
 		return r, fmt.Errorf("%s, first pass: %w", name, err)
 	}
 	if err := dst.Poison(0xAB); err != nil {
 		return r, err
 	}
-	if r.elapsed, r.xfers, r.notes, err = demoPass(ctx, pc, notes, prefix+"timed-", dir, local, remote, ms); err != nil {
+	if r.elapsed, r.xfers, r.notes, err = demoPass(ctx, pc, notes, prefix+"-timed", dir, local, remote, ms); err != nil {
 		return r, fmt.Errorf("%s: %w", name, err)
 	}
 	if err := kvsim.Verify(src, dst, ms, 0xAB); err != nil {
@@ -104,7 +102,7 @@ func cachePhases(ctx context.Context, pc *client.Client, notes <-chan *wire.Noti
 }
 
 // printPhases prints the results table and what its figures mean.
-func printPhases(w io.Writer, results []phaseResult) {
+func printPhases(w io.Writer, o demoOpts, results []phaseResult) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PHASE\tBYTES\tTRANSFERS\tFIRST\tTIME\tGB/s\tNOTIFIED\tVERIFIED")
@@ -113,5 +111,5 @@ func printPhases(w io.Writer, results []phaseResult) {
 			r.first.Round(time.Millisecond), r.elapsed.Round(time.Millisecond), float64(r.bytes)/r.elapsed.Seconds()/1e9, r.notes, r.xfers)
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, demoMeaning)
+	fmt.Fprintln(w, demoMeaning(o))
 }
