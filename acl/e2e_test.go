@@ -1,25 +1,24 @@
 package acl
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
 
 // End to end: real staged processes, one on the acl backend (over an
-// emulated libascendcl), moving a paged KV cache to and from a peer. The
-// harness follows e2e/harness_test.go.
+// emulated libascendcl), moving a paged KV cache to and from a peer,
+// started by internal/sidecars as the e2e tests' are.
 
 const guardByte = 0xAB
 
@@ -34,28 +33,18 @@ var (
 // tests are), or $STAGED_BIN on machines without Go.
 func stagedBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("STAGED_BIN"); p != "" {
+	if p := os.Getenv(sidecars.BinEnv); p != "" {
 		return p
 	}
 	if testing.Short() {
 		t.Skip("-short: no staged build")
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("go not found (%v) and STAGED_BIN unset: cannot build staged", err)
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("go not found (%v) and %s unset: cannot build staged", err, sidecars.BinEnv)
 	}
 	stagedOnce.Do(func() {
-		if stagedDir, stagedErr = os.MkdirTemp("", "stage-acl-e2e-"); stagedErr != nil {
-			return
-		}
-		stagedPath = filepath.Join(stagedDir, "staged")
-		args := []string{"build", "-o", stagedPath}
-		if raceBuild {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command(goBin, append(args, "github.com/stage-kv/stage/cmd/staged")...).CombinedOutput()
-		if err != nil {
-			stagedErr = fmt.Errorf("go build staged: %v\n%s", err, out)
+		if stagedDir, stagedErr = os.MkdirTemp("", "stage-acl-e2e-"); stagedErr == nil {
+			stagedPath, stagedErr = sidecars.Build(stagedDir, raceBuild)
 		}
 	})
 	if stagedErr != nil {
@@ -70,17 +59,16 @@ func removeStagedBuild() {
 	}
 }
 
-// node is one staged process.
+// node is one staged process and a client of it; cmd and peers repeat
+// the process's under the names the tests use.
 type node struct {
-	t      *testing.T
-	name   string
-	cmd    *exec.Cmd
-	peers  string
-	socket string
-	log    string
-	exited chan error
-	cl     *client.Client
-	base   wire.Stats
+	*sidecars.Process
+	t     *testing.T
+	name  string
+	cmd   *exec.Cmd
+	peers string
+	cl    *client.Client
+	base  wire.Stats
 }
 
 type nodeOpts struct {
@@ -95,7 +83,6 @@ type nodeOpts struct {
 func startNode(t *testing.T, bin, name string, o nodeOpts) *node {
 	t.Helper()
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "s", name+".sock")
 	if o.slots == 0 {
 		o.slots = 16
 	}
@@ -105,124 +92,46 @@ func startNode(t *testing.T, bin, name string, o nodeOpts) *node {
 	if o.slot == "" {
 		o.slot = "1MiB"
 	}
-	cfg := fmt.Sprintf("node:\n  name: %s\nlisten: 127.0.0.1:0\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
-		name, sock, o.slot, o.slots, o.slots/2)
+	cfg := sidecars.Config{Name: name, Socket: filepath.Join(dir, "s", name+".sock"), SlotSize: o.slot, Slots: o.slots, Extra: o.extra}
 	if o.route != "" {
-		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 20s\n", o.route, o.peer, o.stripes)
+		cfg.Route, cfg.Peer, cfg.Stripes = o.route, o.peer, o.stripes
+		cfg.ConnectTimeout, cfg.ProgressTimeout = 2*time.Second, 20*time.Second
 	}
-	cfg += o.extra
-	path := filepath.Join(dir, name+".yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n := &node{t: t, name: name, log: filepath.Join(dir, name+".log"), exited: make(chan error, 1)}
-	logf, err := os.Create(n.log)
+	p, err := sidecars.Start(context.Background(), sidecars.Options{Bin: bin, Dir: dir, Name: name, Config: cfg.YAML(),
+		Token: "acl-e2e-token", Env: o.env, ReadyTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = exec.Command(bin, "--config", path)
-	n.cmd.Env = append(append(os.Environ(), "STAGE_SECURITY_TOKEN=acl-e2e-token"), o.env...)
-	n.cmd.Stderr = logf
-	out, err := n.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "staged ready ") {
-				ready <- sc.Text()
-			}
-		}
-	}()
-	go func() { n.exited <- n.cmd.Wait(); logf.Close() }()
-	select {
-	case line := <-ready:
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "peers="); ok {
-				n.peers = v
-			}
-			if v, ok := strings.CutPrefix(f, "socket="); ok {
-				n.socket = v
-			}
-		}
-	case err := <-n.exited:
-		t.Fatalf("%s exited before ready: %v\n%s", name, err, n.tail())
-	case <-time.After(30 * time.Second):
-		_ = n.cmd.Process.Kill()
-		t.Fatalf("%s not ready in 30s\n%s", name, n.tail())
-	}
-	if n.cl, err = client.Dial(n.socket); err != nil {
+	n := &node{Process: p, t: t, name: name, cmd: p.Cmd, peers: p.Peers}
+	if n.cl, err = client.Dial(p.Socket); err != nil {
+		_ = p.Stop(os.Interrupt, 20*time.Second)
 		t.Fatal(err)
 	}
 	t.Cleanup(n.stop)
 	return n
 }
 
-func (n *node) tail() string {
-	b, _ := os.ReadFile(n.log)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 30 {
-		lines = lines[len(lines)-30:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (n *node) tail() string { return n.Tail(30) }
 
 // logHas reports whether the node's log holds s.
-func (n *node) logHas(s string) bool {
-	b, _ := os.ReadFile(n.log)
-	return strings.Contains(string(b), s)
-}
-
-func (n *node) stats() wire.Stats {
-	n.t.Helper()
-	st, err := n.cl.Stats(context.Background())
-	if err != nil {
-		n.t.Fatalf("%s stats: %v", n.name, err)
-	}
-	return *st
-}
+func (n *node) logHas(s string) bool { return n.LogHas(s) }
 
 // settle records the idle figures once the node's sessions are up.
 func (n *node) settle(sessions int) {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st := n.stats(); st.Sessions >= sessions {
-			time.Sleep(100 * time.Millisecond)
-			n.base = n.stats()
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: no session after 10s\n%s", n.name, n.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
-// checkIdle fails unless the node is back to its idle figures.
+// checkIdle fails unless the node is back to its idle figures (see
+// sidecars.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	var st wire.Stats
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st = n.stats()
-		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
-			st.Mappings == n.base.Mappings && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
-			return
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
-	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), goroutines %d (was %d), fds %d (was %d)",
-		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings,
-		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
 }
 
 // stop sends SIGINT and requires a clean exit.
@@ -231,41 +140,16 @@ func (n *node) stop() {
 		n.cl.Close()
 		n.cl = nil
 	}
-	_ = n.cmd.Process.Signal(os.Interrupt)
-	select {
-	case err := <-n.exited:
-		if err != nil {
-			n.t.Errorf("%s exited with %v\n%s", n.name, err, n.tail())
-		}
-	case <-time.After(20 * time.Second):
-		_ = n.cmd.Process.Kill()
-		n.t.Errorf("%s did not exit within 20s of SIGINT\n%s", n.name, n.tail())
+	if err := n.Stop(os.Interrupt, 20*time.Second); err != nil {
+		n.t.Error(err)
 	}
 }
 
 // run submits one transfer per layer at once and waits for all of them.
 func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
 	t.Helper()
-	ctx := context.Background()
-	var ids []uint64
-	for l, lm := range kvsim.ByLayer(local, ms) {
-		if len(lm) == 0 {
-			continue
-		}
-		id, err := cl.Submit(ctx, kvsim.Transfer("decode", dir, fmt.Sprintf("%s-%d", tag, l), local, remote, lm))
-		if err != nil {
-			t.Fatalf("submit layer %d: %v", l, err)
-		}
-		ids = append(ids, id)
-	}
-	for _, id := range ids {
-		st, err := cl.Wait(ctx, id, 120*time.Second)
-		if err != nil {
-			t.Fatalf("transfer %d: %v", id, err)
-		}
-		if st.State != wire.StateDone {
-			t.Fatalf("transfer %d: state %s, want done", id, st.State)
-		}
+	if _, err := kvsim.RunLayers(context.Background(), cl, "decode", dir, tag, local, remote, ms, 120*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

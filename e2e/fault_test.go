@@ -185,8 +185,8 @@ func TestGracefulDrain(t *testing.T) {
 				t.Fatal("a push cut off by the drain deadline was reported done")
 			}
 			select {
-			case err := <-pre.exited:
-				if err != nil {
+			case <-pre.proc.Exited():
+				if err := pre.proc.Err(); err != nil {
 					t.Fatalf("staged exited with %v after SIGTERM\n%s", err, pre.tail())
 				}
 			case <-time.After(30 * time.Second):

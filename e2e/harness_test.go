@@ -1,19 +1,18 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -22,28 +21,15 @@ var stagedBin string
 func TestMain(m *testing.M) {
 	// On a machine without Go (the GPU machine), STAGED_BIN names a
 	// prebuilt staged.
-	if p := os.Getenv("STAGED_BIN"); p != "" {
-		stagedBin = p
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "stage-e2e-bin-")
+	bin, cleanup, err := sidecars.Binary(raceBuild)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	stagedBin = filepath.Join(dir, "staged")
-	args := []string{"build", "-o", stagedBin}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	out, err := exec.Command("go", append(args, "github.com/stage-kv/stage/cmd/staged")...).CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build staged: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	stagedBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
-	if code == 0 {
+	cleanup()
+	if code == 0 && os.Getenv(sidecars.BinEnv) == "" {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines leaked in the test process:", err)
 			code = 1
@@ -52,10 +38,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// node is one staged process.
+// node is one staged process (sidecars.Process) and a client of it. Its
+// fields repeat the process's under the names the tests use.
 type node struct {
 	t       *testing.T
 	name    string
+	proc    *sidecars.Process
 	cmd     *exec.Cmd
 	peers   string
 	socket  string
@@ -63,7 +51,6 @@ type node struct {
 	// config is the file staged runs with; configText its first contents.
 	config, configText string
 	log                string
-	exited             chan error
 	cl                 *client.Client
 	base               wire.Stats // idle figures after start
 }
@@ -107,88 +94,30 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 	if o.nodeDir != "" {
 		hostID, sockDir = "e2e-one-node", o.nodeDir
 	}
-	if o.listen == "" {
-		o.listen = "127.0.0.1:0"
-	}
-	cfg := fmt.Sprintf("node:\n  name: %s\n  host_id: %s\n  socket_dir: %s\nlisten: %s\ncontrol_socket: %s\nstaging:\n  slot_size: %s\n  slots: %d\n  window: %d\n",
-		name, hostID, sockDir, o.listen, sock, o.slot, o.slots, o.slots/2)
+	cfg := sidecars.Config{Name: name, Socket: sock, Listen: o.listen, HostID: hostID, SocketDir: sockDir, SlotSize: o.slot, Slots: o.slots, Extra: o.extra}
 	if o.route != "" {
-		cfg += fmt.Sprintf("routes:\n  - name: %s\n    peers: [%q]\n    stripes: %d\n    connect_timeout: 2s\n    progress_timeout: 10s\n", o.route, o.peer, o.stripes)
-		if o.transport != "" {
-			cfg += fmt.Sprintf("    transport: %s\n", o.transport)
-		}
+		cfg.Route, cfg.Peer, cfg.Stripes, cfg.Transport = o.route, o.peer, o.stripes, o.transport
+		cfg.ConnectTimeout, cfg.ProgressTimeout = 2*time.Second, 10*time.Second
 	}
-	cfg += o.extra
-	n := &node{}
-	path := filepath.Join(dir, name+".yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n.config, n.configText = path, cfg
 	token := o.token
 	if token == "" {
 		token = "e2e-token"
 	}
-	n.t, n.name, n.log, n.exited = t, name, filepath.Join(dir, name+".log"), make(chan error, 1)
-	logf, err := os.Create(n.log)
+	p, err := sidecars.Start(context.Background(), sidecars.Options{Bin: stagedBin, Dir: dir, Name: name, Config: cfg.YAML(), Token: token, Env: o.env})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = exec.Command(stagedBin, "--config", path)
-	n.cmd.Env = append(append(os.Environ(), "STAGE_SECURITY_TOKEN="+token), o.env...)
-	n.cmd.Stderr = logf
-	out, err := n.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "staged ready ") {
-				ready <- sc.Text()
-			}
-		}
-	}()
-	go func() { n.exited <- n.cmd.Wait(); logf.Close() }()
-	select {
-	case line := <-ready:
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "peers="); ok {
-				n.peers = v
-			}
-			if v, ok := strings.CutPrefix(f, "socket="); ok {
-				n.socket = v
-			}
-			if v, ok := strings.CutPrefix(f, "metrics="); ok {
-				n.metrics = v
-			}
-		}
-	case err := <-n.exited:
-		t.Fatalf("%s exited before ready: %v\n%s", name, err, n.tail())
-	case <-time.After(15 * time.Second):
-		_ = n.cmd.Process.Kill()
-		t.Fatalf("%s not ready in 15s\n%s", name, n.tail())
-	}
-	n.cl, err = client.Dial(n.socket)
-	if err != nil {
+	n := &node{t: t, name: name, proc: p, cmd: p.Cmd, peers: p.Peers, socket: p.Socket, metrics: p.Metrics,
+		config: p.ConfigPath, configText: cfg.YAML(), log: p.LogPath}
+	if n.cl, err = client.Dial(n.socket); err != nil {
+		_ = p.Stop(os.Interrupt, 20*time.Second)
 		t.Fatal(err)
 	}
 	t.Cleanup(n.stop)
 	return n
 }
 
-func (n *node) tail() string {
-	b, _ := os.ReadFile(n.log)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 30 {
-		lines = lines[len(lines)-30:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (n *node) tail() string { return n.proc.Tail(30) }
 
 func (n *node) stats() wire.Stats {
 	n.t.Helper()
@@ -202,62 +131,29 @@ func (n *node) stats() wire.Stats {
 // settle records the idle figures once the node's sessions are up.
 func (n *node) settle(sessions int) {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := n.stats()
-		if st.Sessions >= sessions {
-			time.Sleep(100 * time.Millisecond) // let session goroutines start
-			n.base = n.stats()
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: %d sessions after 10s, want %d\n%s", n.name, st.Sessions, sessions, n.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
-// checkIdle fails unless the node is back to its idle figures: no slot in
-// use, no transfer active, no region or mapping left (the test unregistered
-// its own), goroutines and fds as at settle.
+// checkIdle fails unless the node is back to its idle figures (see
+// sidecars.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	var st wire.Stats
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st = n.stats()
-		if st.SendInUse == 0 && st.RecvInUse == 0 && st.Transfers == 0 && st.Regions == n.base.Regions &&
-			st.Mappings == n.base.Mappings && st.PeerMappings == 0 && st.Goroutines <= n.base.Goroutines && st.FDs <= n.base.FDs {
-			return
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
-	n.t.Errorf("%s leaked: send slots %d, recv slots %d, transfers %d, regions %d (was %d), mappings %d (was %d), peer mappings %d, goroutines %d (was %d), fds %d (was %d)",
-		n.name, st.SendInUse, st.RecvInUse, st.Transfers, st.Regions, n.base.Regions, st.Mappings, n.base.Mappings, st.PeerMappings,
-		st.Goroutines, n.base.Goroutines, st.FDs, n.base.FDs)
 }
 
-// stop sends SIGTERM and requires a clean exit.
+// stop sends SIGINT and requires a clean exit.
 func (n *node) stop() {
 	if n.cl != nil {
 		n.cl.Close()
 		n.cl = nil
 	}
-	if n.cmd.ProcessState != nil {
-		return
-	}
-	_ = n.cmd.Process.Signal(os.Interrupt)
-	select {
-	case err := <-n.exited:
-		if err != nil {
-			n.t.Errorf("%s exited with %v\n%s", n.name, err, n.tail())
-		}
-	case <-time.After(20 * time.Second):
-		_ = n.cmd.Process.Kill()
-		n.t.Errorf("%s did not exit within 20s of SIGINT\n%s", n.name, n.tail())
+	if err := n.proc.Stop(os.Interrupt, 20*time.Second); err != nil {
+		n.t.Error(err)
 	}
 }
 

@@ -51,26 +51,8 @@ func caches(t *testing.T, src, dst *node, layers int, layerBytes uint64) (S, D *
 // run submits one transfer per layer at once and waits for all of them.
 func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
 	t.Helper()
-	ctx := context.Background()
-	var ids []uint64
-	for l, lm := range kvsim.ByLayer(local, ms) {
-		if len(lm) == 0 {
-			continue
-		}
-		id, err := cl.Submit(ctx, kvsim.Transfer("decode", dir, fmt.Sprintf("%s-%d", tag, l), local, remote, lm))
-		if err != nil {
-			t.Fatalf("submit layer %d: %v", l, err)
-		}
-		ids = append(ids, id)
-	}
-	for _, id := range ids {
-		st, err := cl.Wait(ctx, id, 60*time.Second)
-		if err != nil {
-			t.Fatalf("transfer %d: %v", id, err)
-		}
-		if st.State != wire.StateDone {
-			t.Fatalf("transfer %d: state %s after 60s, want done", id, st.State)
-		}
+	if _, err := kvsim.RunLayers(context.Background(), cl, "decode", dir, tag, local, remote, ms, 60*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

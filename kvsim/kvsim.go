@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/wire"
@@ -260,4 +261,33 @@ func Bytes(ms []Move) uint64 {
 		n += m.Len
 	}
 	return n
+}
+
+// RunLayers submits one transfer per layer that ms touches, all at once
+// (tagged TAG-LAYER, on route), as an engine pushing layer after layer
+// keeps them in flight, then waits for each: up to timeout (0: as long as
+// ctx allows) and until it is done. It returns how many it submitted.
+func RunLayers(ctx context.Context, cl *client.Client, route string, dir wire.Direction, tag string, local, remote *Cache, ms []Move,
+	timeout time.Duration) (int, error) {
+	var ids []uint64
+	for l, lm := range ByLayer(local, ms) {
+		if len(lm) == 0 {
+			continue
+		}
+		id, err := cl.Submit(ctx, Transfer(route, dir, fmt.Sprintf("%s-%d", tag, l), local, remote, lm))
+		if err != nil {
+			return len(ids), fmt.Errorf("kvsim: submit layer %d of %s: %w", l, tag, err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		st, err := cl.Wait(ctx, id, timeout)
+		if err != nil {
+			return len(ids), fmt.Errorf("kvsim: transfer %d of %s: %w", id, tag, err)
+		}
+		if st.State != wire.StateDone {
+			return len(ids), fmt.Errorf("kvsim: transfer %d of %s: state %s after %v, want done", id, tag, st.State, timeout)
+		}
+	}
+	return len(ids), nil
 }

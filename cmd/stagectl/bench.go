@@ -57,7 +57,7 @@ with --sweep, right after each row, and each row is a share of its own.`,
 	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
 	rawSpan := f.String("raw-span", "4MiB", "with --raw: each raw stream cycles 4 MiB writes (and reads) over a buffer this large; 4MiB keeps it in the CPU caches, a larger one measures TCP from cold memory as stage's staging slots are")
 	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
-	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this PNG file")
+	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this file: PNG, or SVG, PDF, EPS, JPEG or TIFF by its extension (.svg, .pdf, ...)")
 	checksum := f.String("checksum", "route", "CRC32C per chunk: on, off, or route (as the route says)")
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
@@ -175,13 +175,13 @@ with --sweep, right after each row, and each row is a share of its own.`,
 			if err != nil {
 				return err
 			}
-			defer dec.stop()
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.peers, *stripes, *transport)+preTLS, token, extra...)
+			defer stopSidecar(dec)
+			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.Peers, *stripes, *transport)+preTLS, token, extra...)
 			if err != nil {
 				return err
 			}
-			defer pre.stop()
-			local, *remote = pre.socket, dec.socket
+			defer stopSidecar(pre)
+			local, *remote = pre.Socket, dec.Socket
 			if *profDir != "" {
 				if prof, err = newProfiler(*profDir, pre, dec); err != nil {
 					return err

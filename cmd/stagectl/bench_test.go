@@ -35,3 +35,26 @@ func TestBenchTableShares(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoMeaning: the line under the demo's table names what its figures
+// are of, and never calls a CUDA run emulated or a same-node run TCP.
+func TestDemoMeaning(t *testing.T) {
+	host, gpu := engineDevice{kind: "hostmem"}, engineDevice{kind: "cuda", ordinal: 1}
+	for _, tc := range []struct {
+		name        string
+		o           demoOpts
+		want, want2 string
+		not         string
+	}{
+		{"hostmem over tcp", demoOpts{pdev: host, ddev: host, transport: "tcp"}, "emulated devices (hostmem)", "loopback TCP", "cuda"},
+		{"cuda", demoOpts{pdev: gpu, ddev: host, transport: "tcp"}, "devices cuda:1 -> hostmem:0", "loopback TCP", "emulated"},
+		{"same node", demoOpts{pdev: host, ddev: host, transport: "auto"}, "emulated devices", `route transport "auto"`, "TCP"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := demoMeaning(tc.o)
+			if !strings.Contains(got, tc.want) || !strings.Contains(got, tc.want2) || strings.Contains(got, tc.not) {
+				t.Errorf("%q: want %q and %q, not %q", got, tc.want, tc.want2, tc.not)
+			}
+		})
+	}
+}

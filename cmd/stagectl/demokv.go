@@ -67,24 +67,38 @@ func kvPhase(ctx context.Context, pc, dc *client.Client, notes <-chan *wire.Noti
 		m.DstTable[i] = uint32((i*37 + 11) % 256)
 	}
 	m.SrcTable = m.SrcTable[:(tokens+127)/128]
-	start := time.Now()
-	var ids []uint64
-	for i, k := range ranks {
-		id, err := pc.SubmitKV(ctx, m.Submit("decode", fmt.Sprintf("kv-req-1/rank%d", i), wire.Push, k, hnd))
+	// Two passes, as every demo phase (demophase.go): the first into the
+	// fresh registrations, the timed one into the poisoned cache again.
+	for pass, prefix := range []string{"kv-first/", "kv-req-1/"} {
+		if pass == 1 {
+			if err := hnd.Poison(0xAB); err != nil {
+				return res, err
+			}
+		}
+		start := time.Now()
+		var ids []uint64
+		for i, k := range ranks {
+			id, err := pc.SubmitKV(ctx, m.Submit("decode", fmt.Sprintf("%srank%d", prefix, i), wire.Push, k, hnd))
+			if err != nil {
+				return res, fmt.Errorf("KV push of rank %d: %w", i, err)
+			}
+			ids = append(ids, id)
+		}
+		for _, id := range ids {
+			if _, err := pc.Wait(ctx, id, 0); err != nil {
+				return res, fmt.Errorf("KV transfer %d: %w", id, err)
+			}
+		}
+		el := time.Since(start)
+		n, err := collectNotes(notes, len(ids), prefix, wire.Push)
 		if err != nil {
-			return res, fmt.Errorf("KV push of rank %d: %w", i, err)
+			return res, err
 		}
-		ids = append(ids, id)
-	}
-	for _, id := range ids {
-		if _, err := pc.Wait(ctx, id, 0); err != nil {
-			return res, fmt.Errorf("KV transfer %d: %w", id, err)
+		if pass == 0 {
+			res.first = el
+		} else {
+			res.elapsed, res.xfers, res.notes = el, len(ids), n
 		}
-	}
-	el := time.Since(start)
-	n, err := collectNotes(notes, len(ids), "kv-req-1/", wire.Push)
-	if err != nil {
-		return res, err
 	}
 	for _, k := range ranks {
 		if err := kvsim.Expect(k, hnd, want, m); err != nil {
@@ -113,5 +127,6 @@ func kvPhase(ctx context.Context, pc, dc *client.Client, notes <-chan *wire.Noti
 		}
 	}
 	bytes := uint64(layers) * tokens * heads * 2 * hs * 2
-	return phaseResult{name: "kv ascend/128 x2 -> vllm-hnd/16", bytes: bytes, xfers: len(ids), elapsed: el, notes: n}, nil
+	res.name, res.bytes = "kv ascend/128 x2 -> vllm-hnd/16", bytes
+	return res, nil
 }

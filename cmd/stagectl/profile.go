@@ -30,10 +30,10 @@ func newProfiler(dir string, sidecars ...*sidecar) (*profiler, error) {
 	}
 	p := &profiler{dir: dir, targets: map[string]string{}}
 	for _, sc := range sidecars {
-		if sc.pprof == "" {
-			return nil, fmt.Errorf("--profile: sidecar %s did not report a profiler address (staged too old?)", sc.name)
+		if sc.Pprof == "" {
+			return nil, fmt.Errorf("--profile: sidecar %s did not report a profiler address (staged too old?)", sc.Name)
 		}
-		p.targets[sc.name] = sc.pprof
+		p.targets[sc.Name] = sc.Pprof
 	}
 	return p, nil
 }

@@ -1,0 +1,140 @@
+// Package proxytest runs sidecars inside a test process: proxy.Servers on
+// the hostmem backend, peers over loopback TCP, each with its control
+// socket in the test's temporary directory and a client dialled to it.
+// It uses proxy's exported API only, so what it drives is what staged
+// runs; a test of one sidecar's internals belongs in package proxy, a
+// test of two sidecars talking belongs here (or, with real processes,
+// in e2e).
+//
+// Everything a sidecar holds is released by the test's cleanups.
+package proxytest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
+	_ "github.com/stage-kv/stage/device/hostmem" // the backend every sidecar here runs on
+	"github.com/stage-kv/stage/proxy"
+)
+
+// Route is the name of the route Pair gives the sending sidecar.
+const Route = "decode"
+
+// Options shape the sidecars; zero fields take the defaults named.
+type Options struct {
+	Token     string          // security.token; "proxytest-token"
+	SlotSize  config.ByteSize // staging.slot_size; 256 KiB
+	Slots     int             // staging.slots; 8 (window half of it)
+	Stripes   int             // the route's data streams; 2
+	Transport string          // the route's transport; "tcp"
+	// Configure, when set, edits each config last, before validation
+	// (name is the sidecar's).
+	Configure func(name string, c *config.Config)
+}
+
+// Sidecar is one running proxy.Server and a client on its control socket.
+type Sidecar struct {
+	*proxy.Server
+	Name   string
+	Config *config.Config
+	Client *client.Client
+	Logs   *observer.ObservedLogs // what the sidecar logged, from info up
+}
+
+// Start runs a sidecar called name; with peer set, it has one route, Route,
+// to that address. The config is validated as staged's is.
+func Start(t testing.TB, name, peer string, o Options) *Sidecar {
+	t.Helper()
+	c := o.config(t, name, peer)
+	core, logs := observer.New(zapcore.InfoLevel)
+	s, err := proxy.New(c, zap.New(core).Named(name))
+	if err != nil {
+		t.Fatalf("proxytest: sidecar %s: %v", name, err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		_ = s.Close()
+		t.Fatalf("proxytest: start sidecar %s: %v", name, err)
+	}
+	sc := &Sidecar{Server: s, Name: name, Config: c, Logs: logs}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("proxytest: close sidecar %s: %v", name, err)
+		}
+	})
+	if sc.Client, err = client.Dial(s.SocketPath()); err != nil {
+		t.Fatalf("proxytest: dial sidecar %s: %v", name, err)
+	}
+	// Registered after the server's Close, so it runs first.
+	t.Cleanup(func() { sc.Client.Close() })
+	return sc
+}
+
+// config builds the sidecar's config from the defaults and o.
+func (o Options) config(t testing.TB, name, peer string) *config.Config {
+	t.Helper()
+	dir := t.TempDir()
+	c := config.Default()
+	c.Node.Name, c.Node.HostID, c.Node.SocketDir = name, "proxytest-"+name, filepath.Join(dir, "node")
+	c.Listen, c.ControlSocket = "127.0.0.1:0", filepath.Join(dir, name+".sock")
+	c.Staging.SlotSize, c.Staging.Slots = orDefault(o.SlotSize, 256*config.KiB), orDefault(o.Slots, 8)
+	c.Staging.Window = max(1, c.Staging.Slots/2)
+	c.Security.Token = orDefault(o.Token, "proxytest-token")
+	if peer != "" {
+		c.Routes = []config.Route{{Name: Route, Peers: []string{peer}, Stripes: orDefault(o.Stripes, 2),
+			Transport: orDefault(o.Transport, "tcp"), Checksum: config.DefaultRouteChecksum,
+			ConnectTimeout: 2 * time.Second, ProgressTimeout: 10 * time.Second}}
+	}
+	if o.Configure != nil {
+		o.Configure(name, c)
+	}
+	if err := config.Validate(c); err != nil {
+		t.Fatalf("proxytest: sidecar %s: %v", name, err)
+	}
+	return c
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Pair runs a receiving sidecar ("decode") and a sending one ("prefill")
+// with Route to it, and waits until each counts the session between them.
+func Pair(t testing.TB, o Options) (pre, dec *Sidecar) {
+	t.Helper()
+	dec = Start(t, "decode", "", o)
+	pre = Start(t, "prefill", dec.PeerAddr(), o)
+	for _, s := range []*Sidecar{pre, dec} {
+		if err := s.WaitSessions(1, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pre, dec
+}
+
+// WaitSessions waits until the sidecar has at least n peer sessions.
+func (s *Sidecar) WaitSessions(n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		got := s.Snapshot().Sessions
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proxytest: sidecar %s has %d sessions after %v, want %d", s.Name, got, timeout, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
