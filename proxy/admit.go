@@ -158,7 +158,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 // serveOut starts a pull we serve whose source ranges were checked: it
 // holds regions until the core retires it.
 func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote) {
-	key := s.newID()
+	key := staging.Key(s.newID())
 	ox := &outXfer{key: key, wireID: wireID, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, kvn: kvn}
 	ss.mu.Lock()
 	_, dup := ss.served[wireID]

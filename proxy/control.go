@@ -183,16 +183,19 @@ func (s *Server) stray(ss *session, frame string, id uint64) {
 }
 
 // carries reports whether our transfer key is an outgoing transfer on ss.
-func (s *Server) carries(ss *session, key uint64) bool {
+func (s *Server) carries(ss *session, key staging.Key) bool {
 	s.mu.Lock()
 	ox := s.outs[key]
 	s.mu.Unlock()
 	return ox != nil && ox.ss == ss
 }
 
-func (ss *session) coreKey(wireID uint64) (uint64, bool) {
+// coreKey is the core's key of the transfer a peer's frame names by wire
+// id: ours carry our key shifted left by one; a pull we serve was given
+// its key when admitted.
+func (ss *session) coreKey(wireID uint64) (staging.Key, bool) {
 	if ss.ours(wireID) {
-		return wireID >> 1, true
+		return staging.Key(wireID >> 1), true
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -210,7 +213,7 @@ const maxRetired = 1024
 // keepRetiredLocked remembers the core key of a served pull that retired,
 // so that an Ack arriving after it still reaches the core, which returns
 // the credits of copies it owed (ss.mu held).
-func (ss *session) keepRetiredLocked(wireID, key uint64) {
+func (ss *session) keepRetiredLocked(wireID uint64, key staging.Key) {
 	if _, ok := ss.retired[wireID]; ok {
 		return
 	}

@@ -95,15 +95,15 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 			s.finishLocal(lx, err)
 			return lx, nil
 		}
-		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions,
+		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions,
 			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
 		ox.planOnce.Do(func() {}) // the plan is made
 		s.mu.Lock()
-		s.outs[id] = ox
+		s.outs[ox.key] = ox
 		s.mu.Unlock()
 		// As for byte pushes, the core hears of the transfer before the
 		// peer does, and the chunks follow the announce without waiting.
-		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: id, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 		ss.send(&wire.KVAnnounce{KVRequest: req})
 		return lx, nil
 	}

@@ -1,6 +1,10 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stage-kv/stage/staging"
+)
 
 // A pull we served keeps its wire id's core key after it retired, so a
 // late Ack still reaches the core (which returns the credits it owes, and
@@ -8,19 +12,19 @@ import "testing"
 // nothing.
 func TestServedPullKeyOutlivesRetire(t *testing.T) {
 	ss := testSession(true) // we dialed: the pulls we serve have even ids
-	ss.served, ss.retired = map[uint64]uint64{}, map[uint64]uint64{}
+	ss.served, ss.retired = map[uint64]staging.Key{}, map[uint64]staging.Key{}
 	for i := uint64(0); i < maxRetired+10; i++ {
 		id := 2 * (i + 1)
-		ss.served[id] = 1000 + i
+		ss.served[id] = staging.Key(1000 + i)
 		ss.mu.Lock()
 		delete(ss.served, id)
-		ss.keepRetiredLocked(id, 1000+i)
-		ss.keepRetiredLocked(id, 1000+i) // a second retire changes nothing
+		ss.keepRetiredLocked(id, staging.Key(1000+i))
+		ss.keepRetiredLocked(id, staging.Key(1000+i)) // a second retire changes nothing
 		ss.mu.Unlock()
 	}
 	for _, tc := range []struct {
 		id   uint64
-		key  uint64
+		key  staging.Key
 		want bool
 	}{
 		{2, 0, false},    // the oldest were forgotten

@@ -84,9 +84,9 @@ type Server struct {
 	setup    map[uint64]*session
 	preauth  *preauth // peer connections before their handshake ends (preauth.go)
 	routes   map[string]*route
-	outs     map[uint64]*outXfer   // core key -> outgoing transfer
-	xfers    map[uint64]*localXfer // engine-facing transfers by id
-	finished []uint64              // finished transfer ids, oldest first (bounded history)
+	outs     map[staging.Key]*outXfer // core key -> outgoing transfer
+	xfers    map[uint64]*localXfer    // engine-facing transfers by id
+	finished []uint64                 // finished transfer ids, oldest first (bounded history)
 	links    map[string]*counters
 
 	seq      atomic.Uint64 // transfer ids, session ids
@@ -107,7 +107,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
-		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[uint64]*outXfer{},
+		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[staging.Key]*outXfer{},
 		xfers: map[uint64]*localXfer{},
 		links: map[string]*counters{}}
 	s.regions = region.NewTable(dev, s.revokeRegion)

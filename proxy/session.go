@@ -54,8 +54,8 @@ type session struct {
 
 	mu       sync.Mutex
 	in       map[uint64]*inXfer     // chunks we receive, by wire id
-	served   map[uint64]uint64      // wire id of a pull we serve -> core key
-	retired  map[uint64]uint64      // pulls we served that retired: their late Acks still reach the core
+	served   map[uint64]staging.Key // wire id of a pull we serve -> core key
+	retired  map[uint64]staging.Key // pulls we served that retired: their late Acks still reach the core
 	retRing  []uint64               // their wire ids, oldest first (bounded by maxRetired)
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
 	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
@@ -74,7 +74,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]uint64{}, retired: map[uint64]uint64{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]staging.Key{}, retired: map[uint64]staging.Key{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)

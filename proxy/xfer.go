@@ -80,7 +80,7 @@ func (lx *localXfer) status(req uint64) *wire.XferStatus {
 // here: our push, or a pull we serve. It holds references to the source
 // regions until the core retires the transfer.
 type outXfer struct {
-	key      uint64
+	key      staging.Key
 	wireID   uint64
 	ss       *session
 	checksum bool
@@ -158,9 +158,9 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		if s.tryInline(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
-		ox := &outXfer{key: id, wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
+		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.mu.Lock()
-		s.outs[id] = ox
+		s.outs[ox.key] = ox
 		s.mu.Unlock()
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
@@ -273,10 +273,11 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		return
 	}
 	if ss.ours(m.Transfer) {
-		if !s.carries(ss, m.Transfer>>1) {
+		key, _ := ss.coreKey(m.Transfer)
+		if !s.carries(ss, key) {
 			s.stray(ss, "Nack", m.Transfer)
 		}
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: m.Transfer >> 1, Err: err, Now: time.Now()})
+		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
 		return
 	}
 	if key, ok := ss.coreKey(m.Transfer); ok {
@@ -294,7 +295,7 @@ type nackedByPeer struct{ error }
 func (e nackedByPeer) Unwrap() error { return e.error }
 
 // retire forgets an outgoing transfer and lets go of its regions.
-func (s *Server) retire(key uint64) {
+func (s *Server) retire(key staging.Key) {
 	s.mu.Lock()
 	ox := s.outs[key]
 	delete(s.outs, key)
@@ -377,7 +378,7 @@ func (s *Server) cancelXfer(id uint64) error {
 		return nil
 	}
 	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
-		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: lx.id, Now: time.Now()})
+		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
 	}
 	return nil
 }
@@ -390,7 +391,7 @@ func (s *Server) failAllLocal(err error) {
 		all = append(all, lx)
 	}
 	outs := s.outs
-	s.outs = map[uint64]*outXfer{}
+	s.outs = map[staging.Key]*outXfer{}
 	s.mu.Unlock()
 	for _, lx := range all {
 		s.finishLocal(lx, err)

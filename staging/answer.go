@@ -113,8 +113,8 @@ const maxTombs = 1024
 // tombs remembers, for retired transfers that failed with copies on the
 // wire, which chunks still owe a credit, so a late Ack returns it once.
 type tombs struct {
-	m     map[uint64]*tomb
-	order []uint64 // oldest first
+	m     map[Key]*tomb
+	order []Key // oldest first
 }
 
 type tomb struct {
@@ -138,7 +138,7 @@ func (s *Sender) bury(x *sxfer) {
 	}
 	t := &s.tombs
 	if t.m == nil {
-		t.m = map[uint64]*tomb{}
+		t.m = map[Key]*tomb{}
 	}
 	for len(t.order) >= maxTombs {
 		delete(t.m, t.order[0])
@@ -150,7 +150,7 @@ func (s *Sender) bury(x *sxfer) {
 
 // answer returns a credit to ss for each of chunks that retired transfer
 // id still owed it, once.
-func (t *tombs) answer(ss *ssess, id uint64, chunks []uint32) {
+func (t *tombs) answer(ss *ssess, id Key, chunks []uint32) {
 	tb := t.m[id]
 	if tb == nil || tb.sess != ss {
 		return

@@ -155,7 +155,7 @@ func TestSenderFairRandom(t *testing.T) {
 					h.step(Event{Kind: EvSessionUp, Session: sess, N: 1 + r.IntN(4), Credits: 1 + r.IntN(64)})
 				}
 			case k <= 2 && up[sess]:
-				h.step(Event{Kind: EvSubmit, Session: sess, Transfer: next, Plan: plan(t, 1+r.IntN(40))})
+				h.step(Event{Kind: EvSubmit, Session: sess, Transfer: Key(next), Plan: plan(t, 1+r.IntN(40))})
 				next++
 			case k <= 4 && len(h.copies) > 0:
 				i := r.IntN(len(h.copies))
@@ -197,7 +197,7 @@ func TestSenderFairRandom(t *testing.T) {
 			}
 			h.ackAll()
 		}
-		for id := uint64(1); id < next; id++ {
+		for id := Key(1); id < Key(next); id++ {
 			if _, ok := h.done[id]; !ok {
 				t.Fatalf("seed %d: transfer %d never ended", seed, id)
 			}

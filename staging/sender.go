@@ -38,12 +38,18 @@ type SendSlot int
 // the receiver found them damaged (EvResend) before the transfer fails.
 const MaxResends = 8
 
+// Key names a transfer inside the core: chosen by the caller, unique
+// among the transfers the core holds. It is neither a wire id (a peer's
+// frames carry those; proxy maps them to keys) nor a session id, and its
+// own type keeps the three apart where they meet.
+type Key uint64
+
 // Event is one input to Sender.Step. Now is the time of the event; the core
 // reads no clock of its own.
 type Event struct {
 	Kind     EventKind
 	Session  uint64
-	Transfer uint64
+	Transfer Key
 	Chunk    uint32
 	Chunks   []uint32
 	Slot     SendSlot
@@ -59,7 +65,7 @@ type Event struct {
 
 // CopyCmd: gather chunk Chunk of Transfer into slot Slot.
 type CopyCmd struct {
-	Transfer uint64
+	Transfer Key
 	Chunk    uint32
 	Slot     SendSlot
 	C        *Chunk
@@ -70,7 +76,7 @@ type CopyCmd struct {
 type SendCmd struct {
 	Session  uint64
 	Stream   int
-	Transfer uint64
+	Transfer Key
 	Chunk    uint32
 	Count    uint32
 	Slot     SendSlot
@@ -79,7 +85,7 @@ type SendCmd struct {
 
 // Completion: Transfer finished; Err is nil when every chunk was acked.
 type Completion struct {
-	Transfer uint64
+	Transfer Key
 	Session  uint64
 	Bytes    uint64 // acked bytes
 	Err      error
@@ -87,7 +93,7 @@ type Completion struct {
 
 // Progress: Transfer has Bytes acked so far (it grew in this Step).
 type Progress struct {
-	Transfer uint64
+	Transfer Key
 	Bytes    uint64
 }
 
@@ -103,7 +109,7 @@ type Ready struct {
 	// Retired transfers are finished and hold no slot: no copy reads their
 	// memory any more, so their regions may be let go. A transfer retires
 	// in the same Step as its completion or in a later one.
-	Retired []uint64
+	Retired []Key
 	// Taint lists slots given up while the kernel may still reference
 	// their pages (splice.go): renew each and report EvRenewed.
 	Taint []SendSlot
@@ -144,7 +150,7 @@ type ssess struct {
 }
 
 type sxfer struct {
-	id       uint64
+	id       Key
 	sess     *ssess
 	plan     *Plan
 	state    []uint8
@@ -173,7 +179,7 @@ type Sender struct {
 	sessions map[uint64]*ssess
 	order    []*ssess
 	rr       int
-	xfers    map[uint64]*sxfer
+	xfers    map[Key]*sxfer
 	tombs    tombs
 	ready    Ready
 	now      time.Time
@@ -188,7 +194,7 @@ func NewSender(slots int) *Sender { return NewSenderDepth(slots, 0) }
 // copy engine wrote may still sit in the CPU's cache, instead of waiting
 // behind a long queue. 0 means no limit but slots and credits.
 func NewSenderDepth(slots, depth int) *Sender {
-	s := &Sender{slots: slots, depth: depth, sessions: map[uint64]*ssess{}, xfers: map[uint64]*sxfer{}}
+	s := &Sender{slots: slots, depth: depth, sessions: map[uint64]*ssess{}, xfers: map[Key]*sxfer{}}
 	for i := slots - 1; i >= 0; i-- {
 		s.free = append(s.free, SendSlot(i))
 	}

@@ -17,8 +17,8 @@ type harness struct {
 	copies  []CopyCmd
 	sends   []SendCmd
 	written []SendCmd // on the wire, not acked
-	done    map[uint64]error
-	retired map[uint64]bool
+	done    map[Key]error
+	retired map[Key]bool
 	maxOut  int // most chunks in flight (copying + sending + unacked) seen
 	// onReady, when set, sees each Ready before the harness files it.
 	onReady func(r *Ready)
@@ -26,7 +26,7 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, slots int) *harness {
-	return &harness{t: t, s: NewSender(slots), now: time.Unix(1000, 0), done: map[uint64]error{}, retired: map[uint64]bool{}}
+	return &harness{t: t, s: NewSender(slots), now: time.Unix(1000, 0), done: map[Key]error{}, retired: map[Key]bool{}}
 }
 
 func (h *harness) step(ev Event) {
@@ -319,7 +319,7 @@ func TestSenderFairness(t *testing.T) {
 	h2.step(Event{Kind: EvSessionUp, Session: 1, N: 1, Credits: 1})
 	h2.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, 4)})
 	h2.step(Event{Kind: EvSubmit, Session: 1, Transfer: 2, Plan: plan(t, 4)})
-	var seq []uint64
+	var seq []Key
 	for i := 0; i < 8 && len(h2.copies) > 0; i++ {
 		seq = append(seq, h2.copies[0].Transfer)
 		h2.finishCopies(nil)

@@ -356,7 +356,7 @@ func TestSpliceRandom(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		h.step(Event{Kind: EvSessionUp, Session: 1, N: 3, Credits: 6})
 		for x := uint64(1); x <= 3; x++ {
-			h.step(Event{Kind: EvSubmit, Session: 1, Transfer: x, Plan: plan(t, 1+r.IntN(12))})
+			h.step(Event{Kind: EvSubmit, Session: 1, Transfer: Key(x), Plan: plan(t, 1+r.IntN(12))})
 		}
 		for i := 0; i < 300; i++ {
 			h.randomStep(r)
@@ -426,6 +426,6 @@ func (h *spliceHarness) randomStep(r *rand.Rand) {
 	case k == 8:
 		h.renewAll()
 	case k == 9 && r.IntN(20) == 0:
-		h.step(Event{Kind: EvCancel, Transfer: 1 + r.Uint64N(3)})
+		h.step(Event{Kind: EvCancel, Transfer: Key(1 + r.Uint64N(3))})
 	}
 }
