@@ -10,7 +10,16 @@ random rows (no model), with a short ``timeout_s``:
 * pull naming a peer the decode's route does not have: refused, the same at once;
 * pull, the prefill's sidecar died after the prefill finished: the pulls
   fail and the blocks come back as load errors within the deadline; the
-  prefill side (whose sidecar is gone) still frees its blocks at the lease.
+  prefill side (whose sidecar is gone) still frees its blocks at the lease;
+* push layer by layer (4 layers of 2 MiB), a sidecar SIGKILLed mid-request:
+  the prefill's forward calls ``save_kv_layer`` layer by layer as the
+  replay does; once layer 0 landed on the decode, the next layer is saved
+  and the prefill's sidecar (or the decode's) is killed at once, then the
+  remaining layers are saved. Either way the decode reports the request
+  finished receiving with exactly its blocks as load errors within the
+  deadline, and the prefill's forward, ``wait_for_save`` and
+  ``get_finished`` return, reporting the request sent (its blocks freed)
+  within the deadline; no call into the connector raises.
 """
 
 from __future__ import annotations
@@ -41,14 +50,18 @@ from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_
 
 LAYERS, HEADS, D, BLOCKS = 2, 2, 16, 64
 TIMEOUT = 2.0
+MARGIN = 1.5
+# push mid-request: 4 layers, 2048 tokens of 2 heads x 64 floats, K and V: 2 MiB a layer
+MID_LAYERS, MID_D, MID_TOKENS = 4, 64, 2048
 
 
-def caches(arena: HostArena, block: int, seed: int) -> Dict[str, Any]:
+def caches(arena: HostArena, block: int, seed: int, layers: int = LAYERS, d: int = D,
+           blocks: int = BLOCKS) -> Dict[str, Any]:
     """One rank's vLLM flash-layout cache of random rows, layer name -> tensor."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for i in range(LAYERS):
-        t = arena.empty((2, BLOCKS, block, HEADS, D), torch.float32)
+    for i in range(layers):
+        t = arena.empty((2, blocks, block, HEADS, d), torch.float32)
         t.copy_(torch.randn(t.shape, generator=g))
         out[layer_name(i)] = t
     return out
@@ -143,6 +156,84 @@ class TestVLLMFaults(unittest.TestCase):
         self.assertEqual(de.load_errors, set(table))
         # the prefill's blocks come back at the lease, though its sidecar is gone
         pe.until(lambda: "p0" in pe.sent, 4 * TIMEOUT)
+
+    def push_mid(self, victim: str) -> None:
+        """Push 4 layers layer by layer; kill ``victim``'s sidecar once layer 0 landed, while layer 1 goes."""
+        arena = HostArena(32 << 20, "faults-mid")
+        self.addCleanup(arena.close)
+        common = dict(mode="push", kv_heads=HEADS, timeout_s=TIMEOUT)
+        pc = caches(arena, 32, 4, MID_LAYERS, MID_D, MID_TOKENS // 32 + 8)
+        dc = caches(arena, 16, 5, MID_LAYERS, MID_D, MID_TOKENS // 16 + 8)
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
+                    HEADS, [pc], "mid-pre")
+        self.addCleanup(pe.shutdown)
+        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), HEADS, [dc], "mid-dec")
+        self.addCleanup(de.shutdown)
+        ptable = list(range(MID_TOKENS // 32 + 8))[::-1][:MID_TOKENS // 32]
+        dtable = [(7 * b) % (MID_TOKENS // 16 + 8) for b in range(MID_TOKENS // 16)]
+        prompt = list(range(MID_TOKENS))
+        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "m0",
+                                    "stage_rendezvous": pe.sched.scheduler.rendezvous.address})
+        self.assertEqual(de.admit(dr, lambda n: dtable), (MID_TOKENS, True))
+        t_dec = time.monotonic()
+        de.step()  # the decode's worker takes r0; its deadline runs from here
+        pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "m0"})
+        pe.admit(pr, lambda n: ptable)
+        node = self.pre if victim == "prefill" else self.dec
+        killed: List[float] = []
+
+        def forward(after_layer: Any) -> None:
+            after_layer(0)
+            deadline = time.monotonic() + 10
+            while not self.landed(de, "r0", 0):
+                self.assertLess(time.monotonic(), deadline, "layer 0 never landed on the decode")
+                time.sleep(0.005)
+            after_layer(1)  # queued on the mover; the sidecar dies under it
+            node.kill()
+            killed.append(time.monotonic())
+            for i in range(2, MID_LAYERS):
+                after_layer(i)
+
+        pe.step(SchedulerOutput([NewRequestData("p0", prompt, (ptable,), 0)], num_scheduled_tokens={"p0": MID_TOKENS}),
+                forward)
+        self.assertLess(time.monotonic() - killed[0], MARGIN, "the prefill's forward waited on the dead sidecar")
+        # the layer that landed before the kill is the prefill's, row for row
+        toks = torch.arange(MID_TOKENS)
+        src = pc[layer_name(0)][:, torch.tensor(ptable)[toks // 32], toks % 32]
+        dst = dc[layer_name(0)][:, torch.tensor(dtable)[toks // 16], toks % 16]
+        self.assertTrue(torch.equal(src, dst), "layer 0 on the decode differs from the prefill's")
+        self.assertEqual(pe.finish(pr, ptable), (True, None))  # max_tokens=1: the prefill request ends now
+        # both engines keep stepping, as both vLLMs would; when did each let go of the request?
+        done: Dict[str, float] = {}
+        while len(done) < 2 and time.monotonic() - killed[0] < 3 * TIMEOUT:
+            for name, e, got in (("decode", de, de.recvd), ("prefill", pe, pe.sent)):
+                if name not in done:
+                    e.step()
+                    if got:
+                        done[name] = time.monotonic()
+            time.sleep(0.01)
+        self.assertEqual(sorted(done), ["decode", "prefill"], "still waiting after %ss" % (3 * TIMEOUT))
+        self.assertEqual((de.recvd, de.load_errors), ({"r0"}, set(dtable)))
+        self.assertLess(done["decode"] - t_dec, TIMEOUT + MARGIN)
+        self.assertEqual((pe.sent, pe.load_errors), ({"p0"}, set()))
+        self.assertLess(done["prefill"] - killed[0], TIMEOUT + MARGIN)
+        self.assertFalse(pe.sched.has_pending_push_work())
+
+    @staticmethod
+    def landed(e: Engine, rid: str, layer: int) -> bool:
+        """Layer ``layer`` of every token of ``rid`` is in the decode's cache (its notification came)."""
+        w = e.workers[0].worker
+        with w.lock:
+            st = w._recv.get(rid)
+            cov = None if st is None else st.cov
+            return cov is not None and any(a <= cov.first and cov.first + cov.tokens <= b
+                                           for a, b in cov.got.get((0, layer), ()))
+
+    def test_push_prefill_sidecar_dies_mid_request(self) -> None:
+        self.push_mid("prefill")
+
+    def test_push_decode_sidecar_dies_mid_request(self) -> None:
+        self.push_mid("decode")
 
 
 if __name__ == "__main__":
