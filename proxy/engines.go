@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"time"
 
 	"github.com/stage-kv/stage/device"
@@ -20,8 +21,12 @@ func (h engineHost) Unregister(name string) error            { return h.s.region
 func (h engineHost) Cancel(id uint64) error                  { return h.s.cancelXfer(id) }
 func (h engineHost) Query(m *wire.Query) ([]byte, error)     { return h.s.query(m) }
 
-func (h engineHost) Submit(m *wire.Submit) (engine.Transfer, error) {
-	return engineXfer(h.s.submit(h.s.ctx, m))
+func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
+	lx, err := h.s.submit(h.s.ctx, m, wait)
+	if errors.Is(err, errNoSession) {
+		return nil, engine.ErrWouldWait
+	}
+	return engineXfer(lx, err)
 }
 
 // SubmitKV also counts the time to accept (the first KV transfer to a

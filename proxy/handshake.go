@@ -89,6 +89,10 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.conf().Name, raw.RemoteAddr().String()
 	ss.link = s.link(r.conf().Name)
 	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	// The route removed or the sidecar closing meanwhile ends the
+	// handshake at once, not at its deadline.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	randBytes(ss.nonceC[:])
 	hello := &wire.Hello{VersionMin: wire.VersionMin, VersionMax: wire.VersionMax, NodeName: s.cfg.Node.Name,
 		HostID: s.hostID, Nonce: ss.nonceC, SlotSize: uint32(s.cfg.Staging.SlotSize), Window: uint32(s.cfg.Staging.Window)}
@@ -125,6 +129,9 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	if int(wel.MaxStreams) < ss.stripes {
 		ss.stripes = int(wel.MaxStreams)
 		ss.streams = ss.streams[:ss.stripes]
+	}
+	if !stop() {
+		return fail(fmt.Errorf("handshake with %s: %w", addr, ctx.Err()))
 	}
 	_ = c.SetDeadline(time.Time{})
 	for i := 0; i < ss.stripes; i++ {

@@ -40,6 +40,9 @@ type peer struct {
 	lastErr  error
 	draining bool   // left the route: no new transfers; closes when idle
 	why      string // why it is draining
+	down     bool   // its last dial failed and no session came since (down.go)
+	fails    uint64 // dial attempts that failed, ever
+	kick     chan struct{}
 	ctx      context.Context
 	cancel   context.CancelFunc
 	lastUse  atomic.Int64 // unix nanos of the last submit that named it
@@ -52,10 +55,10 @@ func (p *peer) state() string {
 		return "draining"
 	case p.sess != nil:
 		return "up"
-	case p.lastErr != nil:
+	case p.down:
 		return "down"
 	}
-	return "connecting"
+	return "connecting" // first dial, or redialing after its session closed
 }
 
 // rank orders how a peer was found: a stronger way is kept.
@@ -82,7 +85,7 @@ func (r *route) addPeerLocked(addr, found string) *peer {
 		r.signalLocked()
 		return p
 	}
-	p := &peer{addr: addr, found: found}
+	p := &peer{addr: addr, found: found, kick: make(chan struct{}, 1)}
 	p.ctx, p.cancel = context.WithCancel(r.ctx)
 	p.lastUse.Store(time.Now().UnixNano())
 	r.peers[addr] = p

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -138,10 +139,11 @@ func restartKeys(old, cfg *config.Config) (restart []string) {
 	return restart
 }
 
-// set records a session of p coming (ss) or going (nil, with why).
+// set records a session of p coming (ss) or going (nil, with why). A
+// peer whose session just went is being redialed, not down.
 func (r *route) set(p *peer, ss *session, err error) {
 	r.mu.Lock()
-	p.sess, p.lastErr = ss, err
+	p.sess, p.lastErr, p.down = ss, err, false
 	if ss != nil {
 		p.node, p.remote = ss.peerName, ss.remote
 	}
@@ -165,15 +167,13 @@ func (s *Server) dialLoop(r *route, p *peer) {
 	for p.ctx.Err() == nil && !r.isDraining(p) {
 		ss, err := s.dialPeer(r, p)
 		if err != nil {
-			r.set(p, nil, err)
+			r.dialFailed(p, err)
 			if !logged || errCode(err) == wire.CodeAuthFailed {
 				s.log.Warn("cannot reach peer; retrying", zap.String("route", r.name), zap.String("addr", p.addr), zap.Error(err))
 				logged = true
 			}
-			select {
-			case <-p.ctx.Done():
+			if !p.sleep(backoff) {
 				return
-			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, 2*time.Second)
 			continue
@@ -206,10 +206,12 @@ func (s *Server) dialPeer(r *route, p *peer) (*session, error) {
 // node name or address; empty: the route's only peer, or any on a route
 // with pick: any), waiting up to the route's connect timeout for it. A
 // peer the route does not have is refused at once, before anything is
-// dialed or moved.
+// dialed or moved; so is a peer that is down, after one fresh dial
+// (down.go).
 func (r *route) pick(ctx context.Context, want string) (*session, error) {
 	deadline := time.NewTimer(r.conf().ConnectTimeout)
 	defer deadline.Stop()
+	var asked map[*peer]uint64 // peers down, asked to redial: their fails then
 	for {
 		ss, ch, err := r.choose(want)
 		if err != nil {
@@ -217,6 +219,9 @@ func (r *route) pick(ctx context.Context, want string) (*session, error) {
 		}
 		if ss != nil {
 			return ss, nil
+		}
+		if r.allDown(want, &asked) {
+			return nil, r.downErr(want)
 		}
 		select {
 		case <-ch:
@@ -226,6 +231,18 @@ func (r *route) pick(ctx context.Context, want string) (*session, error) {
 			return nil, r.unavailable(want)
 		}
 	}
+}
+
+// errNoSession is pickNow's answer when the peer has no session yet.
+var errNoSession = errors.New("no session to the peer yet")
+
+// pickNow is pick without waiting: errNoSession when pick would wait.
+func (r *route) pickNow(want string) (*session, error) {
+	ss, _, err := r.choose(want)
+	if err == nil && ss == nil {
+		return nil, errNoSession
+	}
+	return ss, err
 }
 
 // unavailable is the error of a submit that found no session in time.

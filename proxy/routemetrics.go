@@ -11,16 +11,17 @@ import (
 // refused), never by peer: a route with hundreds of dynamic or DNS peers
 // adds no series. Per-peer detail is in stagectl routes.
 
-// Why a submit was refused before anything was dialed or moved.
+// Why a submit was refused before anything was moved.
 const (
 	refuseNoPeer     = iota // names no peer on a route of several (or an ambiguous node name)
 	refuseUnknown           // names a peer the route does not have
 	refuseNotAllowed        // names an address outside the allow list
 	refuseLimit             // a new session would pass limits.max_sessions or max_streams
+	refuseDown              // the peer is down: its last dial failed, and so did the one the submit asked for
 	refuseReasons
 )
 
-var refuseLabels = [refuseReasons]string{"no_peer_named", "unknown_peer", "not_allowed", "limit"}
+var refuseLabels = [refuseReasons]string{"no_peer_named", "unknown_peer", "not_allowed", "limit", "peer_down"}
 
 // routeStats are a route's counters.
 type routeStats struct {
@@ -33,7 +34,7 @@ type routeStats struct {
 
 var (
 	descRoutePeers    = prometheus.NewDesc("stage_route_peers", "Peers of a route, by how they were found (static, dns, dynamic) and state (up, connecting, down, draining).", []string{"route", "found", "state"}, nil)
-	descRouteRefused  = prometheus.NewDesc("stage_route_refused_total", "Submits a route refused before dialing or moving anything, by reason: no_peer_named, unknown_peer, not_allowed, limit.", []string{"route", "reason"}, nil)
+	descRouteRefused  = prometheus.NewDesc("stage_route_refused_total", "Submits a route refused before moving anything, by reason: no_peer_named, unknown_peer, not_allowed, limit, peer_down.", []string{"route", "reason"}, nil)
 	descRouteChanges  = prometheus.NewDesc("stage_route_peer_changes_total", "Peers a route added and drained.", []string{"route", "change"}, nil)
 	descRouteDNS      = prometheus.NewDesc("stage_route_dns_lookups_total", "DNS lookups of a route's dns name, by result (ok, error).", []string{"route", "result"}, nil)
 	routeFoundLabels  = []string{foundStatic, foundDNS, foundDynamic}

@@ -113,8 +113,9 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 }
 
 // submit validates and starts an engine's transfer. Nothing moves and no
-// state changes unless every check passes.
-func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error) {
+// state changes unless every check passes. With wait false it does not
+// wait for a session to the peer: errNoSession says it would have.
+func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
 	r, err := s.openRoute(m.Route)
 	if err != nil {
 		return nil, err
@@ -141,7 +142,12 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit) (*localXfer, error)
 		return nil, err
 	}
 	total, ends := chk.Total, chk.Ends
-	ss, err := r.pick(ctx, m.Peer)
+	var ss *session
+	if wait {
+		ss, err = r.pick(ctx, m.Peer)
+	} else {
+		ss, err = r.pickNow(m.Peer)
+	}
 	if err != nil {
 		return nil, err
 	}

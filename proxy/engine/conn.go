@@ -43,6 +43,10 @@ type client struct {
 	pending int
 }
 
+// ErrWouldWait is what Backend.Submit returns, with wait false, for a
+// transfer that would block.
+var ErrWouldWait = errors.New("engine: the transfer would wait for its peer")
+
 // directMax is the largest answer written straight from the producer.
 const directMax = 64 << 10
 
@@ -213,21 +217,9 @@ func (c *client) handle(m wire.Msg, fd int) {
 			c.reply(&wire.OK{Req: m.Req})
 		}
 	case *wire.Submit:
-		x, err := b.Submit(m)
-		if err != nil {
-			c.fail(m.Req, err)
-			return
-		}
-		c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
+		c.submit(m, false)
 	case *wire.SubmitWait:
-		x, err := b.Submit(&m.Submit)
-		if err != nil {
-			c.fail(m.Req, err)
-			return
-		}
-		// Answered from whoever finishes the transfer; reply never blocks.
-		req := m.Req
-		x.WhenDone(func() { c.reply(x.Status(req)) })
+		c.submit(&m.Submit, true)
 	case *wire.Status:
 		x, err := b.Lookup(m.Transfer)
 		if err != nil {
@@ -295,6 +287,34 @@ func (c *client) handle(m wire.Msg, fd int) {
 		return
 	}
 	unixsock.CloseFD(fd)
+}
+
+// submit starts a transfer and answers Submitted, or with untilDone
+// (SubmitWait) its final status. A transfer that has to wait for a
+// session to its peer is started aside, so one submit to a peer that is
+// still connecting does not hold up the engine's requests to others.
+func (c *client) submit(m *wire.Submit, untilDone bool) {
+	answer := func(x Transfer, err error) {
+		switch {
+		case err != nil:
+			c.fail(m.Req, err)
+		case untilDone:
+			// Answered from whoever finishes the transfer; reply never blocks.
+			x.WhenDone(func() { c.reply(x.Status(m.Req)) })
+		default:
+			c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
+		}
+	}
+	x, err := c.l.b.Submit(m, false)
+	if !errors.Is(err, ErrWouldWait) {
+		answer(x, err)
+		return
+	}
+	c.waits.Add(1)
+	go func() {
+		defer c.waits.Done()
+		answer(c.l.b.Submit(m, true))
+	}()
 }
 
 // reqOf finds the request id of any local message (they all start with it).

@@ -24,7 +24,11 @@ type Backend interface {
 	Register(m *wire.Register, fd int) error // fd: the frame's SCM_RIGHTS fd, -1 when none; it stays the caller's
 	RegisterKV(m *wire.RegisterKV) error
 	Unregister(name string) error
-	Submit(m *wire.Submit) (Transfer, error)
+	// Submit starts a transfer. With wait false it must not block: when
+	// the transfer has to wait (for a session to its peer), it returns
+	// ErrWouldWait and the connection calls it again, with wait true,
+	// aside, so the engine's other requests are not held up.
+	Submit(m *wire.Submit, wait bool) (Transfer, error)
 	SubmitKV(m *wire.SubmitKV) (Transfer, error)
 	Lookup(id uint64) (Transfer, error)
 	Cancel(id uint64) error

@@ -46,7 +46,13 @@ func (b fakeBackend) Register(m *wire.Register, fd int) error {
 }
 func (b fakeBackend) RegisterKV(*wire.RegisterKV) error { return nil }
 func (b fakeBackend) Unregister(string) error           { return nil }
-func (b fakeBackend) Submit(*wire.Submit) (Transfer, error) {
+func (b fakeBackend) Submit(m *wire.Submit, wait bool) (Transfer, error) {
+	if m.Route == "slow" { // waits for its peer until done is closed
+		if !wait {
+			return nil, ErrWouldWait
+		}
+		<-b.done
+	}
 	return fakeXfer(b), nil
 }
 func (b fakeBackend) SubmitKV(*wire.SubmitKV) (Transfer, error) { return fakeXfer(b), nil }
@@ -145,6 +151,33 @@ func TestNotifyAndSubmitWait(t *testing.T) {
 	finish()
 	if m, ok := read().(*wire.XferStatus); !ok || m.Req != 2 || m.State != wire.StateDone {
 		t.Fatalf("SubmitWait answered %#v, want a done XferStatus", m)
+	}
+}
+
+// A submit that waits for its peer is answered aside: the client's next
+// request is answered first, and the submit once its wait ends.
+func TestWaitingSubmitAside(t *testing.T) {
+	_, path, finish := serve(t, 4)
+	c := dial(t, path)
+	for _, m := range []wire.Msg{&wire.Submit{Req: 1, Route: "slow", Dir: wire.Push}, &wire.Status{Req: 2, Transfer: 7}} {
+		if err := unixsock.WriteFrame(c, m, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() wire.Msg {
+		_, m, fd, _, err := unixsock.ReadFrame(c, nil)
+		unixsock.CloseFD(fd)
+		if err != nil {
+			t.Fatalf("%v: the request behind a waiting submit was not answered", err)
+		}
+		return m
+	}
+	if m, ok := read().(*wire.XferStatus); !ok || m.Req != 2 {
+		t.Fatalf("got %#v first, want the Status answered while the submit waits", m)
+	}
+	finish()
+	if m, ok := read().(*wire.Submitted); !ok || m.Req != 1 || m.Transfer != 7 {
+		t.Fatalf("the waiting submit was answered %#v, want Submitted", m)
 	}
 }
 
