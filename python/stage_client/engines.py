@@ -48,7 +48,7 @@ MAX_TP = 1024
 #: answer) holds one of them, not every request's transfers
 MOVER_THREADS = 4
 
-_TAIL = re.compile(r"([pd])([0-9]{1,4})/([0-9]{1,4})")
+_TAIL = re.compile(r"([pda])([0-9]{1,4})/([0-9]{1,4})")
 
 
 def head_slice(heads: int, tp: int, rank: int) -> Tuple[int, int]:
@@ -97,8 +97,8 @@ def plan(heads: int, src_tp: int, dst_tp: int) -> List[Tuple[int, int, int, int]
 
 
 def make_tag(key: str, side: str, rank: int, tp: int) -> str:
-    """``key|<side><rank>/<tp>``: side ``p`` (prefill started it) or ``d`` (decode did)."""
-    if side not in ("p", "d") or not 0 <= rank < tp <= MAX_TP:
+    """``key|<side><rank>/<tp>``: side ``p`` (prefill started it), ``d`` (decode did), or ``a`` (a prefill's aux bytes)."""
+    if side not in ("p", "d", "a") or not 0 <= rank < tp <= MAX_TP:
         raise ValueError("tag side %r, rank %d of %d (at most %d ranks)" % (side, rank, tp, MAX_TP))
     tag = "%s|%s%d/%d" % (key, side, rank, tp)
     if len(tag.encode()) > MAX_TAG:

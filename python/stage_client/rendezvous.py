@@ -51,17 +51,28 @@ MAX_BLOCKS = 1 << 20
 MAX_NAME = 256  # bytes of a peer or KV cache name
 PROTO = "stage1"
 _TICKET_KEYS = {"peer": str, "kv": str, "tp": int, "block_ids": list, "first": int, "tokens": int}
+#: optional, together: an SGLang decode's metadata slot and its buffers' bytes per slot
+_AUX_KEYS = {"aux_index": int, "aux_items": list}
+MAX_AUX = 64  # aux buffers per ticket
+MAX_AUX_ITEM = 1 << 26  # bytes of one aux buffer's slot
 
 
 def check_ticket(t: Any) -> Dict[str, Any]:
     """``t`` if it is a well-formed ticket; else ValueError saying what is wrong."""
     if not isinstance(t, dict):
         raise ValueError("a ticket is an object")
-    if set(t) != set(_TICKET_KEYS):
-        raise ValueError("ticket keys %s, want %s" % (sorted(map(str, t))[:8], sorted(_TICKET_KEYS)))
-    for k, typ in _TICKET_KEYS.items():
+    keys = dict(_TICKET_KEYS, **_AUX_KEYS) if "aux_index" in t or "aux_items" in t else _TICKET_KEYS
+    if set(t) != set(keys):
+        raise ValueError("ticket keys %s, want %s (aux_index and aux_items go together)" % (
+            sorted(map(str, t))[:10], sorted(keys)))
+    for k, typ in keys.items():
         if type(t[k]) is not typ:  # bool is an int to isinstance
             raise ValueError("ticket %s: %s, want %s" % (k, type(t[k]).__name__, typ.__name__))
+    if keys is not _TICKET_KEYS:
+        items = t["aux_items"]
+        if not 0 <= t["aux_index"] < 1 << 31 or not 0 < len(items) <= MAX_AUX or any(
+                type(n) is not int or not 0 < n <= MAX_AUX_ITEM for n in items):
+            raise ValueError("ticket aux: index 0..2^31-1 and 1..%d item sizes of 1..%d bytes" % (MAX_AUX, MAX_AUX_ITEM))
     if len(t["peer"].encode()) > MAX_NAME or not 0 < len(t["kv"].encode()) <= MAX_NAME:
         raise ValueError("ticket peer or kv name empty or over %d bytes" % MAX_NAME)
     if not 1 <= t["tp"] <= MAX_TP:

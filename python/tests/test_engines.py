@@ -75,7 +75,7 @@ class TestHeadPlan(unittest.TestCase):
 class TestTags(unittest.TestCase):
     def test_round_trip(self) -> None:
         for key in ["x", "req-1", "a|b|c", "ключ", "|", "p0/1", "k|d1/2"]:
-            for side, r, tp in [("p", 0, 1), ("d", 3, 4), ("p", MAX_TP - 1, MAX_TP)]:
+            for side, r, tp in [("p", 0, 1), ("d", 3, 4), ("a", 1, 2), ("p", MAX_TP - 1, MAX_TP)]:
                 self.assertEqual(parse_tag(make_tag(key, side, r, tp)), (key, side, r, tp), key)
 
     def test_make_refuses(self) -> None:

@@ -67,6 +67,9 @@ class TestRendezvous(unittest.TestCase):
         self.assertEqual(self.srv.get("req-1"), ticket())
         self.assertEqual(self.srv.take("req-1"), ticket())
         self.assertIsNone(self.srv.take("req-1"))
+        aux = ticket(aux_index=7, aux_items=[64, 32, 128])  # an SGLang decode's metadata slot
+        rdv.post(self.srv.address, "req-2", aux, secret=SECRET)
+        self.assertEqual(self.srv.take("req-2"), aux)
 
     def test_forged(self) -> None:
         body = fresh()
@@ -117,6 +120,13 @@ class TestRendezvous(unittest.TestCase):
             "negative block": ticket(block_ids=[1, -2]), "block too big": ticket(block_ids=[1 << 31]),
             "block a string": ticket(block_ids=["1"]), "kv empty": ticket(kv=""), "kv long": ticket(kv="k" * 300),
             "peer not a string": ticket(peer=None),
+            "aux index alone": ticket(aux_index=3), "aux items alone": ticket(aux_items=[64]),
+            "aux index negative": ticket(aux_index=-1, aux_items=[64]),
+            "aux items empty": ticket(aux_index=1, aux_items=[]),
+            "aux item zero": ticket(aux_index=1, aux_items=[64, 0]),
+            "aux item huge": ticket(aux_index=1, aux_items=[rdv.MAX_AUX_ITEM + 1]),
+            "aux items many": ticket(aux_index=1, aux_items=[8] * (rdv.MAX_AUX + 1)),
+            "aux item a bool": ticket(aux_index=1, aux_items=[True]),
         }
         for why, t in bad_tickets.items():
             cases["ticket: " + why] = signed(fresh(t=t))

@@ -9,7 +9,10 @@ the prefill's KVSender polls until WaitingForInput, ``init(num_pages)``,
 receiver polls until Success. Every row moved must equal the prefill's
 (compared in canonical order with the reference mapper), rows not moved
 must be untouched; a receiver whose prefill never sends is Failed at its
-deadline.
+deadline. With aux (metadata) buffers on both sides, as SGLang gives them:
+the prefill's slot lands in the decode's slot, byte for byte, before the
+receiver says Success, and no other slot changes; aux buffers that differ
+between the sides, or missing on the prefill, fail the room.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from stage_client.sglang import KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: E402
 
 LAYERS, HEADS, D, PAGE, PAGES = 3, 4, 32, 16, 40
+AUX_SLOTS = 24
 
 
 def poll_until(obj: Any, want: int, limit: float = 30.0) -> None:
@@ -67,7 +71,7 @@ class TestSGLangBackend(unittest.TestCase):
             cls.dec.stop()
             raise
         cls.pre.settle(1)
-        cls.arena = HostArena(16 << 20, "sglang")
+        cls.arena = HostArena(48 << 20, "sglang")
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -86,16 +90,17 @@ class TestSGLangBackend(unittest.TestCase):
                 out.append(t)
         return ks, vs
 
-    def managers(self, name: str, timeout: float = 30.0) -> tuple:
+    def managers(self, name: str, timeout: float = 30.0, pre_aux: Any = None, dec_aux: Any = None) -> tuple:
         boot = RendezvousServer("127.0.0.1", 0)
         pres = []
         for r in range(2):
             ks, vs = self.pool(2, 10 + r)
             pres.append(StageKVManager(self.pre.socket, name + "-p", ks, vs, PAGE, HEADS, "prefill", tp_rank=r,
-                                       tp_size=2, route="decode", bootstrap=boot, timeout=timeout))
+                                       tp_size=2, route="decode", bootstrap=boot, timeout=timeout,
+                                       aux_buffers=pre_aux))
         ks, vs = self.pool(4, 20)
         dec = StageKVManager(self.dec.socket, name + "-d", ks, vs, PAGE, HEADS, "decode", route="prefill",
-                             timeout=timeout)
+                             timeout=timeout, aux_buffers=dec_aux)
         for m in pres + [dec]:
             self.addCleanup(m.close)
         self.addCleanup(boot.close)
@@ -132,6 +137,60 @@ class TestSGLangBackend(unittest.TestCase):
         for t0, t1 in zip(before, [t for layer in dec.buffers for t in layer]):
             v0, v1 = t0.view(PAGES, -1), t1.view(PAGES, -1)
             self.assertTrue(torch.equal(v0[untouched], v1[untouched]))
+
+    @staticmethod
+    def aux_buffers(seed: int, hidden: int = 64, device: str = "cpu") -> list:
+        """SGLang-like metadata buffers: output ids, top logprobs, a hidden state per slot."""
+        g = torch.Generator().manual_seed(seed)
+        return [t.to(device) for t in (torch.randint(0, 1 << 30, (AUX_SLOTS, 16), generator=g, dtype=torch.int32),
+                                       torch.randn((AUX_SLOTS, 8), generator=g, dtype=torch.float32),
+                                       torch.randn((AUX_SLOTS, hidden), generator=g).to(torch.bfloat16))]
+
+    def test_aux(self) -> None:
+        """CPU aux buffers, and CUDA ones where torch has a GPU (the KV stays in host memory)."""
+        for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+            with self.subTest(device):
+                self.aux_case("sga-" + device, device)
+
+    def aux_case(self, name: str, device: str) -> None:
+        pre_aux, dec_aux = self.aux_buffers(1, device=device), self.aux_buffers(2, device=device)
+        boot, pres, dec = self.managers(name, pre_aux=pre_aux, dec_aux=dec_aux)
+        before = [b.clone() for b in dec_aux]
+        pslot, dslot, room = 5, 11, 99
+        pages = [3, 9]
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=room)
+        recv.init(0)
+        recv.send_metadata(pages, aux_index=dslot)
+        senders = [StageKVSender(m, boot.address, room, dest_tp_ranks=[0]) for m in pres]
+        for s in senders:
+            poll_until(s, KVPoll.WaitingForInput)
+            s.init(len(pages), aux_index=pslot)
+            s.send(pages[:1])
+        self.assertNotEqual(recv.poll(), KVPoll.Success, "Success before the last chunk and its aux were sent")
+        for s in senders:
+            s.send(pages[1:])
+            poll_until(s, KVPoll.Success)
+        poll_until(recv, KVPoll.Success)
+        for i, (p, d, b) in enumerate(zip(pre_aux, dec_aux, before)):
+            self.assertTrue(torch.equal(d[dslot].view(torch.uint8), p[pslot].view(torch.uint8)), "aux buffer %d" % i)
+            others = [j for j in range(AUX_SLOTS) if j != dslot]
+            self.assertTrue(torch.equal(d[others], b[others]), "aux buffer %d: another slot changed" % i)
+        recv.clear()
+
+    def test_aux_mismatch(self) -> None:
+        for name, pre_aux, why in [("sgm", self.aux_buffers(3, hidden=32), "aux buffers differ"),
+                                   ("sgn", None, "no aux_buffers")]:
+            with self.subTest(why):
+                boot, pres, dec = self.managers(name, pre_aux=pre_aux, dec_aux=self.aux_buffers(4))
+                recv = StageKVReceiver(dec, boot.address, bootstrap_room=1)
+                recv.send_metadata([0], aux_index=0)
+                s = StageKVSender(pres[0], boot.address, 1)
+                poll_until(s, KVPoll.WaitingForInput)
+                s.init(1, aux_index=0)
+                s.send([0])
+                poll_until(s, KVPoll.Failed, 5)
+                with self.assertRaisesRegex(RuntimeError, why):
+                    s.failure_exception()
 
     def test_receiver_fails_at_deadline(self) -> None:
         boot, pres, dec = self.managers("sgf", timeout=1.0)
