@@ -297,20 +297,22 @@ func (s *Server) acceptPeers() {
 	}
 }
 
-func (s *Server) serveConn(c net.Conn) error {
-	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+func (s *Server) serveConn(raw net.Conn) error {
+	_ = raw.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	// A shutdown must not wait for a peer that is slow to finish its
-	// handshake: expire the deadline at once.
+	// handshake: expire the deadline at once. The TCP connection's
+	// deadline also bounds a TLS connection over it; the watcher keeps
+	// its own variable, as c is replaced by the TLS one below.
 	hsDone := make(chan struct{})
 	defer close(hsDone)
 	go func() {
 		select {
 		case <-s.ctx.Done():
-			_ = c.SetDeadline(time.Now())
+			_ = raw.SetDeadline(time.Now())
 		case <-hsDone:
 		}
 	}()
-	c, err := s.acceptTLS(c)
+	c, err := s.acceptTLS(raw)
 	if err != nil {
 		return err
 	}
