@@ -10,6 +10,7 @@
 package proxy
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/stage-kv/stage/config"
@@ -111,11 +112,9 @@ func (r *route) candidatesLocked(want string) []*peer {
 // downErr is the error of a submit refused because its peer is down.
 func (r *route) downErr(want string) error {
 	r.stats.refusals[refuseDown].Add(1)
-	name := want
-	if name == "" {
-		name = "of the route"
-	} else {
-		name = "\"" + name + "\""
+	name := "of the route"
+	if want != "" {
+		name = strconv.Quote(want)
 	}
 	return codeErr(wire.CodePeerUnavailable, "route %q: peer %s is down (%s); refused at once, not after connect_timeout; is its staged running and reachable?", r.name, name, r.errSummary())
 }

@@ -36,21 +36,8 @@ import time
 import unittest
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-sys.path.insert(0, HERE)
-
-try:
-    import torch
-
-    import tinylm
-    WHY = ""
-    HAVE_CUDA = bool(torch.cuda.is_available())
-except ImportError:
-    torch = None
-    WHY = "torch is not installed"
-    HAVE_CUDA = False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchenv import CUDA_WHY, HAVE_CUDA, tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
 from test_tinylm import STEPS, prompts  # noqa: E402
@@ -227,7 +214,7 @@ class TestTinyLMSidecars(unittest.TestCase):
         self.assertTrue(torch.equal(dst.ranks[0].alloc, before), "a refused transfer wrote into the decode cache")
 
 
-@unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
+@unittest.skipUnless(HAVE_CUDA, CUDA_WHY)
 class TestTinyLMSidecarsCUDA(TestTinyLMSidecars):
     """The same on the GPU: torch CUDA tensors, cuda sidecars, bfloat16."""
 
@@ -248,7 +235,7 @@ class TestTinyLMSidecarsCUDA(TestTinyLMSidecars):
         torch.cuda.synchronize(cls.device)
 
 
-@unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
+@unittest.skipUnless(HAVE_CUDA, CUDA_WHY)
 @unittest.skipUnless(os.environ.get("STAGE_TEST_ACL_LIBRARY"), "STAGE_TEST_ACL_LIBRARY (fakeacl_cuda built as libascendcl.so) is not set")
 class TestTinyLMSidecarsAscend(TestTinyLMSidecarsCUDA):
     """The prefill's sidecar is an "Ascend" one: the acl backend over fakeacl_cuda (no NPU involved).

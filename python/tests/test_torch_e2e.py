@@ -23,19 +23,8 @@ import time
 import unittest
 from typing import List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-try:
-    import torch
-
-    HAVE_CUDA = bool(torch.cuda.is_available())
-    WHY = "CUDA is not available to torch"
-except ImportError:
-    torch = None
-    HAVE_CUDA = False
-    WHY = "torch is not installed"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchenv import CUDA_WHY as WHY, HAVE_CUDA, HERE, torch  # noqa: E402
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
 from stage_client import Access, Block, Client  # noqa: E402

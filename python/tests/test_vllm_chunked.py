@@ -31,31 +31,16 @@ import sys
 import unittest
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-sys.path.insert(0, HERE)
-
-try:
-    import torch
-
-    import tinylm
-    WHY = ""
-except ImportError:
-    torch = None
-    WHY = "torch is not installed"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchenv import tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from vllm_replay import (CachedRequestData, Engine, KVCacheBlocks, NewRequestData, Request,  # noqa: E402
-                         SchedulerOutput, layer_name)
+                         SchedulerOutput, kv_caches)
 
 LAYERS, D, CHUNK, BLOCKS = 3, 16, 32, 96
 
-
-def kv_caches(cache: "tinylm.Cache", rank: int) -> Dict[str, Any]:
-    rc = cache.ranks[rank]
-    return {layer_name(i): (tuple(ts) if len(ts) > 1 else ts[0]) for i, ts in enumerate(rc.tensors)}
 
 
 class Prefill:

@@ -33,37 +33,19 @@ import sys
 import unittest
 from typing import Any, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-sys.path.insert(0, HERE)
-
-try:
-    import torch
-
-    import tinylm
-    WHY = ""
-    HAVE_CUDA = bool(torch.cuda.is_available())
-except ImportError:
-    torch = None
-    WHY = "torch is not installed"
-    HAVE_CUDA = False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchenv import CUDA_WHY, HAVE_CUDA, tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
 from test_tinylm import STEPS, prompts  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from stage_client.vllm import HAVE_VLLM  # noqa: E402
-from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_name  # noqa: E402
+from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, kv_caches  # noqa: E402
 
 GPU = int(os.environ.get("STAGE_GPU", "0"))
 PREFILL = ("ascend", 128, 2)
 DECODE = ("vllm-hnd", 16, 1)
 
-
-def kv_caches(cache: "tinylm.Cache", rank: int) -> Dict[str, Any]:
-    """What vLLM hands register_kv_caches: layer name -> that layer's cache (a (K, V) pair for ascend)."""
-    rc = cache.ranks[rank]
-    return {layer_name(i): (tuple(ts) if len(ts) > 1 else ts[0]) for i, ts in enumerate(rc.tensors)}
 
 
 def started(e: Engine) -> int:
@@ -249,7 +231,7 @@ class TestVLLMConnector(unittest.TestCase):
             self.assertTrue(callable(getattr(sv.StageConnector, m, None)), m)
 
 
-@unittest.skipUnless(HAVE_CUDA, "CUDA is not available to torch" if torch is not None else WHY)
+@unittest.skipUnless(HAVE_CUDA, CUDA_WHY)
 class TestVLLMConnectorCUDA(TestVLLMConnector):
     """The same on the GPU: torch CUDA tensors, cuda sidecars, bfloat16; save_kv_layer records CUDA events."""
 

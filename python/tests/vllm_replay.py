@@ -102,6 +102,13 @@ def layer_name(i: int) -> str:
     return "model.layers.%d.self_attn.attn" % i
 
 
+def kv_caches(cache: Any, rank: int) -> Dict[str, Any]:
+    """What vLLM hands register_kv_caches: layer name -> that rank's layer cache (a (K, V) pair for ascend);
+    ``cache`` is an examples/tinylm.py Cache."""
+    rc = cache.ranks[rank]
+    return {layer_name(i): (tuple(ts) if len(ts) > 1 else ts[0]) for i, ts in enumerate(rc.tensors)}
+
+
 class Engine:
     """One vLLM instance: the scheduler's connector and one worker connector per TP rank."""
 
