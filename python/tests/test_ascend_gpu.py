@@ -34,7 +34,7 @@ from typing import Any, List, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchenv import CUDA_WHY as WHY, HAVE_CUDA, torch  # noqa: E402
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 
 if HAVE_CUDA:
     from fakeacl import LIBRARY, ACLArena, open_acl, sidecar_config  # noqa: E402
@@ -63,23 +63,20 @@ class TestAscendToCUDA(unittest.TestCase):
         cls.arenas: List[Any] = []
         cls.nodes: List[Staged] = []
         try:
-            cls.dec = Staged("decode", extra="device: {kind: cuda, ordinal: %d}\n" % GPU, slots=32)
-            cls.nodes.append(cls.dec)
-            cls.pre = Staged("ascend", route_to=cls.dec.peers, extra=sidecar_config(GPU),
-                             slots=32)
-            cls.nodes.append(cls.pre)
-            cls.pre.settle(1)
+            cls.pre, cls.dec = pair("device: {kind: cuda, ordinal: %d}\n" % GPU, sidecar_config(GPU), slots=32,
+                                    pre_name="ascend")
+            cls.nodes += [cls.dec, cls.pre]
         except BaseException:
             cls.tearDownClass()
             raise
 
     @classmethod
     def tearDownClass(cls) -> None:
-        rcs = {n.name: n.stop() for n in cls.nodes}
+        why = stop_all(cls.nodes)
         for a in cls.arenas:  # after the sidecars let go of the keys
             a.close()
-        if any(rc != 0 for rc in rcs.values()):
-            raise AssertionError("staged exit codes after SIGTERM: %s\n%s" % (rcs, "\n".join(n.tail() for n in cls.nodes)))
+        if why:
+            raise AssertionError(why)
 
     def npu(self, nbytes: int) -> Any:
         a = ACLArena(self.acl, nbytes, self.dev)

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import unittest
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -142,17 +142,37 @@ class Staged:
         self.logf.close()
 
 
-def pair() -> Tuple[Staged, Staged]:
-    """A receiver "decode" and a sender "prefill" with route "decode" to it."""
-    dec = Staged("decode")
+def pair(extra: str = "", pre_extra: Optional[str] = None, slots: int = 16, pulls: bool = False,
+         pre_name: str = "prefill") -> Tuple[Staged, Staged]:
+    """A receiver "decode" and a sender (``pre_name``) with route "decode" to it, its session up.
+
+    ``extra`` is config for both (``pre_extra``, when given, for the
+    sender's); with ``pulls`` the decode also gets route "prefill" to the
+    sender, for its pulls. A sidecar started before a failure is stopped.
+    """
+    dec = Staged("decode", slots=slots, extra=extra)
+    pre: Optional[Staged] = None
     try:
-        pre = Staged("prefill", route_to=dec.peers)
+        pre = Staged(pre_name, route_to=dec.peers, slots=slots, extra=extra if pre_extra is None else pre_extra)
+        pre.settle(1)
+        if pulls:
+            dec.add_route("prefill", pre.peers)
+        else:
+            dec.settle(1)
     except BaseException:
-        dec.stop()
+        for n in (pre, dec):
+            if n is not None:
+                n.stop()
         raise
-    pre.settle(1)
-    dec.settle(1)
     return pre, dec
+
+
+def stop_all(nodes: Sequence[Staged]) -> Optional[str]:
+    """SIGTERM every sidecar; None when all exited 0, else their exit codes and log tails."""
+    rcs = {n.name: n.stop() for n in nodes}
+    if all(rc == 0 for rc in rcs.values()):
+        return None
+    return "staged exit codes after SIGTERM: %s, want 0\n%s" % (rcs, "\n".join(n.tail() for n in nodes))
 
 
 class Mem:

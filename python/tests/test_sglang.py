@@ -36,7 +36,7 @@ except ImportError:
     torch = None
     WHY = "torch is not installed"
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, pair, stop_all  # noqa: E402
 from stage_client import HostArena, sides  # noqa: E402
 from stage_client.kvmap import gather_tensor  # noqa: E402
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
@@ -64,21 +64,15 @@ def poll_until(obj: Any, want: int, limit: float = 30.0) -> None:
 class TestSGLangBackend(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
-        cls.dec = Staged("decode")
-        try:
-            cls.pre = Staged("prefill", route_to=cls.dec.peers)
-        except BaseException:
-            cls.dec.stop()
-            raise
-        cls.pre.settle(1)
+        cls.pre, cls.dec = pair()
         cls.arena = HostArena(48 << 20, "sglang")
 
     @classmethod
     def tearDownClass(cls) -> None:
-        rcs = [cls.pre.stop(), cls.dec.stop()]
+        why = stop_all([cls.pre, cls.dec])
         cls.arena.close()
-        if any(rcs):
-            raise AssertionError("staged exit codes %s" % rcs)
+        if why:
+            raise AssertionError(why)
 
     def pool(self, held: int, seed: int) -> tuple:
         g = torch.Generator().manual_seed(seed)

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchenv import CUDA_WHY, HAVE_CUDA, tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 from test_tinylm import STEPS, prompts  # noqa: E402
 from stage_client import Code, Direction, HostArena, StageError, register_kv_cache  # noqa: E402
 
@@ -77,12 +77,8 @@ class TestTinyLMSidecars(unittest.TestCase):
 
     @classmethod
     def start(cls) -> None:
-        cls.dec = Staged("decode", extra=cls.sidecar)
-        cls.nodes.append(cls.dec)
-        cls.pre = Staged("prefill", route_to=cls.dec.peers, extra=cls.pre_sidecar or cls.sidecar)
-        cls.nodes.append(cls.pre)
-        cls.pre.settle(1)
-        cls.dec.add_route("prefill", cls.pre.peers)  # for the decode's pulls
+        cls.pre, cls.dec = pair(cls.sidecar, cls.pre_sidecar or cls.sidecar, pulls=True)
+        cls.nodes += [cls.dec, cls.pre]
         # The prefill: two ranks, each its own KV cache on the prefill's sidecar.
         cls.src = cls.cache(PREFILL, seed=2, alloc=cls.alloc(cls.pre))
         cls.logits = cls.model.prefill(cls.prompts, cls.src)
@@ -93,11 +89,11 @@ class TestTinyLMSidecars(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        rcs = {n.name: n.stop() for n in cls.nodes}
+        why = stop_all(cls.nodes)
         for a in cls.arenas:  # after the sidecars let go of them
             a.close()
-        if any(rc != 0 for rc in rcs.values()):
-            raise AssertionError("staged exit codes after SIGTERM: %s, want 0\n%s" % (rcs, "\n".join(n.tail() for n in cls.nodes)))
+        if why:
+            raise AssertionError(why)
 
     @classmethod
     def alloc(cls, node: Staged) -> Any:

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchenv import tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from vllm_replay import (CachedRequestData, Engine, KVCacheBlocks, NewRequestData, Request,  # noqa: E402
                          SchedulerOutput, kv_caches)
@@ -144,21 +144,17 @@ class TestChunked(unittest.TestCase):
         torch.set_num_threads(1)
         cls.nodes: List[Staged] = []
         try:
-            cls.dec = Staged("decode")
-            cls.nodes.append(cls.dec)
-            cls.pre = Staged("prefill", route_to=cls.dec.peers)
-            cls.nodes.append(cls.pre)
-            cls.pre.settle(1)
-            cls.dec.add_route("prefill", cls.pre.peers)
+            cls.pre, cls.dec = pair(pulls=True)
+            cls.nodes += [cls.dec, cls.pre]
         except BaseException:
             cls.tearDownClass()
             raise
 
     @classmethod
     def tearDownClass(cls) -> None:
-        rcs = {n.name: n.stop() for n in cls.nodes}
-        if any(rc != 0 for rc in rcs.values()):
-            raise AssertionError("staged exit codes after SIGTERM: %s" % rcs)
+        why = stop_all(cls.nodes)
+        if why:
+            raise AssertionError(why)
 
     def cache(self, heads: int, kind: Tuple[str, int, int], seed: int) -> "tinylm.Cache":
         preset, bs, ranks = kind

@@ -36,7 +36,7 @@ from typing import Any, Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchenv import CUDA_WHY, HAVE_CUDA, tinylm, torch, TORCH_WHY as WHY  # noqa: E402
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 from test_tinylm import STEPS, prompts  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from stage_client.vllm import HAVE_VLLM  # noqa: E402
@@ -77,24 +77,19 @@ class TestVLLMConnector(unittest.TestCase):
         cls.arenas: List[HostArena] = []
         cls.nodes: List[Staged] = []
         try:
-            cls.dec = Staged("decode", extra=cls.sidecar)
-            cls.nodes.append(cls.dec)
-            cls.pre = Staged("prefill", route_to=cls.dec.peers, extra=cls.sidecar)
-            cls.nodes.append(cls.pre)
-            cls.pre.settle(1)
-            cls.dec.add_route("prefill", cls.pre.peers)
+            cls.pre, cls.dec = pair(cls.sidecar, pulls=True)
+            cls.nodes += [cls.dec, cls.pre]
         except BaseException:
             cls.tearDownClass()
             raise
 
     @classmethod
     def tearDownClass(cls) -> None:
-        rcs = {n.name: n.stop() for n in cls.nodes}
+        why = stop_all(cls.nodes)
         for a in cls.arenas:
             a.close()
-        if any(rc != 0 for rc in rcs.values()):
-            raise AssertionError("staged exit codes after SIGTERM: %s\n%s"
-                                 % (rcs, "\n".join(n.tail() for n in cls.nodes)))
+        if why:
+            raise AssertionError(why)
 
     @classmethod
     def alloc(cls, node: Staged) -> Any:

@@ -43,7 +43,7 @@ except ImportError:
     torch = None
     WHY = "torch is not installed"
 
-from test_e2e import HAVE_STAGED, SKIP_WHY, Staged  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_name  # noqa: E402
@@ -71,13 +71,8 @@ def caches(arena: HostArena, block: int, seed: int, layers: int = LAYERS, d: int
 @unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
 class TestVLLMFaults(unittest.TestCase):
     def setUp(self) -> None:
-        self.nodes: List[Staged] = []
-        self.dec = Staged("decode")
-        self.nodes.append(self.dec)
-        self.pre = Staged("prefill", route_to=self.dec.peers)
-        self.nodes.append(self.pre)
-        self.pre.settle(1)
-        self.dec.add_route("prefill", self.pre.peers)
+        self.pre, self.dec = pair(pulls=True)
+        self.nodes: List[Staged] = [self.dec, self.pre]
         self.arena = HostArena(8 << 20, "faults")
         self.addCleanup(self.arena.close)
         self.addCleanup(self._stop)
