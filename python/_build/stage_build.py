@@ -147,12 +147,20 @@ def _write_wheel(wheel_directory: str, files: Dict[str, bytes]) -> str:
 
 def _package_files() -> Dict[str, bytes]:
     files: Dict[str, bytes] = {}
-    pkg = os.path.join(_ROOT, _PACKAGE)
-    for fn in sorted(os.listdir(pkg)):
-        if fn.endswith(".py") or fn == "py.typed":
-            with open(os.path.join(pkg, fn), "rb") as f:
-                files["%s/%s" % (_PACKAGE, fn)] = f.read()
+    for rel in _sources(_PACKAGE):
+        with open(os.path.join(_ROOT, rel), "rb") as f:
+            files[rel] = f.read()
     return files
+
+
+def _sources(top: str) -> List[str]:
+    """The .py files and py.typed under ``top`` (subpackages included), as paths relative to _ROOT."""
+    out = []
+    for d, subs, fns in os.walk(os.path.join(_ROOT, top)):
+        subs[:] = sorted(s for s in subs if s != "__pycache__")
+        rel = os.path.relpath(d, _ROOT)
+        out.extend("%s/%s" % (rel, fn) for fn in sorted(fns) if fn.endswith(".py") or fn == "py.typed")
+    return out
 
 
 def get_requires_for_build_wheel(config_settings: Optional[Dict[str, Any]] = None) -> List[str]:
@@ -217,9 +225,7 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
     fname = base + ".tar.gz"
     members: List[str] = ["pyproject.toml", "README.md"]
     for d in (_PACKAGE, "_build", "tests"):
-        for fn in sorted(os.listdir(os.path.join(_ROOT, d))):
-            if fn.endswith(".py") or fn == "py.typed":
-                members.append("%s/%s" % (d, fn))
+        members.extend(_sources(d))
     with tarfile.open(os.path.join(sdist_directory, fname), "w:gz", format=tarfile.PAX_FORMAT) as tar:
         def add(name: str, data: bytes) -> None:
             ti = tarfile.TarInfo("%s/%s" % (base, name))

@@ -190,6 +190,7 @@ class TestChunked(unittest.TestCase):
                           "stage_xfer": r.kv_transfer_params["stage_xfer"]})
             self.assertEqual(de.admit(dr, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
         de.step()
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))  # posted off the scheduler's step
 
     @staticmethod
     def _reserve(cache: "tinylm.Cache", s: int, n: int) -> List[int]:

@@ -166,6 +166,9 @@ class TestVLLMConnector(unittest.TestCase):
                 n, load_async = de.admit(r, lambda n, s=s: self._reserve(dst, s, n))
                 self.assertEqual((n, load_async), (len(r.prompt_token_ids), True))
             de.step()  # the decode's workers learn what they receive
+            # A router starts the prefill once the decode took the request; the ticket is posted off the
+            # scheduler's step, so let it land first, as it has by then in a real deployment.
+            self.assertTrue(de.sched.scheduler.tickets_posted(10))
 
         if decode_first:
             admit_decode()

@@ -172,6 +172,7 @@ class TestVLLMFaults(unittest.TestCase):
         self.assertEqual(de.admit(dr, lambda n: dtable), (MID_TOKENS, True))
         t_dec = time.monotonic()
         de.step()  # the decode's worker takes r0; its deadline runs from here
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))  # posted off the scheduler's step
         pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "m0"})
         pe.admit(pr, lambda n: ptable)
         node = self.pre if victim == "prefill" else self.dec

@@ -17,32 +17,36 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from .client import Client
-from .engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
-from .errors import SidecarConnectionError, StageError
-from .kvcache import register_kv_cache
-from .vllm import PushChunk, RecvReq, StageConfig, StageConnectorMetadata
-from .wire import Code
+from ..client import Client
+from ..engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from ..errors import SidecarConnectionError, StageError
+from ..kvcache import register_kv_cache
+from ..wire import Access, Code
+from . import kvlayout
+from .config import StageConfig
+from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
-__all__ = ["StageWorker", "detect_preset"]
+__all__ = ["StageWorker", "detect_preset", "access_for_role"]
 
 log = logging.getLogger("stage_client.vllm")
 
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 
 
-def detect_preset(t: Any) -> str:
-    """The stage_client preset of one layer's KV cache as vLLM or vllm-ascend hands it over."""
-    if isinstance(t, (list, tuple)):
-        return "ascend-mla" if len(t) == 2 and t[0].dim() == 3 else "ascend"
-    shape = tuple(t.shape)
-    if len(shape) == 3:
-        return "vllm-mla"
-    if len(shape) == 5 and shape[0] == 2:
-        return "vllm-flash"  # NHD, or HND seen through vLLM's permuted view: the strides tell
-    if len(shape) == 5 and shape[1] == 2:
-        return "vllm-flashinfer"
-    raise ValueError("stage connector: cannot tell the KV layout of a tensor of shape %s; set kv_layout" % (shape,))
+def detect_preset(t: Any, backend: Optional[str] = None) -> str:
+    """The stage_client preset of one layer's KV cache (see :func:`stage_client.vllm.kvlayout.detect`)."""
+    return kvlayout.detect(t, backend)
+
+
+def access_for_role(kv_role: str) -> Access:
+    """What peers and the engine may do with a rank's KV cache, by vLLM's ``kv_role``.
+
+    A producer (prefill) is read: the engine pushes from it, decodes pull
+    from it. A consumer (decode) is written: the engine pulls into it,
+    prefills push into it. ``kv_both`` is both."""
+    read = Access.LOCAL_READ | Access.REMOTE_READ
+    write = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+    return {"kv_producer": read, "kv_consumer": write}.get(kv_role, read | write)
 
 
 @dataclass
@@ -64,8 +68,10 @@ class _Hold:
 class StageWorker:
     """What one worker does for the connector; see the module doc."""
 
-    def __init__(self, cfg: StageConfig, client: Optional[Any] = None) -> None:
+    def __init__(self, cfg: StageConfig, client: Optional[Any] = None, vllm_config: Any = None) -> None:
         self.cfg = cfg
+        self.vllm_config = vllm_config
+        self._shared: List[Any] = []  # memfds mapped over a CPU engine's cache (hostmap)
         self.rank, self.tp = cfg.rank(), cfg.tp_size
         self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s)
         self.name = cfg.cache_name(self.rank)
@@ -93,16 +99,26 @@ class StageWorker:
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         names = sorted(kv_caches, key=lambda n: (layer_index(n, 0), n))
         self.layers = {n: i for i, n in enumerate(names)}
-        tensors = [kv_caches[n] for n in names]
-        preset = self.cfg.kv_layout or detect_preset(tensors[0])
+        preset, tensors, backend = kvlayout.layer_tensors(kv_caches, names, self.vllm_config, self.cfg.kv_layout)
+        flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
+        if flat and flat[0].device.type == "cpu":
+            from ..hostmap import share_in_place
+            self._shared = share_in_place(flat, self.name)  # a CPU engine: the hostmem sidecar maps its cache
         lo, hi = head_slice(self.cfg.kv_heads, self.tp, self.rank)
         if preset in ("vllm-mla", "ascend-mla", "sglang-mla"):
             lo, hi, heads = 0, 1, 1
         else:
             heads = self.cfg.kv_heads
-        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi)
-        log.info("stage: registered KV cache %s (%s, %d layers, block %d)", self.name, preset, len(names),
-                 self.kv.layout.block_size)
+        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
+                                    access=access_for_role(self.cfg.kv_role))
+        try:
+            kvlayout.check_block_size(self.kv.layout.block_size, kvlayout.scheduler_block_size(self.vllm_config))
+        except ValueError:
+            self.kv.close()
+            self.kv = None
+            raise
+        log.info("stage: registered KV cache %s (%s, attention backend %s, %d layers, block %d, %s)", self.name,
+                 preset, backend or "not asked", len(names), self.kv.layout.block_size, self.cfg.kv_role)
 
     # ------------------------------------------------------------------
     # each step
@@ -213,6 +229,9 @@ class StageWorker:
                 log.info("stage: unregistering %s: %s", self.name, e)
         self.client.close()
         self._notes.join(5)
+        for sp in self._shared:
+            sp.close()
+        self._shared = []
 
     # ------------------------------------------------------------------
     # internals
@@ -235,6 +254,12 @@ class StageWorker:
                     self._note_pull(h, n)
         for rr in meta.recv:
             self._start_recv(rr, now)
+        if meta.failed:
+            with self.lock:
+                for rid, why in meta.failed.items():
+                    st = self._recv.get(rid)
+                    if st is not None and not st.error:
+                        st.error = why
 
     def _start_recv(self, rr: RecvReq, now: float) -> None:
         st = _Recv(rr, now + self.cfg.timeout_s, error=rr.error)

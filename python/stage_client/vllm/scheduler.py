@@ -21,14 +21,16 @@ requests receive. kv_transfer_params keys (all but vLLM's own
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import rendezvous as rdv
-from .engines import plan
-from .vllm import PushChunk, RecvReq, StageConfig, StageConnectorMetadata
+from .. import rendezvous as rdv
+from ..engines import plan
+from .config import StageConfig
+from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
 __all__ = ["StageScheduler", "block_ids_of", "scheduled"]
 
@@ -69,6 +71,62 @@ def scheduled(so: Any) -> Iterator[Tuple[str, Optional[List[int]], int, bool]]:
         yield rid, (None if nb is None else block_ids_of(nb)), int(c.num_computed_tokens[i]), res
 
 
+class _Poster:
+    """Posts push tickets to prefills' rendezvous on a thread of its own.
+
+    A post is a TCP round trip (up to ``timeout``): never inside vLLM's
+    scheduler step. A post that fails is reported to the workers with the
+    next step's metadata (``failed``), which ends the request as a load
+    error at once instead of at ``timeout_s``."""
+
+    def __init__(self, timeout: float, secret: Optional[bytes]) -> None:
+        self.timeout, self.secret = timeout, secret
+        self._q: "queue.Queue[Optional[Tuple[str, str, str, Dict[str, Any]]]]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._failed: Dict[str, str] = {}
+        self._thread: Optional[threading.Thread] = None
+
+    def post(self, rid: str, addr: str, xfer: str, ticket: Dict[str, Any]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="stage-ticket-poster", daemon=True)
+            self._thread.start()
+        self._q.put((rid, addr, xfer, ticket))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every queued ticket was posted or failed (False at ``timeout``)."""
+        end = time.monotonic() + timeout
+        while self._q.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.002)
+        return not self._q.unfinished_tasks
+
+    def take_failed(self) -> Dict[str, str]:
+        with self._lock:
+            out, self._failed = self._failed, {}
+        return out
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                self._q.task_done()
+                return
+            rid, addr, xfer, ticket = job
+            try:
+                rdv.post(addr, xfer, ticket, timeout=self.timeout, secret=self.secret)
+            except (OSError, ValueError) as e:
+                log.warning("stage: posting the push ticket of %s to %s: %s", rid, addr, e)
+                with self._lock:
+                    self._failed[rid] = "posting the ticket to the prefill's rendezvous %s: %s" % (addr, e)
+            finally:
+                self._q.task_done()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(self.timeout + 1)
+            self._thread = None
+
+
 @dataclass
 class _Push:
     xfer: str
@@ -91,6 +149,7 @@ class StageScheduler:
         self._hold: Dict[str, Tuple[str, float]] = {}
         self._preempted: List[str] = []
         self.secret = cfg.secret()
+        self._poster = _Poster(min(5.0, cfg.timeout_s), self.secret)
         #: where decodes post tickets (push mode); tests and routers may post here directly
         self.rendezvous: Any = (rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s,
                                                      secret=self.secret)
@@ -140,18 +199,19 @@ class StageScheduler:
                     st.ticket = self._usable(rid, dict(p["stage_ticket"]))
 
     def _post_ticket(self, p: Dict[str, Any], rr: RecvReq) -> str:
-        """Tell the prefill where to push; the error as text ("" when posted)."""
+        """Tell the prefill where to push: in this process at once, else queued for the poster thread.
+        The error as text ("" when posted or queued)."""
         ticket = {"peer": self.cfg.peer_name, "kv": self.cfg.kv_name, "tp": self.cfg.tp_size,
                   "block_ids": rr.blocks, "first": rr.first, "tokens": rr.tokens}
         addr = str(p.get("stage_rendezvous") or self.cfg.rendezvous)
+        if addr:
+            self._poster.post(rr.req_id, addr, rr.xfer, ticket)
+            return ""
         try:
-            if addr:
-                rdv.post(addr, rr.xfer, ticket, timeout=min(5.0, self.cfg.timeout_s), secret=self.secret)
-            else:
-                self.rendezvous.post(rr.xfer, ticket)
+            self.rendezvous.post(rr.xfer, ticket)
         except (OSError, ValueError) as e:
-            log.warning("stage: posting the push ticket of %s to %s: %s", rr.req_id, addr or "this process", e)
-            return "posting the ticket to the prefill's rendezvous %s: %s" % (addr, e)
+            log.warning("stage: posting the push ticket of %s in this process: %s", rr.req_id, e)
+            return "posting the ticket to this process's rendezvous: %s" % e
         return ""
 
     def build_connector_meta(self, scheduler_output: Any) -> StageConnectorMetadata:
@@ -159,6 +219,7 @@ class StageScheduler:
         nsched = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
         with self._lock:
             meta.recv, self._recv = self._recv, []
+            meta.failed = self._poster.take_failed()
             meta.hold, self._hold = self._hold, {}
             for rid, blocks, computed, replaces in scheduled(scheduler_output):
                 st = self._push.get(rid)
@@ -251,11 +312,16 @@ class StageScheduler:
         with self._lock:
             self._preempted.extend(req_ids)
 
+    def tickets_posted(self, timeout: float) -> bool:
+        """Wait until the push tickets queued so far were posted or failed (False at ``timeout``)."""
+        return self._poster.drain(timeout)
+
     def has_pending_push_work(self) -> bool:
         with self._lock:
             return any(st.finished_at for st in self._push.values())
 
     def shutdown(self) -> None:
+        self._poster.close()
         close = getattr(self.rendezvous, "close", None)
         if close is not None:
             close()

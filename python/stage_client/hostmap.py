@@ -1,0 +1,112 @@
+"""Put an engine's CPU tensors, where they already are, into a memfd the hostmem sidecar can map.
+
+A CPU engine (vLLM's CPU build, SGLang on CPU) allocates its KV cache with
+plain ``torch.zeros``; the hostmem sidecar can only reach memory it can map,
+a memfd passed over the control socket. :func:`share_in_place` copies the
+pages under each tensor's storage into a new memfd and maps the memfd over
+those same addresses (``MAP_FIXED``), so every tensor and view the engine
+already holds, at any address inside, keeps working and now reads and
+writes the shared pages. Nothing in the engine changes: no tensor is
+replaced, no pointer moves.
+
+Call it before the engine writes the cache concurrently (vLLM calls
+``register_kv_caches`` before the first forward). The pages around the
+storage up to page boundaries move too; they belong to the same
+allocation (an mmap'd malloc chunk for anything this large).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Any, Iterable, List, Optional, Tuple
+
+from . import kvcache
+from .kvcache import HostArena
+
+__all__ = ["SharedPages", "share_in_place"]
+
+_PAGE = mmap.PAGESIZE
+_PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_FIXED = 0x10  # linux, every architecture
+_libc: Optional[Any] = None
+
+
+def _mmap_fn() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_long)
+    return _libc.mmap
+
+
+class SharedPages:
+    """A memfd mapped over ``size`` bytes at ``base`` of this process (as :class:`HostArena` for registration)."""
+
+    def __init__(self, base: int, size: int, name: str) -> None:
+        self.base, self.size, self.name = base, size, name
+        self.fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            src = (ctypes.c_char * size).from_address(base)
+            view = memoryview(src).cast("B")
+            done = 0
+            while done < size:  # pwrite may write less than asked
+                done += os.pwrite(self.fd, view[done:], done)
+            got = _mmap_fn()(base, size, _PROT_RW, mmap.MAP_SHARED | _MAP_FIXED, self.fd, 0)
+            if got != base:
+                e = ctypes.get_errno()
+                raise OSError(e, "mapping memfd %r over %d B at %#x: %s" % (name, size, base, os.strerror(e)))
+        except BaseException:
+            os.close(self.fd)
+            self.fd = -1
+            raise
+
+    #: the memfd offset of ``nbytes`` at address ``ptr``; None when they are not all inside it
+    offset_of = HostArena.offset_of
+
+    def close(self) -> None:
+        """Close the memfd; the mapping stays (the engine's tensors live on it until it frees them)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _ranges(tensors: Iterable[Any]) -> List[Tuple[int, int]]:
+    """The page-aligned address ranges of the tensors' storages, overlapping ones merged."""
+    spans = []
+    for t in tensors:
+        st = t.untyped_storage()
+        lo, n = st.data_ptr(), st.nbytes()
+        if n:
+            spans.append((lo - lo % _PAGE, -(-(lo + n) // _PAGE) * _PAGE))
+    spans.sort()
+    out: List[Tuple[int, int]] = []
+    for lo, hi in spans:
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def share_in_place(tensors: Iterable[Any], name: str = "stage-kv") -> List[SharedPages]:
+    """Move the pages under the CPU tensors' storages into memfds, in place; one :class:`SharedPages` per range.
+
+    Tensors already inside a live :class:`~stage_client.kvcache.HostArena`
+    (or pages shared before) are left alone. The results are also made
+    known to :func:`~stage_client.kvcache.register_kv_cache`, which then
+    finds the tensors inside them; keep them until the cache is unregistered.
+    """
+    ts = [t for t in tensors if t.device.type == "cpu"]
+    out: List[SharedPages] = []
+    for i, (lo, hi) in enumerate(_ranges(ts)):
+        if any(a.offset_of(lo, hi - lo) is not None for a in list(kvcache._ARENAS)):
+            continue
+        sp = SharedPages(lo, hi - lo, "%s-%d" % (name, i))
+        kvcache._ARENAS.add(sp)
+        out.append(sp)
+    return out

@@ -1,0 +1,76 @@
+"""The connector's settings: ``kv_connector_extra_config`` checked, with defaults from vLLM's config."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["StageConfig"]
+
+
+@dataclass
+class StageConfig:
+    """The connector's settings, from ``kv_connector_extra_config`` (keys as the field names)."""
+
+    socket: str = "/run/stage/staged.sock"
+    route: str = "stage"
+    peer_name: str = ""  # how the other side's sidecar names ours ("" : one-peer routes)
+    mode: str = "pull"
+    kv_name: str = "vllm"
+    kv_layout: str = ""  # a stage_client preset; "" : detected from the tensors
+    timeout_s: float = 30.0
+    lease_s: float = 120.0
+    layerwise: bool = True
+    rendezvous: str = ""  # push: the prefill's rendezvous host:port (a request's stage_rendezvous wins)
+    rendezvous_listen: str = ""  # push, prefill scheduler: where to listen ("" : in-process only)
+    rendezvous_secret: str = ""  # push: the secret both sides sign tickets with (else the file's, else the env's)
+    rendezvous_secret_file: str = ""  # push: a file whose first line is that secret (a k8s Secret mount)
+    kv_heads: int = 0  # total kv heads (0: from the model config)
+    tp_rank: int = -1  # -1: from vLLM's parallel state
+    tp_size: int = 0  # 0: from the parallel config
+    kv_role: str = "kv_both"
+
+    @classmethod
+    def from_vllm(cls, vllm_config: Any) -> "StageConfig":
+        ktc = vllm_config.kv_transfer_config
+        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+        known = set(cls.__dataclass_fields__)
+        bad = sorted(set(extra) - known)
+        if bad:
+            raise ValueError("stage connector: unknown kv_connector_extra_config keys %s (known: %s)"
+                             % (bad, ", ".join(sorted(known))))
+        cfg = cls(**extra)
+        cfg.socket = os.environ.get("STAGE_SOCKET", cfg.socket) if "socket" not in extra else cfg.socket
+        if "kv_name" not in extra and getattr(ktc, "engine_id", None):
+            cfg.kv_name = str(ktc.engine_id)
+        cfg.kv_role = str(getattr(ktc, "kv_role", cfg.kv_role) or cfg.kv_role)
+        if cfg.mode not in ("pull", "push"):
+            raise ValueError("stage connector: mode %r (pull or push)" % cfg.mode)
+        if not cfg.kv_heads:
+            mc = getattr(vllm_config, "model_config", None)
+            cfg.kv_heads = int(mc.get_total_num_kv_heads()) if mc is not None else 0
+        if not cfg.tp_size:
+            pc = getattr(vllm_config, "parallel_config", None)
+            cfg.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+        if cfg.kv_heads < 1:
+            raise ValueError("stage connector: the number of kv heads is unknown; set kv_heads")
+        return cfg
+
+    def secret(self) -> Optional[bytes]:
+        """The rendezvous secret (``$STAGE_RENDEZVOUS_SECRET`` when no key names one); None: unsigned."""
+        from ..rendezvous import load_secret
+        return load_secret(self.rendezvous_secret, self.rendezvous_secret_file)
+
+    def rank(self) -> int:
+        if self.tp_rank >= 0:
+            return self.tp_rank
+        try:  # pragma: no cover - vLLM only
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
+            return int(get_tensor_model_parallel_rank())
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def cache_name(self, rank: int, prefix: Optional[str] = None) -> str:
+        """The KV cache a rank registers: ``<kv_name>-tp<rank>``."""
+        return "%s-tp%d" % (self.kv_name if prefix is None else prefix, rank)
