@@ -2,6 +2,7 @@ package kvlayout
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 )
 
@@ -88,8 +89,16 @@ func FuzzValidate(f *testing.F) {
 		table := fuzzTable(&b, uint32(b.u8()%8)+1, l.Blocks)
 		tokens := uint64(len(table)) * uint64(l.BlockSize)
 		first := uint64(b.u16()) % tokens
+		written := b.u8()%2 == 0
 		s, err := NewSide(SideSpec{Layout: l, Regions: [][]int{regions}, Table: table, FirstToken: first, Tokens: tokens - first,
-			HeadLo: l.HeadLo, HeadHi: l.HeadHi, Cols: Columns(l, l)})
+			HeadLo: l.HeadLo, HeadHi: l.HeadHi, Cols: Columns(l, l), Written: written})
+		lo := first / uint64(l.BlockSize)
+		if written && slowRepeat(table[lo:]) >= 0 {
+			if !errors.Is(err, ErrRepeatedBlock) {
+				t.Fatalf("NewSide of a destination naming a block twice in %v from entry %d: %v; want ErrRepeatedBlock", table, lo, err)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("NewSide of a valid layout: %v", err)
 		}
@@ -164,4 +173,45 @@ func fuzzSide(t *testing.T, b *fuzzBytes, order Order) (*Side, []uint64) {
 		t.Fatalf("NewSide: %v", err)
 	}
 	return s, all
+}
+
+// slowRepeat is firstRepeat the obvious way: the smallest j such that
+// used[j] occurs in used[:j], or -1.
+func slowRepeat(used []uint32) int {
+	for j := range used {
+		for i := range j {
+			if used[i] == used[j] {
+				return j
+			}
+		}
+	}
+	return -1
+}
+
+// FuzzCheckDistinct: the bitmap and the sort find the repeat the
+// quadratic scan finds, for dense ids, sparse ids and any token range.
+func FuzzCheckDistinct(f *testing.F) {
+	f.Add([]byte{4, 0, 1, 2, 2})
+	f.Add([]byte{200, 3, 16, 9, 0, 9, 0, 1, 0})
+	f.Add([]byte{7, 30, 2, 0, 5, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b := fuzzBytes(data)
+		shift := b.u8() % 32 // 0: dense ids, bitmap; large: sparse, sorted
+		bs := uint32(b.u8()%8) + 1
+		table := make([]uint32, int(b.u8())+1)
+		for i := range table {
+			table[i] = uint32(b.u16()%64) << shift
+		}
+		room := uint64(len(table)) * uint64(bs)
+		first := uint64(b.u16()) % room
+		tokens := 1 + uint64(b.u16())%(room-first)
+		lo, hi := first/uint64(bs), (first+tokens-1)/uint64(bs)+1
+		if got, want := firstRepeat(table[lo:hi]), slowRepeat(table[lo:hi]); got != want {
+			t.Fatalf("firstRepeat(%v) = %d, want %d", table[lo:hi], got, want)
+		}
+		err := CheckDistinct(table, bs, first, tokens)
+		if (err != nil) != (slowRepeat(table[lo:hi]) >= 0) || err != nil && !errors.Is(err, ErrRepeatedBlock) {
+			t.Fatalf("CheckDistinct(%v, %d, %d, %d) = %v", table, bs, first, tokens, err)
+		}
+	})
 }

@@ -1,6 +1,10 @@
 package kvlayout
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
 
 // SideSpec is what one side of a KV transfer names about itself.
 type SideSpec struct {
@@ -26,6 +30,11 @@ type SideSpec struct {
 	Cols []Col
 	// Order is the canonical order both sides use (see Order).
 	Order Order
+	// Written marks the destination of the transfer: the blocks its
+	// tokens use must all differ, or two token ranges would land in one
+	// block (CheckDistinct). A source may name a block twice: reading it
+	// twice is harmless.
+	Written bool
 }
 
 // Order is the order of row pieces within a column of the canonical
@@ -98,8 +107,9 @@ type colMap struct {
 // layout's shape, the regions of every layer, the columns (they must tile
 // the row and each lie inside one part), the head range (inside the
 // side's slice), the tokens (FirstToken+Tokens within the table's
-// len(Table)*BlockSize tokens) and every block id (below Blocks). Its cost
-// is one pass over the table.
+// len(Table)*BlockSize tokens), every block id (below Blocks) and, when
+// Written, that the blocks the transfer's tokens use differ. Its cost is
+// one pass over the table, and one over the used blocks when Written.
 func NewSide(spec SideSpec) (*Side, error) {
 	l := &spec.Layout
 	if err := l.validateShape(); err != nil {
@@ -131,6 +141,11 @@ func NewSide(spec SideSpec) (*Side, error) {
 	if err := checkTable(spec.Table, l.Blocks); err != nil {
 		return nil, err
 	}
+	if spec.Written {
+		if err := CheckDistinct(spec.Table, l.BlockSize, spec.FirstToken, spec.Tokens); err != nil {
+			return nil, err
+		}
+	}
 	if spec.Order > BlockMajor {
 		return nil, invalid("order %d unknown", spec.Order)
 	}
@@ -153,16 +168,7 @@ func NewSide(spec SideSpec) (*Side, error) {
 // found without a branch per entry (65,536 ids in tens of microseconds);
 // the index is looked for only to name it in the error.
 func checkTable(table []uint32, blocks uint32) error {
-	var t0, t1, t2, t3 uint32 // four chains: the loop is bound by max's latency
-	i := 0
-	for ; i+4 <= len(table); i += 4 {
-		t0, t1, t2, t3 = max(t0, table[i]), max(t1, table[i+1]), max(t2, table[i+2]), max(t3, table[i+3])
-	}
-	for ; i < len(table); i++ {
-		t0 = max(t0, table[i])
-	}
-	top := max(t0, t1, t2, t3)
-	if len(table) == 0 || top < blocks {
+	if len(table) == 0 || tableMax(table) < blocks {
 		return nil
 	}
 	for i, b := range table {
@@ -171,6 +177,85 @@ func checkTable(table []uint32, blocks uint32) error {
 		}
 	}
 	return nil
+}
+
+// tableMax is the largest id of table (0 when empty).
+func tableMax(table []uint32) uint32 {
+	var t0, t1, t2, t3 uint32 // four chains: the loop is bound by max's latency
+	i := 0
+	for ; i+4 <= len(table); i += 4 {
+		t0, t1, t2, t3 = max(t0, table[i]), max(t1, table[i+1]), max(t2, table[i+2]), max(t3, table[i+3])
+	}
+	for ; i < len(table); i++ {
+		t0 = max(t0, table[i])
+	}
+	return max(t0, t1, t2, t3)
+}
+
+// CheckDistinct refuses a destination's block table that names one block
+// twice among the blocks the transfer's tokens [first, first+tokens) use
+// (blocks of blockSize tokens): two token ranges would land in that block
+// and the last one win. Entries outside those blocks are not looked at.
+// The error wraps ErrInvalid and ErrRepeatedBlock and names the id and the
+// table positions of its first two uses. Its cost is one pass over the
+// used entries and a bitmap of the largest id's bits (a sort of the
+// entries instead where the ids are far sparser than the table), so a
+// table of 65,536 ids takes tens of microseconds.
+func CheckDistinct(table []uint32, blockSize uint32, first, tokens uint64) error {
+	if tokens == 0 {
+		return nil
+	}
+	end, ok := add(first, tokens)
+	if blockSize == 0 || !ok || (end-1)/uint64(blockSize) >= uint64(len(table)) {
+		return invalid("tokens [%d, %d) outside a block table of %d blocks x %d tokens", first, first+tokens, len(table), blockSize)
+	}
+	lo, hi := first/uint64(blockSize), (end-1)/uint64(blockSize)+1
+	if j := firstRepeat(table[lo:hi]); j >= 0 {
+		id := table[lo+uint64(j)]
+		i := slices.Index(table[lo:], id)
+		return fmt.Errorf("kvlayout: %w: %w: block_table[%d] and block_table[%d] are both block %d; a destination's blocks must differ (tokens [%d, %d) use entries %d to %d)",
+			ErrInvalid, ErrRepeatedBlock, lo+uint64(i), lo+uint64(j), id, first, end, lo, hi-1)
+	}
+	return nil
+}
+
+// ErrRepeatedBlock is wrapped by CheckDistinct's refusal (and NewSide's of
+// a Written side): a destination's block table names one block twice.
+var ErrRepeatedBlock = errors.New("repeated destination block")
+
+// firstRepeat is the smallest j such that used[j] occurs in used[:j], or -1.
+func firstRepeat(used []uint32) int {
+	n := len(used)
+	if n < 2 {
+		return -1
+	}
+	if words := uint64(tableMax(used))/64 + 1; words <= 2*uint64(n)+1024 {
+		seen := make([]uint64, words)
+		for j, b := range used {
+			w, bit := b/64, uint64(1)<<(b%64)
+			if seen[w]&bit != 0 {
+				return j
+			}
+			seen[w] |= bit
+		}
+		return -1
+	}
+	// Sparse ids: sort (id, position) pairs. A pair whose id its
+	// predecessor has is a repeat; the earliest of them is the answer.
+	pairs := make([]uint64, n)
+	for j, b := range used {
+		pairs[j] = uint64(b)<<32 | uint64(j) // a table has fewer than 2^32 entries (the wire's counts are uint32)
+	}
+	slices.Sort(pairs)
+	first := -1
+	for k := 1; k < n; k++ {
+		if pairs[k]>>32 == pairs[k-1]>>32 {
+			if j := int(uint32(pairs[k])); first < 0 || j < first {
+				first = j
+			}
+		}
+	}
+	return first
 }
 
 func checkRegions(regions [][]int, tensors int) error {

@@ -2,6 +2,7 @@ package kvlayout
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -148,6 +149,8 @@ func TestNewSideRefusals(t *testing.T) {
 		{"columns short", func(s *SideSpec) { s.Cols = []Col{{0, 64}} }, "columns end at 64, the row is 128 wide"},
 		{"columns past the row", func(s *SideSpec) { s.Cols = []Col{{0, 64}, {64, 128}, {128, 130}} }, "cols[2] = [128, 130) crosses a part boundary of this side (or the row's end, 128)"},
 		{"layout", func(s *SideSpec) { s.Layout.BlockSize = 0 }, "block_size 0"},
+		{"repeated destination block", func(s *SideSpec) { s.Written, s.Table = true, []uint32{7, 0, 7} },
+			"block_table[0] and block_table[2] are both block 7; a destination's blocks must differ (tokens [4, 44) use entries 0 to 2)"},
 	}
 	for _, c := range cases {
 		spec := ok
@@ -155,6 +158,66 @@ func TestNewSideRefusals(t *testing.T) {
 		if _, err := NewSide(spec); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: NewSide = %v; want ErrInvalid naming %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestCheckDistinct: a destination's used blocks must differ; the
+// refusal names the id and its first two positions, whichever way the ids
+// are checked (bitmap, or sort for sparse ids); a source may repeat.
+func TestCheckDistinct(t *testing.T) {
+	big := make([]uint32, 65536)
+	for i := range big {
+		big[i] = uint32(len(big) - 1 - i)
+	}
+	bigRepeat := slices.Clone(big)
+	bigRepeat[65535] = bigRepeat[3]
+	sparse := func(ids ...uint32) []uint32 { // ids far apart: the sort path
+		for i := range ids {
+			ids[i] = ids[i]<<24 | 5
+		}
+		return ids
+	}
+	cases := []struct {
+		name          string
+		table         []uint32
+		bs            uint32
+		first, tokens uint64
+		want          string // "" accepted
+	}{
+		{"distinct", []uint32{3, 1, 2}, 16, 0, 48, ""},
+		{"two tokens, one block", []uint32{2, 2}, 16, 0, 32, "block_table[0] and block_table[1] are both block 2"},
+		{"repeat outside the tokens' blocks", []uint32{2, 4, 2, 9}, 16, 20, 20, ""},
+		{"repeat inside, the first block partly used", []uint32{5, 2, 4, 2}, 16, 30, 20, "block_table[1] and block_table[3] are both block 2"},
+		{"earliest repeat named", []uint32{1, 2, 3, 3, 2, 1}, 1, 0, 6, "block_table[2] and block_table[3] are both block 3"},
+		{"one token", []uint32{8, 8}, 16, 16, 1, ""},
+		{"sparse ids", sparse(9, 1, 2, 3, 4), 1, 0, 5, ""},
+		{"sparse ids, a repeat", sparse(9, 1, 2, 1, 2), 1, 0, 5, "block_table[1] and block_table[3] are both block 16777221"},
+		{"largest id", []uint32{^uint32(0), 0, ^uint32(0)}, 4, 0, 12, "block_table[0] and block_table[2] are both block 4294967295"},
+		{"65536 blocks", big, 16, 0, 65536 * 16, ""},
+		{"65536 blocks, the last repeats", bigRepeat, 16, 0, 65536 * 16, "block_table[3] and block_table[65535] are both block 65532"},
+		{"tokens past the table", []uint32{1, 2}, 16, 20, 20, "tokens [20, 40) outside a block table of 2 blocks x 16 tokens"},
+		{"block size 0", []uint32{1, 2}, 0, 0, 1, "outside a block table"},
+	}
+	for _, c := range cases {
+		err := CheckDistinct(c.table, c.bs, c.first, c.tokens)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v; want it accepted", c.name, err)
+		case c.want != "" && (err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v; want ErrInvalid naming %q", c.name, err, c.want)
+		case strings.Contains(c.want, "both block") && !errors.Is(err, ErrRepeatedBlock):
+			t.Errorf("%s: %v; want ErrRepeatedBlock", c.name, err)
+		}
+	}
+	// NewSide checks a Written side only.
+	l := mustPreset(t, "ascend", Params{DType: BF16, Blocks: 8, BlockSize: 16, Heads: 2, HeadSize: 8})
+	spec := SideSpec{Layout: l, Regions: [][]int{{0, 1}}, Table: []uint32{3, 3}, Tokens: 32, HeadLo: 0, HeadHi: 2, Cols: Columns(l, l)}
+	if _, err := NewSide(spec); err != nil {
+		t.Errorf("a source naming block 3 twice: %v; want it accepted", err)
+	}
+	spec.Written = true
+	if _, err := NewSide(spec); !errors.Is(err, ErrRepeatedBlock) {
+		t.Errorf("a destination naming block 3 twice: %v; want ErrRepeatedBlock", err)
 	}
 }
 

@@ -281,23 +281,21 @@ func routeName(ss *session) string {
 func (ss *session) checkStalled(now time.Time) {
 	ss.mu.Lock()
 	var stale []*inXfer
+	var errs []error
 	for _, x := range ss.in {
 		x.mu.Lock()
 		if x.timeout > 0 && now.Sub(x.progress) > x.timeout {
+			// Counted under x.mu: a data stream's first chunk sets
+			// x.count under it.
 			stale = append(stale, x)
+			errs = append(errs, codeErr(wire.CodeTimeout, "no chunk landed for %v (%d of %d chunks)", x.timeout, x.nLanded, x.count))
 		}
 		x.mu.Unlock()
 	}
 	ss.mu.Unlock()
-	for _, x := range stale {
-		x.fail(codeErr(wire.CodeTimeout, "no chunk landed for %v (%d of %d chunks)", x.timeout, x.nLandedNow(), x.count), true)
+	for i, x := range stale {
+		x.fail(errs[i], true)
 	}
-}
-
-func (x *inXfer) nLandedNow() uint32 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.nLanded
 }
 
 // damaged handles a chunk whose CRC32C did not match: nothing of it lands,

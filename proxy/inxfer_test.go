@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -164,5 +166,53 @@ func TestGoneBitsBounded(t *testing.T) {
 	}
 	if ss.bitWords != 0 {
 		t.Fatalf("%d words still counted with no bitmap kept", ss.bitWords)
+	}
+}
+
+// A transfer's first chunk sets its chunk count (check, on a data
+// stream's goroutine) while the sender loop's stall check reads it for
+// its message: both must hold the transfer's lock, or the race detector
+// (go test -race) fails this test. The stream lands first chunks over and
+// over while the loop times the transfer out over and over.
+func TestStallCheckRacesFirstChunk(t *testing.T) {
+	x, sent := recvXfer(0)
+	x.timeout = time.Nanosecond
+	first := &wire.Chunk{Transfer: 4, Index: 0, Count: 2}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the data stream
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			x.mu.Lock()
+			x.count = 0 // a first chunk again
+			x.mu.Unlock()
+			_, _ = x.check(first, nil)
+		}
+	}()
+	const rounds = 200
+	for range rounds { // the sender loop
+		x.mu.Lock()
+		x.finished = false
+		x.mu.Unlock()
+		x.ss.mu.Lock()
+		x.ss.in[x.wireID] = x
+		x.ss.mu.Unlock()
+		x.ss.checkStalled(time.Now())
+	}
+	close(stop)
+	wg.Wait()
+	if len(*sent) != rounds {
+		t.Fatalf("sent %d messages, want %d timeout Nacks", len(*sent), rounds)
+	}
+	for _, m := range *sent {
+		if n, ok := m.(*wire.Nack); !ok || n.Code != wire.CodeTimeout || !strings.HasPrefix(n.Message, "no chunk landed for 1ns (0 of ") {
+			t.Fatalf("sent %s; want a timeout Nack", msgs([]wire.Msg{m}))
+		}
 	}
 }

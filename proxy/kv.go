@@ -8,6 +8,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -202,8 +203,9 @@ func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access)
 }
 
 // kvSide acquires the regions of the listed layers of cache c (rights
-// want) and builds the side of a transfer over them. On success the
-// caller owns the regions' references.
+// want) and builds the side of a transfer over them; a side we write (a
+// pull's destination, a peer's push) must name each block once. On
+// success the caller owns the regions' references.
 func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []uint32, first, tokens, headLo, headHi uint32, cols []kvlayout.Col, order kvlayout.Order) (*kvlayout.Side, []*region.Region, error) {
 	if len(layers) == 0 {
 		return nil, nil, codeErr(wire.CodeBadRequest, "KV transfer names no layer")
@@ -227,10 +229,15 @@ func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []u
 		regions = append(regions, rs...)
 	}
 	side, err := kvlayout.NewSide(kvlayout.SideSpec{Layout: c.layout, Regions: idx, Table: table,
-		FirstToken: uint64(first), Tokens: uint64(tokens), HeadLo: headLo, HeadHi: headHi, Cols: cols, Order: order})
+		FirstToken: uint64(first), Tokens: uint64(tokens), HeadLo: headLo, HeadHi: headHi, Cols: cols, Order: order,
+		Written: want&(wire.AccessLocalWrite|wire.AccessRemoteWrite) != 0})
 	if err != nil {
 		region.ReleaseAll(regions)
-		return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q: %w", c.name, err)
+		code := wire.CodeOutOfRange
+		if errors.Is(err, kvlayout.ErrRepeatedBlock) {
+			code = wire.CodeBadRequest
+		}
+		return nil, nil, codeErr(code, "KV cache %q: %w", c.name, err)
 	}
 	return side, regions, nil
 }
@@ -286,10 +293,11 @@ func checkKV(here, peer *kvlayout.Layout, headLo, headHi uint32) (uint32, uint32
 	return headLo, headHi, kvlayout.Columns(*here, *peer), nil
 }
 
-// checkPeerTable checks the peer's block table against its shape before
-// anything is sent: the peer checks it again, but an engine's mistake is
-// clearer refused here, naming the request.
-func checkPeerTable(p *wire.KVShape, table []uint32, first, tokens uint32) error {
+// checkPeerTable checks the peer's block table against its shape, and,
+// when the peer is the destination (written), that it names each block
+// the tokens use once, before anything is sent: the peer checks it again,
+// but an engine's mistake is clearer refused here, naming the request.
+func checkPeerTable(p *wire.KVShape, table []uint32, first, tokens uint32, written bool) error {
 	if p.BlockSize == 0 || uint64(first)+uint64(tokens) > uint64(len(table))*uint64(p.BlockSize) {
 		return codeErr(wire.CodeOutOfRange, "the peer's block table holds %d blocks of %d tokens; the transfer needs tokens [%d, %d)",
 			len(table), p.BlockSize, first, uint64(first)+uint64(tokens))
@@ -297,6 +305,11 @@ func checkPeerTable(p *wire.KVShape, table []uint32, first, tokens uint32) error
 	for i, b := range table {
 		if b >= p.Blocks {
 			return codeErr(wire.CodeOutOfRange, "the peer's block table entry %d is block %d; its cache has %d blocks", i, b, p.Blocks)
+		}
+	}
+	if written {
+		if err := kvlayout.CheckDistinct(table, p.BlockSize, uint64(first), uint64(tokens)); err != nil {
+			return codeErr(wire.CodeBadRequest, "the peer's block table: %w", err)
 		}
 	}
 	return nil

@@ -52,7 +52,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPeerTable(&peer, m.RemoteBlocks, m.RemoteFirst, m.Tokens); err != nil {
+	if err := checkPeerTable(&peer, m.RemoteBlocks, m.RemoteFirst, m.Tokens, m.Dir == wire.Push); err != nil {
 		return nil, err
 	}
 	want := wire.AccessLocalRead

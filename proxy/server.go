@@ -70,6 +70,12 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// Sessions closed on goroutines of their own (closeLater): Close
+	// waits for them after gnet's loops stopped, the last that start one.
+	closersMu   sync.Mutex
+	closers     sync.WaitGroup
+	closersDone bool // Close waited: no more start
+
 	// sender loop
 	mbox      *mailbox
 	core      *staging.Sender
@@ -260,10 +266,36 @@ func (s *Server) Close() error {
 	if s.gcli != nil {
 		_ = s.gcli.Stop()
 	}
+	s.waitClosers()
 	s.failAllLocal(codeErr(wire.CodeShutdown, "sidecar shutting down"))
 	s.regions.CloseAll()
 	_ = os.Remove(s.SocketPath())
 	return s.closeResources()
+}
+
+// closeLater closes ss on a goroutine of its own, for callers that must
+// not wait for it (gnet's event loop, a control connection's writer) or
+// may hold locks close takes. Close waits for these goroutines; once it
+// has, none starts: Close closed every session before.
+func (s *Server) closeLater(ss *session, err error) {
+	s.closersMu.Lock()
+	defer s.closersMu.Unlock()
+	if s.closersDone {
+		return
+	}
+	s.closers.Add(1)
+	go func() {
+		defer s.closers.Done()
+		ss.close(err)
+	}()
+}
+
+// waitClosers waits for closeLater's goroutines and lets no more start.
+func (s *Server) waitClosers() {
+	s.closersMu.Lock()
+	s.closersDone = true
+	s.closersMu.Unlock()
+	s.closers.Wait()
 }
 
 func (s *Server) closeResources() error {

@@ -61,7 +61,7 @@ func (tc *tlsControl) write(frame []byte) {
 	if len(tc.buf)+len(frame) > maxCtlBacklog {
 		tc.over = true
 		tc.mu.Unlock()
-		go tc.ss.close(fmt.Errorf("peer reads none of its control frames (%d B waiting)", maxCtlBacklog))
+		tc.ss.s.closeLater(tc.ss, fmt.Errorf("peer reads none of its control frames (%d B waiting)", maxCtlBacklog))
 		return
 	}
 	tc.buf = append(tc.buf, frame...)
@@ -109,7 +109,7 @@ func (tc *tlsControl) writeLoop() {
 		}
 		tc.mu.Unlock()
 		if err != nil {
-			go tc.ss.close(fmt.Errorf("write control frames: %w", err))
+			tc.ss.s.closeLater(tc.ss, fmt.Errorf("write control frames: %w", err))
 			return
 		}
 	}
