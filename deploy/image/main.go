@@ -37,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -198,6 +199,16 @@ func build(o options) (v1.Hash, error) {
 		"org.opencontainers.image.ref.name": tag.TagStr(),
 	})); err != nil {
 		return none, fmt.Errorf("writing the image to the OCI layout %s: %w", tmpDir, err)
+	}
+	// Blobs are written through temporary files (0600): make them as
+	// readable as the rest, so another user can push what root built.
+	if err := filepath.WalkDir(tmpDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		return os.Chmod(p, 0o644)
+	}); err != nil {
+		return none, fmt.Errorf("making the OCI layout %s readable: %w", tmpDir, err)
 	}
 	if err := tarball.WriteToFile(archive+".tmp", tag, img); err != nil {
 		return none, fmt.Errorf("writing the docker archive %s: %w", archive+".tmp", err)

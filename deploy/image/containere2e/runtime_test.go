@@ -72,6 +72,9 @@ func containerInit(encoded string) {
 	runtime.LockOSThread() // setns changes this thread, which then executes the process
 	var s spec
 	err := json.Unmarshal([]byte(encoded), &s)
+	if err == nil && len(s.Args) == 0 {
+		err = errors.New("no command: the image config has no entrypoint or cmd, and none was given")
+	}
 	if err == nil {
 		err = s.enter()
 	}
