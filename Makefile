@@ -74,20 +74,28 @@ gpu-build:
 clean:
 	rm -rf $(BIN) .dev
 
-# --- Container image and deployment (deploy/, Dockerfile, scripts/image.sh).
+# --- Container image and deployment (deploy/, deploy/image, scripts/image.sh).
+# No container engine is needed for either.
 .PHONY: image image-test deploy-check
 
-STAGE_IMAGE ?= stage:dev
+STAGE_IMAGE     ?= stage:dev
+STAGE_IMAGE_OUT ?= $(CURDIR)/$(BIN)/image
 
-# The sidecar image from binaries built here (makes debian:bookworm-slim
-# with debootstrap when the Docker engine has none and no registry answers).
+# The sidecar image from binaries built here, written as an OCI layout
+# (STAGE_IMAGE_OUT/oci) and a docker archive (STAGE_IMAGE_OUT/docker-archive.tar)
+# by deploy/image (go-containerregistry) on a Debian base made with
+# debootstrap (needs root the first time; cached). deploy/README.md says how
+# to push or load it.
 image: build
-	STAGE_IMAGE=$(STAGE_IMAGE) GO=$(GO) scripts/image.sh
+	STAGE_IMAGE=$(STAGE_IMAGE) STAGE_IMAGE_OUT=$(STAGE_IMAGE_OUT) GO=$(GO) scripts/image.sh
 
-# A prefill pod and a decode pod as containers (sidecar + engine sharing a
-# socket volume, sidecars on a shared network) push a KV cache and verify it.
+# A prefill pod and a decode pod run from the image's unpacked layers (each
+# container chrooted, as the image's user, in namespaces of its own; each pod
+# its own network namespace, the two joined by a veth pair) push a KV cache
+# and verify it. Needs root and iproute2.
 image-test: image
-	STAGE_IMAGE_TEST=1 STAGE_IMAGE=$(STAGE_IMAGE) $(GO) test -count=1 -timeout 10m -v ./deploy/containere2e/
+	cd deploy/image && $(GO) vet ./... && STAGE_IMAGE_TEST=1 STAGE_IMAGE=$(STAGE_IMAGE) STAGE_IMAGE_OUT=$(STAGE_IMAGE_OUT) \
+	  $(GO) test -count=1 -timeout 10m -v ./containere2e/
 
 # Strict decoding and invariants of the Kubernetes manifests (deploy/k8s;
 # its own Go module, so k8s.io stays out of this one). Runs
