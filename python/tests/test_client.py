@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import os
@@ -191,6 +192,34 @@ class TestClient(Base):
                     self.assertEqual(err is None, answers[t][0] == State.DONE)
                 for t, _ in want:
                     self.assertIn("transfer %d:" % t, str(e))
+
+    def test_submit_kv_refuses_repeated_destination_blocks(self) -> None:
+        c = self.start(lambda s, h, m, fd: [wire.encode_frame(wire.Submitted(req=m.req, transfer=9))])
+        push, pull = Direction.PUSH, Direction.PULL
+        for name, direction, local, remote, refused in [
+            ("push, remote table repeats", push, [0, 1], [2, 2], "remote (destination) block table names block 2 "
+                                                                  "twice, at positions 0 and 1"),
+            ("push, remote array repeats later", push, [0, 1, 4], array.array("I", [5, 6, 5]),
+             "names block 5 twice, at positions 0 and 2"),
+            ("pull, local table repeats", pull, (3, 7, 7), [1, 2, 3], "local (destination) block table names block 7 "
+                                                                     "twice, at positions 1 and 2"),
+            ("pull, local generator repeats", pull, (b for b in [4, 4]), [1, 2], "names block 4 twice"),
+            ("push, source repeats", push, [1, 1], [2, 3], ""),
+            ("pull, source repeats", pull, [2, 3], [1, 1], ""),
+            ("push, distinct", push, range(3), [5, 6, 7], ""),
+        ]:
+            with self.subTest(name):
+                sent = len(self.fake.got)
+                args = ("decode", "here", "there", [0], local, remote, 20)
+                if not refused:
+                    self.assertEqual(c.submit_kv(*args, direction=direction), 9)
+                    continue
+                with self.assertRaises(ValueError) as cm:
+                    c.submit_kv(*args, direction=direction)
+                self.assertIn(refused, str(cm.exception))
+                self.assertEqual(len(self.fake.got), sent, "nothing was sent")
+        with self.assertRaises(ValueError):  # the KVCache helpers submit through it
+            c.submit_kv("decode", "here", "there", [0], [0, 1], [8, 8], 20)
 
     def test_wait_async(self) -> None:
         c = self.start(lambda s, h, m, fd: [status(m.req, m.transfer, State.DONE, total=1, done=1)])
