@@ -24,7 +24,9 @@ CUDA tensors registered by IPC handle (bfloat16). Run only the CUDA one::
 
     cd python && STAGED=$PWD/../bin/staged python3 -m unittest -v tests.test_tinylm_e2e.TestTinyLMSidecarsCUDA
 
-(STAGE_GPU picks the GPU, default 0; both sidecars and the test use it.)
+(STAGE_GPU picks the GPU, default 0: the test uses it and writes it into both
+sidecars' configs; test_e2e.sidecar_env keeps it out of their environment,
+where staged would warn about a STAGE_* variable that sets no key.)
 """
 
 from __future__ import annotations
