@@ -100,7 +100,8 @@ class StageWorker:
             lo, hi, heads = 0, 1, 1
         else:
             heads = self.cfg.kv_heads
-        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi)
+        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
+                                    access=self.cfg.kv_role)
         log.info("stage: registered KV cache %s (%s, %d layers, block %d)", self.name, preset, len(names),
                  self.kv.layout.block_size)
 

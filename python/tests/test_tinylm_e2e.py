@@ -86,7 +86,7 @@ class TestTinyLMSidecars(unittest.TestCase):
         cls.logits = cls.model.prefill(cls.prompts, cls.src)
         cls.sync()
         cls.src_kv = [register_kv_cache(cls.pre.client, "pre-r%d" % r, rc.tensors, PREFILL[0], heads=cls.cfg.kv_heads,
-                                        head_lo=rc.head_lo, head_hi=rc.head_hi, acl=cls.acl)
+                                        head_lo=rc.head_lo, head_hi=rc.head_hi, acl=cls.acl, access="prefill")
                       for r, rc in enumerate(cls.src.ranks)]
 
     @classmethod
@@ -118,7 +118,8 @@ class TestTinyLMSidecars(unittest.TestCase):
         """A fresh decode cache registered with the decode's sidecar, blocks reserved for every prompt."""
         dst = self.cache(DECODE, seed, self.alloc(self.dec))
         self.sync()
-        kv = register_kv_cache(self.dec.client, name, dst.ranks[0].tensors, DECODE[0], heads=self.cfg.kv_heads)
+        kv = register_kv_cache(self.dec.client, name, dst.ranks[0].tensors, DECODE[0], heads=self.cfg.kv_heads,
+                               access="decode")
         self.addCleanup(kv.close)
         for s, n in enumerate(self.src.lens):
             dst.reserve(s, n)
