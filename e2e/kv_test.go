@@ -26,6 +26,12 @@ func kvCache(t *testing.T, n *node, name, preset string, p kvlayout.Params, laye
 // register caches of one name).
 func kvCacheNamed(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
 	t.Helper()
+	return kvCacheAccess(t, n, name, preset, p, layers, seed, wire.AccessAll)
+}
+
+// kvCacheAccess is kvCacheNamed with the regions' access rights.
+func kvCacheAccess(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64, access wire.Access) *kvsim.KV {
+	t.Helper()
 	k, err := kvsim.NewKV(name, preset, p, layers)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +45,7 @@ func kvCacheNamed(t *testing.T, n *node, name, preset string, p kvlayout.Params,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Register(context.Background(), n.cl, wire.AccessAll); err != nil {
+	if err := k.Register(context.Background(), n.cl, access); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -286,6 +292,67 @@ func TestKVRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameBytes(t, "decode cache after refused transfers", after, before)
+}
+
+// TestKVRegionAccessRaw: the regions of a KV cache refuse the byte-range
+// transfers their access does not grant, as any region does. A hostile
+// peer pushes raw bytes into a prefill's cache (remote read only) and
+// pulls a decode's (remote write only): both refused, the caches
+// untouched; the same ops in the granted direction go through. Over TCP
+// and between sidecars on one node.
+func TestKVRegionAccessRaw(t *testing.T) {
+	local := wire.AccessLocalRead | wire.AccessLocalWrite
+	for _, tt := range []struct {
+		name string
+		opts func(t *testing.T) nodeOpts
+	}{
+		{"tcp", func(*testing.T) nodeOpts { return nodeOpts{} }},
+		{"same node", func(t *testing.T) nodeOpts { return nodeOpts{nodeDir: oneNode(t)} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pre, dec := pair(t, tt.opts(t))
+			p := kvlayout.Params{DType: kvlayout.F16, Blocks: 8, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+			own := kvCache(t, pre, "own", "vllm-flash", p, 1, 5)
+			prefill := kvCacheAccess(t, dec, "victim-prefill", "vllm-flash", p, 1, 6, local|wire.AccessRemoteRead)
+			decode := kvCacheAccess(t, dec, "victim-decode", "vllm-flash", p, 1, 7, local|wire.AccessRemoteWrite)
+			m := kvsim.KVMove{Layers: []int{0}, SrcTable: []uint32{0, 1}, DstTable: []uint32{2, 3}, Tokens: 32}
+			for _, op := range []struct {
+				what   string
+				dir    wire.Direction
+				victim *kvsim.KV
+				want   wire.Code
+			}{
+				{"push into the prefill's cache", wire.Push, prefill, wire.CodeAccessDenied},
+				{"pull from the decode's cache", wire.Pull, decode, wire.CodeAccessDenied},
+				{"pull from the prefill's cache", wire.Pull, prefill, wire.CodeOK},
+				{"push into the decode's cache", wire.Push, decode, wire.CodeOK},
+			} {
+				before, err := op.victim.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr, ok := own.ByteOps(op.victim, &m)
+				if !ok {
+					t.Fatalf("%s: no byte ops for the move", op.what)
+				}
+				tr.Route, tr.Dir, tr.Tag = "decode", op.dir, "raw"
+				got := wire.CodeOK
+				if _, err = pre.cl.Do(context.Background(), tr); err != nil {
+					got = client.CodeOf(err)
+				}
+				if got != op.want {
+					t.Fatalf("raw %s: got %v (code %v), want code %v", op.what, err, got, op.want)
+				}
+				if op.want != wire.CodeOK {
+					after, err := op.victim.Snapshot()
+					if err != nil {
+						t.Fatal(err)
+					}
+					sameBytes(t, op.what+" (refused)", after, before)
+				}
+			}
+		})
+	}
 }
 
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on

@@ -6,7 +6,7 @@ Stdlib only; torch is optional (for :meth:`Client.register_tensor`,
 ``stage_client.kvmap``). See ``python/README.md``.
 """
 
-from .client import DEFAULT_REQUEST_TIMEOUT, Block, Client, Op, Subscription, make_ops
+from .client import DEFAULT_REQUEST_TIMEOUT, Block, Client, Op, Subscription, TransfersFailed, make_ops
 from .errors import ProtocolError, SidecarConnectionError, StageError, StageTimeout
 from .kv import HostArena, KVCache, PagedKV, coalesce, register_kv_cache
 from .kvwire import KVLayout, RegisterKV, SubmitKV
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Subscription", "Op", "Block", "LocalOp", "make_ops", "DEFAULT_REQUEST_TIMEOUT",
-    "StageError", "StageTimeout", "SidecarConnectionError", "ProtocolError",
+    "StageError", "StageTimeout", "SidecarConnectionError", "ProtocolError", "TransfersFailed",
     "Access", "Checksum", "Code", "Direction", "HandleKind", "QueryKind", "State",
     "Status", "XferStatus", "Notify", "PagedKV", "coalesce", "__version__",
     "HostArena", "KVCache", "register_kv_cache", "KVLayout", "RegisterKV", "SubmitKV",

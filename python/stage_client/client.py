@@ -27,7 +27,7 @@ from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
-__all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT"]
+__all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "TransfersFailed"]
 
 #: Default limit, in seconds, for an answer to any request but Wait.
 DEFAULT_REQUEST_TIMEOUT = 60.0
@@ -496,13 +496,34 @@ class Client(KVRequests):
         return await asyncio.wrap_future(self.wait_future(transfer_id, timeout))
 
     def wait_all(self, transfer_ids: Iterable[int], timeout: Optional[float] = None) -> List[XferStatus]:
-        """Wait for several transfers (all Waits are sent at once)."""
-        futs = [self.wait_future(t, timeout) for t in transfer_ids]
+        """Wait for several transfers (all Waits are sent at once); their final statuses, in order.
+
+        Waits for every one of them, failed or not. When any failed (or
+        ran past ``timeout``), raises :class:`TransfersFailed` once all
+        have ended: it carries every transfer's status and error, so the
+        caller learns about each, not only the first that failed.
+        """
+        ids = list(transfer_ids)
+        futs = [self.wait_future(t, timeout) for t in ids]
         local = None if timeout is None else timeout + max(5.0, timeout * 0.1)
-        done, _ = concurrent.futures.wait(futs, local)
-        if len(done) < len(futs):
-            raise StageTimeout("Wait for %d transfers: no answer from the sidecar in %.3gs" % (len(futs) - len(done), local))
-        return [f.result() for f in futs]
+        concurrent.futures.wait(futs, local)
+        statuses: List[Optional[XferStatus]] = []
+        errors: List[Optional[StageError]] = []
+        for t, f in zip(ids, futs):
+            if not f.done():
+                err: Optional[StageError] = StageTimeout("Wait for transfer %d: no answer from the sidecar in %.3gs"
+                                                         % (t, local or 0))
+            elif isinstance(f.exception(), StageError):
+                err = f.exception()  # type: ignore[assignment]
+            elif f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]  # a bug here, not a transfer's failure
+            else:
+                err = None
+            statuses.append(f.result() if err is None else err.status)
+            errors.append(err)
+        if any(e is not None for e in errors):
+            raise TransfersFailed(ids, statuses, errors)
+        return statuses  # type: ignore[return-value]  # every one is set when none failed
 
     def status(self, transfer_id: int) -> XferStatus:
         """A transfer's state now. Does not raise for a failed transfer
@@ -583,6 +604,33 @@ class Client(KVRequests):
         ``peer`` names one of a route's several peers (node name or host:port).
         """
         return self.query(QueryKind.CATALOG, route + "@" + peer if peer else route) or []
+
+
+class TransfersFailed(StageError):
+    """:meth:`Client.wait_all`: some of the transfers failed; what became of each.
+
+    ``transfer_ids``, ``statuses`` and ``errors`` are in the order given to
+    wait_all. ``statuses[i]`` is transfer ``i``'s last known XferStatus (its
+    final one when it ended; None when none came back, e.g. the connection
+    closed); ``errors[i]`` is the StageError it ended with (StageTimeout
+    for one still running at the timeout), None for a transfer that
+    succeeded. ``code`` and ``status`` are those of the first failure.
+    """
+
+    def __init__(self, transfer_ids: Sequence[int], statuses: Sequence[Optional[XferStatus]],
+                 errors: Sequence[Optional[StageError]]) -> None:
+        self.transfer_ids, self.statuses, self.errors = list(transfer_ids), list(statuses), list(errors)
+        bad = self.failed
+        first = bad[0][1]
+        shown = "; ".join("transfer %d: %s" % (t, e) for t, e in bad[:8])
+        more = " (and %d more)" % (len(bad) - 8) if len(bad) > 8 else ""
+        super().__init__(first.code, "%d of %d transfers failed: %s%s" % (len(bad), len(self.transfer_ids), shown, more),
+                         first.status)
+
+    @property
+    def failed(self) -> List[Tuple[int, StageError]]:
+        """(transfer id, its error) of each transfer that failed, in order."""
+        return [(t, e) for t, e in zip(self.transfer_ids, self.errors) if e is not None]
 
 
 # ----------------------------------------------------------------------

@@ -258,7 +258,7 @@ class PagedKV:
         return self._move(Direction.PULL, route, dst_blocks, src_blocks, tag, remote, layers, checksum, max_ops, peer)
 
     def wait(self, transfer_ids: Iterable[int], timeout: Optional[float] = None) -> List[XferStatus]:
-        """Wait for transfers; raises StageError for the first that failed."""
+        """Wait for transfers; raises TransfersFailed (every transfer's status and error) when any failed."""
         return self.client.wait_all(transfer_ids, timeout)
 
     async def push_blocks_async(self, route: str, src_blocks: Sequence[int], dst_blocks: Sequence[int],

@@ -32,7 +32,43 @@ from .errors import StageError
 from .layout import Layout, LayoutError
 from .wire import Access, Code, Direction
 
-__all__ = ["HostArena", "KVCache", "register_kv_cache", "unregister_all"]
+__all__ = ["HostArena", "KVCache", "register_kv_cache", "unregister_all", "KV_ACCESS", "kv_access"]
+
+_LOCAL = Access.LOCAL_READ | Access.LOCAL_WRITE
+
+#: What ``register_kv_cache(access=role)`` grants the cache's regions, by
+#: role. Every role lets the engine's own sidecar read the cache (its
+#: pushes) and write it (its pulls); peers get what the role needs and no
+#: more: a prefill's cache is read by the decodes that pull it, a decode's
+#: written by the prefills that push into it. "local" (the default) lets
+#: no peer in. vLLM's kv_role and SGLang's mode name the same roles.
+KV_ACCESS = {
+    "local": _LOCAL,
+    "prefill": _LOCAL | Access.REMOTE_READ,
+    "kv_producer": _LOCAL | Access.REMOTE_READ,
+    "decode": _LOCAL | Access.REMOTE_WRITE,
+    "kv_consumer": _LOCAL | Access.REMOTE_WRITE,
+    "kv_both": Access.ALL,
+}
+
+
+def kv_access(access: Union[int, str]) -> Access:
+    """The region rights ``access`` stands for: a role of :data:`KV_ACCESS`, or Access bits as they are.
+
+    Raises ValueError for an unknown role, or bits that grant nothing or
+    that no Access flag names.
+    """
+    if isinstance(access, str):
+        try:
+            return KV_ACCESS[access]
+        except KeyError:
+            raise ValueError("register_kv_cache: access %r is no role; give one of %s, or Access bits"
+                             % (access, ", ".join(KV_ACCESS))) from None
+    if isinstance(access, bool) or not isinstance(access, int) or not 0 < access <= Access.ALL:
+        raise ValueError("register_kv_cache: access %r: give a role (%s) or Access bits (at least one of "
+                         "LOCAL_READ, LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, none other)"
+                         % (access, ", ".join(KV_ACCESS)))
+    return Access(access)
 
 _ARENAS: "weakref.WeakSet[HostArena]" = weakref.WeakSet()
 
@@ -117,14 +153,17 @@ def _arena_of(ptr: int, nbytes: int, arena: Optional[HostArena]) -> Tuple[HostAr
 class KVCache:
     """A KV cache registered with a sidecar: its name, layout and regions.
 
-    ``regions[l][t]`` names the region of tensor ``t`` of layer ``l``.
+    ``regions[l][t]`` names the region of tensor ``t`` of layer ``l``;
+    ``access`` is the rights its regions were registered with.
     :meth:`close` unregisters the regions (the sidecar then refuses
     transfers of the cache).
     """
 
-    def __init__(self, client: Any, name: str, layout: Layout, regions: List[List[str]], keep: List[Any]) -> None:
+    def __init__(self, client: Any, name: str, layout: Layout, regions: List[List[str]], keep: List[Any],
+                 access: int = Access.ALL) -> None:
         self.client, self.name, self.layout, self.regions = client, name, layout, regions
         self._keep = keep  # the region tensors (and arenas): alive while registered
+        self.access = Access(access)
 
     @property
     def layers(self) -> int:
@@ -179,7 +218,7 @@ def unregister_all(client: Any, names: Iterable[str]) -> None:
 
 
 def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[Any, Sequence[Any]]], preset: Any, *,
-                      heads: int, head_lo: int = 0, head_hi: Optional[int] = None, access: int = Access.ALL,
+                      heads: int, head_lo: int = 0, head_hi: Optional[int] = None, access: Union[int, str] = "local",
                       arena: Optional[HostArena] = None, ordinal: Optional[int] = None, acl: Any = None,
                       **layout_kw: Any) -> KVCache:
     """Register an engine's KV cache (torch tensors) as regions plus a KV layout.
@@ -197,9 +236,19 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
     tensors are NPU memory from ``aclrtMalloc`` and register by ACL export
     key with an ``acl`` sidecar. Every layer must have the same layout. Returns a
     :class:`KVCache`; on any failure what was registered is unregistered.
+
+    ``access``: what peers may do with the cache, least privilege by role
+    (:data:`KV_ACCESS`): ``"prefill"`` (or vLLM's ``"kv_producer"``) lets
+    peers read it (decodes that pull), ``"decode"`` (``"kv_consumer"``)
+    lets peers write it (prefills that push), ``"kv_both"`` both. The
+    default, ``"local"``, lets no peer read or write it: only this engine's
+    own transfers use it. Access bits are taken as they are. The rights
+    cover byte-range transfers naming the cache's regions as well as KV
+    transfers.
     """
     from .kvmap import region_bytes
 
+    rights = kv_access(access)
     layers = [list(ts) if isinstance(ts, (list, tuple)) else [ts] for ts in tensors_per_layer]
     if not layers:
         raise LayoutError("register_kv_cache %r: no layers" % name)
@@ -214,14 +263,14 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
             raise LayoutError("register_kv_cache %r: layer %d's layout %s differs from layer 0's %s"
                               % (name, i, lay.to_dict(), layout.to_dict()))
     assert layout is not None
-    cache = KVCache(client, name, layout, [], [])
+    cache = KVCache(client, name, layout, [], [], rights)
     try:
         for i, bs in enumerate(bases):
             names = []
             cache.regions.append(names)
             for t, b in enumerate(bs):
                 rname = "%s/%d/%d" % (name, i, t)
-                _register_region(client, rname, b, access, arena, ordinal, cache._keep, acl)
+                _register_region(client, rname, b, rights, arena, ordinal, cache._keep, acl)
                 names.append(rname)
         client.register_kv(name, layout, cache.regions)
     except BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from . import wire
 from .errors import StageError
@@ -19,6 +19,29 @@ from .layout import Layout
 from .wire import Code, Direction, XferStatus, checksum_choice
 
 __all__ = ["KVRequests"]
+
+
+def _listed(table: Any) -> Any:
+    """``table`` as it is when it can be read twice (a sequence, array or tensor); else its ids as a list."""
+    if hasattr(table, "tolist") or hasattr(table, "__getitem__"):
+        return table
+    return list(table)
+
+
+def _check_distinct(table: Any, what: str) -> None:
+    """Raise ValueError naming the first block id ``table`` holds twice, and both its positions."""
+    ids = table.tolist() if hasattr(table, "tolist") else table
+    try:
+        if len(set(ids)) == len(ids):
+            return
+    except TypeError:
+        return  # ids that are not numbers: the encoder refuses them, saying which
+    seen: Dict[Any, int] = {}
+    for i, b in enumerate(ids):
+        if b in seen:
+            raise ValueError("%s names block %r twice, at positions %d and %d: each destination block holds one "
+                             "range of tokens; give every position its own block" % (what, b, seen[b], i))
+        seen[b] = i
 
 
 class KVRequests:
@@ -55,7 +78,10 @@ class KVRequests:
         (default: the same indices); ``heads`` ``(lo, hi)`` narrows the
         heads (default: every head both sides hold). ``direction`` PUSH
         sends ours, PULL fetches the peer's. Block tables may be lists,
-        arrays or tensors of ids. ``checksum`` and ``peer`` (the route's
+        arrays or tensors of ids. The destination's table (``remote_blocks``
+        of a push, ``local_blocks`` of a pull) must not name a block twice:
+        two token ranges would overwrite one block, so that raises
+        ValueError before anything is sent (a source may repeat ids). ``checksum`` and ``peer`` (the route's
         peer: node name or host:port) as for :meth:`submit`.
 
         The sidecar learns the peer's shape first and refuses with
@@ -67,6 +93,11 @@ class KVRequests:
         """
         lo, hi = (0, 0) if heads is None else (int(heads[0]), int(heads[1]))
         d, ck = Direction(direction), checksum_choice(checksum)
+        local_blocks, remote_blocks = _listed(local_blocks), _listed(remote_blocks)
+        if d == Direction.PUSH:
+            _check_distinct(remote_blocks, "push into %r: the remote (destination) block table" % remote)
+        else:
+            _check_distinct(local_blocks, "pull into %r: the local (destination) block table" % local)
         rl = [] if remote_layers is None else remote_layers
         a = self._call(lambda r: SubmitKV(req=r, route=route, peer=peer, direction=d, checksum=ck, tag=tag,
                                           local=local, remote=remote, layers=layers, remote_layers=rl,

@@ -13,20 +13,35 @@ layer and column range over a strided byte view of the region), so they
 run on any device torch has. They are the reference the sidecar's
 conversion is tested against; engines move KV through their sidecars with
 ``register_kv_cache`` and ``Client.submit_kv``.
+
+The module imports without torch (torch is imported when a function that
+needs it runs, which then raises ImportError saying so), so code and tests
+that only name these functions load on a machine without torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
-
-import torch
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .layout import DType, Layout, LayoutError, Side, derive, part_widths, roles_of
 
 __all__ = ["from_tensor", "dtype_of", "region_bytes", "gather", "gather_tensor", "scatter"]
 
 
-def _torch_dtypes() -> dict:
+def _torch() -> Any:
+    """The torch module; ImportError naming what needs it when torch is not installed."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("stage_client.kvmap works on torch tensors and torch is not installed: %s "
+                          "(install torch for this python)" % e) from e
+    return torch
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtypes() -> Dict[Any, DType]:
+    torch = _torch()
     m = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32, torch.int8: DType.INT8}
     # float8 types exist from torch 2.1 on
     for attr, d in (("float8_e4m3fn", DType.FP8_E4M3), ("float8_e5m2", DType.FP8_E5M2)):
@@ -34,9 +49,6 @@ def _torch_dtypes() -> dict:
         if t is not None:
             m[t] = d
     return m
-
-
-_DTYPES = _torch_dtypes()
 
 
 def dtype_of(t: Any, override: Union[None, str, DType] = None) -> DType:
@@ -47,7 +59,7 @@ def dtype_of(t: Any, override: Union[None, str, DType] = None) -> DType:
             raise LayoutError("dtype %s is %d bytes, the tensor's elements are %d" % (d, d.size, t.element_size()))
         return d
     try:
-        return _DTYPES[t.dtype]
+        return _torch_dtypes()[t.dtype]
     except KeyError:
         raise LayoutError("tensor dtype %s has no kv layout dtype; pass dtype=" % t.dtype) from None
 
@@ -61,6 +73,7 @@ def _span(t: Any) -> int:
 
 def region_bytes(t: Any) -> Any:
     """A flat uint8 view of the memory tensor ``t`` spans (its region), sharing its storage."""
+    torch = _torch()
     flat = t.as_strided((_span(t),), (1,), t.storage_offset())
     return flat.view(torch.uint8)
 
@@ -126,6 +139,7 @@ def _layer_regions(side: Side, layer: Any) -> List[Any]:
 
 
 def _index(side: Side, device: Any) -> Tuple[Any, Any, Any]:
+    torch = _torch()
     lay = side.layout
     tok = torch.arange(side.first_token, side.first_token + side.tokens, dtype=torch.int64, device=device)
     table = torch.as_tensor(side.block_table, dtype=torch.int64).to(device)
@@ -156,6 +170,7 @@ def gather_tensor(side: Side, tensors: Sequence[Any]) -> Any:
     registers: the ones given to from_tensor, or their ``base``), in tensor
     index order; a single tensor for a one-tensor layout.
     """
+    torch = _torch()
     side.validate()
     out = []
     idx = None
@@ -185,6 +200,7 @@ def scatter(side: Side, tensors: Sequence[Any], data: Any) -> None:
     Only the rows the transfer names change. Raises LayoutError before
     writing anything when ``data`` has the wrong length.
     """
+    torch = _torch()
     side.validate()
     layers = list(tensors)
     want = side.nbytes(len(layers))

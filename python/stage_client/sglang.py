@@ -153,7 +153,7 @@ class StageKVManager:
         #: per layer [k_buffer, v_buffer], as registered
         self.buffers = [[k, v] for k, v in zip(k_buffers, v_buffers)]
         self.kv = register_kv_cache(self.client, self.cache_name, self.buffers, "sglang", heads=kv_heads,
-                                    head_lo=lo, head_hi=hi, page_size=page_size)
+                                    head_lo=lo, head_hi=hi, page_size=page_size, access=role)
         self.aux: Optional[AuxSlots] = None
         if aux_buffers:
             access = Access.LOCAL_READ if role == "prefill" else Access.REMOTE_WRITE

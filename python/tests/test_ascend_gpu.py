@@ -146,7 +146,7 @@ class TestAscendToCUDA(unittest.TestCase):
             cache.copy_(torch.randn(shape, generator=g, device=self.dev))
             ts = [[cache[i][0], cache[i][1]] for i in range(LAYERS)]
             kv = register_kv_cache(self.pre.client, "%s-pre-r%d" % (preset, r), ts, "ascend", heads=HEADS,
-                                   head_lo=r * half, head_hi=(r + 1) * half, acl=self.acl)
+                                   head_lo=r * half, head_hi=(r + 1) * half, acl=self.acl, access="prefill")
             self.addCleanup(kv.close)
             src_kv.append(kv)
             src_tensors.append(ts)
@@ -159,7 +159,7 @@ class TestAscendToCUDA(unittest.TestCase):
             dts = [[alloc[i]] for i in range(LAYERS)]
             block_dim = 1
         before = alloc.clone()
-        dkv = register_kv_cache(self.dec.client, "%s-dec" % preset, dts, preset, heads=HEADS)
+        dkv = register_kv_cache(self.dec.client, "%s-dec" % preset, dts, preset, heads=HEADS, access="decode")
         self.addCleanup(dkv.close)
         self.move(preset, src_kv, src_tensors, dkv, dts, lens, ptab, dtab)
         self.untouched(alloc, before, block_dim, dtab)
@@ -179,12 +179,12 @@ class TestAscendToCUDA(unittest.TestCase):
         latent.copy_(torch.randn(latent.shape, generator=g, device=self.dev))
         rope.copy_(torch.randn(rope.shape, generator=g, device=self.dev))
         ts = [[latent[i], rope[i]] for i in range(LAYERS)]
-        skv = register_kv_cache(self.pre.client, "mla-pre", ts, "ascend-mla", heads=1, acl=self.acl)
+        skv = register_kv_cache(self.pre.client, "mla-pre", ts, "ascend-mla", heads=1, acl=self.acl, access="prefill")
         self.addCleanup(skv.close)
         alloc = torch.randn((LAYERS, db, DEC_BS, 576), generator=g, device=self.dev).to(torch.bfloat16)
         before = alloc.clone()
         dts = [[alloc[i]] for i in range(LAYERS)]
-        dkv = register_kv_cache(self.dec.client, "mla-dec", dts, "vllm-mla", heads=1)
+        dkv = register_kv_cache(self.dec.client, "mla-dec", dts, "vllm-mla", heads=1, access="decode")
         self.addCleanup(dkv.close)
         self.move("mla", [skv], [ts], dkv, dts, lens, ptab, dtab)
         self.untouched(alloc, before, 1, dtab)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import os
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fakesidecar import FakeSidecar, fail, ok  # noqa: E402
 from stage_client import (  # noqa: E402
     Access, Block, Client, Code, Direction, HandleKind, Op, SidecarConnectionError, StageError, StageTimeout, State,
-    make_ops, wire)
+    TransfersFailed, make_ops, wire)
 from stage_client.cuda import export_tensor, split_share_handle  # noqa: E402
 
 
@@ -158,6 +159,67 @@ class TestClient(Base):
         self.assertIsInstance(cm2.exception, TimeoutError)
         self.assertEqual(cm2.exception.status.state, State.RUNNING)
         self.assertEqual([s.transfer for s in c.wait_all([1, 1])], [1, 1])
+
+    def test_wait_all_reports_every_transfer(self) -> None:
+        # transfer id -> the sidecar's answer to its Wait: (state, code)
+        answers = {1: (State.DONE, 0), 2: (State.FAILED, Code.CHECKSUM), 3: (State.DONE, 0),
+                   4: (State.FAILED, Code.PEER_UNAVAILABLE), 5: (State.RUNNING, 0)}
+
+        def h(s: FakeSidecar, hd: wire.Header, m: Any, fd: int) -> List[bytes]:
+            st, code = answers[m.transfer]
+            return [status(m.req, m.transfer, st, code, "no" if code else "", 1, 4)]
+
+        c = self.start(h)
+        for name, ids, want in [
+            ("all done", [1, 3, 1], []),
+            ("the first of three fails", [2, 1, 3], [(2, Code.CHECKSUM)]),
+            ("failures and a timeout among successes", [1, 2, 3, 4, 5],
+             [(2, Code.CHECKSUM), (4, Code.PEER_UNAVAILABLE), (5, Code.TIMEOUT)]),
+        ]:
+            with self.subTest(name):
+                if not want:
+                    self.assertEqual([s.transfer for s in c.wait_all(ids, timeout=0.25)], ids)
+                    continue
+                with self.assertRaises(TransfersFailed) as cm:
+                    c.wait_all(ids, timeout=0.25)
+                e = cm.exception
+                self.assertEqual([(t, err.code) for t, err in e.failed], want)
+                self.assertEqual(e.transfer_ids, ids)
+                self.assertIs(e.code, want[0][1])
+                for t, st, err in zip(ids, e.statuses, e.errors):
+                    self.assertEqual(st.transfer, t, "every transfer's status is there")
+                    self.assertEqual(st.state, answers[t][0])
+                    self.assertEqual(err is None, answers[t][0] == State.DONE)
+                for t, _ in want:
+                    self.assertIn("transfer %d:" % t, str(e))
+
+    def test_submit_kv_refuses_repeated_destination_blocks(self) -> None:
+        c = self.start(lambda s, h, m, fd: [wire.encode_frame(wire.Submitted(req=m.req, transfer=9))])
+        push, pull = Direction.PUSH, Direction.PULL
+        for name, direction, local, remote, refused in [
+            ("push, remote table repeats", push, [0, 1], [2, 2], "remote (destination) block table names block 2 "
+                                                                  "twice, at positions 0 and 1"),
+            ("push, remote array repeats later", push, [0, 1, 4], array.array("I", [5, 6, 5]),
+             "names block 5 twice, at positions 0 and 2"),
+            ("pull, local table repeats", pull, (3, 7, 7), [1, 2, 3], "local (destination) block table names block 7 "
+                                                                     "twice, at positions 1 and 2"),
+            ("pull, local generator repeats", pull, (b for b in [4, 4]), [1, 2], "names block 4 twice"),
+            ("push, source repeats", push, [1, 1], [2, 3], ""),
+            ("pull, source repeats", pull, [2, 3], [1, 1], ""),
+            ("push, distinct", push, range(3), [5, 6, 7], ""),
+        ]:
+            with self.subTest(name):
+                sent = len(self.fake.got)
+                args = ("decode", "here", "there", [0], local, remote, 20)
+                if not refused:
+                    self.assertEqual(c.submit_kv(*args, direction=direction), 9)
+                    continue
+                with self.assertRaises(ValueError) as cm:
+                    c.submit_kv(*args, direction=direction)
+                self.assertIn(refused, str(cm.exception))
+                self.assertEqual(len(self.fake.got), sent, "nothing was sent")
+        with self.assertRaises(ValueError):  # the KVCache helpers submit through it
+            c.submit_kv("decode", "here", "there", [0], [0, 1], [8, 8], 20)
 
     def test_wait_async(self) -> None:
         c = self.start(lambda s, h, m, fd: [status(m.req, m.transfer, State.DONE, total=1, done=1)])

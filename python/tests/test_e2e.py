@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,6 +34,18 @@ SKIP_WHY = ("staged binary not found at %s: set STAGED=/path/to/staged, or build
             "`cd /work/main && make build`" % STAGED)
 
 TOKEN = "python-e2e-token"
+#: The tests' own knobs, not staged's: which GPU a test (STAGE_GPU) or a
+#: script's sides (STAGE_GPU_SRC, STAGE_GPU_DST) use. They are kept out of
+#: the sidecars' environment, where staged would warn about unknown STAGE_*
+#: variables.
+TEST_ONLY_ENV = ("STAGE_GPU", "STAGE_GPU_SRC", "STAGE_GPU_DST")
+
+
+def sidecar_env() -> Dict[str, str]:
+    """The environment a test's staged runs with: this one, less the tests' knobs, with the e2e token."""
+    env = {k: v for k, v in os.environ.items() if k not in TEST_ONLY_ENV}
+    env["STAGE_SECURITY_TOKEN"] = TOKEN
+    return env
 GUARD = 12288  # regions start this far into their allocation
 POISON = 0xAB
 MiB = 1 << 20
@@ -54,7 +67,7 @@ class Staged:
         with open(self.config, "w") as f:
             f.write(cfg)
         self.log = os.path.join(self.dir, name + ".log")
-        env = dict(os.environ, STAGE_SECURITY_TOKEN=TOKEN)
+        env = sidecar_env()
         self.logf = open(self.log, "wb")
         self.proc = subprocess.Popen([STAGED, "--config", self.config], stdout=subprocess.PIPE,
                                      stderr=self.logf, env=env)
@@ -524,6 +537,28 @@ class TestShutdown(unittest.TestCase):
             rc_pre, rc_dec = pre.stop(), dec.stop()
         self.assertEqual(rc_pre, 0, pre.tail())
         self.assertEqual(rc_dec, 0, dec.tail())
+
+
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestSidecarEnvironment(unittest.TestCase):
+    def test_test_knobs_do_not_reach_staged(self) -> None:
+        # A sidecar a test starts warns about no variable of the tests' own:
+        # the GPU tests run with STAGE_GPU (and the GPU scripts export
+        # STAGE_GPU_SRC / STAGE_GPU_DST). A misspelt config key still warns,
+        # so the check would see a warning.
+        warn = "unknown environment variable"
+        for name, env, warned in [
+            ("the tests' GPU knobs", {"STAGE_GPU": "0", "STAGE_GPU_SRC": "0", "STAGE_GPU_DST": "1"}, []),
+            ("a misspelt config key", {"STAGE_STAGIN_SLOTS": "2"}, ["STAGE_STAGIN_SLOTS"]),
+        ]:
+            with self.subTest(name), mock.patch.dict(os.environ, env):
+                n = Staged("env")
+                try:
+                    with open(n.log, "rb") as f:
+                        lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if warn in ln]
+                finally:
+                    self.assertEqual(n.stop(), 0, n.tail())
+                self.assertEqual([v for v in env if any("\"%s\"" % v in ln for ln in lines)], warned, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """register_kv_cache and HostArena without a sidecar: what gets registered, and the refusals.
 
 A recording stand-in for the Client takes the calls; test_tinylm_e2e runs
-the same against real sidecars.
+the same against real sidecars. TestKVCacheAccess checks, with two real
+sidecars, that a peer's raw byte-range push or pull into a KV cache gets
+only what the cache's role grants.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ except ImportError:
     torch = None
     WHY = "torch is not installed"
 
-from stage_client import Code, Direction, LayoutError, StageError  # noqa: E402
+from stage_client import Access, Block, Code, Direction, LayoutError, StageError  # noqa: E402
 from stage_client.kv import HostArena, register_kv_cache  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_e2e import GUARD, HAVE_STAGED, SKIP_WHY, Mem, pair, stop_all  # noqa: E402
+
+LOCAL = Access.LOCAL_READ | Access.LOCAL_WRITE
 
 
 class Recorder:
@@ -37,7 +44,7 @@ class Recorder:
                        ordinal: int = 0) -> None:
         if name == self.fail_on:
             raise StageError(Code.OUT_OF_RANGE, "no")
-        self.calls.append(("memfd", name, fd, alloc_size, offset, length))
+        self.calls.append(("memfd", name, fd, alloc_size, offset, length, access))
         self.regions.append(name)
 
     def register_kv(self, name: str, layout: Any, layers: Any) -> None:
@@ -107,6 +114,36 @@ class TestRegisterKVCache(unittest.TestCase):
             register_kv_cache(rec, "c", [[alloc[i][0], alloc[i][1]] for i in range(2)], "ascend", heads=2)
         self.assertEqual(rec.regions, [])
 
+    def test_access_by_role(self) -> None:
+        # Least privilege: no peer gets in unless the role says so.
+        alloc = self.arena.empty((1, 2, 4, 8, 2, 16), torch.float16)
+        for access, want in [
+            (None, LOCAL),
+            ("local", LOCAL),
+            ("prefill", LOCAL | Access.REMOTE_READ),
+            ("kv_producer", LOCAL | Access.REMOTE_READ),
+            ("decode", LOCAL | Access.REMOTE_WRITE),
+            ("kv_consumer", LOCAL | Access.REMOTE_WRITE),
+            ("kv_both", Access.ALL),
+            (Access.LOCAL_READ | Access.REMOTE_READ, Access.LOCAL_READ | Access.REMOTE_READ),
+            ("producer", "is no role; give one of local, prefill"),
+            (0, "give a role"),
+            (0x10, "give a role"),
+        ]:
+            with self.subTest(access=access):
+                rec = Recorder()
+                kw = {} if access is None else {"access": access}
+                args = (rec, "c", [[alloc[0][0], alloc[0][1]]], "ascend")
+                if isinstance(want, str):
+                    with self.assertRaises(ValueError) as cm:
+                        register_kv_cache(*args, heads=2, **kw)
+                    self.assertIn(want, str(cm.exception))
+                    self.assertEqual(rec.calls, [], "nothing is registered")
+                    continue
+                kv = register_kv_cache(*args, heads=2, **kw)
+                self.assertEqual([c[6] for c in rec.calls if c[0] == "memfd"], [want, want])
+                self.assertEqual(kv.access, want)
+
     def test_arena(self) -> None:
         a = self.arena.empty((10,), torch.uint8)
         b = self.arena.empty((3,), torch.float32)
@@ -117,6 +154,59 @@ class TestRegisterKVCache(unittest.TestCase):
             self.arena.empty((4 << 20,), torch.uint8)
         self.assertIsNone(self.arena.offset_of(self.arena.base + self.arena.size - 4, 8))
         self.assertEqual(self.arena.offset_of(self.arena.base + 8, 8), 8)
+
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestKVCacheAccess(unittest.TestCase):
+    """A peer's raw byte-range ops into a KV cache's regions get only what its access grants."""
+
+    def raw(self, direction: int, local: str, remote: str, n: int) -> Code:
+        """The code a raw transfer of n bytes between the prefill's ``local`` and the decode's ``remote`` ends with."""
+        c = self.pre.client
+        try:
+            c.wait(c.submit("decode", direction, [Block(0, 0, n)], local, remote), timeout=30)
+        except StageError as e:
+            return e.code
+        return Code.OK
+
+    def stopped(self) -> None:
+        why = stop_all([self.pre, self.dec])
+        self.assertIsNone(why)
+
+    def test_hostile_raw_ops(self) -> None:
+        self.pre, self.dec = pair()
+        self.addCleanup(self.stopped)  # last, after the regions below are gone
+        arena = HostArena(1 << 20, "victim")
+        self.addCleanup(arena.close)
+        mem = Mem("attacker", 1 << 16)
+        self.addCleanup(mem.close)
+        mem.fill(3)
+        self.pre.client.register_memfd("attacker", mem.fd, mem.size, GUARD, mem.length, Access.ALL)
+        self.addCleanup(self.pre.client.unregister, "attacker")
+        denied, ok = Code.ACCESS_DENIED, Code.OK
+        # the decode's cache, by the role it is registered for: (push into it, pull from it)
+        for i, (access, push, pull) in enumerate([
+            (None, denied, denied),  # the default: no peer gets in
+            ("prefill", denied, ok),
+            ("kv_producer", denied, ok),
+            ("decode", ok, denied),
+            ("kv_consumer", ok, denied),
+            ("kv_both", ok, ok),
+        ]):
+            with self.subTest(access=access):
+                alloc = arena.empty((1, 2, 4, 8, 2, 16), torch.float16)
+                alloc.fill_(7.0)
+                kw = {} if access is None else {"access": access}
+                kv = register_kv_cache(self.dec.client, "victim%d" % i, [[alloc[0][0], alloc[0][1]]], "ascend",
+                                       heads=2, arena=arena, **kw)
+                self.addCleanup(kv.close)
+                region, n = kv.regions[0][0], alloc[0][0].numel() * 2
+                before = alloc.clone()
+                self.assertEqual(self.raw(Direction.PUSH, "attacker", region, n), push, "raw push into " + region)
+                if push != ok:
+                    self.assertTrue(torch.equal(alloc, before), "a refused push changed the cache")
+                self.assertEqual(self.raw(Direction.PULL, "attacker", region, n), pull, "raw pull from " + region)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ CUDA tensors registered by IPC handle (bfloat16). Run only the CUDA one::
 
     cd python && STAGED=$PWD/../bin/staged python3 -m unittest -v tests.test_tinylm_e2e.TestTinyLMSidecarsCUDA
 
-(STAGE_GPU picks the GPU, default 0; both sidecars and the test use it.)
+(STAGE_GPU picks the GPU, default 0: the test uses it and writes it into both
+sidecars' configs; test_e2e.sidecar_env keeps it out of their environment,
+where staged would warn about a STAGE_* variable that sets no key.)
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class TestTinyLMSidecars(unittest.TestCase):
         cls.logits = cls.model.prefill(cls.prompts, cls.src)
         cls.sync()
         cls.src_kv = [register_kv_cache(cls.pre.client, "pre-r%d" % r, rc.tensors, PREFILL[0], heads=cls.cfg.kv_heads,
-                                        head_lo=rc.head_lo, head_hi=rc.head_hi, acl=cls.acl)
+                                        head_lo=rc.head_lo, head_hi=rc.head_hi, acl=cls.acl, access="prefill")
                       for r, rc in enumerate(cls.src.ranks)]
 
     @classmethod
@@ -116,7 +118,8 @@ class TestTinyLMSidecars(unittest.TestCase):
         """A fresh decode cache registered with the decode's sidecar, blocks reserved for every prompt."""
         dst = self.cache(DECODE, seed, self.alloc(self.dec))
         self.sync()
-        kv = register_kv_cache(self.dec.client, name, dst.ranks[0].tensors, DECODE[0], heads=self.cfg.kv_heads)
+        kv = register_kv_cache(self.dec.client, name, dst.ranks[0].tensors, DECODE[0], heads=self.cfg.kv_heads,
+                               access="decode")
         self.addCleanup(kv.close)
         for s, n in enumerate(self.src.lens):
             dst.reserve(s, n)

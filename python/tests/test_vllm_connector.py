@@ -38,7 +38,7 @@ from torchenv import CUDA_WHY, HAVE_CUDA, tinylm, torch, TORCH_WHY as WHY  # noq
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 from test_tinylm import STEPS, prompts  # noqa: E402
-from stage_client import HostArena  # noqa: E402
+from stage_client import Access, HostArena  # noqa: E402
 from stage_client.vllm import HAVE_VLLM  # noqa: E402
 from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, kv_caches  # noqa: E402
 
@@ -117,12 +117,12 @@ class TestVLLMConnector(unittest.TestCase):
         self.sync()
         common = dict(mode=mode, kv_heads=self.cfg.kv_heads, timeout_s=timeout, layerwise=layerwise)
         # Each side names the other's sidecar by its node name (the peer field of every transfer).
+        # Each engine's role, as vLLM's kv_role: its cache grants peers only what that role needs.
         pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
-                    self.cfg.kv_heads, [kv_caches(src, r) for r in range(2)], "%s-pre" % name)
+                    self.cfg.kv_heads, [kv_caches(src, r) for r in range(2)], "%s-pre" % name, "kv_producer")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), self.cfg.kv_heads,
-                    [kv_caches(dst, 0)],
-                    "%s-dec" % name)
+                    [kv_caches(dst, 0)], "%s-dec" % name, "kv_consumer")
         self.addCleanup(de.shutdown)
         return src, dst, pe, de
 
@@ -187,6 +187,26 @@ class TestVLLMConnector(unittest.TestCase):
         self.assertEqual(de.load_errors, set())
         self.assertFalse(pe.sched.has_pending_push_work())
         self.decode_and_compare(dst, logits, name)
+
+    def test_cache_access_by_role(self) -> None:
+        # kv_producer: peers may read its cache (the decode's pulls), not write it; kv_consumer the reverse;
+        # kv_both either. The engines of the other tests run as producer and consumer and move KV both ways.
+        local = Access.LOCAL_READ | Access.LOCAL_WRITE
+        for role, want in [("kv_producer", local | Access.REMOTE_READ), ("kv_consumer", local | Access.REMOTE_WRITE),
+                           ("kv_both", Access.ALL)]:
+            with self.subTest(role):
+                cache = self.cache(DECODE, seed=4, alloc=self.alloc(self.dec))
+                e = Engine(self.dec.socket, dict(mode="push", kv_heads=self.cfg.kv_heads, route="prefill",
+                                                 peer_name="decode"), self.cfg.kv_heads, [kv_caches(cache, 0)],
+                           "role-" + role, role)
+                try:
+                    name = e.workers[0].worker.kv.name
+                    got = {r["name"]: r["access"] for r in self.dec.client.regions()
+                           if r["name"].startswith(name + "/")}
+                finally:
+                    e.shutdown()
+                self.assertEqual(len(got), self.cfg.layers)
+                self.assertEqual(set(got.values()), {int(want)}, got)
 
     def test_push_layerwise(self) -> None:
         self.push("pushlw", layerwise=True, decode_first=True)

