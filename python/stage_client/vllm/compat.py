@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["HAVE_VLLM", "KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA", "VLLM_VERSION"]
+__all__ = ["LOGGER", "HAVE_VLLM", "KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA",
+           "VLLM_VERSION"]
 
 VLLM_VERSION = ""
 
@@ -77,3 +78,6 @@ except Exception:  # noqa: BLE001 - older vLLM, or none
         def request_finished_all_groups(self, request: Any,
                                         block_ids: Tuple[Any, ...]) -> Tuple[bool, Optional[Dict[str, Any]]]:
             raise NotImplementedError
+
+#: the connector's logger: under vLLM's own ("vllm." loggers share its handlers and format), else stage_client's
+LOGGER = "vllm.stage_client" if HAVE_VLLM else "stage_client.vllm"

