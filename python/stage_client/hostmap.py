@@ -10,9 +10,12 @@ writes the shared pages. Nothing in the engine changes: no tensor is
 replaced, no pointer moves.
 
 Call it before the engine writes the cache concurrently (vLLM calls
-``register_kv_caches`` before the first forward). The pages around the
-storage up to page boundaries move too; they belong to the same
-allocation (an mmap'd malloc chunk for anything this large).
+``register_kv_caches`` before the first forward). Only a storage that is
+an anonymous mapping of its own is taken: the allocator's mmap'd chunk of
+any allocation above malloc's mmap threshold (a KV cache is gigabytes),
+whose pages hold nothing else. A smaller tensor lives among other
+allocations on heap pages that the allocator trims and reuses; replacing
+those would corrupt the heap, so it is refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -75,6 +78,28 @@ class SharedPages:
             self.fd = -1
 
 
+def _own_chunk(ptr: int, nbytes: int) -> Optional[str]:
+    """None when the allocation at ``ptr`` is a glibc mmap'd chunk holding [ptr, ptr + nbytes); else why not.
+
+    glibc puts a chunk's header in the 16 bytes before the pointer it
+    returns: the size with bit 1 (IS_MMAPPED) set for a chunk that is its
+    own mapping, and, for such a chunk, the offset of the chunk from the
+    mapping's start (posix_memalign may return a pointer past it). The
+    mapping is then [ptr - 16 - offset, ptr - 16 + size): page-aligned and
+    no one else's. (The kernel merges neighbouring anonymous mappings in
+    /proc/self/maps, so that file cannot tell.)"""
+    if ptr % 16 or ptr < 2 * _PAGE:
+        return "its address %#x is not one malloc returns" % ptr
+    head = ctypes.c_size_t.from_address(ptr - 8).value
+    if not head & 2:
+        return "it is not an mmap'd chunk of its own (glibc's IS_MMAPPED bit is clear): it shares heap pages"
+    size, lead = head & ~7, ctypes.c_size_t.from_address(ptr - 16).value
+    start, end = ptr - 16 - lead, ptr - 16 + size
+    if start % _PAGE or end % _PAGE or ptr + nbytes > end:
+        return "its chunk header does not describe a mapping around it (not glibc's allocator?)"
+    return None
+
+
 def _ranges(tensors: Iterable[Any]) -> List[Tuple[int, int]]:
     """The page-aligned address ranges of the tensors' storages, overlapping ones merged."""
     spans = []
@@ -103,9 +128,18 @@ def share_in_place(tensors: Iterable[Any], name: str = "stage-kv") -> List[Share
     """
     ts = [t for t in tensors if t.device.type == "cpu"]
     out: List[SharedPages] = []
-    for i, (lo, hi) in enumerate(_ranges(ts)):
-        if any(a.offset_of(lo, hi - lo) is not None for a in list(kvcache._ARENAS)):
+    todo = [(lo, hi) for lo, hi in _ranges(ts)
+            if not any(a.offset_of(lo, hi - lo) is not None for a in list(kvcache._ARENAS))]
+    for t in ts:
+        st = t.untyped_storage()
+        if any(a.offset_of(st.data_ptr(), st.nbytes()) is not None for a in list(kvcache._ARENAS)):
             continue
+        why = _own_chunk(st.data_ptr(), st.nbytes())
+        if why is not None:
+            raise ValueError("share_in_place %r: the tensor storage at %#x (%d B) cannot be shared in place: %s. "
+                             "Allocate it in a HostArena, or make it larger than malloc's mmap threshold"
+                             % (name, st.data_ptr(), st.nbytes(), why))
+    for i, (lo, hi) in enumerate(todo):
         sp = SharedPages(lo, hi - lo, "%s-%d" % (name, i))
         kvcache._ARENAS.add(sp)
         out.append(sp)

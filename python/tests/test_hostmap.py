@@ -19,7 +19,7 @@ class TestShareInPlace(unittest.TestCase):
         from stage_client import kvcache
         from stage_client.hostmap import share_in_place
 
-        buf = torch.arange(1 << 20, dtype=torch.int32)  # malloc'd: not page-aligned
+        buf = torch.arange(40 << 18, dtype=torch.int32)  # 40 MiB: malloc's own mapping, not page-aligned
         views = [buf.view(16, -1)[2:5], buf.view(16, -1)[9]]
         before = [v.clone() for v in views]
         shared = share_in_place(views, "test-hostmap")
@@ -43,11 +43,21 @@ class TestShareInPlace(unittest.TestCase):
     def test_separate_storages(self) -> None:
         from stage_client.hostmap import share_in_place
 
-        a, b = torch.ones(300000), torch.zeros(300000)
+        a, b = torch.ones(40 << 18), torch.zeros(40 << 18)
         shared = share_in_place([a, b], "test-two")
         self.addCleanup(lambda: [s.close() for s in shared])
         self.assertEqual(len(shared), 2)
         self.assertTrue(bool(a.eq(1).all()) and bool(b.eq(0).all()))
+
+    def test_heap_allocation_refused(self) -> None:
+        """A small tensor shares heap pages with other allocations: replacing them would corrupt the heap."""
+        from stage_client.hostmap import share_in_place
+
+        keep = [torch.ones(1000) for _ in range(64)]  # heap neighbours
+        small = torch.ones(2000)
+        with self.assertRaisesRegex(ValueError, "cannot be shared in place"):
+            share_in_place([small], "test-small")
+        self.assertTrue(bool(small.eq(1).all()) and all(bool(k.eq(1).all()) for k in keep))
 
 
 if __name__ == "__main__":
