@@ -38,7 +38,8 @@ except ImportError:
 
 from test_e2e import HAVE_STAGED, SKIP_WHY, pair, stop_all  # noqa: E402
 from stage_client import HostArena, sides  # noqa: E402
-from stage_client.kvmap import gather_tensor  # noqa: E402
+if torch is not None:  # kvmap needs torch; without it the tests skip, saying so
+    from stage_client.kvmap import gather_tensor  # noqa: E402
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from stage_client.sglang import KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: E402
 
@@ -59,13 +60,28 @@ def poll_until(obj: Any, want: int, limit: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-@unittest.skipIf(torch is None, WHY)
-@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
-class TestSGLangBackend(unittest.TestCase):
+def token_pool(arena: Any, layers: int, rows: int, held: int, head_dim: int, seed: int,
+               dtype: Any = None) -> tuple:
+    """SGLang token-pool buffers in ``arena``: per layer K and V of (rows, held heads, head_dim), random."""
+    g = torch.Generator().manual_seed(seed)
+    ks, vs = [], []
+    for _ in range(layers):
+        for out in (ks, vs):
+            t = arena.empty((rows, held, head_dim), dtype or torch.float32)
+            t.copy_(torch.randn(t.shape, generator=g))
+            out.append(t)
+    return ks, vs
+
+
+class SidecarPairCase(unittest.TestCase):
+    """Two sidecars (prefill, decode) and a HostArena for the class's tests."""
+
+    arena_bytes, arena_name = 48 << 20, "sglang"
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.pre, cls.dec = pair()
-        cls.arena = HostArena(48 << 20, "sglang")
+        cls.arena = HostArena(cls.arena_bytes, cls.arena_name)
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -74,15 +90,12 @@ class TestSGLangBackend(unittest.TestCase):
         if why:
             raise AssertionError(why)
 
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestSGLangBackend(SidecarPairCase):
     def pool(self, held: int, seed: int) -> tuple:
-        g = torch.Generator().manual_seed(seed)
-        ks, vs = [], []
-        for _ in range(LAYERS):
-            for out in (ks, vs):
-                t = self.arena.empty((PAGES * PAGE, held, D), torch.float32)
-                t.copy_(torch.randn(t.shape, generator=g))
-                out.append(t)
-        return ks, vs
+        return token_pool(self.arena, LAYERS, PAGES * PAGE, held, D, seed)
 
     def managers(self, name: str, timeout: float = 30.0, pre_aux: Any = None, dec_aux: Any = None) -> tuple:
         boot = RendezvousServer("127.0.0.1", 0)
