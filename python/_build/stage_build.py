@@ -76,6 +76,9 @@ def _project() -> Dict[str, Any]:
         m = re.match(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"\s*$', line)
         if section == "project" and m:
             proj[m.group(1)] = m.group(2)
+        elif section.startswith("project.entry-points.") and m:
+            group = section[len("project.entry-points."):].strip().strip('"')
+            proj.setdefault("entry-points", {}).setdefault(group, {})[m.group(1)] = m.group(2)
         elif section == "project.optional-dependencies":
             m2 = re.match(r'([A-Za-z0-9_-]+)\s*=\s*\[(.*)\]\s*$', line)
             if m2:
@@ -110,12 +113,26 @@ def _metadata() -> str:
     return "\n".join(lines) + "\n\n" + body
 
 
+def _entry_points() -> str:
+    """entry_points.txt from [project.entry-points.*] (SGLang finds the stage plugin through it)."""
+    out = []
+    for group, eps in sorted((_project().get("entry-points") or {}).items()):
+        out.append("[%s]" % group)
+        out.extend("%s = %s" % (k, v) for k, v in sorted(eps.items()))
+        out.append("")
+    return "\n".join(out)
+
+
 def _dist_info_files(tag: str = "py3-none-any") -> Dict[str, bytes]:
-    return {
+    files = {
         "METADATA": _metadata().encode("utf-8"),
         "WHEEL": ("Wheel-Version: 1.0\nGenerator: stage_build\nRoot-Is-Purelib: true\nTag: %s\n" % tag).encode(),
         "top_level.txt": (_PACKAGE + "\n").encode(),
     }
+    eps = _entry_points()
+    if eps:
+        files["entry_points.txt"] = eps.encode()
+    return files
 
 
 # --------------------------------------------------------------------------

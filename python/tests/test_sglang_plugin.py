@@ -59,6 +59,8 @@ try:
 except ImportError as e:
     WHY = "sglang is not importable (%s): pip install sglang==0.5.23" % e
     SGLANG_VERSION = ""
+if os.environ.get("STAGE_ENGINES_REQUIRED") == "1" and (WHY or not HAVE_STAGED):  # make test-engines-real
+    raise RuntimeError(WHY or SKIP_WHY)
 
 LAYERS, HEADS, D, PAGE, PAGES = 2, 4, 16, 8, 24
 SLOTS = 8
