@@ -45,7 +45,14 @@ PRESETS: Dict[str, Tuple[TensorRoles, ...]] = {
     # vLLM allocates HND physically and hands the engine a permuted view in NHD order.
     "vllm-hnd": (TensorRoles(_KV5, ("k", "v"), ("kv", "block", "head", "slot", "chan")),),
     "vllm-flashinfer": (TensorRoles(("block", "kv", "slot", "head", "chan"), ("k", "v")),),
+    # vLLM's one 4-D tensor (blocks, heads, block_size, 2*head_size) with K|V in each token's row (GPU backends),
+    # stored HND (as indexed) or NHD (stride order (0, 2, 1, 3)).
     "vllm-packed": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v")),),
+    "vllm-packed-hnd": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v")),),
+    "vllm-packed-nhd": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v"), ("block", "slot", "head", "chan")),),
+    # vLLM's CPU backend: the same 4-D tensor read as K of a (block, head)'s tokens, then V;
+    # describe the engine's tensor t as t.view(blocks, heads, 2, block_size, head_size).
+    "vllm-cpu": (TensorRoles(("block", "head", "kv", "slot", "chan"), ("k", "v")),),
     "vllm-mla": (TensorRoles(("block", "slot", "chan"), ("kv_c",)),),
     "ascend": (TensorRoles(_NHD4, ("k",)), TensorRoles(_NHD4, ("v",))),
     "ascend-mla": (TensorRoles(("block", "slot", "chan"), ("latent",)), TensorRoles(("block", "slot", "chan"), ("rope",))),
