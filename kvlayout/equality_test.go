@@ -151,8 +151,8 @@ func TestLogicalRowsEveryPair(t *testing.T) {
 // block size on both sides, first tokens aligned, every TP split.
 func TestLogicalRowsBlockMajor(t *testing.T) {
 	seed := int64(1000)
-	for _, src := range []string{"vllm-hnd", "vllm-packed"} {
-		for _, dst := range []string{"vllm-hnd", "vllm-packed"} {
+	for _, src := range []string{"vllm-hnd", "vllm-packed", "vllm-cpu"} {
+		for _, dst := range []string{"vllm-hnd", "vllm-packed", "vllm-cpu"} {
 			for _, bs := range []uint32{1, 16, 64} {
 				for _, tp := range tpSplits {
 					seed++
@@ -177,9 +177,35 @@ func TestLogicalRowsShapes(t *testing.T) {
 		{src: "vllm-flash", dst: "vllm-hnd", srcBS: 16, dstBS: 16, tp: tpSplit{1, 4}, dtype: BF16, heads: 2, headSize: 8},
 		{src: "vllm-hnd", dst: "sglang", srcBS: 16, dstBS: 1, tp: tpSplit{4, 1}, dtype: BF16, heads: 2, headSize: 8},
 		{src: "vllm-flashinfer", dst: "vllm-flash", srcBS: 1, dstBS: 3, tp: tpSplit{1, 1}, dtype: Int8, heads: 3, headSize: 5},
+		{src: "ascend", dst: "vllm-cpu", srcBS: 128, dstBS: 16, tp: tpSplit{2, 1}, dtype: BF16, heads: 8, headSize: 128},
+		{src: "vllm-packed-nhd", dst: "ascend", srcBS: 16, dstBS: 128, tp: tpSplit{1, 2}, dtype: BF16, heads: 8, headSize: 128},
+		{src: "vllm-cpu", dst: "vllm-packed-nhd", srcBS: 32, dstBS: 16, tp: tpSplit{4, 1}, dtype: F16, heads: 2, headSize: 8},
 	}
 	for i, c := range cases {
 		c.seed = int64(1000 + i)
 		t.Run(c.String(), c.run)
+	}
+}
+
+// TestLogicalRowsVLLMPacked4D moves KV between the presets of vLLM's one
+// 4-D tensor (packed K|V stored NHD, the CPU backend's K-then-V blocks)
+// and vllm-flash, vllm-hnd, vllm-packed and ascend, both ways, block 128
+// against 16 and 32 and 32 against 16, every TP split.
+func TestLogicalRowsVLLMPacked4D(t *testing.T) {
+	seed := int64(2000)
+	sizes := [][2]uint32{{128, 16}, {128, 32}, {16, 128}, {32, 128}, {32, 16}}
+	for _, a := range []string{"vllm-packed-nhd", "vllm-cpu"} {
+		for _, b := range []string{"vllm-flash", "vllm-hnd", "vllm-packed", "ascend", "vllm-packed-nhd", "vllm-cpu"} {
+			for _, pair := range [][2]string{{a, b}, {b, a}} {
+				for _, bs := range sizes {
+					for _, tp := range tpSplits {
+						seed++
+						c := kvCase{src: pair[0], dst: pair[1], srcBS: bs[0], dstBS: bs[1], tp: tp, heads: 8, headSize: 4, seed: seed,
+							dtype: dtypes[seed%int64(len(dtypes))]}
+						t.Run(c.String(), c.run)
+					}
+				}
+			}
+		}
 	}
 }

@@ -52,6 +52,11 @@ func TestPresetShapes(t *testing.T) {
 		{"vllm-flashinfer", p, []Part{part("k", 8, 0, 0, 1024, 32, 16), part("v", 8, 0, 512, 1024, 32, 16)}, []uint64{3072}},
 		// (3, 2, 16, 16): a token's row is K|V, 32 bytes.
 		{"vllm-packed", p, []Part{part("k", 8, 0, 0, 1024, 32, 512), part("v", 8, 0, 16, 1024, 32, 512)}, []uint64{3072}},
+		{"vllm-packed-hnd", p, []Part{part("k", 8, 0, 0, 1024, 32, 512), part("v", 8, 0, 16, 1024, 32, 512)}, []uint64{3072}},
+		// stored (3, 16, 2, 16): a token's heads side by side, each row K|V.
+		{"vllm-packed-nhd", p, []Part{part("k", 8, 0, 0, 1024, 64, 32), part("v", 8, 0, 16, 1024, 64, 32)}, []uint64{3072}},
+		// (3, 2, 2, 16, 8): per (block, head), 16 K rows of 16 bytes then 16 V rows.
+		{"vllm-cpu", p, []Part{part("k", 8, 0, 0, 1024, 16, 512), part("v", 8, 0, 256, 1024, 16, 512)}, []uint64{3072}},
 		{"ascend", p, []Part{part("k", 8, 0, 0, 512, 32, 16), part("v", 8, 1, 0, 512, 32, 16)}, []uint64{1536, 1536}},
 		// (48, 2, 8) each.
 		{"sglang", p, []Part{part("k", 8, 0, 0, 512, 32, 16), part("v", 8, 1, 0, 512, 32, 16)}, []uint64{1536, 1536}},

@@ -21,8 +21,17 @@ var presets = map[string]preset{
 	"vllm-hnd": {build: vllmHND},
 	// vLLM FlashInfer: (blocks, 2, block_size, heads, head_size).
 	"vllm-flashinfer": {build: vllmFlashInfer},
-	// vLLM packing K and V in the last dim: (blocks, heads, block_size, 2*head_size).
-	"vllm-packed": {build: vllmPacked},
+	// vLLM packing K and V in the last dim (GPU backends, RFC #42082):
+	// logical (blocks, heads, block_size, 2*head_size), K then V in each
+	// token's row. vllm-packed (vllm-packed-hnd) stores it in that order
+	// (HND); vllm-packed-nhd stores (blocks, block_size, heads, 2*head_size).
+	"vllm-packed":     {build: vllmPacked},
+	"vllm-packed-hnd": {build: vllmPacked},
+	"vllm-packed-nhd": {build: vllmPackedNHD},
+	// vLLM's CPU backend (CPU_ATTN): the same 4-D tensor, but its kernel reads
+	// each (block, head) chunk as 2*block_size rows of head_size, K of the
+	// block's tokens then V: (blocks, heads, 2, block_size, head_size).
+	"vllm-cpu": {build: vllmCPU},
 	// vLLM MLA: (blocks, block_size, kv_lora_rank+rope_dim), one part.
 	"vllm-mla": {mla: true, build: vllmMLA},
 	// vllm-ascend: K and V apart, each (blocks, block_size, heads, head_size).
@@ -179,6 +188,18 @@ func vllmPacked(p *Params) []Tensor {
 	nb, bs, h, hs := dims(p)
 	shape := []int64{nb, h, bs, 2 * hs}
 	return []Tensor{{shape, contiguous(shape...), []Role{RoleBlock, RoleHead, RoleSlot, RoleChannel}, kvParts(p.HeadSize)}}
+}
+
+func vllmPackedNHD(p *Params) []Tensor {
+	nb, bs, h, hs := dims(p)
+	shape := []int64{nb, h, bs, 2 * hs}
+	return []Tensor{{shape, permuted(shape, 0, 2, 1, 3), []Role{RoleBlock, RoleHead, RoleSlot, RoleChannel}, kvParts(p.HeadSize)}}
+}
+
+func vllmCPU(p *Params) []Tensor {
+	nb, bs, h, hs := dims(p)
+	shape := []int64{nb, h, 2, bs, hs}
+	return []Tensor{{shape, contiguous(shape...), []Role{RoleBlock, RoleHead, RolePart, RoleSlot, RoleChannel}, kvParts(p.HeadSize)}}
 }
 
 func ascend(p *Params) []Tensor {

@@ -45,9 +45,15 @@ PRESETS: Dict[str, Tuple[TensorRoles, ...]] = {
     # vLLM allocates HND physically and hands the engine a permuted view in NHD order.
     "vllm-hnd": (TensorRoles(_KV5, ("k", "v"), ("kv", "block", "head", "slot", "chan")),),
     "vllm-flashinfer": (TensorRoles(("block", "kv", "slot", "head", "chan"), ("k", "v")),),
+    # vLLM's one 4-D tensor (blocks, heads, block_size, 2*head_size) with K|V in each token's row (GPU backends),
+    # stored HND (as indexed) or NHD (stride order (0, 2, 1, 3)).
     "vllm-packed": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v")),),
+    "vllm-packed-hnd": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v")),),
     "vllm-packed-nhd": (TensorRoles(("block", "head", "slot", "chan"), ("k", "v"), ("block", "slot", "head", "chan")),),
-    "vllm-cpu": (TensorRoles(("block", "slot", "head", "kv", "chan"), ("k", "v")),),
+    # vLLM's CPU backend: per (block, head), the block's K, then its V (t.view(blocks, heads, 2, block_size,
+    # head_size)). Inside each, the kernel keeps its own order (K channel-major for its vec ISA), so the
+    # connector registers it block-granular: block_size 1 and head_size block_size*head_size (vllm/kvlayout.py).
+    "vllm-cpu": (TensorRoles(("block", "head", "kv", "slot", "chan"), ("k", "v")),),
     "vllm-mla": (TensorRoles(("block", "slot", "chan"), ("kv_c",)),),
     "ascend": (TensorRoles(_NHD4, ("k",)), TensorRoles(_NHD4, ("v",))),
     "ascend-mla": (TensorRoles(("block", "slot", "chan"), ("latent",)), TensorRoles(("block", "slot", "chan"), ("rope",))),

@@ -16,7 +16,7 @@ convention, so it is looked up here by the backend's name:
   VNNI-packed). No row of one token exists to convert, so the cache is
   registered block-granular (``vllm-cpu``: a "token" of the stage layout
   is one whole block, its row the block's K or V of one head) through the
-  view ``(blocks, 1, heads, 2, block_size*head_size)``. Whole blocks move
+  view ``(blocks, heads, 2, 1, block_size*head_size)``. Whole blocks move
   exactly between two CPU engines of the same block size and ISA; the
   sidecars refuse any other peer (its rows are another width), and the
   cache name carries the ISA (``<kv_name>.cpu-<isa>-tp<rank>``) so that a
@@ -94,7 +94,7 @@ def view_for(preset: str, t: Any) -> Any:
         if c % 2 or not t.is_contiguous():
             raise ValueError("stage connector: a CPU_ATTN KV cache of shape %s and strides %s; expected contiguous "
                              "(blocks, heads, block_size, 2*head_size)" % (tuple(t.shape), t.stride()))
-        return t.view(b, 1, h, 2, n * c // 2)
+        return t.view(b, h, 2, 1, n * c // 2)
     if preset == "vllm-mla" and t.dim() == 4:
         return t[:, 0]
     return t
@@ -118,7 +118,7 @@ def scheduler_block_size(vllm_config: Any) -> int:
 
 def granule(preset: str, t: Any) -> int:
     """Tokens per "token" of the registered layout: a whole block for vllm-cpu, else 1."""
-    return int(t.shape[2]) if preset == "vllm-cpu" else 1
+    return int(t.shape[2]) if preset == "vllm-cpu" else 1  # the engine's (blocks, heads, block_size, 2*head_size)
 
 
 def cache_format(preset: str, vllm_config: Any, layer: str) -> str:
