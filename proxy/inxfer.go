@@ -95,7 +95,8 @@ func (x *inXfer) check(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) 
 	}
 	if x.kv != nil {
 		// A KV chunk's one segment is its place in the canonical stream;
-		// our own layout says where its rows go (kvResolve maps it).
+		// our own layout says where its rows go (resolve and resolveRuns map
+		// it with kvSegs and kvRuns).
 		if len(ch.Segs) != 1 || ch.Segs[0].Region != wire.KVRegion || !region.InRange(ch.Segs[0].Offset, uint64(ch.Segs[0].Len), x.total) {
 			return segs, codeErr(wire.CodeMalformed, "chunk %d of a KV transfer of %d B must name one canonical range inside it", ch.Index, x.total)
 		}

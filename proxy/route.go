@@ -18,7 +18,7 @@ import (
 )
 
 // route keeps one session to each of its peers, redialing with backoff.
-// Its peers come from its config (static), from DNS (discovery.go), and
+// Its peers come from its config (static), from DNS (dnsroute.go), and
 // from submits naming an allowed address (dynamic, dialed on demand); a
 // peer that leaves is drained (peers.go). Its settings can change under it
 // (hot reload); a change of stripes replaces it.

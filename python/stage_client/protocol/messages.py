@@ -1,0 +1,44 @@
+"""The one registry of local control-socket messages, and the decoders that use it.
+
+Every message class of :mod:`.wire` (sections 5 and 9 of
+``docs/PROTOCOL.md``) and of :mod:`.kvwire` (12.5, 12.6) is registered here,
+by its frame type, once, when this module is imported; nothing adds to the
+registry afterwards (it is read-only).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping, Tuple, Type, Union
+
+from .kvwire import RegisterKV, SubmitKV
+from .wire import (HEADER_SIZE, MAX_CONTROL_BODY, OK, Cancel, Fail, Header, Message, Notify, ProtocolError, Query,
+                   QueryReply, Register, Status, Submit, Submitted, Subscribe, Unregister, Wait, XferStatus, _tname,
+                   parse_header, verify_crc)
+
+__all__ = ["MESSAGES", "decode_body", "decode_frame"]
+
+#: Message class by frame type, for every local control-socket frame.
+MESSAGES: Mapping[int, Type[Message]] = MappingProxyType({
+    int(c.TYPE): c
+    for c in (Register, Unregister, Submit, Submitted, Wait, Status, XferStatus, Cancel, Subscribe, Notify,
+              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV)
+})
+
+
+def decode_body(type_: int, body: Union[bytes, bytearray, memoryview]) -> Message:
+    """Decode the body of a local control-socket frame of type ``type_``."""
+    if len(body) > MAX_CONTROL_BODY:
+        raise ProtocolError("too_large", "%s: body of %d bytes exceeds limit %d" % (_tname(type_), len(body), MAX_CONTROL_BODY))
+    cls = MESSAGES.get(int(type_))
+    if cls is None:
+        raise ProtocolError("unknown_type", "decode: type %d is not a local control-socket frame" % int(type_))
+    return cls.decode(body)
+
+
+def decode_frame(data: Union[bytes, bytearray, memoryview]) -> Tuple[Header, Message]:
+    """Decode exactly one whole frame (header and body, nothing after it)."""
+    h = parse_header(data)
+    body = bytes(data[HEADER_SIZE:])
+    verify_crc(h, body)
+    return h, decode_body(h.type, body)
