@@ -311,9 +311,11 @@ func kvAccept(ctx context.Context, o kvBenchOpts, blocks uint32) (big, small, in
 	}()
 	for _, side := range []struct {
 		cl   *client.Client
+		dev  engineDevice
 		name string
-	}{{lc, "src"}, {rc, "dst"}} {
-		k, err := kvsim.NewKV(tag+"-"+side.name, "vllm-flash", p, 1)
+	}{{lc, o.ldev, "src"}, {rc, o.rdev, "dst"}} {
+		// On each side's own device: a cuda sidecar refuses regions of another GPU.
+		k, err := newKVOn(side.dev, tag+"-"+side.name, "vllm-flash", p, 1)
 		if err != nil {
 			return 0, 0, 0, err
 		}
