@@ -68,6 +68,7 @@ lint:
 	$(GO) vet -tags gpu ./cuda/... ./acl/... ./e2e/
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
 	cd e2e/netns && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	cd deploy/image && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 STATICCHECK_VERSION ?= v0.7.0
 
