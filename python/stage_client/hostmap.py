@@ -100,12 +100,21 @@ def _own_chunk(ptr: int, nbytes: int) -> Optional[str]:
     return None
 
 
+def _storage(t: Any) -> Tuple[int, int]:
+    """(address, bytes) of the storage under tensor ``t`` (torch 2's untyped storage, or torch 1's typed one)."""
+    f = getattr(t, "untyped_storage", None)
+    if f is not None:
+        st = f()
+        return st.data_ptr(), st.nbytes()
+    st = t.storage()
+    return st.data_ptr(), st.size() * st.element_size()
+
+
 def _ranges(tensors: Iterable[Any]) -> List[Tuple[int, int]]:
     """The page-aligned address ranges of the tensors' storages, overlapping ones merged."""
     spans = []
     for t in tensors:
-        st = t.untyped_storage()
-        lo, n = st.data_ptr(), st.nbytes()
+        lo, n = _storage(t)
         if n:
             spans.append((lo - lo % _PAGE, -(-(lo + n) // _PAGE) * _PAGE))
     spans.sort()
@@ -131,14 +140,14 @@ def share_in_place(tensors: Iterable[Any], name: str = "stage-kv") -> List[Share
     todo = [(lo, hi) for lo, hi in _ranges(ts)
             if not any(a.offset_of(lo, hi - lo) is not None for a in list(kvcache._ARENAS))]
     for t in ts:
-        st = t.untyped_storage()
-        if any(a.offset_of(st.data_ptr(), st.nbytes()) is not None for a in list(kvcache._ARENAS)):
+        ptr, n = _storage(t)
+        if any(a.offset_of(ptr, n) is not None for a in list(kvcache._ARENAS)):
             continue
-        why = _own_chunk(st.data_ptr(), st.nbytes())
+        why = _own_chunk(ptr, n)
         if why is not None:
             raise ValueError("share_in_place %r: the tensor storage at %#x (%d B) cannot be shared in place: %s. "
                              "Allocate it in a HostArena, or make it larger than malloc's mmap threshold"
-                             % (name, st.data_ptr(), st.nbytes(), why))
+                             % (name, ptr, n, why))
     for i, (lo, hi) in enumerate(todo):
         sp = SharedPages(lo, hi - lo, "%s-%d" % (name, i))
         kvcache._ARENAS.add(sp)
