@@ -228,7 +228,8 @@ def mc_initiator(args):
         rates.append(args.size / (time.perf_counter() - t) / 1e9)
     with open(args.ready + ".done", "w") as f:
         f.write("done\n")
-    print(json.dumps({"peer": "mooncake", "gbps": rates}))
+    print(json.dumps({"peer": "mooncake", "gbps": rates}), flush=True)
+    os._exit(0)  # skip the engine's teardown, which crashed here at exit
 
 
 def main():
