@@ -62,6 +62,13 @@ bench: build
 	./$(BIN)/stagectl bench --spawn --raw --stripes 4 --size 1GiB --block 4MiB --iters 5
 	BIN=$(BIN) bash scripts/ucx-compare.sh
 
+# Peers side by side (issue 27, docs/BENCHMARKS.md): stage, NIXL 1.5.1 (UCX
+# over TCP) and Mooncake Transfer Engine 0.3.13.post1 (TCP) between two local
+# processes, host memory, beside raw TCP in the same run; a pinned venv in
+# PEER_VENV (default ~/.cache/stage/venvs/peers) on first use. ~3 min on 2 cores.
+peer-compare: build
+	BIN=$(BIN) bash scripts/peer-compare.sh
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
