@@ -5,7 +5,7 @@ BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
 
-.PHONY: build test test-race test-engines test-engines-real demo bench lint fuzz gpu-build clean
+.PHONY: build test test-race test-engines test-engines-real demo bench peer-compare lint fuzz gpu-build clean
 
 build:
 	@mkdir -p $(BIN)
