@@ -50,8 +50,12 @@ def args() -> argparse.Namespace:
 
 
 def snapshot(client: Any) -> Dict[str, int]:
+    """The sidecar's counts, and this (engine) process's fds and CUDA memory held by torch."""
     st = client.stats()
-    return {k: int(st.get(k, 0)) for k in ("fds", "mappings", "peer_mappings", "regions", "rss_bytes", "goroutines")}
+    out = {k: int(st.get(k, 0)) for k in ("fds", "mappings", "peer_mappings", "regions", "rss_bytes", "goroutines")}
+    out["engine_fds"] = len(os.listdir("/proc/self/fd"))
+    out["engine_cuda_reserved"] = int(torch.cuda.memory_reserved()) if torch.cuda.is_available() else 0
+    return out
 
 
 def layer_views(buf: Any, layers: int, blocks: int, block: int, heads: int, hs: int) -> List[Any]:
@@ -95,14 +99,20 @@ def main() -> None:
                    "before": before, "after": after}
             out["pools"].append(res)
             print("pool %.1f GiB, %d layer views: register %.1f ms (%.2f ms/GiB), unregister %.1f ms; sidecar fds %d->%d, "
-                  "mappings %d->%d" % (res["gib"], a.layers, res["register_ms"], res["ms_per_gib"], res["unregister_ms"],
-                                       before["fds"], after["fds"], before["mappings"], after["mappings"]), flush=True)
+                  "mappings %d->%d; engine fds %d->%d" % (res["gib"], a.layers, res["register_ms"], res["ms_per_gib"],
+                                                    res["unregister_ms"], before["fds"], after["fds"], before["mappings"],
+                                                    after["mappings"], before["engine_fds"], after["engine_fds"]),
+                  flush=True)
             del views, kv
             del pool
             if arena is not None:
                 arena.close()
             if cuda:
                 torch.cuda.empty_cache()
+                print("  after unregistering and dropping the pool, torch still reserves %.2f GiB of CUDA memory"
+                      % (torch.cuda.memory_reserved() / GiB), flush=True)
+        if a.cycles <= 0:
+            return
         # cycles: one layer's cache (of a 1 GiB pool) registered and unregistered again and again
         blocks = GiB // row
         if cuda:
@@ -127,10 +137,13 @@ def main() -> None:
         first, last = statistics.mean(times[:k]) * 1e3, statistics.mean(times[-k:]) * 1e3
         out["cycles"] = {"n": a.cycles, "first10pct_ms": first, "last10pct_ms": last, "start": start, "end": end}
         print("%d register/unregister cycles of a 1 GiB layer: first 10%% %.3f ms, last 10%% %.3f ms (%.2fx); "
-              "fds %d->%d, mappings %d->%d, peer_mappings %d->%d, regions %d->%d, rss %.1f->%.1f MiB, goroutines %d->%d"
+              "fds %d->%d, mappings %d->%d, peer_mappings %d->%d, regions %d->%d, rss %.1f->%.1f MiB, goroutines %d->%d; "
+              "engine fds %d->%d, engine CUDA reserved %.2f->%.2f GiB"
               % (a.cycles, first, last, last / first, start["fds"], end["fds"], start["mappings"], end["mappings"],
                  start["peer_mappings"], end["peer_mappings"], start["regions"], end["regions"],
-                 start["rss_bytes"] / 2**20, end["rss_bytes"] / 2**20, start["goroutines"], end["goroutines"]), flush=True)
+                 start["rss_bytes"] / 2**20, end["rss_bytes"] / 2**20, start["goroutines"], end["goroutines"],
+                 start["engine_fds"], end["engine_fds"], start["engine_cuda_reserved"] / GiB,
+                 end["engine_cuda_reserved"] / GiB), flush=True)
         if arena is not None:
             arena.close()
     finally:
