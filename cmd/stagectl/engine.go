@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/stage-kv/stage/cuda"
 	"github.com/stage-kv/stage/kvsim"
@@ -36,20 +37,35 @@ func parseEngineDevice(s string) (engineDevice, error) {
 func (d engineDevice) String() string { return fmt.Sprintf("%s:%d", d.kind, d.ordinal) }
 
 // cudaDevs keeps one opened CUDA device per ordinal for this process.
-var cudaDevs = map[int]*cuda.Device{}
+var cudaDevs = struct {
+	sync.Mutex
+	m map[int]*cuda.Device
+}{m: map[int]*cuda.Device{}}
+
+// cudaDevice opens the CUDA device of ordinal once (the benches of one
+// process may allocate from several goroutines).
+func cudaDevice(ordinal int) (*cuda.Device, error) {
+	cudaDevs.Lock()
+	defer cudaDevs.Unlock()
+	if dev := cudaDevs.m[ordinal]; dev != nil {
+		return dev, nil
+	}
+	dev, err := cuda.OpenDevice(ordinal, cuda.Config{})
+	if err != nil {
+		return nil, err
+	}
+	cudaDevs.m[ordinal] = dev
+	return dev, nil
+}
 
 // newCache allocates a cache's memory where d says.
 func newCache(d engineDevice, name string, layers int, layerBytes, guard uint64) (*kvsim.Cache, error) {
 	if d.kind == "hostmem" {
 		return kvsim.New(name, layers, layerBytes, guard)
 	}
-	dev := cudaDevs[d.ordinal]
-	if dev == nil {
-		var err error
-		if dev, err = cuda.OpenDevice(d.ordinal, cuda.Config{}); err != nil {
-			return nil, err
-		}
-		cudaDevs[d.ordinal] = dev
+	dev, err := cudaDevice(d.ordinal)
+	if err != nil {
+		return nil, err
 	}
 	m, err := kvsim.NewCUDAMemory(dev, 2*guard+uint64(layers)*layerBytes)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/config"
-	"github.com/stage-kv/stage/cuda"
 	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
@@ -96,12 +95,9 @@ func newKVOn(d engineDevice, name, preset string, params kvlayout.Params, layers
 	if err != nil {
 		return nil, err
 	}
-	dev := cudaDevs[d.ordinal]
-	if dev == nil {
-		if dev, err = cuda.OpenDevice(d.ordinal, cuda.Config{}); err != nil {
-			return nil, err
-		}
-		cudaDevs[d.ordinal] = dev
+	dev, err := cudaDevice(d.ordinal)
+	if err != nil {
+		return nil, err
 	}
 	m, err := kvsim.NewCUDAMemory(dev, size)
 	if err != nil {
