@@ -27,16 +27,11 @@ from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 
-__all__ = ["StageWorker", "detect_preset"]
+__all__ = ["StageWorker"]
 
 log = logging.getLogger(LOGGER)
 
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
-
-
-def detect_preset(t: Any, backend: Optional[str] = None) -> str:
-    """The stage_client preset of one layer's KV cache (see :func:`stage_client.vllm.kvlayout.detect`)."""
-    return kvlayout.detect(t, backend)
 
 
 @dataclass
