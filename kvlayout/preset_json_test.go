@@ -12,7 +12,7 @@ var updatePresets = flag.Bool("update-presets", false, "rewrite testdata/presets
 
 // presetCase is one preset with its params and what Preset builds, in the
 // JSON form of the Python client (stage_client.layout.Layout.to_dict):
-// python/tests/test_layout_packed.py builds each with kvpresets.preset
+// python/tests/test_layout_packed.py builds each with kvderive.preset
 // and compares, so both languages must agree on every preset.
 type presetCase struct {
 	Preset string         `json:"preset"`

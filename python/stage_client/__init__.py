@@ -10,7 +10,8 @@ from .client import DEFAULT_REQUEST_TIMEOUT, Block, Client, Op, Subscription, Tr
 from .errors import ProtocolError, SidecarConnectionError, StageError, StageTimeout
 from .kv import HostArena, KVCache, PagedKV, coalesce, register_kv_cache
 from .kvwire import KVLayout, RegisterKV, SubmitKV
-from .layout import DType, Layout, LayoutError, Part, Side, check, columns, preset, sides
+from .kvderive import preset
+from .layout import DType, Layout, LayoutError, Part, Side, check, columns, sides
 from .wire import Access, Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 #: What :meth:`Client.wait` and :meth:`Client.status` return (wire.XferStatus).

@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .layout import DType, Layout, LayoutError, Side, derive, part_widths, roles_of
+from .kvderive import derive, part_widths, roles_of
+from .layout import DType, Layout, LayoutError, Side
 
 __all__ = ["from_tensor", "dtype_of", "region_bytes", "gather", "gather_tensor", "scatter"]
 

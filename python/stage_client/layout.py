@@ -25,7 +25,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["DType", "Part", "Layout", "LayoutError", "Side", "PRESETS", "TensorRoles", "preset", "columns", "check", "sides",
+# kvpresets is a leaf (data only), so importing it here makes no cycle; the
+# functions that build layouts from presets live in kvderive, above this module.
+from .kvpresets import PRESETS, TensorRoles
+
+__all__ = ["DType", "Part", "Layout", "LayoutError", "Side", "PRESETS", "TensorRoles", "columns", "check", "sides",
            "gather", "scatter", "MAX_PARTS", "MAX_ROW_WIDTH"]
 
 MAX_PARTS = 8
@@ -429,6 +433,3 @@ def scatter(side: Side, tensors: Sequence[Sequence[Any]], data: Any) -> None:
     from .kvmap import scatter as s
     s(side, tensors, data)
 
-
-# The presets build Layouts, so they import this module: bound last, once the names above exist.
-from .kvpresets import PRESETS, TensorRoles, derive, part_widths, physical_shape, preset, roles_of, tensor_lens  # noqa: E402,F401

@@ -17,12 +17,13 @@ installed.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
 import unittest
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 _PYTHON = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = "stage_client"
@@ -51,11 +52,11 @@ except ModuleNotFoundError as e:
 #: Modules that fail imported without the package's __init__, with why.
 #: Their tests are expected failures, so one that starts to pass is
 #: reported (remove its entry then).
-FAIL_WITHOUT_INIT = {
-    "stage_client.kvpresets": "kvpresets imports layout, and layout imports kvpresets at its bottom: imported "
-                              "first, kvpresets is half built when layout asks it for PRESETS (issue 26 item 8: "
-                              "kvpresets is to become a leaf)",
-}
+FAIL_WITHOUT_INIT: Dict[str, str] = {}
+
+#: Modules that must import nothing of the package: the bottom of its
+#: import graph, which any module may import first without a cycle.
+LEAVES = ("stage_client.kvpresets",)
 
 
 def modules(root: str = _PYTHON, package: str = _PACKAGE) -> List[str]:
@@ -131,6 +132,21 @@ class ModulesTest(unittest.TestCase):
             self.assertIn(name, names)
         for name in FAIL_WITHOUT_INIT:
             self.assertIn(name, names, "FAIL_WITHOUT_INIT names a module that is gone")
+
+    def test_leaves_import_nothing_of_the_package(self) -> None:
+        """A leaf's imports name no stage_client module, read from its source."""
+        for name in LEAVES:
+            path = os.path.join(_PYTHON, *name.split(".")) + ".py"
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    bad = node.level > 0 or (node.module or "").split(".")[0] == _PACKAGE
+                    self.assertFalse(bad, "%s imports %s%s: a leaf imports nothing of %s"
+                                     % (name, "." * node.level, node.module or "", _PACKAGE))
+                elif isinstance(node, ast.Import):
+                    for a in node.names:
+                        self.assertNotEqual(a.name.split(".")[0], _PACKAGE, "%s imports %s" % (name, a.name))
 
     def test_pyproject_lists_every_package(self) -> None:
         """pyproject.toml names its packages one by one (setuptools builds

@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from stage_client.layout import (PRESETS, DType, Layout, LayoutError, Part, Side, check, columns,  # noqa: E402
-                                 preset, sides, tensor_lens)
+from stage_client.kvderive import preset, tensor_lens  # noqa: E402
+from stage_client.layout import PRESETS, DType, Layout, LayoutError, Part, Side, check, columns, sides  # noqa: E402
 
 try:
     import torch

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchenv import TORCH_WHY, torch  # noqa: E402
 
-from stage_client.layout import PRESETS, Layout, Part, preset, tensor_lens  # noqa: E402
+from stage_client.kvderive import preset, tensor_lens  # noqa: E402
+from stage_client.layout import PRESETS, Layout, Part  # noqa: E402
 
 GO_PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "kvlayout", "testdata", "presets.json")

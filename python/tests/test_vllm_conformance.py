@@ -35,7 +35,7 @@ if os.environ.get("STAGE_ENGINES_REQUIRED") == "1" and WHY:  # make test-engines
     raise RuntimeError(WHY)
 
 if not WHY:
-    from stage_client.kvpresets import preset as make_preset
+    from stage_client.kvderive import preset as make_preset
     from stage_client.layout import Layout
     from stage_client.vllm import StageConnector, kvlayout
 

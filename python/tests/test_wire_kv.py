@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stage_client import wire  # noqa: E402
 from stage_client.kvwire import DTYPE_CODES, KVLayout, KVPart, RegisterKV, SubmitKV, pack_u32s  # noqa: E402
-from stage_client.layout import DType, LayoutError, preset  # noqa: E402
+from stage_client.kvderive import preset  # noqa: E402
+from stage_client.layout import DType, LayoutError  # noqa: E402
 from stage_client.wire import Checksum, Direction, FrameType, ProtocolError  # noqa: E402
 
 
