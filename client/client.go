@@ -60,8 +60,10 @@ type Option func(*Client)
 // caller polls for its answer before it blocks. A sleeping thread costs
 // 5-10 us to wake on bare metal and 50 us or more on a virtual machine;
 // for small pushes that is a large part of the latency. The price is a
-// busy core (two while a call waits) for up to d at a time. 0 (the
-// default) never polls.
+// busy core (two while a call waits) for up to d at a time. 0 never
+// polls. Without this option the client polls for spin.Window on
+// machines of spin.MinCPUs or more and never below, as the sidecar's
+// staging.read_spin does by default.
 func WithSpin(d time.Duration) Option { return func(c *Client) { c.spin = max(d, 0) } }
 
 // Dial connects to the control socket at path.
@@ -70,7 +72,8 @@ func Dial(path string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage: connect to sidecar at %s: %w; is staged running, and is this its control_socket?", path, err)
 	}
-	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{})}
+	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{}),
+		spin: spin.Default()}
 	for _, o := range opts {
 		o(cl)
 	}

@@ -31,6 +31,8 @@ func decodeHook(_ reflect.Type, to reflect.Type, data any) (any, error) {
 		return toByteSize(data)
 	case depthType:
 		return toDepth(data)
+	case spinType:
+		return toSpin(data)
 	}
 	s, isString := data.(string)
 	switch to.Kind() {
@@ -273,6 +275,8 @@ func leafWant(t reflect.Type) string {
 		return "must be a size like 4MiB, 512KiB, 1GiB, 64KB or a number of bytes"
 	case t == depthType:
 		return "must be auto or a whole number"
+	case t == spinType:
+		return "must be auto or a duration like 100us"
 	}
 	switch t.Kind() {
 	case reflect.String:

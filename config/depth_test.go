@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDepthFromYAMLAndEnv: staging.stream_depth takes auto (any case) or
@@ -70,6 +71,70 @@ func TestDepthResolve(t *testing.T) {
 	} {
 		if got := tc.d.Resolve(tc.splice); got != tc.want {
 			t.Errorf("%s.Resolve(splice %v) = %d, want %d", tc.d, tc.splice, got, tc.want)
+		}
+	}
+}
+
+// TestSpinFromYAMLAndEnv: staging.read_spin takes auto (the default) or a
+// duration 0..10ms, from a file or an env var.
+func TestSpinFromYAMLAndEnv(t *testing.T) {
+	tests := []struct {
+		name, value string
+		env         bool
+		want        Spin
+		wantErr     bool
+	}{
+		{name: "default", want: SpinAuto},
+		{name: "auto", value: "auto", want: SpinAuto},
+		{name: "quoted AUTO", value: `"AUTO"`, want: SpinAuto},
+		{name: "100us", value: "100us", want: Spin(100 * time.Microsecond)},
+		{name: "off", value: "0s", want: 0},
+		{name: "bare zero", value: "0", want: 0},
+		{name: "env auto", value: "auto", env: true, want: SpinAuto},
+		{name: "env 50us", value: "50us", env: true, want: Spin(50 * time.Microsecond)},
+		{name: "negative", value: "-1us", wantErr: true},
+		{name: "env negative", value: "-1ns", env: true, wantErr: true},
+		{name: "above max", value: "11ms", wantErr: true},
+		{name: "no unit", value: "100", wantErr: true},
+		{name: "word", value: "fast", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv("STAGE_SECURITY_TOKEN", "x")
+			file := writeFile(t, "{}\n")
+			if tt.value != "" {
+				if tt.env {
+					t.Setenv("STAGE_STAGING_READ_SPIN", tt.value)
+				} else {
+					file = writeFile(t, "staging:\n  read_spin: "+tt.value+"\n")
+				}
+			}
+			c, err := Load(file, nil)
+			if tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "staging.read_spin") {
+					t.Fatalf("got %v, want an error naming staging.read_spin", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Staging.ReadSpin != tt.want {
+				t.Errorf("got %s, want %s", c.Staging.ReadSpin, tt.want)
+			}
+		})
+	}
+}
+
+func TestSpinResolve(t *testing.T) {
+	const auto = 77 * time.Microsecond
+	for _, tc := range []struct {
+		s    Spin
+		want time.Duration
+	}{{SpinAuto, auto}, {0, 0}, {Spin(time.Millisecond), time.Millisecond}} {
+		if got := tc.s.resolve(auto); got != tc.want {
+			t.Errorf("%s.resolve(%s) = %s, want %s", tc.s, auto, got, tc.want)
 		}
 	}
 }

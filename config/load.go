@@ -275,6 +275,7 @@ var (
 	durationType = reflect.TypeOf(time.Duration(0))
 	byteSizeType = reflect.TypeOf(ByteSize(0))
 	depthType    = reflect.TypeOf(Depth(0))
+	spinType     = reflect.TypeOf(Spin(0))
 	intType      = reflect.TypeOf(0)
 )
 

@@ -131,8 +131,8 @@ func Validate(c *Config) error {
 	if (s.StreamDepth < 0 && s.StreamDepth != DepthAuto) || s.StreamDepth > MaxStreamDepth {
 		v.add("staging.stream_depth", fmt.Sprintf("must be auto or 0..%d (got %d); 0: as slots and credits allow", MaxStreamDepth, s.StreamDepth))
 	}
-	if s.ReadSpin < 0 || s.ReadSpin > MaxReadSpin {
-		v.add("staging.read_spin", fmt.Sprintf("must be 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
+	if (s.ReadSpin < 0 && s.ReadSpin != SpinAuto) || time.Duration(s.ReadSpin) > MaxReadSpin {
+		v.add("staging.read_spin", fmt.Sprintf("must be auto or 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}
 	if s.StallTimeout != 0 && (s.StallTimeout < MinStall || s.StallTimeout > MaxStall) {
 		v.add("staging.stall_timeout", fmt.Sprintf("must be 0 (off) or %s..%s (got %s)", MinStall, MaxStall, s.StallTimeout))

@@ -118,7 +118,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	}
 	rc, err := newStreamConn(c)
 	if err == nil {
-		rc.SetSpin(ss.s.cfg.Staging.ReadSpin)
+		rc.SetSpin(ss.s.cfg.Staging.ReadSpin.Resolve())
 		if err = ss.s.prepareSplice(rc); err != nil {
 			closeUnused(rc)
 		}

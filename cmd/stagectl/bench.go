@@ -62,7 +62,7 @@ with --sweep, right after each row, and each row is a share of its own.`,
 	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
-	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); trades busy cores for small-push latency")
+	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); 0 never polls; not given: the defaults (100us on machines of 8+ CPUs, else 0)")
 	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send). Unset: their default, splice where it applies if a start-up probe finds it faster than writev on this machine (staging.splice_probe); --splice forces it on without the probe, --splice=false off; see docs/OPERATIONS.md, \"Splice send\"")
 	kvArg := f.String("kv", "", "move a synthetic KV cache from layout preset FROM (local) to TO (remote), as FROM[/BLOCK]:TO[/BLOCK] (e.g. ascend/128:vllm-hnd/16), beside the same-layout KV transfer and its byte ops, in the same run")
 	kvTokens := f.Uint32("kv-tokens", 4096, "with --kv: tokens per transfer")
@@ -144,7 +144,8 @@ with --sweep, right after each row, and each row is a share of its own.`,
 				return fmt.Errorf("--splice: %w", err)
 			}
 		}
-		if *spawn && *spinFor > 0 {
+		spinSet := f.Changed("spin")
+		if *spawn && spinSet {
 			// The spawned sidecars inherit it (STAGE_ overrides the YAML).
 			if err := os.Setenv("STAGE_STAGING_READ_SPIN", spinFor.String()); err != nil {
 				return err
@@ -248,7 +249,7 @@ with --sweep, right after each row, and each row is a share of its own.`,
 			}
 			total -= total % b
 			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor})
+				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor, spinSet: spinSet})
 			if err != nil {
 				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
 			}
@@ -388,7 +389,8 @@ type benchOpts struct {
 	prof                 *profiler     // nil: no profiles
 	checksum             uint8         // wire.ChecksumRoute, On or Off
 	inflight             int           // transfers in flight at once, each on its own buffers
-	spin                 time.Duration // client.WithSpin
+	spin                 time.Duration // client.WithSpin, when spinSet
+	spinSet              bool          // --spin given: else the client's default
 }
 
 // BenchResult is the summary of a benchmark.
@@ -413,9 +415,15 @@ type BenchResult struct {
 	// CPU seconds both sidecars used per GB moved, the larger sidecar's
 	// resident size at the end, and its pinned pool.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
-	MaxRSS      uint64  `json:"max_rss_bytes"`
-	PoolBytes   uint64  `json:"pool_bytes"`
-	TotalSecs   float64 `json:"total_s"`
+	// CPU microseconds both sidecars used per timed transfer, and the CPU
+	// they and bench itself used in the idleWindow after the last one (percent
+	// of one core): what polling readers cost, busy and idle.
+	CPUusPerXfer   float64 `json:"cpu_us_per_transfer"`
+	IdleCPUPct     float64 `json:"idle_cpu_pct"`
+	IdleCPUSelfPct float64 `json:"idle_cpu_client_pct"`
+	MaxRSS         uint64  `json:"max_rss_bytes"`
+	PoolBytes      uint64  `json:"pool_bytes"`
+	TotalSecs      float64 `json:"total_s"`
 	// RawBeside: raw TCP measured right after this row (sweeps with --raw).
 	RawBeside float64 `json:"raw_tcp_beside_gb_per_s,omitempty"`
 }
@@ -428,8 +436,9 @@ func (r BenchResult) String() string {
 	case r.Verified:
 		v = "every byte verified after each transfer"
 	}
-	return fmt.Sprintf("%s %s %s (%s): %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s",
-		r.Route, r.Dir, r.Pattern, r.Devices, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v)
+	return fmt.Sprintf("%s %s %s (%s): %d x %s in %s blocks: %.3f GB/s; latency p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us; %s; sidecars' CPU %.1f us per transfer, idle after: sidecars %.1f%%, bench %.1f%% of a core",
+		r.Route, r.Dir, r.Pattern, r.Devices, r.Iters, config.ByteSize(r.Size), config.ByteSize(r.Block), r.GBps, r.P50us, r.P90us, r.P99us, r.MaxUs, v,
+		r.CPUusPerXfer, r.IdleCPUPct, r.IdleCPUSelfPct)
 }
 
 // sidecarsCPU returns the CPU seconds both sidecars used so far, the larger

@@ -83,7 +83,11 @@ func benchPairs(ctx context.Context, o benchOpts, lc, rc *client.Client, tag str
 
 func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	o.inflight = max(o.inflight, 1)
-	lc, err := client.Dial(o.local, client.WithSpin(o.spin))
+	var opts []client.Option
+	if o.spinSet {
+		opts = append(opts, client.WithSpin(o.spin))
+	}
+	lc, err := client.Dial(o.local, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +146,10 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 			return nil, err
 		}
 	}
+	idle, idleSelf, err := idleCPU(ctx, idleWindow, lc, rc)
+	if err != nil {
+		return nil, err
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(p float64) float64 {
 		if len(lat) == 0 {
@@ -155,7 +163,32 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat), Inflight: o.inflight,
 		GBps: moved / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
 		MaxUs: pct(1), Verified: o.verify, VerifiedAtEnd: o.verify && (o.verifyEnd || o.inflight > 1), TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
-		CPUSecPerGB: (cpu1 - cpu0) / (moved / 1e9), MaxRSS: rss, PoolBytes: pool}, nil
+		CPUSecPerGB: (cpu1 - cpu0) / (moved / 1e9), CPUusPerXfer: (cpu1 - cpu0) * 1e6 / float64(max(len(lat), 1)),
+		IdleCPUPct: idle, IdleCPUSelfPct: idleSelf, MaxRSS: rss, PoolBytes: pool}, nil
+}
+
+// idleWindow is how long bench watches the sidecars do nothing after the
+// timed transfers: polling readers (staging.read_spin, the client's spin)
+// must stop within their window, so any CPU they burn here is a leak.
+const idleWindow = 500 * time.Millisecond
+
+// idleCPU is the CPU both sidecars, and this process (the engine's side:
+// its client's reader), used while no transfer ran for d, as percent of one
+// core. The window starts after a short grace for the last answers' polls.
+func idleCPU(ctx context.Context, d time.Duration, cls ...*client.Client) (sidecars, self float64, err error) {
+	time.Sleep(20 * time.Millisecond)
+	c0, _, _, err := sidecarsCPU(ctx, cls...)
+	if err != nil {
+		return 0, 0, err
+	}
+	s0, t0 := selfCPU(), time.Now()
+	time.Sleep(d)
+	c1, _, _, err := sidecarsCPU(ctx, cls...)
+	if err != nil {
+		return 0, 0, err
+	}
+	el := time.Since(t0).Seconds()
+	return 100 * (c1 - c0) / el, 100 * (selfCPU() - s0) / el, nil
 }
 
 // timedTransfer moves p once and returns how long the transfer took; with

@@ -7,12 +7,37 @@
 package spin
 
 import (
+	"runtime"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// Window is how long a reader polls by default, where polling is on
+// (Default). Measured on 2 x H200 (docs/BENCHMARKS.md): 100 us took a 4
+// KiB push from p50 54-63 us to 30-33 us; 30 us was worse than none (the
+// reader gives up just before the answer comes).
+const Window = 100 * time.Microsecond
+
+// MinCPUs is the fewest CPUs on which readers poll by default: polling
+// keeps a core busy for up to Window after each frame, which a small
+// machine cannot spare (like the CUDA driver's automatic scheduling, which
+// spins only where there are spare cores).
+const MinCPUs = 8
+
+// Default is the polling window a reader uses unless told otherwise:
+// Window on machines of MinCPUs or more, 0 (never poll) below.
+func Default() time.Duration { return For(runtime.NumCPU()) }
+
+// For is Default's rule for a machine of ncpu CPUs.
+func For(ncpu int) time.Duration {
+	if ncpu < MinCPUs {
+		return 0
+	}
+	return Window
+}
 
 // Readable polls c until bytes (or an error, or the peer's close) are
 // there to read, or d has passed; the read that follows then finds them

@@ -62,3 +62,14 @@ func TestReadable(t *testing.T) {
 	// d <= 0 returns at once.
 	Readable(tc, 0)
 }
+
+func TestFor(t *testing.T) {
+	for _, tc := range []struct {
+		ncpu int
+		want time.Duration
+	}{{1, 0}, {2, 0}, {MinCPUs - 1, 0}, {MinCPUs, Window}, {16, Window}, {128, Window}} {
+		if got := For(tc.ncpu); got != tc.want {
+			t.Errorf("For(%d) = %s, want %s", tc.ncpu, got, tc.want)
+		}
+	}
+}
