@@ -99,6 +99,9 @@ func BenchmarkRuns(b *testing.B) {
 	}{
 		{"identical-nhd/ascend-bs128", "ascend", "ascend", 128},
 		{"nhd-to-hnd/vllm-hnd-bs16-256B-rows", "vllm-hnd", "ascend", 16},
+		{"mla/vllm-mla-576-vs-512+64", "vllm-mla", "ascend-mla", 16},
+		{"mla/ascend-mla-512+64-vs-576", "ascend-mla", "vllm-mla", 128},
+		{"mla/identical-vllm-mla", "vllm-mla", "vllm-mla", 16},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s := benchSide(b, c.side, c.peer, c.bs)

@@ -125,3 +125,26 @@ func FuzzRuns(f *testing.F) {
 		checkRuns(t, s, s.Len()-1, 1<<40)
 	})
 }
+
+// TestRunsMLASplit: a vllm-mla side (576-wide rows) moving to a peer that
+// keeps latent (512) and rope (64) apart gives each column one run per
+// block's tokens (16 tokens a row apart), not a segment per token.
+func TestRunsMLASplit(t *testing.T) {
+	s := benchSide(t, "vllm-mla", "ascend-mla", 16)
+	var runs, strided int
+	s.Runs(benchChunk, benchChunk, func(_, _ int, _ uint64, p, n1 uint32, s1 uint64, n2 uint32, s2 uint64, _ uint64) {
+		runs++
+		if n2 > 1 {
+			strided++
+			if n1 != 1 || s2 != 1152 || (p != 1024 && p != 128) {
+				t.Fatalf("run %d: piece %d, %d x %d, strides %d, %d; want 1024 or 128 B pieces, 1 x n, row stride 1152", runs, p, n1, n2, s1, s2)
+			}
+		}
+	})
+	// 4 MiB of 1,152-byte rows cut by columns: about 3,641 tokens in
+	// 16-token blocks, twice (latent, rope), plus the cut ends.
+	if runs > 2*(4<<20)/(16*1152)+8 || strided < runs-8 {
+		t.Errorf("%d runs (%d strided), want about %d, nearly all strided", runs, strided, 2*(4<<20)/(16*1152))
+	}
+	checkRuns(t, s, benchChunk, benchChunk)
+}

@@ -22,8 +22,9 @@ func (s *Side) Segments(off, n uint64, emit EmitFunc) {
 }
 
 // walk maps [off, off+n) column by column into c; a column whose heads lie
-// apart in token-major order goes to strided as runs when it is not nil
-// (Runs), piece by piece into c otherwise.
+// apart in token-major order, or whose tokens do (a column that is part of
+// a wider row: MLA's latent beside its rope), goes to strided as runs when
+// it is not nil (Runs), piece by piece into c otherwise.
 func (s *Side) walk(off, n uint64, c *coalescer, strided RunEmitFunc) {
 	if off >= s.total {
 		return
@@ -44,6 +45,9 @@ func (s *Side) walk(off, n uint64, c *coalescer, strided RunEmitFunc) {
 		switch {
 		case s.order == BlockMajor:
 			s.walkBlocks(c, int(layer), region, m, pos, take, wire)
+		case m.headsRun && !m.tokensRun && strided != nil:
+			c.flush() // the runs must follow what the coalescer holds
+			s.tokenRuns(strided, int(layer), region, m, pos, take, wire)
 		case m.headsRun:
 			s.walkRuns(c, int(layer), region, m, pos, take, wire)
 		case strided != nil:
