@@ -15,7 +15,7 @@
 # same case, and the check of the destination's bytes after each run (stage:
 # --verify-end; the peers: every destination block compared by the target).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BIN=${BIN:-bin}
 VENV=${PEER_VENV:-$HOME/.cache/stage/venvs/peers}
 ROUNDS=${ROUNDS:-3}
@@ -48,6 +48,7 @@ PINS="nixl==1.5.1 nixl-cu12==1.5.1 numpy==2.4.6 mooncake-transfer-engine-non-cud
 if ! "$VENV/bin/python" -c 'import nixl._api, mooncake.engine' 2>/dev/null; then
   echo "peer-compare: making the venv $VENV ($PINS)" >&2
   python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (Debian: apt-get install python3-venv)"
+  # shellcheck disable=SC2086 # PINS is a list
   "$VENV/bin/pip" install -q --no-deps $PINS || die "pip install of $PINS failed; is PyPI reachable?"
 fi
 PY=$VENV/bin/python
@@ -65,7 +66,7 @@ RUNS=$WORK/runs.jsonl
 peer() {
   local name=$1 s=$2 b=$3 pat=$4 case=$4:$3:$2 ready="$WORK/ready.$RANDOM$RANDOM"
   local port=$((20000 + RANDOM % 20000)) envs=()
-  [ "$name" = mooncake ] && envs=(MC_TCP_LANES_PER_PEER=$s)
+  [ "$name" = mooncake ] && envs=("MC_TCP_LANES_PER_PEER=$s")
   env "${envs[@]}" "$PY" "$DRIVER" "$name" target --port $port --size $SIZE --block "$b" --pattern "$pat" \
       --streams "$s" --ready "$ready" --timeout 240 >"$WORK/target.log" 2>&1 &
   local tp=$!; PIDS+=("$tp")
@@ -103,6 +104,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
+# shellcheck disable=SC2086 # CASES is a list
 "$PY" "$TABLE" print "$RUNS" $CASES
 echo "256 MiB per transfer, host memory, loopback; raw TCP: stagectl's in-process sink, as many streams, 256 MiB span (cold memory)."
 echo "stage: stagectl bench --spawn (tcp, default slots, --verify-end); NIXL: UCX tcp on lo, num_workers=N, N WRITE requests posted together;"

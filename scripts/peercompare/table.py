@@ -72,15 +72,18 @@ def show(argv):
         pass
     cases = argv[1:] or sorted({r["case"] for r in recs})
     print("%-18s %-9s %20s %8s %8s  %s" % ("CASE", "PEER", "GB/s med (min-max)", "/rawTCP", "/stage", "verify"))
+    peers = PEERS + tuple(sorted({r["peer"] for r in recs} - set(PEERS)))
     for c in cases:
         mine = [r for r in recs if r["case"] == c]
-        vals = {p: [g for r in mine if r["peer"] == p for g in r["gbps"]] for p in PEERS}
+        vals = {p: [g for r in mine if r["peer"] == p for g in r["gbps"]] for p in peers}
         med = {p: statistics.median(v) for p, v in vals.items() if v}
-        for p in PEERS:
+        for p in peers:
             v = vals[p]
             rs = [r for r in mine if r["peer"] == p]
             if not v:
-                errs = [r["error"] for r in rs if r["error"]]
+                # raw TCP is measured by stage's runs: without any, stage's reason is raw's
+                src = rs if rs or p != "raw" else [r for r in mine if r["peer"] == "stage"]
+                errs = [r["error"] for r in src if r["error"]]
                 why = errs[-1] if errs else "did not run: no record"
                 print("%-18s %-9s %s" % (label(c), p, why))
                 continue
@@ -89,7 +92,7 @@ def show(argv):
             note = verify_summary(rs)
             failed = [r["error"] for r in rs if r["error"]]
             if failed:
-                note += f"; {len(failed)} run(s) failed: {failed[-1]}"
+                note += f"; {len(failed)} other run(s): {failed[-1]}"
             print("%-18s %-9s %7.2f (%5.2f-%5.2f) %8s %8s  %s" % (label(c), p, med[p], min(v), max(v), rr, rst, note))
 
 
