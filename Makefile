@@ -98,6 +98,13 @@ gpu-build:
 	cp ../shared/bench/* .dev/bench/
 	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go
 
+# NIXL's and Mooncake's wheels (Python 3.12, manylinux) and stage's binaries
+# for scripts/gpu-peers.sh, in three carry folders .pw1 .pw2 .pw3 (one per
+# device call); the script's header says how they are used there.
+.PHONY: gpu-peers-wheels
+gpu-peers-wheels:
+	GO=$(GO) bash scripts/gpu-peers-wheels.sh
+
 clean:
 	rm -rf $(BIN) .dev
 

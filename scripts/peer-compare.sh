@@ -10,10 +10,12 @@
 # Env: PEER_VENV (pinned venv, made on first use; default
 # ~/.cache/stage/venvs/peers), ROUNDS (interleaved rounds, default 3), ITERS
 # (timed transfers per run, default 3), BIN (stage binaries, built if missing).
-# Prints one table: median GB/s over all timed transfers (min-max), and the
-# ratio of each median to raw TCP and to stage in the same case.
+# Prints one table (scripts/peercompare/table.py): median GB/s over all timed
+# transfers (min-max), the ratio of each median to raw TCP and to stage in the
+# same case, and the check of the destination's bytes after each run (stage:
+# --verify-end; the peers: every destination block compared by the target).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BIN=${BIN:-bin}
 VENV=${PEER_VENV:-$HOME/.cache/stage/venvs/peers}
 ROUNDS=${ROUNDS:-3}
@@ -46,6 +48,7 @@ PINS="nixl==1.5.1 nixl-cu12==1.5.1 numpy==2.4.6 mooncake-transfer-engine-non-cud
 if ! "$VENV/bin/python" -c 'import nixl._api, mooncake.engine' 2>/dev/null; then
   echo "peer-compare: making the venv $VENV ($PINS)" >&2
   python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (Debian: apt-get install python3-venv)"
+  # shellcheck disable=SC2086 # PINS is a list
   "$VENV/bin/pip" install -q --no-deps $PINS || die "pip install of $PINS failed; is PyPI reachable?"
 fi
 PY=$VENV/bin/python
@@ -56,30 +59,36 @@ NIXL_OK=1; MC_OK=1
 export UCX_TLS=tcp UCX_NET_DEVICES=lo   # NIXL's UCX backend: TCP on loopback only
 export GLOG_minloglevel=2               # Mooncake: errors only
 
-# peer NAME STREAMS BLOCK PATTERN -> appends per-iteration GB/s to $WORK/NAME.S.B.P
+TABLE=scripts/peercompare/table.py
+RUNS=$WORK/runs.jsonl
+
+# peer NAME STREAMS BLOCK PATTERN -> a record of its timed transfers and check in $RUNS
 peer() {
-  local name=$1 s=$2 b=$3 pat=$4 out="$WORK/$1.$2.$3.$4" ready="$WORK/ready.$RANDOM$RANDOM"
+  local name=$1 s=$2 b=$3 pat=$4 case=$4:$3:$2 ready="$WORK/ready.$RANDOM$RANDOM"
   local port=$((20000 + RANDOM % 20000)) envs=()
-  [ "$name" = mooncake ] && envs=(MC_TCP_LANES_PER_PEER=$s)
-  env "${envs[@]}" "$PY" "$DRIVER" "$name" target --port $port --size $SIZE --streams "$s" \
-      --ready "$ready" --timeout 240 >"$WORK/target.log" 2>&1 &
+  [ "$name" = mooncake ] && envs=("MC_TCP_LANES_PER_PEER=$s")
+  env "${envs[@]}" "$PY" "$DRIVER" "$name" target --port $port --size $SIZE --block "$b" --pattern "$pat" \
+      --streams "$s" --ready "$ready" --timeout 240 >"$WORK/target.log" 2>&1 &
   local tp=$!; PIDS+=("$tp")
   local line
   line=$(env "${envs[@]}" timeout 240 "$PY" "$DRIVER" "$name" initiator --port $port --size $SIZE --block "$b" \
       --pattern "$pat" --iters "$ITERS" --streams "$s" --ready "$ready" 2>"$WORK/init.log" | tail -1)
   kill "$tp" 2>/dev/null; wait "$tp" 2>/dev/null
   if [ -z "$line" ]; then
-    echo "peer-compare: $name $pat $b x$s failed: $(grep -v '^[IW][0-9]' "$WORK/init.log" | tail -1)" >&2; return
+    local why; why=$(grep -v '^[IW][0-9]' "$WORK/init.log" | tail -1)
+    echo "peer-compare: $name $pat $b x$s failed: $why" >&2
+    "$PY" "$TABLE" record "$RUNS" "$case" "$name" --error "failed: $why"; return
   fi
-  printf '%s' "$line" | "$PY" -c 'import json,sys; print("\n".join("%.4f" % g for g in json.load(sys.stdin)["gbps"]))' >>"$out"
+  printf '%s\n' "$line" | "$PY" "$TABLE" record "$RUNS" "$case" "$name" --peer-json
 }
 
 stage() { # STREAMS BLOCK PATTERN -> stage and raw TCP
   local s=$1 b=$2 pat=$3 j
   j=$("$BIN/stagectl" bench --spawn --raw --raw-span 256MiB --stripes "$s" --size 256MiB --block "$b" \
-      --pattern "$pat" --iters "$ITERS" --json 2>"$WORK/stage.log") || { echo "peer-compare: stagectl bench failed: $(tail -1 "$WORK/stage.log")" >&2; return; }
-  printf '%s' "$j" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); print("%.4f" % d["results"][0]["gb_per_s"])' >>"$WORK/stage.$s.$b.$pat"
-  printf '%s' "$j" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); print("%.4f" % d["raw_tcp"]["gb_per_s"])' >>"$WORK/raw.$s.$b.$pat"
+      --pattern "$pat" --iters "$ITERS" --verify-end --json 2>"$WORK/stage.log") || {
+    echo "peer-compare: stagectl bench failed: $(tail -1 "$WORK/stage.log")" >&2
+    "$PY" "$TABLE" record "$RUNS" "$pat:$b:$s" stage --error "failed: $(tail -1 "$WORK/stage.log")"; return; }
+  printf '%s' "$j" | "$PY" "$TABLE" record "$RUNS" "$pat:$b:$s" stage --stage-json
 }
 
 CASES="ranges:1048576:1 ranges:1048576:4 blocks:16384:1 blocks:16384:4"
@@ -88,32 +97,15 @@ for r in $(seq "$ROUNDS"); do
   for c in $CASES; do
     IFS=: read -r pat b s <<<"$c"
     stage "$s" "$b" "$pat"
-    [ $NIXL_OK = 1 ] && peer nixl "$s" "$b" "$pat"
-    [ $MC_OK = 1 ] && peer mooncake "$s" "$b" "$pat"
+    if [ $NIXL_OK = 1 ]; then peer nixl "$s" "$b" "$pat"
+    else "$PY" "$TABLE" record "$RUNS" "$c" nixl --error "did not run: NIXL does not import: $(tail -1 "$WORK/nixl.err")"; fi
+    if [ $MC_OK = 1 ]; then peer mooncake "$s" "$b" "$pat"
+    else "$PY" "$TABLE" record "$RUNS" "$c" mooncake --error "did not run: Mooncake does not import: $(tail -1 "$WORK/mc.err")"; fi
   done
 done
 
-"$PY" - "$WORK" "$CASES" <<'PY'
-import os, statistics, sys
-work, cases = sys.argv[1], sys.argv[2].split()
-def vals(n, c):
-    p = os.path.join(work, n + "." + c)
-    return [float(x) for x in open(p)] if os.path.exists(p) else []
-print("%-16s %-9s %18s %9s %9s" % ("CASE", "PEER", "GB/s med (min-max)", "/rawTCP", "/stage"))
-for c in cases:
-    pat, b, s = c.split(":")
-    key = f"{s}.{b}.{pat}"
-    label = ("1MiB ranges" if pat == "ranges" else "16KiB blocks") + f" x{s}"
-    med = {n: statistics.median(vals(n, key)) for n in ("raw", "stage", "nixl", "mooncake") if vals(n, key)}
-    for n in ("raw", "stage", "nixl", "mooncake"):
-        v = vals(n, key)
-        if not v:
-            print("%-16s %-9s %18s" % (label, n, "n/a")); continue
-        m = med[n]
-        rr = "%.2f" % (m / med["raw"]) if "raw" in med else "-"
-        rs = "%.2f" % (m / med["stage"]) if "stage" in med else "-"
-        print("%-16s %-9s %6.2f (%.2f-%.2f) %9s %9s" % (label, n, m, min(v), max(v), rr, rs))
-PY
+# shellcheck disable=SC2086 # CASES is a list
+"$PY" "$TABLE" print "$RUNS" $CASES
 echo "256 MiB per transfer, host memory, loopback; raw TCP: stagectl's in-process sink, as many streams, 256 MiB span (cold memory)."
-echo "stage: stagectl bench --spawn (tcp, default slots); NIXL: UCX tcp on lo, num_workers=N, N WRITE requests posted together;"
+echo "stage: stagectl bench --spawn (tcp, default slots, --verify-end); NIXL: UCX tcp on lo, num_workers=N, N WRITE requests posted together;"
 echo "Mooncake: tcp transport, P2P handshake, MC_TCP_LANES_PER_PEER=N, N threads of batch_transfer_sync_write (1024 slices in flight in all)."

@@ -1,9 +1,17 @@
-"""Drive NIXL or Mooncake Transfer Engine between two local processes, host memory.
+"""Drive NIXL or Mooncake Transfer Engine between two local processes.
 
 One process is the target (it registers a buffer and waits); the other is the
 initiator (it registers its own buffer and WRITEs --size bytes into the target's
 in --block pieces, --iters times). The initiator prints one JSON line:
-{"peer":..., "gbps":[per-iteration GB/s, 1e9 bytes]}.
+{"peer":..., "device":..., "gbps":[per-iteration GB/s, 1e9 bytes], "verify":...}.
+
+--device cpu (default) puts both buffers in host memory (numpy); cuda:N puts
+this process's buffer on GPU N (a torch tensor; NIXL registers it as VRAM,
+Mooncake by its device address). The initiator's buffer holds a known pattern
+(each 8-byte word a function of its index), the target's starts zeroed; after
+the timed transfers the target compares every destination block with what the
+pattern and the placement say it must hold and reports "ok" or what differs,
+which the initiator puts in its JSON as "verify".
 
 --pattern ranges keeps offsets (piece i of the source goes to piece i of the
 destination); blocks sends the pieces to destination blocks in a random order,
@@ -16,12 +24,13 @@ the caller) and the batch split over N Python threads each submitting its own
 batch.
 
 Usage (peer-compare.sh runs these):
-  peer.py nixl target    --port P --size S --ready FILE --streams N
-  peer.py nixl initiator --port P --size S --block B --iters I --pattern ranges|blocks --ready FILE --streams N
-  peer.py mooncake target    --size S --ready FILE
-  peer.py mooncake initiator --size S --block B --iters I --pattern ... --ready FILE --streams N
-The target writes what the initiator needs (its buffer address, and for
-Mooncake its session name) to --ready; the initiator waits for that file.
+  peer.py nixl target    --port P --size S --block B --pattern ranges|blocks --ready FILE --streams N [--device D]
+  peer.py nixl initiator --port P --size S --block B --iters I --pattern ranges|blocks --ready FILE --streams N [--device D]
+  peer.py mooncake target    --size S --block B --pattern ... --ready FILE [--device D]
+  peer.py mooncake initiator --size S --block B --iters I --pattern ... --ready FILE --streams N [--device D]
+The target writes what the initiator needs (its buffer address and device,
+and for Mooncake its session name) to --ready; the initiator waits for that
+file. The target writes its check of the destination to FILE.verify.
 """
 import argparse
 import json
@@ -39,7 +48,9 @@ def die(msg):
     sys.exit(1)
 
 
-def wait_file(path, timeout=60.0):
+def wait_file(path, timeout=60.0, must=True):
+    """The JSON object a peer published at path, once it is there; on timeout
+    die (must) or return None."""
     end = time.time() + timeout
     while time.time() < end:
         if os.path.exists(path) and os.path.getsize(path) > 0:
@@ -48,7 +59,9 @@ def wait_file(path, timeout=60.0):
             if txt.endswith("\n"):
                 return json.loads(txt)
         time.sleep(0.05)
-    die(f"the target did not write {path} within {timeout:.0f}s; see its log")
+    if must:
+        die(f"the target did not write {path} within {timeout:.0f}s; see its log")
+    return None
 
 
 def publish(path, obj):
@@ -58,10 +71,54 @@ def publish(path, obj):
     os.replace(tmp, path)
 
 
-def buffer(size):
-    buf = np.empty(size, dtype=np.uint8)
-    buf[:] = 7  # touch every page before timing
-    return buf
+def cuda_index(device):
+    return int(device.split(":", 1)[1]) if device.startswith("cuda:") else -1
+
+
+class Buffer:
+    """size bytes, zeroed and touched before timing: host memory (numpy) for
+    --device cpu, else a torch tensor on that GPU. addr, mem ("DRAM" or
+    "VRAM", NIXL's names) and dev (the GPU's index, 0 for host memory) are
+    what the peers register and address."""
+
+    def __init__(self, size, device):
+        self.size, self.device = size, device
+        if device == "cpu":
+            self.arr = np.empty(size, dtype=np.uint8)
+            self.arr[:] = 0  # touch every page (np.zeros would not)
+            self.addr, self.mem, self.dev = self.arr.ctypes.data, "DRAM", 0
+        else:
+            import torch
+
+            self.torch = torch
+            self.dev = cuda_index(device)
+            self.t = torch.zeros(size, dtype=torch.uint8, device=device)
+            torch.cuda.synchronize(self.dev)
+            self.addr, self.mem = self.t.data_ptr(), "VRAM"
+
+    def load(self, host):
+        """Copy host (a numpy uint8 array of size bytes) into the buffer."""
+        if self.device == "cpu":
+            self.arr[:] = host
+        else:
+            self.t.copy_(self.torch.from_numpy(host))
+            self.torch.cuda.synchronize(self.dev)
+
+    def host(self):
+        """The buffer's bytes as a numpy array (a copy for GPU memory)."""
+        if self.device == "cpu":
+            return self.arr
+        self.torch.cuda.synchronize(self.dev)
+        return self.t.cpu().numpy()
+
+
+def pattern(size):
+    """The source bytes: 8-byte word k holds k * an odd constant (mod 2^64),
+    so no two words are alike and a misplaced block cannot pass the check."""
+    w = np.arange(size // 8, dtype=np.uint64)
+    w *= np.uint64(0x9E3779B97F4A7C15)
+    w += np.uint64(0x5DEECE66D)
+    return w.view(np.uint8)
 
 
 def placement(n, pattern, seed=1):
@@ -69,6 +126,50 @@ def placement(n, pattern, seed=1):
     if pattern == "blocks":
         random.Random(seed).shuffle(dst)
     return dst
+
+
+def check(buf, args):
+    """Compare every destination block with the source block placed there:
+    "ok", or how many blocks differ and the first."""
+    n = args.size // args.block
+    got = buf.host().reshape(n, args.block)
+    src = pattern(args.size).reshape(n, args.block)
+    inv = np.empty(n, dtype=np.int64)
+    inv[placement(n, args.pattern)] = np.arange(n)  # destination block j holds source block inv[j]
+    step = max(1, (64 << 20) // args.block)
+    bad = []
+    for j in range(0, n, step):
+        rows = np.flatnonzero((got[j:j + step] != src[inv[j:j + step]]).any(axis=1))
+        bad.extend((rows + j).tolist())
+    if not bad:
+        return "ok"
+    return f"failed: {len(bad)} of {n} destination blocks differ (first: block {bad[0]})"
+
+
+def check_and_publish(buf, args, tries=1):
+    """The target's side of the check, written to --ready.verify. tries > 1
+    looks again a second later while blocks differ (for a peer whose
+    completion may precede the last bytes' landing)."""
+    for k in range(1, tries + 1):
+        verdict = check(buf, args)
+        if verdict == "ok" or k == tries:
+            break
+        time.sleep(1)
+    publish(args.ready + ".verify", {"verify": verdict, "looks": k})
+
+
+def verdict(args):
+    """The initiator's view of the target's check."""
+    v = wait_file(args.ready + ".verify", timeout=args.verify_timeout, must=False)
+    if v is None:
+        return f"no answer from the target within {args.verify_timeout:.0f}s"
+    return v["verify"] + (f" (at look {v['looks']})" if v.get("looks", 1) > 1 else "")
+
+
+def source(args):
+    buf = Buffer(args.size, args.device)
+    buf.load(pattern(args.size))
+    return buf
 
 
 def split(seq, k):
@@ -80,6 +181,10 @@ def split(seq, k):
         out.append(seq[i:i + step])
         i += step
     return out
+
+
+def report(args, rates):
+    return {"peer": args.peer, "device": args.device, "gbps": rates, "verify": verdict(args)}
 
 
 # ---------------------------------------------------------------- NIXL
@@ -95,14 +200,15 @@ def nixl_agent(name, args, listen):
 
 def nixl_target(args):
     agent = nixl_agent("target", args, listen=True)
-    buf = buffer(args.size)
-    agent.register_memory([(buf.ctypes.data, args.size, 0, "")], "DRAM")
-    publish(args.ready, {"addr": buf.ctypes.data})
+    buf = Buffer(args.size, args.device)
+    agent.register_memory([(buf.addr, args.size, buf.dev, "")], buf.mem)
+    publish(args.ready, {"addr": buf.addr, "dev": buf.dev, "mem": buf.mem})
     # Serve metadata until the initiator says it is done (a notification).
     end = time.time() + args.timeout
     while time.time() < end:
         notifs = agent.get_new_notifs()
         if any(b"bye" in m for msgs in notifs.values() for m in msgs):
+            check_and_publish(buf, args)
             os._exit(0)  # skip the agent's teardown, which crashed here at exit
         time.sleep(0.01)
     die("target: no 'bye' from the initiator before --timeout")
@@ -114,8 +220,8 @@ def nixl_initiator(args):
     args.port += 1
     agent = nixl_agent("initiator", args, listen=True)
     args.port -= 1
-    buf = buffer(args.size)
-    agent.register_memory([(buf.ctypes.data, args.size, 0, "")], "DRAM")
+    buf = source(args)
+    agent.register_memory([(buf.addr, args.size, buf.dev, "")], buf.mem)
     info = wait_file(args.ready)
     agent.fetch_remote_metadata("target", "127.0.0.1", args.port)
     agent.send_local_metadata("127.0.0.1", args.port)
@@ -126,9 +232,10 @@ def nixl_initiator(args):
         time.sleep(0.01)
     n = args.size // args.block
     local = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
-                                  [(buf.ctypes.data + i * args.block, args.block, 0) for i in range(n)], "DRAM")
+                                  [(buf.addr + i * args.block, args.block, buf.dev) for i in range(n)], buf.mem)
     remote = agent.prep_xfer_dlist("target",
-                                   [(info["addr"] + i * args.block, args.block, 0) for i in range(n)], "DRAM")
+                                   [(info["addr"] + i * args.block, args.block, info["dev"]) for i in range(n)],
+                                   info["mem"])
     dst = placement(n, args.pattern)
     parts = split(list(range(n)), args.streams)
     handles = [agent.make_prepped_xfer("WRITE", local, np.array(p, dtype=np.int32), remote,
@@ -157,8 +264,8 @@ def nixl_initiator(args):
         once()
         rates.append(args.size / (time.perf_counter() - t) / 1e9)
     agent.send_notif("target", b"bye")
-    time.sleep(0.2)
-    print(json.dumps({"peer": "nixl", "gbps": rates}))
+    print(json.dumps(report(args, rates)), flush=True)
+    os._exit(0)  # as the target: no teardown
 
 
 # ------------------------------------------------------------ Mooncake
@@ -175,25 +282,31 @@ def mc_engine():
 
 def mc_target(args):
     te = mc_engine()
-    buf = buffer(args.size)
-    if te.register_memory(buf.ctypes.data, args.size) != 0:
+    buf = Buffer(args.size, args.device)
+    if te.register_memory(buf.addr, args.size) != 0:
         die("Mooncake: register_memory failed on the target")
-    publish(args.ready, {"addr": buf.ctypes.data, "session": f"127.0.0.1:{te.get_rpc_port()}"})
+    publish(args.ready, {"addr": buf.addr, "dev": buf.dev, "mem": buf.mem,
+                         "session": f"127.0.0.1:{te.get_rpc_port()}"})
     end = time.time() + args.timeout
     while time.time() < end and not os.path.exists(args.ready + ".done"):
         time.sleep(0.05)
+    if os.path.exists(args.ready + ".done"):
+        # A few looks: the TCP transport's older framing may report a write
+        # done once it has left the initiator, before the target applied it.
+        check_and_publish(buf, args, tries=5)
+    os._exit(0)  # skip the engine's teardown
 
 
 def mc_initiator(args):
     te = mc_engine()
-    buf = buffer(args.size)
-    if te.register_memory(buf.ctypes.data, args.size) != 0:
+    buf = source(args)
+    if te.register_memory(buf.addr, args.size) != 0:
         die("Mooncake: register_memory failed on the initiator")
     info = wait_file(args.ready)
     n = args.size // args.block
     dst = placement(n, args.pattern)
     parts = split(list(range(n)), args.streams)
-    batches = [([buf.ctypes.data + i * args.block for i in p],
+    batches = [([buf.addr + i * args.block for i in p],
                 [info["addr"] + dst[i] * args.block for i in p],
                 [args.block] * len(p)) for p in parts]
     errors = []
@@ -228,8 +341,14 @@ def mc_initiator(args):
         rates.append(args.size / (time.perf_counter() - t) / 1e9)
     with open(args.ready + ".done", "w") as f:
         f.write("done\n")
-    print(json.dumps({"peer": "mooncake", "gbps": rates}), flush=True)
+    print(json.dumps(report(args, rates)), flush=True)
     os._exit(0)  # skip the engine's teardown, which crashed here at exit
+
+
+def device_arg(v):
+    if v == "cpu" or (v.startswith("cuda:") and v[5:].isdigit()):
+        return v
+    raise argparse.ArgumentTypeError(f"want cpu or cuda:N, got {v!r}")
 
 
 def main():
@@ -242,13 +361,23 @@ def main():
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--pattern", choices=["ranges", "blocks"], default="ranges")
     p.add_argument("--streams", type=int, default=1)
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu, or cuda:N for this process's buffer")
     p.add_argument("--ready", required=True)
     p.add_argument("--prog-thread", type=int, default=1, help="NIXL: run the agent's progress thread (1) or not (0)")
     p.add_argument("--mc-batch", type=int, default=1024)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--verify-timeout", type=float, default=60, help="initiator: how long to wait for the target's check")
     args = p.parse_args()
-    if args.size % args.block:
-        die("--size must be a multiple of --block")
+    if args.size % args.block or args.block % 8:
+        die("--size must be a multiple of --block, and --block of 8")
+    if args.device != "cpu":
+        # torch first: NIXL's meta package picks its CUDA build (nixl_cu13 for
+        # torch's CUDA 13) from the torch already imported.
+        import torch
+
+        if not torch.cuda.is_available() or cuda_index(args.device) >= torch.cuda.device_count():
+            die(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+        torch.cuda.set_device(cuda_index(args.device))
     {("nixl", "target"): nixl_target, ("nixl", "initiator"): nixl_initiator,
      ("mooncake", "target"): mc_target, ("mooncake", "initiator"): mc_initiator}[(args.peer, args.role)](args)
 
