@@ -16,7 +16,7 @@ import (
 
 // acceptPush answers a peer's Announce on the control session.
 func (s *Server) acceptPush(ss *session, m *wire.Announce) {
-	if err := s.admitPush(ss, m); err != nil {
+	if err := s.admitPush(ss, m, nil); err != nil {
 		s.refusePush(ss, m.Transfer, err)
 		return
 	}
@@ -29,8 +29,9 @@ var errSessionGone = errors.New("session closed")
 
 // admitPush checks a peer's Announce and registers the incoming transfer:
 // every destination region must exist, grant remote write, and be large
-// enough for what the transfer writes.
-func (s *Server) admitPush(ss *session, m *wire.Announce) error {
+// enough for what the transfer writes. ackOn is the data stream of an
+// inline Announce (its chunk is acked there); nil on the control session.
+func (s *Server) admitPush(ss *session, m *wire.Announce, ackOn *dataStream) error {
 	if ss.ours(m.Transfer) {
 		return codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
 	}
@@ -48,7 +49,7 @@ func (s *Server) admitPush(ss *session, m *wire.Announce) error {
 		}
 	}
 	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
-		timeout: s.incomingTimeout(), progress: time.Now()}
+		dest: byteDest{regions}, timeout: s.incomingTimeout(), ackOn: ackOn}
 	return s.admitIn(ss, x)
 }
 
@@ -56,44 +57,24 @@ func (s *Server) admitPush(ss *session, m *wire.Announce) error {
 // (its regions released) when the id is in use or was, the session
 // closed, or the peer has limits.max_transfers_per_peer pushes running.
 func (s *Server) admitIn(ss *session, x *inXfer) error {
-	ss.mu.Lock()
-	_, dup := ss.in[x.wireID]
-	_, dead := ss.gone[x.wireID]
-	dup = dup || dead
-	n := len(ss.in)
-	ok := !ss.closed && !dup && n < s.cfg.Limits.MaxTransfersPerPeer
-	if ok {
-		ss.in[x.wireID] = x
-		ss.announce.Broadcast()
+	err := ss.open(x)
+	if err != nil {
+		region.ReleaseAll(x.regions)
 	}
-	closed := ss.closed
-	ss.mu.Unlock()
-	if ok {
-		return nil
-	}
-	region.ReleaseAll(x.regions)
-	switch {
-	case dup:
-		return codeErr(wire.CodeExists, "transfer %d already in progress or finished", x.wireID)
-	case closed:
-		return errSessionGone
-	}
-	return codeErr(wire.CodeBusy, "limits.max_transfers_per_peer (%d) reached", s.cfg.Limits.MaxTransfersPerPeer)
+	return err
 }
 
 // refusePush tells the peer why its push was refused. Chunks of the
-// transfer already on their way are drained, except for a duplicate id:
-// the first transfer with it goes on.
+// transfer already on their way are drained (the core buries its id),
+// except for a duplicate id: the first transfer with it goes on.
 func (s *Server) refusePush(ss *session, id uint64, err error) {
 	if err == errSessionGone {
 		return
 	}
 	if errCode(err) != wire.CodeExists {
 		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", id), zap.Error(err))
-		ss.mu.Lock()
-		ss.buryLocked(id, false)
-		ss.mu.Unlock()
 	}
+	ss.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: id, Err: err}, nil)
 	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})
 }
 

@@ -243,7 +243,7 @@ func coreErr(err error) error {
 // checkStalled fails incoming transfers that made no progress in time.
 func (s *Server) checkStalled(now time.Time) {
 	for _, ss := range s.liveSessions() {
-		ss.checkStalled(now)
+		ss.tickIncoming(now)
 		ss.watchStreams(now)
 		ss.expireInline(now)
 		ss.keepAlive(now)
