@@ -137,7 +137,9 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	case *wire.KVInfo:
 		s.kvInfoAnswered(ss, m)
 	case *wire.Accept:
-		s.accepted(ss, m.Transfer)
+		// Our push or pull already runs (a push does not wait for
+		// Accept; a pull's chunks simply start arriving): only a Nack
+		// changes anything.
 	case *wire.Nack:
 		s.nacked(ss, m)
 	case *wire.CatalogRequest:

@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -227,83 +224,5 @@ func (ds *dataStream) readInlineAnswer(h wire.Header, body *[]byte) error {
 			s.inlineAnswered(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message))
 		}
 	}
-	return nil
-}
-
-// readInlineAnnounce admits the transfer an inline Announce on a data
-// stream names, or refuses it (its chunk, which follows, is then drained).
-// Only a stream-level failure is returned.
-func (ds *dataStream) readInlineAnnounce(h wire.Header, body *[]byte) error {
-	if h.Length > maxInlineAnnounce {
-		return fmt.Errorf("inline announce of %d B exceeds %d", h.Length, maxInlineAnnounce)
-	}
-	if cap(*body) < int(h.Length) {
-		*body = make([]byte, h.Length)
-	}
-	b := (*body)[:h.Length]
-	if err := ds.rc.ReadFull(b); err != nil {
-		return fmt.Errorf("read inline announce: %w", err)
-	}
-	if err := wire.VerifyCRC(h, b); err != nil {
-		return err
-	}
-	m, err := wire.Decode(wire.TypeAnnounce, b)
-	if err != nil {
-		return err
-	}
-	a := m.(*wire.Announce)
-	s := ds.ss.s
-	if err := s.admitPush(ds.ss, a); err != nil {
-		s.refusePush(ds.ss, a.Transfer, err)
-		return nil
-	}
-	if x := ds.ss.lookupIn(a.Transfer); x != nil {
-		x.mu.Lock()
-		x.inline, x.ackOn = true, ds
-		x.mu.Unlock()
-	}
-	return nil
-}
-
-// landInline reads an inline chunk's payload into a small slot, checks it,
-// scatters it synchronously and records it landed (which acks it). x holds
-// the inflight reference resolve took. Only a stream-level failure is
-// returned.
-func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, segs []device.Seg, x *inXfer) error {
-	s, ss := ds.ss.s, ds.ss
-	defer x.release()
-	pool := s.inlinePool
-	slot, ok := -1, false
-	if pool != nil && int(ch.PayloadLen) <= pool.SlotSize() {
-		slot, ok = pool.TryAcquire()
-	}
-	if !ok {
-		// No small slot here (or the path is off on our side): a receive
-		// slot does, as for any chunk.
-		pool = s.recvPool
-		var err error
-		if slot, err = pool.Acquire(ss.ctx); err != nil {
-			return err
-		}
-	}
-	defer pool.Release(slot)
-	buf := pool.Slot(slot).Slice(0, int(ch.PayloadLen))
-	if err := ds.rc.ReadFull(buf.Host()); err != nil {
-		return fmt.Errorf("read inline payload: %w", err)
-	}
-	if h.Flags&wire.FlagCRC != 0 {
-		if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
-			ss.link.ChecksumErrors.Add(1)
-			x.fail(codeErr(wire.CodeChecksum, "inline transfer %d from %s: CRC32C %08x, header says %08x", ch.Transfer, ss.peerName, got, h.CRC), true)
-			return nil
-		}
-	}
-	ss.link.BytesIn.Add(uint64(ch.PayloadLen))
-	ss.link.ChunksIn.Add(1)
-	err := s.lane.Scatter(segs, buf)
-	if err != nil {
-		s.log.Warn("inline scatter failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", ch.Transfer), zap.Error(err))
-	}
-	x.landed(ch.Index, uint64(ch.PayloadLen), err)
 	return nil
 }

@@ -108,7 +108,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 		return lx, nil
 	}
 	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
-		local: lx, timeout: lx.timeout, progress: time.Now(), kv: side}
+		dest: kvDest{side, regions, total}, local: lx, timeout: lx.timeout}
 	if s.expectPull(x) {
 		ss.send(&wire.KVPull{KVRequest: req})
 	}
@@ -165,7 +165,7 @@ func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 	ks, err := s.kvAdmit(ss, &m.KVRequest, wire.AccessRemoteWrite)
 	if err == nil {
 		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: ks.regions, total: m.Total,
-			timeout: s.incomingTimeout(), progress: time.Now(), kv: ks.side, kvn: newKVNote(&m.KVRequest)}
+			dest: kvDest{ks.side, ks.regions, m.Total}, timeout: s.incomingTimeout(), kvn: newKVNote(&m.KVRequest)}
 		err = s.admitIn(ss, x)
 	}
 	if err != nil {

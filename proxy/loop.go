@@ -29,7 +29,7 @@ func (s *Server) loop() {
 		case <-s.mbox.signal:
 		case now := <-t.C:
 			s.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
-			s.checkStalled(now)
+			s.tickSessions(now)
 			s.preauth.summarize(now, s.log)
 		case <-s.ctx.Done():
 			s.drainLoop()
@@ -240,10 +240,11 @@ func coreErr(err error) error {
 	return codeErr(errCode(err), "%w", err)
 }
 
-// checkStalled fails incoming transfers that made no progress in time.
-func (s *Server) checkStalled(now time.Time) {
+// tickSessions runs each live session's tick: stalled incoming transfers
+// and data streams, expired small pushes, heartbeats.
+func (s *Server) tickSessions(now time.Time) {
 	for _, ss := range s.liveSessions() {
-		ss.checkStalled(now)
+		ss.tickIncoming(now)
 		ss.watchStreams(now)
 		ss.expireInline(now)
 		ss.keepAlive(now)

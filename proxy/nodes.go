@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"maps"
-	"time"
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/node"
@@ -77,11 +76,7 @@ func (n nodeIn) Touch()                        { n.x.touch() }
 func (n nodeIn) Fail(err error, tellPeer bool) { n.x.fail(err, tellPeer) }
 func (n nodeIn) Release()                      { n.x.release() }
 
-func (n nodeIn) ViaRing() {
-	n.x.mu.Lock()
-	n.x.ring = true
-	n.x.mu.Unlock()
-}
+func (n nodeIn) ViaRing() { n.x.viaRing() }
 
 func (n nodeIn) Resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
 	return n.x.resolve(ch, segs)
@@ -101,31 +96,6 @@ func (n nodeIn) LandedDirect(b uint64) error {
 func (n nodeIn) Landed(idx uint32, b uint64, err error) {
 	n.x.landed(idx, b, err)
 	n.x.ss.link.BytesIn.Add(b)
-}
-
-// touch records progress (a direct copy is under way).
-func (x *inXfer) touch() {
-	x.mu.Lock()
-	x.progress = time.Now()
-	x.mu.Unlock()
-}
-
-// directLanded completes a transfer whose n bytes the peer (push) or we
-// (pull) copied directly: no chunks, no acks.
-func (x *inXfer) directLanded(n uint64) error {
-	x.mu.Lock()
-	if x.finished {
-		x.mu.Unlock()
-		return errFinished
-	}
-	if n != x.total {
-		x.mu.Unlock()
-		return codeErr(wire.CodeMalformed, "direct copy of %d B, the transfer has %d B", n, x.total)
-	}
-	x.finished, x.bytes, x.progress = true, n, time.Now()
-	x.mu.Unlock()
-	x.done(nil)
-	return nil
 }
 
 // addFallback counts a transfer that could not use a same-node path.

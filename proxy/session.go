@@ -58,11 +58,8 @@ type session struct {
 	retired  map[uint64]staging.Key // pulls we served that retired: their late Acks still reach the core
 	retRing  []uint64               // their wire ids, oldest first (bounded by maxRetired)
 	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
-	gone     map[uint64]bool        // recently finished or refused incoming transfers; true: every chunk landed
-	goneRing []uint64               // their ids, oldest first (bounded)
-	goneBits map[uint64][]uint64    // failed ones: which chunks had landed (see buryLocked)
-	bitWords int                    // words held in goneBits, at most maxGoneBitWords
-	announce *sync.Cond             // signalled when ss.in or ss.gone changes (on ss.mu)
+	rx       *staging.Receiver      // the receive core: rules and tombstones of ss.in (recv_xfer.go)
+	announce *sync.Cond             // signalled when ss.in or rx's tombstones change (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
 	attached int
 	closed   bool
@@ -74,7 +71,8 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]staging.Key{}, retired: map[uint64]staging.Key{}, gone: map[uint64]bool{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, served: map[uint64]staging.Key{}, retired: map[uint64]staging.Key{}, inline: map[uint64]*inlineXfer{},
+		rx:      staging.NewReceiver(s.cfg.Limits.MaxTransfersPerPeer),
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
@@ -143,9 +141,9 @@ func (ss *session) close(err error) {
 	}
 	ss.closed, ss.err = true, err
 	gc, tctl := ss.gc, ss.tctl
-	in := ss.in
-	ss.in = map[uint64]*inXfer{}
-	ss.announce.Broadcast()
+	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %w", ss.peerName, ss.addr, err)
+	var in recvOut // the incoming transfers failed, performed below
+	ss.stepIn(staging.RecvEvent{Kind: staging.RxClose, Err: perr}, nil, &in)
 	ss.mu.Unlock()
 	ss.cancel()
 	if gc != nil {
@@ -162,10 +160,7 @@ func (ss *session) close(err error) {
 	delete(s.setup, ss.id)
 	s.mu.Unlock()
 	s.kv.forgetSession(ss.id)
-	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %w", ss.peerName, ss.addr, err)
-	for _, x := range in {
-		x.fail(perr, false)
-	}
+	ss.performIn(&in)
 	ss.failInline(perr, nil)
 	s.mbox.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)

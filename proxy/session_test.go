@@ -7,10 +7,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stage-kv/stage/staging"
 )
 
 func testSession(dialer bool) *session {
-	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, gone: map[uint64]bool{}}
+	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, rx: staging.NewReceiver(16)}
 	ss.announce = sync.NewCond(&ss.mu)
 	return ss
 }
@@ -19,7 +21,7 @@ func testSession(dialer bool) *session {
 // finished transfer, or of our own parity, does not.
 func TestIncomingWaitsForAnnounce(t *testing.T) {
 	ss := testSession(true) // we dialed: the peer's ids are even
-	x := &inXfer{wireID: 4}
+	x := &inXfer{wireID: 4, total: 8, dest: byteDest{}}
 	got := make(chan *inXfer, 1)
 	go func() { got <- ss.incoming(4) }()
 	time.Sleep(20 * time.Millisecond)
@@ -28,10 +30,10 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 		t.Fatal("returned before the Announce arrived")
 	default:
 	}
-	ss.mu.Lock()
-	ss.in[4] = x
-	ss.announce.Broadcast()
-	ss.mu.Unlock()
+	x.ss = ss
+	if err := ss.open(x); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case g := <-got:
 		if g != x {
@@ -43,9 +45,7 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 
 	go func() { got <- ss.incoming(6) }()
 	time.Sleep(20 * time.Millisecond)
-	ss.mu.Lock()
-	ss.buryLocked(6, false) // the Announce was refused
-	ss.mu.Unlock()
+	ss.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: 6}, nil) // the Announce was refused
 	select {
 	case g := <-got:
 		if g != nil {
@@ -62,21 +62,6 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 	start = time.Now()
 	if g := ss.incoming(8); g != nil || time.Since(start) < announceWait {
 		t.Fatalf("never announced: got %v after %v, want nil after %v", g, time.Since(start), announceWait)
-	}
-}
-
-func TestBuryIsBounded(t *testing.T) {
-	ss := testSession(false)
-	ss.mu.Lock()
-	for i := uint64(0); i < 3*maxGone; i++ {
-		ss.buryLocked(i, false)
-	}
-	ss.mu.Unlock()
-	if len(ss.gone) != maxGone || len(ss.goneRing) != maxGone {
-		t.Fatalf("kept %d tombstones (%d in the ring), want %d", len(ss.gone), len(ss.goneRing), maxGone)
-	}
-	if _, ok := ss.gone[3*maxGone-1]; !ok {
-		t.Fatal("the newest tombstone was dropped")
 	}
 }
 

@@ -187,7 +187,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 		rg.Ref()
 	}
 	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
-		local: lx, timeout: lx.timeout, progress: time.Now()}
+		dest: byteDest{regions}, local: lx, timeout: lx.timeout}
 	ops := make([]wire.Op, len(m.Ops))
 	for i, op := range m.Ops {
 		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}
@@ -233,21 +233,11 @@ func checksumFor(r *route, choice uint8) bool {
 // before the request goes out; when the session closed meanwhile, it
 // fails the engine's transfer and reports false.
 func (s *Server) expectPull(x *inXfer) bool {
-	ss := x.ss
-	ss.mu.Lock()
-	closed := ss.closed
-	if !closed {
-		ss.in[x.wireID] = x
-	}
-	ss.mu.Unlock()
-	if !closed {
+	if x.ss.open(x) == nil {
 		return true
 	}
-	x.mu.Lock()
-	x.finished = true
-	x.mu.Unlock()
-	x.maybeRelease()
-	s.finishLocal(x.local, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+	region.ReleaseAll(x.regions)
+	s.finishLocal(x.local, codeErr(wire.CodePeerUnavailable, "session with %s closed", x.ss.peerName))
 	return false
 }
 
@@ -258,11 +248,6 @@ func (lx *localXfer) setState(st wire.State) {
 	}
 	lx.mu.Unlock()
 }
-
-// accepted: the peer accepted our push or pull. Both already run (a push
-// does not wait for Accept; a pull's chunks simply start arriving), so
-// there is nothing to do: only a Nack changes anything.
-func (s *Server) accepted(*session, uint64) {}
 
 // nacked: the peer refused or failed a transfer, ours or one we serve or receive.
 func (s *Server) nacked(ss *session, m *wire.Nack) {

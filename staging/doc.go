@@ -12,6 +12,12 @@
 //     ack, credit, stream lost, tick) and performs the commands it returns
 //     (copy this chunk into that slot, send that slot on this stream,
 //     transfer T is complete). Its tests need no device and no socket.
+//   - Receiver: the pure core for incoming chunks, one per peer session:
+//     the credit, duplicate and tombstone rules (PROTOCOL 8.7). The proxy
+//     feeds it events (transfer admitted, chunk header read, chunk landed
+//     or damaged, stream lost under a chunk, tick, session closed) and
+//     performs what it returns (Ack, Credit, Resend, Nack, completions,
+//     regions to let go of); its traces are in testdata/receiver.
 //
 // Ownership: a slot belongs to the Sender from the moment it hands it out in
 // a Copy command until the matching Written event comes back.

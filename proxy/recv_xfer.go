@@ -1,0 +1,297 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/status"
+	"github.com/stage-kv/stage/staging"
+	"github.com/stage-kv/stage/wire"
+)
+
+// Incoming transfers: a peer's push, or our pull. Whether a chunk lands,
+// how it is answered and when a transfer ends are the session's receive
+// core's to decide (staging.Receiver: credits, duplicates, tombstones);
+// this file feeds it under the session's lock and performs what it
+// returns (frames, completions, regions let go of) after letting go.
+
+// inXfer is a transfer whose chunks land here.
+type inXfer struct {
+	s       *Server
+	ss      *session
+	wireID  uint64
+	tag     string
+	dir     wire.Direction   // as the initiator sees it
+	regions []*region.Region // destination regions (references held)
+	total   uint64
+	dest    inDest     // where its chunks land: bytes or KV rows (recv_dest.go)
+	local   *localXfer // our pull; nil for a peer's push
+	timeout time.Duration
+	kvn     *kvNote     // a peer's KV push: what Notify says landed
+	ackOn   *dataStream // an inline push: acks go on this data stream, not the control session
+}
+
+// recvOut is what one step of a session's receive core returned, with the
+// transfers it names.
+type recvOut struct {
+	staging.RecvReady
+	x    *inXfer   // the transfer the event named, when the caller had it
+	done []*inXfer // the transfer of each Done, in order
+}
+
+// find is the transfer id of an output names.
+func (o *recvOut) find(id uint64) *inXfer {
+	if o.x != nil && o.x.wireID == id {
+		return o.x
+	}
+	for _, x := range o.done {
+		if x != nil && x.wireID == id {
+			return x
+		}
+	}
+	return nil
+}
+
+// stepIn steps the receive core (ss.mu held) and keeps ss.in, the open
+// transfers, in step with it.
+func (ss *session) stepIn(ev staging.RecvEvent, x *inXfer, o *recvOut) {
+	if ev.Now.IsZero() {
+		ev.Now = time.Now()
+	}
+	ss.rx.Step(ev, &o.RecvReady)
+	o.x = x
+	changed := ev.Kind == staging.RxRefused || ev.Kind == staging.RxClose || len(o.Done) > 0
+	if ev.Kind == staging.RxOpen && o.Err == nil {
+		ss.in[ev.Transfer] = x
+		changed = true
+	}
+	for _, d := range o.Done {
+		o.done = append(o.done, ss.in[d.Transfer])
+		delete(ss.in, d.Transfer)
+	}
+	if changed {
+		ss.announce.Broadcast() // incoming waits on ss.in and the tombstones
+	}
+}
+
+// recv steps the receive core with ev about x (nil when the caller has no
+// transfer) and performs what it returned.
+func (ss *session) recv(ev staging.RecvEvent, x *inXfer) recvOut {
+	var o recvOut
+	ss.mu.Lock()
+	ss.stepIn(ev, x, &o)
+	ss.mu.Unlock()
+	ss.performIn(&o)
+	return o
+}
+
+// performIn does what the core decided, in its order (staging.RecvReady).
+func (ss *session) performIn(o *recvOut) {
+	for _, a := range o.Acks {
+		ack := &wire.Ack{Transfer: a.Transfer, Chunks: []uint32{a.Chunk}}
+		if x := o.find(a.Transfer); x != nil && x.ackOn != nil {
+			var b [64]byte
+			x.ackOn.sendCtl(wire.AppendFrame(b[:0], ack, false, 0))
+		} else {
+			ss.send(ack)
+		}
+	}
+	if o.Credits > 0 {
+		ss.send(&wire.Credit{Grant: uint32(o.Credits)})
+	}
+	for _, r := range o.Resends {
+		ss.send(&wire.Resend{Transfer: r.Transfer, Chunk: r.Chunk})
+	}
+	for _, n := range o.Nacks {
+		err := recvErr(n.Err)
+		ss.send(&wire.Nack{Transfer: n.Transfer, Code: errCode(err), Message: err.Error()})
+	}
+	if o.Duplicates > 0 {
+		ss.link.Duplicates.Add(uint64(o.Duplicates))
+	}
+	for _, p := range o.Progress {
+		if x := o.find(p.Transfer); x != nil && x.local != nil {
+			x.local.addDone(p.Bytes) // our pull: XferStatus.Done counts landed bytes
+		}
+	}
+	for i, d := range o.Done {
+		if x := o.done[i]; x != nil {
+			x.finish(d.Bytes, recvErr(d.Err))
+		}
+	}
+	for _, id := range o.Released {
+		if x := o.find(id); x != nil {
+			region.ReleaseAll(x.regions)
+		}
+	}
+}
+
+// recvErr gives the receive core's errors their wire codes; errors the
+// proxy handed it (a device's) have theirs, and ErrFinished stays itself.
+func recvErr(err error) error {
+	if _, ok := err.(*status.Error); ok || err == nil || errors.Is(err, staging.ErrFinished) {
+		return err
+	}
+	switch {
+	case errors.Is(err, staging.ErrMalformed):
+		return codeErr(wire.CodeMalformed, "%w", err)
+	case errors.Is(err, staging.ErrTimeout):
+		return codeErr(wire.CodeTimeout, "%w", err)
+	case errors.Is(err, staging.ErrExists):
+		return codeErr(wire.CodeExists, "%w", err)
+	case errors.Is(err, staging.ErrBusy):
+		return codeErr(wire.CodeBusy, "%w", err)
+	case errors.Is(err, staging.ErrClosed):
+		return errSessionGone
+	}
+	return codeErr(errCode(err), "%w", err)
+}
+
+// open registers x, checked, with the session's receive core.
+func (ss *session) open(x *inXfer) error {
+	o := ss.recv(staging.RecvEvent{Kind: staging.RxOpen, Transfer: x.wireID, Total: x.total, Timeout: x.timeout,
+		Pull: x.local != nil, Inline: x.ackOn != nil}, x)
+	return recvErr(o.Err)
+}
+
+// finish tells whom it concerns that x ended: the engine of our pull, or
+// the subscribers of a peer's push.
+func (x *inXfer) finish(bytes uint64, err error) {
+	ss, s := x.ss, x.s
+	if x.local != nil {
+		x.local.addDone(bytes)
+		s.finishLocal(x.local, err)
+		return
+	}
+	if err == nil {
+		ss.link.XfersOK.Add(1)
+	} else {
+		ss.link.XfersFailed.Add(1)
+		s.log.Warn("incoming transfer failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", x.wireID), zap.String("tag", x.tag), zap.Error(err))
+	}
+	n := &wire.Notify{Transfer: x.wireID, Peer: ss.peerName, Route: routeName(ss), Tag: x.tag, Dir: x.dir, Bytes: bytes}
+	x.kvn.fill(n)
+	if err != nil {
+		n.Code, n.Message = errCode(err), err.Error()
+	}
+	s.notify(n)
+}
+
+func (ss *session) lookupIn(wireID uint64) *inXfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.in[wireID]
+}
+
+// resolve checks a ring chunk (proxy/node, shm.go) and appends where it
+// lands to segs. On success the caller holds the transfer until release.
+func (x *inXfer) resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
+	var l landing
+	serr := x.dest.check(ch, &l)
+	o := x.ss.recv(staging.RecvEvent{Kind: staging.RxCheck, Transfer: x.wireID, Chunk: ch.Index, Count: ch.Count, Err: serr}, x)
+	if o.Err != nil {
+		return segs, recvErr(o.Err)
+	}
+	return x.dest.segs(ch, &l, segs), nil
+}
+
+// landed records the scatter of chunk idx of n bytes: on the device (err
+// nil), or failed.
+func (x *inXfer) landed(idx uint32, n uint64, err error) {
+	if err != nil {
+		err = codeErr(wire.CodeDevice, "scatter chunk %d to %s: %w", idx, x.s.dev, err)
+	}
+	x.ss.recv(staging.RecvEvent{Kind: staging.RxLanded, Transfer: x.wireID, Chunk: idx, Bytes: n, Err: err}, x)
+}
+
+// release drops a chunk's hold on x.
+func (x *inXfer) release() {
+	x.ss.recv(staging.RecvEvent{Kind: staging.RxRelease, Transfer: x.wireID}, x)
+}
+
+// fail ends the transfer with err; tellPeer sends a Nack.
+func (x *inXfer) fail(err error, tellPeer bool) {
+	x.ss.recv(staging.RecvEvent{Kind: staging.RxFail, Transfer: x.wireID, Err: err, TellPeer: tellPeer}, x)
+}
+
+// touch records progress (a direct copy is under way).
+func (x *inXfer) touch() {
+	x.ss.recv(staging.RecvEvent{Kind: staging.RxTouch, Transfer: x.wireID}, x)
+}
+
+// viaRing marks x as landing through a shared ring: its chunks are
+// answered on the node connection, with neither Ack nor Credit.
+func (x *inXfer) viaRing() {
+	x.ss.recv(staging.RecvEvent{Kind: staging.RxViaRing, Transfer: x.wireID}, x)
+}
+
+// directLanded completes a transfer whose n bytes the peer (push) or we
+// (pull) copied directly: no chunks, no acks.
+func (x *inXfer) directLanded(n uint64) error {
+	o := x.ss.recv(staging.RecvEvent{Kind: staging.RxDirect, Transfer: x.wireID, Bytes: n}, x)
+	return recvErr(o.Err)
+}
+
+func routeName(ss *session) string {
+	if ss.route != nil {
+		return ss.route.name
+	}
+	return ""
+}
+
+// tickIncoming fails incoming transfers with no progress for their
+// timeout (the sender loop's tick).
+func (ss *session) tickIncoming(now time.Time) {
+	ss.recv(staging.RecvEvent{Kind: staging.RxTick, Now: now}, nil)
+}
+
+// damaged handles a chunk whose CRC32C did not match: nothing of it lands;
+// the core asks the peer to send it again (Resend), or answers nothing
+// for a second copy of a chunk that landed already.
+func (ss *session) damaged(x *inXfer, ch *wire.Chunk, got, want uint32) {
+	ss.link.ChecksumErrors.Add(1)
+	ss.s.log.Warn("chunk arrived damaged; asking the peer to send it again", zap.String("peer", ss.peerName),
+		zap.Uint64("transfer", ch.Transfer), zap.Uint32("chunk", ch.Index),
+		zap.String("crc32c", fmt.Sprintf("%08x, header says %08x", got, want)))
+	ss.recv(staging.RecvEvent{Kind: staging.RxDamaged, Transfer: x.wireID, Chunk: ch.Index}, x)
+}
+
+// announceWait is how long a chunk that arrived ahead of its transfer's
+// Announce waits for it. The sender starts sending right after it queued
+// the Announce, on another connection, so the two may cross.
+const announceWait = time.Second
+
+// incoming finds the open transfer a chunk belongs to, waiting briefly
+// for an Announce that has not arrived yet; nil for a finished, refused
+// or unknown transfer (the core then decides the chunk's answer).
+func (ss *session) incoming(wireID uint64) *inXfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if x := ss.in[wireID]; x != nil {
+		return x
+	}
+	if ss.ours(wireID) {
+		return nil // our pull: opened before the request went out
+	}
+	deadline := time.Now().Add(announceWait)
+	timer := time.AfterFunc(announceWait, func() {
+		ss.mu.Lock()
+		ss.announce.Broadcast()
+		ss.mu.Unlock()
+	})
+	defer timer.Stop()
+	for {
+		if x := ss.in[wireID]; x != nil {
+			return x
+		}
+		if ss.rx.State(wireID) == staging.RecvGone || ss.closed || !time.Now().Before(deadline) {
+			return nil
+		}
+		ss.announce.Wait()
+	}
+}
