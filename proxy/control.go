@@ -184,9 +184,7 @@ func (s *Server) stray(ss *session, frame string, id uint64) {
 
 // carries reports whether our transfer key is an outgoing transfer on ss.
 func (s *Server) carries(ss *session, key staging.Key) bool {
-	s.mu.Lock()
-	ox := s.outs[key]
-	s.mu.Unlock()
+	ox := s.outs.get(key)
 	return ox != nil && ox.ss == ss
 }
 

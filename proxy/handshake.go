@@ -87,7 +87,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	ss := s.newSession(true, r.conf().Stripes)
 	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.conf().Name, raw.RemoteAddr().String()
-	ss.link = s.link(r.conf().Name)
+	ss.link = s.links.get(r.conf().Name)
 	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	// The route removed or the sidecar closing meanwhile ends the
 	// handshake at once, not at its deadline.
@@ -184,37 +184,13 @@ func (s *Server) sessionUp(ss *session) {
 	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
-// enlist makes a session we accepted known before its Welcome is written:
-// the core hears of it, and acceptData finds it (s.setup), since the peer
-// may open its data streams the moment it reads Welcome (PROTOCOL 8.3).
-// Nothing else sees it until register. The caller closes ss if anything
-// fails after this.
-func (s *Server) enlist(ss *session) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing.Load() {
-		return errors.New("sidecar shutting down")
-	}
-	s.sessionUp(ss)
-	s.setup[ss.id] = ss
-	return nil
-}
-
 // register makes an established session live: the control connection goes
 // to gnet, the Sender core learns of it (when enlist did not already), and
 // stats, heartbeats and routes see it.
 func (s *Server) register(ss *session, c net.Conn) error {
-	s.mu.Lock()
-	if s.closing.Load() {
-		s.mu.Unlock()
-		return errors.New("sidecar shutting down")
+	if err := s.sessions.promote(ss); err != nil {
+		return err
 	}
-	if ss.dialer {
-		s.sessionUp(ss)
-	}
-	delete(s.setup, ss.id)
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
 	// An accepted session may have closed while being set up (its last
 	// data stream lost): its close removed it from the maps before we
 	// added it here (then we see it closed), or removes it after.
@@ -222,9 +198,7 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	closed, cerr := ss.closed, ss.err
 	ss.mu.Unlock()
 	if closed {
-		s.mu.Lock()
-		delete(s.sessions, ss.id)
-		s.mu.Unlock()
+		s.sessions.remove(ss)
 		return fmt.Errorf("session closed while being set up: %w", cerr)
 	}
 	if tc, ok := c.(*tls.Conn); ok {
@@ -345,10 +319,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeUnsupported, Message: fmt.Sprintf("no common protocol version: peer speaks %d..%d, we speak %d..%d", h.VersionMin, h.VersionMax, wire.VersionMin, wire.VersionMax)})
 		return fmt.Errorf("peer %s: no common protocol version", h.NodeName)
 	}
-	s.mu.Lock()
-	n := len(s.sessions) + len(s.setup)
-	s.mu.Unlock()
-	if n >= s.cfg.Limits.MaxSessions {
+	if s.sessions.count() >= s.cfg.Limits.MaxSessions {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: "too many sessions"})
 		return fmt.Errorf("peer %s: limits.max_sessions (%d) reached", h.NodeName, s.cfg.Limits.MaxSessions)
 	}
@@ -360,7 +331,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	ss.nonceC, ss.peerName, ss.peerHost = h.Nonce, h.NodeName, h.HostID
 	ss.addr = c.RemoteAddr().String()
 	ss.linkName = wire.InboundLink // one link for all: metrics stay bounded however many peers dial
-	ss.link = s.link(ss.linkName)
+	ss.link = s.links.get(ss.linkName)
 	randBytes(ss.nonceS[:])
 	ch := &wire.Challenge{Version: min(h.VersionMax, wire.VersionMax), NodeName: s.cfg.Node.Name, HostID: s.hostID,
 		Nonce: ss.nonceS, Proof: proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:])}
@@ -377,7 +348,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		return fail(fmt.Errorf("peer %s (%s) sent a wrong token proof", h.NodeName, c.RemoteAddr()))
 	}
 	randBytes(ss.sid[:])
-	maxStreams := s.streamOffer(64)
+	maxStreams := s.sessions.streamOffer(64)
 	if maxStreams == 0 {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("too many data streams (limits.max_streams %d)", s.cfg.Limits.MaxStreams)})
 		return fail(fmt.Errorf("peer %s: limits.max_streams (%d) reached", h.NodeName, s.cfg.Limits.MaxStreams))
@@ -389,7 +360,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	// The core learns of each data stream as it attaches (attach grows
 	// ss.stripes); streams that never arrive are never chosen.
 	ss.stripes = 0
-	if err := s.enlist(ss); err != nil {
+	if err := s.sessions.enlist(ss); err != nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeShutdown, Message: err.Error()})
 		return fail(err)
 	}
@@ -410,7 +381,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 }
 
 func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
-	ss := s.acceptedSession(h.SessionID)
+	ss := s.sessions.accepted(h.SessionID)
 	if ss == nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})
 		return errors.New("data stream for an unknown session")
@@ -429,21 +400,6 @@ func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
 	// reads DataAccept.
 	if !ss.attach(int(h.Stream), c, &wire.DataAccept{Stream: h.Stream}) {
 		return fmt.Errorf("data stream %d of peer %s: already attached or unusable", h.Stream, ss.peerName)
-	}
-	return nil
-}
-
-// acceptedSession finds the session we accepted with id sid, live or
-// still being set up (Welcome written, control connection not yet live).
-func (s *Server) acceptedSession(sid [wire.SessionIDSize]byte) *session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, m := range []map[uint64]*session{s.sessions, s.setup} {
-		for _, x := range m {
-			if x.sid == sid && !x.dialer {
-				return x
-			}
-		}
 	}
 	return nil
 }

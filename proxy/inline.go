@@ -136,9 +136,7 @@ func (s *Server) isInline(ss *session, id uint64) bool {
 	if !ss.ours(id) {
 		return false
 	}
-	s.mu.Lock()
-	lx := s.xfers[id>>1]
-	s.mu.Unlock()
+	lx := s.xfers.get(id >> 1)
 	return lx != nil && lx.inline.Load()
 }
 

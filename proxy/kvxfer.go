@@ -85,9 +85,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 			s.kv.forgetPeer(ss.id, m.Remote)
 		}
 	})
-	s.mu.Lock()
-	s.xfers[id] = lx
-	s.mu.Unlock()
+	s.xfers.add(lx)
 	if m.Dir == wire.Push {
 		plan, err := kvPlan(side, regions, ss.chunkSize)
 		if err != nil {
@@ -98,9 +96,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions,
 			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
 		ox.planOnce.Do(func() {}) // the plan is made
-		s.mu.Lock()
-		s.outs[ox.key] = ox
-		s.mu.Unlock()
+		s.outs.put(ox)
 		// As for byte pushes, the core hears of the transfer before the
 		// peer does, and the chunks follow the announce without waiting.
 		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})

@@ -138,9 +138,7 @@ func (s *Server) perform(r *staging.Ready) {
 		s.gatherChunk(c, c.C.Src)
 	}
 	for _, c := range r.Sends {
-		s.mu.Lock()
-		ox := s.outs[c.Transfer]
-		s.mu.Unlock()
+		ox := s.outs.get(c.Transfer)
 		var ds *dataStream
 		if ox != nil {
 			ox.ss.mu.Lock()
@@ -154,9 +152,7 @@ func (s *Server) perform(r *staging.Ready) {
 		}
 	}
 	for _, d := range r.Done {
-		s.mu.Lock()
-		ox := s.outs[d.Transfer]
-		s.mu.Unlock()
+		ox := s.outs.get(d.Transfer)
 		if ox == nil {
 			continue
 		}
@@ -199,24 +195,13 @@ func (s *Server) perform(r *staging.Ready) {
 		s.notify(n)
 	}
 	if len(r.Progress) > 0 {
-		s.progress(r.Progress)
+		s.outs.progress(r.Progress)
 	}
 	for _, k := range r.Retired {
 		s.retire(k)
 	}
 	if len(r.Taint) > 0 {
 		s.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
-	}
-}
-
-// progress moves XferStatus.Done of our pushes as their acks arrive.
-func (s *Server) progress(ps []staging.Progress) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range ps {
-		if ox := s.outs[p.Transfer]; ox != nil && ox.local != nil {
-			ox.local.addDone(p.Bytes)
-		}
 	}
 }
 
@@ -242,7 +227,7 @@ func coreErr(err error) error {
 
 // checkStalled fails incoming transfers that made no progress in time.
 func (s *Server) checkStalled(now time.Time) {
-	for _, ss := range s.liveSessions() {
+	for _, ss := range s.sessions.liveList() {
 		ss.checkStalled(now)
 		ss.watchStreams(now)
 		ss.expireInline(now)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"maps"
 	"time"
 
 	"github.com/stage-kv/stage/device"
@@ -23,7 +22,7 @@ func (h nodeHost) Copier() *staging.Copier { return h.s.copier() }
 func (h nodeHost) Fallback(reason string)  { h.s.metrics.fallbacks.WithLabelValues(reason).Inc() }
 
 func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *node.Peer {
-	for _, ss := range h.s.liveSessions() {
+	for _, ss := range h.s.sessions.liveList() {
 		if ss.sid == sid {
 			return ss.node
 		}
@@ -128,39 +127,9 @@ func (x *inXfer) directLanded(n uint64) error {
 	return nil
 }
 
-// addFallback counts a transfer that could not use a same-node path.
-func (c *counters) addFallback(reason string) {
-	c.fbMu.Lock()
-	if c.fallbacks == nil {
-		c.fallbacks = map[string]uint64{}
-	}
-	c.fallbacks[reason]++
-	c.fbMu.Unlock()
-}
-
-// fallbackCounts copies the fallback counts (nil when none).
-func (c *counters) fallbackCounts() map[string]uint64 {
-	c.fbMu.Lock()
-	defer c.fbMu.Unlock()
-	if len(c.fallbacks) == 0 {
-		return nil
-	}
-	return maps.Clone(c.fallbacks)
-}
-
-// countDirect counts a transfer that moved on a same-node path.
-func (c *counters) countDirect(t node.Transport) {
-	switch t {
-	case node.IPC:
-		c.XfersIPC.Add(1)
-	case node.Shm:
-		c.XfersShm.Add(1)
-	}
-}
-
 // revokeRegion tells every same-node peer that got r's handle that r is gone.
 func (s *Server) revokeRegion(r *region.Region) {
-	for _, ss := range s.liveSessions() {
+	for _, ss := range s.sessions.liveList() {
 		ss.node.Revoke(r.ID)
 	}
 }

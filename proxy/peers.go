@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -215,7 +214,7 @@ func (r *route) janitor() {
 }
 
 // closeIdle drains the dynamic peers unused since now-idle with nothing
-// in flight. Their load is counted outside r.mu (busyOn takes s.mu).
+// in flight. Their load is counted outside r.mu (busyOn takes the tables' and sessions' locks).
 func (r *route) closeIdle(now time.Time, idle time.Duration) {
 	idleSince := func(p *peer) bool { return now.Sub(time.Unix(0, p.lastUse.Load())) >= idle }
 	r.mu.Lock()
@@ -305,7 +304,7 @@ func (r *route) choose(want string) (*session, <-chan struct{}, error) {
 			r.stats.refusals[refuseNotAllowed].Add(1)
 			return nil, nil, codeErr(wire.CodeAccessDenied, "route %q: peer %q is none of its peers and not in its allow list (%s); nothing was dialed (peers: %s)", r.name, want, allowList(r.conf().Allow), r.listLocked())
 		}
-		if err := r.s.sessionRoom(r.conf().Stripes); err != nil {
+		if err := r.s.sessions.room(r.conf().Stripes); err != nil {
 			r.stats.refusals[refuseLimit].Add(1)
 			return nil, nil, err
 		}
@@ -430,106 +429,11 @@ func allowList(allow []string) string {
 // busyOn counts what is in flight on ss: the engine's transfers on it,
 // the pulls it serves, and the peer's pushes arriving on it.
 func (s *Server) busyOn(ss *session) int {
-	n := 0
-	s.mu.Lock()
-	for _, lx := range s.xfers {
-		if lx.ss == ss {
-			select {
-			case <-lx.done:
-			default:
-				n++
-			}
-		}
-	}
-	for _, ox := range s.outs {
-		if ox.ss == ss && ox.local == nil { // our pushes are counted above
-			n++
-		}
-	}
-	s.mu.Unlock()
+	n := s.xfers.running(ss) + s.outs.served(ss)
 	ss.mu.Lock()
 	n += len(ss.in) + len(ss.inline)
 	ss.mu.Unlock()
 	return n
-}
-
-// dialing counts the route sessions being dialed and their streams, so
-// that dials at once cannot pass the limits together.
-type dialing struct {
-	mu                sync.Mutex
-	sessions, streams int
-}
-
-func (d *dialing) release(stripes int) {
-	d.mu.Lock()
-	d.sessions--
-	d.streams -= stripes
-	d.mu.Unlock()
-}
-
-// reserveSession counts a session of stripes streams about to be dialed,
-// or says which limit it would pass.
-func (s *Server) reserveSession(stripes int) error {
-	s.dialing.mu.Lock()
-	defer s.dialing.mu.Unlock()
-	if err := s.sessionRoomLocked(stripes); err != nil {
-		return err
-	}
-	s.dialing.sessions++
-	s.dialing.streams += stripes
-	return nil
-}
-
-// sessionRoom says whether one more session of stripes data streams fits
-// in limits.max_sessions and limits.max_streams.
-func (s *Server) sessionRoom(stripes int) error {
-	s.dialing.mu.Lock()
-	defer s.dialing.mu.Unlock()
-	return s.sessionRoomLocked(stripes)
-}
-
-func (s *Server) sessionRoomLocked(stripes int) error {
-	sessions, streams := s.peerLoad()
-	sessions, streams = sessions+s.dialing.sessions, streams+s.dialing.streams
-	l := s.cfg.Limits
-	if sessions >= l.MaxSessions {
-		return codeErr(wire.CodeBusy, "limits.max_sessions (%d) reached: %d peer sessions up or being set up; raise it, or lower idle_timeout of routes with allow", l.MaxSessions, sessions)
-	}
-	if streams+stripes > l.MaxStreams {
-		return codeErr(wire.CodeBusy, "limits.max_streams (%d) reached: %d data streams up, a session needs %d more; raise it or lower routes[].stripes", l.MaxStreams, streams, stripes)
-	}
-	return nil
-}
-
-// streamOffer is how many data streams an accepted session may open:
-// at most want, within limits.max_streams.
-func (s *Server) streamOffer(want int) int {
-	_, streams := s.peerLoad()
-	return max(0, min(want, s.cfg.Limits.MaxStreams-streams))
-}
-
-// peerLoad counts peer sessions (up, being set up, being dialed) and
-// their data streams (a dialed session's stripes; an accepted one's
-// streams attached so far).
-func (s *Server) peerLoad() (sessions, streams int) {
-	s.mu.Lock()
-	all := make([]*session, 0, len(s.sessions)+len(s.setup))
-	for _, m := range []map[uint64]*session{s.sessions, s.setup} {
-		for _, ss := range m {
-			all = append(all, ss)
-		}
-	}
-	s.mu.Unlock()
-	for _, ss := range all {
-		ss.mu.Lock()
-		if ss.dialer {
-			streams += len(ss.streams)
-		} else {
-			streams += ss.stripes
-		}
-		ss.mu.Unlock()
-	}
-	return len(all), streams
 }
 
 // peerInfos describes the route's peers for stagectl routes.

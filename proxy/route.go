@@ -43,9 +43,9 @@ func (s *Server) addRoute(rc config.Route) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	r := &route{name: rc.Name, s: s, ctx: ctx, cancel: cancel, peers: map[string]*peer{}, changed: make(chan struct{})}
 	r.cfg.Store(&rc)
-	s.mu.Lock()
+	s.routeMu.Lock()
 	s.routes[rc.Name] = r
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	r.reconcile(nil)
 	s.wg.Add(1)
 	go r.janitor()
@@ -54,10 +54,10 @@ func (s *Server) addRoute(rc config.Route) {
 // removeRoute stops a route: its dialers exit and its sessions close,
 // failing what is in flight on them.
 func (s *Server) removeRoute(name string) {
-	s.mu.Lock()
+	s.routeMu.Lock()
 	r := s.routes[name]
 	delete(s.routes, name)
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	if r != nil {
 		r.cancel()
 	}
@@ -74,12 +74,12 @@ func (s *Server) ApplyRoutes(cfg *config.Config) (added, removed, changed []stri
 	for _, rc := range cfg.Routes {
 		want[rc.Name] = rc
 	}
-	s.mu.Lock()
+	s.routeMu.Lock()
 	have := map[string]*route{}
 	for n, r := range s.routes {
 		have[n] = r
 	}
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	for n := range have {
 		if _, ok := want[n]; !ok {
 			s.removeRoute(n)
@@ -195,10 +195,10 @@ func (s *Server) dialLoop(r *route, p *peer) {
 // limits.max_streams.
 func (s *Server) dialPeer(r *route, p *peer) (*session, error) {
 	stripes := r.conf().Stripes
-	if err := s.reserveSession(stripes); err != nil {
+	if err := s.sessions.reserve(stripes); err != nil {
 		return nil, err
 	}
-	defer s.dialing.release(stripes)
+	defer s.sessions.release(stripes)
 	return s.dial(p.ctx, r, p.addr)
 }
 
@@ -285,8 +285,8 @@ func (r *route) errSummary() string {
 
 // routeNames lists configured routes, for error messages.
 func (s *Server) routeNames() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.routeMu.Lock()
+	defer s.routeMu.Unlock()
 	var names []string
 	for n := range s.routes {
 		names = append(names, n)

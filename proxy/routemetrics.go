@@ -52,12 +52,12 @@ func (c routeCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c routeCollector) Collect(ch chan<- prometheus.Metric) {
-	c.s.mu.Lock()
+	c.s.routeMu.Lock()
 	rs := make([]*route, 0, len(c.s.routes))
 	for _, r := range c.s.routes {
 		rs = append(rs, r)
 	}
-	c.s.mu.Unlock()
+	c.s.routeMu.Unlock()
 	for _, r := range rs {
 		n := map[[2]string]int{}
 		r.mu.Lock()

@@ -81,22 +81,17 @@ type Server struct {
 	core      *staging.Sender
 	sendInUse atomic.Int64
 
-	mu       sync.Mutex
-	sessions map[uint64]*session
-	// setup holds sessions we accepted whose Welcome is out but whose
-	// control connection is not live yet (acceptSession): only acceptData
-	// looks here, so their data streams attach while nothing else (stats,
-	// heartbeats, routes) sees a session without a control connection.
-	setup    map[uint64]*session
-	preauth  *preauth // peer connections before their handshake ends (preauth.go)
+	// The tables, each behind its own lock (no lock is held while
+	// another table's is taken).
+	sessions sessionTable // peer sessions (sessions.go)
+	preauth  *preauth     // peer connections before their handshake ends (preauth.go)
 	routes   map[string]*route
-	outs     map[staging.Key]*outXfer // core key -> outgoing transfer
-	xfers    map[uint64]*localXfer    // engine-facing transfers by id
-	finished []uint64                 // finished transfer ids, oldest first (bounded history)
-	links    map[string]*counters
+	routeMu  sync.Mutex
+	outs     outTable  // transfers whose chunks leave here, by core key (xfertable.go)
+	xfers    xferTable // engine-facing transfers by id (xfertable.go)
+	links    linkTable // counters by link name (links.go)
 
 	seq      atomic.Uint64 // transfer ids, session ids
-	dialing  dialing       // route sessions being dialed (limits.max_sessions, max_streams)
 	closing  atomic.Bool
 	draining atomic.Bool // no new transfers from engines; in-flight ones may finish
 }
@@ -113,9 +108,8 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
-		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[staging.Key]*outXfer{},
-		xfers: map[uint64]*localXfer{},
-		links: map[string]*counters{}}
+		routes: map[string]*route{}, outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+	s.sessions = newSessionTable(cfg.Limits, s.sessionUp)
 	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
@@ -249,17 +243,8 @@ func (s *Server) Close() error {
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
 	}
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions)+len(s.setup))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	for _, ss := range s.setup {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
-		ss.close(errors.New("sidecar shutting down"))
+	for _, ss := range s.sessions.closeAll() {
+		ss.close(errShuttingDown)
 	}
 	s.engines.Close()
 	s.wg.Wait() // loop, acceptors, dialers, data streams
@@ -343,11 +328,9 @@ func (s *Server) Leaks() string {
 	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {
 		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inlinePool.InUse())
 	}
-	s.mu.Lock()
-	if n := len(s.outs); n != 0 {
+	if n := s.outs.len(); n != 0 {
 		fmt.Fprintf(&b, "outgoing transfers: %d; ", n)
 	}
-	s.mu.Unlock()
 	return b.String()
 }
 
@@ -379,28 +362,4 @@ func hostIdentity() string {
 		return h
 	}
 	return id
-}
-
-// counters are the figures of one link (a route, or a peer that dialed us).
-type counters struct {
-	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
-	XfersOK, XfersFailed, XfersInline      atomic.Uint64
-	XfersIPC, XfersShm                     atomic.Uint64 // moved on a same-node path
-	// Recovery: data streams redialed after a loss, chunks sent again at
-	// the peer's request, chunks that arrived here damaged, second copies
-	// of chunks that had landed here already.
-	Redials, Resends, ChecksumErrors, Duplicates atomic.Uint64
-	fbMu                                         sync.Mutex
-	fallbacks                                    map[string]uint64 // same-node path unavailable, by reason
-}
-
-func (s *Server) link(name string) *counters {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := s.links[name]
-	if c == nil {
-		c = &counters{}
-		s.links[name] = c
-	}
-	return c
 }

@@ -3,8 +3,6 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,10 +155,7 @@ func (ss *session) close(err error) {
 	ss.closeStreams()
 	ss.node.Shut()
 	s := ss.s
-	s.mu.Lock()
-	delete(s.sessions, ss.id)
-	delete(s.setup, ss.id)
-	s.mu.Unlock()
+	s.sessions.remove(ss)
 	s.kv.forgetSession(ss.id)
 	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %w", ss.peerName, ss.addr, err)
 	for _, x := range in {
@@ -189,12 +184,4 @@ func (ss *session) keepAlive(now time.Time) {
 	if now.Sub(time.Unix(0, ss.lastSent.Load())) >= heartbeatEvery {
 		ss.send(&wire.Heartbeat{Seq: uint64(now.UnixNano()), UnixNanos: now.UnixNano()})
 	}
-}
-
-// liveSessions is a snapshot of the sessions with a live control
-// connection, to call into without the server's lock.
-func (s *Server) liveSessions() []*session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Collect(maps.Values(s.sessions))
 }

@@ -20,9 +20,7 @@ func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *nod
 		plan, err := ox.getPlan()
 		if err != nil {
 			ss.node.Unwatch(ox.wireID)
-			s.mu.Lock()
-			delete(s.outs, ox.key)
-			s.mu.Unlock()
+			s.outs.take(ox.key)
 			region.ReleaseAll(ox.regions)
 			s.finishLocal(ox.local, err)
 			return
@@ -55,9 +53,7 @@ func (s *Server) finishDirectPush(ox *outXfer, t node.Transport, err error) {
 		}
 	}
 	ss.node.Unwatch(ox.wireID)
-	s.mu.Lock()
-	delete(s.outs, ox.key)
-	s.mu.Unlock()
+	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {
 		ox.local.addDone(ox.local.total)

@@ -29,40 +29,30 @@ func (s *Server) Snapshot() Stats {
 		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
 		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds(),
 		KVAccepts: s.metrics.kvAccepts.Load(), KVAcceptNanos: s.metrics.kvAcceptN.Load()}
-	s.mu.Lock()
-	st.Sessions = len(s.sessions)
-	for _, ss := range s.sessions {
-		st.PeerMappings += ss.node.Mappings()
-	}
+	live := s.sessions.liveList()
+	st.Sessions = len(live)
 	up := map[string]int{}
 	var inbound []*session
-	for _, ss := range s.sessions {
+	for _, ss := range live {
+		st.PeerMappings += ss.node.Mappings()
 		up[ss.linkName]++
 		if ss.route == nil {
 			inbound = append(inbound, ss)
 		}
 	}
-	for _, lx := range s.xfers {
-		select {
-		case <-lx.done:
-		default:
-			st.Transfers++
-		}
-	}
-	for name, c := range s.links {
+	st.Transfers = s.xfers.running(nil)
+	s.links.each(func(name string, c *counters) {
 		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
 			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load(),
 			XfersInline: c.XfersInline.Load(), XfersIPC: c.XfersIPC.Load(), XfersShm: c.XfersShm.Load(), Fallbacks: c.fallbackCounts(),
 			Redials: c.Redials.Load(), Resends: c.Resends.Load(), ChecksumErrors: c.ChecksumErrors.Load(), Duplicates: c.Duplicates.Load()})
-	}
-	s.mu.Unlock()
+	})
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
 	st.Inbound = s.inboundPeers(inbound)
 	return st
 }
 
-// inboundPeers describes the sessions peers dialed in (s.mu not held:
-// busyOn takes it).
+// inboundPeers describes the sessions peers dialed in.
 func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
 	out := make([]wire.InboundPeer, 0, len(ss))
 	for _, x := range ss {
@@ -80,12 +70,12 @@ func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
 
 // Routes describes configured routes and their peers.
 func (s *Server) Routes() []RouteInfo {
-	s.mu.Lock()
+	s.routeMu.Lock()
 	rs := make([]*route, 0, len(s.routes))
 	for _, r := range s.routes {
 		rs = append(rs, r)
 	}
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
@@ -115,9 +105,9 @@ func (s *Server) query(q *wire.Query) ([]byte, error) {
 // name, or route@peer on a route of several peers.
 func (s *Server) remoteCatalog(arg string) ([]byte, error) {
 	routeName, peerName, _ := strings.Cut(arg, "@")
-	s.mu.Lock()
+	s.routeMu.Lock()
 	r := s.routes[routeName]
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	if r == nil {
 		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", routeName, s.routeNames())
 	}

@@ -135,9 +135,9 @@ func entryText(e observer.LoggedEntry) string {
 // waitRouteErr waits until route r's last dial error contains want.
 func (ts *testSidecar) waitRouteErr(t *testing.T, want string) {
 	t.Helper()
-	ts.mu.Lock()
+	ts.routeMu.Lock()
 	r := ts.routes["r"]
-	ts.mu.Unlock()
+	ts.routeMu.Unlock()
 	deadline := time.Now().Add(5 * time.Second)
 	var got string
 	for time.Now().Before(deadline) {

@@ -15,9 +15,6 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// maxFinished is how many finished transfers stay queryable by id.
-const maxFinished = 4096
-
 // localXfer is a transfer a local engine submitted.
 type localXfer struct {
 	id      uint64
@@ -155,9 +152,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
 		timeout: r.conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
-	s.mu.Lock()
-	s.xfers[id] = lx
-	s.mu.Unlock()
+	s.xfers.add(lx)
 	keep = true
 
 	if m.Dir == wire.Push {
@@ -165,9 +160,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 			return lx, nil
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
-		s.mu.Lock()
-		s.outs[ox.key] = ox
-		s.mu.Unlock()
+		s.outs.put(ox)
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
 		// and holds any chunk that overtook it until then, so nothing lands
@@ -208,9 +201,9 @@ func (s *Server) openRoute(name string) (*route, error) {
 	if s.closing.Load() || s.draining.Load() {
 		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
-	s.mu.Lock()
+	s.routeMu.Lock()
 	r := s.routes[name]
-	s.mu.Unlock()
+	s.routeMu.Unlock()
 	if r == nil {
 		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", name, s.routeNames())
 	}
@@ -302,10 +295,7 @@ func (e nackedByPeer) Unwrap() error { return e.error }
 
 // retire forgets an outgoing transfer and lets go of its regions.
 func (s *Server) retire(key staging.Key) {
-	s.mu.Lock()
-	ox := s.outs[key]
-	delete(s.outs, key)
-	s.mu.Unlock()
+	ox := s.outs.take(key)
 	if ox == nil {
 		return
 	}
@@ -352,21 +342,12 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	if err != nil {
 		s.log.Info("transfer failed", zap.Uint64("transfer", lx.id), zap.String("route", lx.route), zap.Stringer("dir", lx.dir), zap.String("tag", lx.tag), zap.Error(err))
 	}
-	s.mu.Lock()
-	s.finished = append(s.finished, lx.id)
-	if len(s.finished) > maxFinished {
-		old := s.finished[0]
-		s.finished = s.finished[1:]
-		delete(s.xfers, old)
-	}
-	s.mu.Unlock()
+	s.xfers.finish(lx.id)
 }
 
 // cancel cancels an engine's transfer.
 func (s *Server) cancelXfer(id uint64) error {
-	s.mu.Lock()
-	lx := s.xfers[id]
-	s.mu.Unlock()
+	lx := s.xfers.get(id)
 	if lx == nil {
 		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}
@@ -391,26 +372,16 @@ func (s *Server) cancelXfer(id uint64) error {
 
 // failAllLocal fails every unfinished engine transfer (shutdown).
 func (s *Server) failAllLocal(err error) {
-	s.mu.Lock()
-	var all []*localXfer
-	for _, lx := range s.xfers {
-		all = append(all, lx)
-	}
-	outs := s.outs
-	s.outs = map[staging.Key]*outXfer{}
-	s.mu.Unlock()
-	for _, lx := range all {
+	for _, lx := range s.xfers.all() {
 		s.finishLocal(lx, err)
 	}
-	for _, ox := range outs {
+	for _, ox := range s.outs.takeAll() {
 		region.ReleaseAll(ox.regions)
 	}
 }
 
 func (s *Server) lookupXfer(id uint64) (*localXfer, error) {
-	s.mu.Lock()
-	lx := s.xfers[id]
-	s.mu.Unlock()
+	lx := s.xfers.get(id)
 	if lx == nil {
 		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}
