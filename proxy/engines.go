@@ -6,6 +6,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -23,7 +24,7 @@ func (h engineHost) Query(m *wire.Query) ([]byte, error)     { return h.s.query(
 
 func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
 	lx, err := h.s.submit(h.s.ctx, m, wait)
-	if errors.Is(err, errNoSession) {
+	if errors.Is(err, routing.ErrNoSession) {
 		return nil, engine.ErrWouldWait
 	}
 	return engineXfer(lx, err)

@@ -75,7 +75,7 @@ func expect[T wire.Msg](c net.Conn, what string) (T, error) {
 // dial opens a session to addr for route r: control handshake, then the
 // data streams, then hands the control connection to gnet.
 func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
-	d := net.Dialer{Timeout: r.conf().ConnectTimeout}
+	d := net.Dialer{Timeout: r.Conf().ConnectTimeout}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -85,9 +85,9 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 		_ = raw.Close()
 		return nil, err
 	}
-	ss := s.newSession(true, r.conf().Stripes)
-	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.conf().Name, raw.RemoteAddr().String()
-	ss.link = s.links.get(r.conf().Name)
+	ss := s.newSession(true, r.Conf().Stripes)
+	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.Conf().Name, raw.RemoteAddr().String()
+	ss.link = s.links.get(r.Conf().Name)
 	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
 	// The route removed or the sidecar closing meanwhile ends the
 	// handshake at once, not at its deadline.
@@ -135,7 +135,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	_ = c.SetDeadline(time.Time{})
 	for i := 0; i < ss.stripes; i++ {
-		dc, err := ss.dialData(ctx, addr, uint16(i), r.conf().ConnectTimeout)
+		dc, err := ss.dialData(ctx, addr, uint16(i), r.Conf().ConnectTimeout)
 		if err != nil {
 			ss.closeStreams()
 			return fail(fmt.Errorf("data stream %d: %w", i, err))

@@ -49,7 +49,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 		return false
 	}
 	if ss.route != nil {
-		if t := ss.route.conf().Transport; t == "ipc" || t == "shm" {
+		if t := ss.route.Conf().Transport; t == "ipc" || t == "shm" {
 			return false // the route asked for a same-node path by name
 		}
 	}

@@ -273,7 +273,7 @@ func (x *inXfer) maybeRelease() {
 
 func routeName(ss *session) string {
 	if ss.route != nil {
-		return ss.route.name
+		return ss.route.Name()
 	}
 	return ""
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/stage-kv/stage/proxy/engine"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -83,13 +84,12 @@ type Server struct {
 
 	// The tables, each behind its own lock (no lock is held while
 	// another table's is taken).
-	sessions sessionTable // peer sessions (sessions.go)
-	preauth  *preauth     // peer connections before their handshake ends (preauth.go)
-	routes   map[string]*route
-	routeMu  sync.Mutex
-	outs     outTable  // transfers whose chunks leave here, by core key (xfertable.go)
-	xfers    xferTable // engine-facing transfers by id (xfertable.go)
-	links    linkTable // counters by link name (links.go)
+	sessions sessionTable             // peer sessions (sessions.go)
+	preauth  *preauth                 // peer connections before their handshake ends (preauth.go)
+	routes   *routing.Table[*session] // routes and their peers (proxy/routing)
+	outs     outTable                 // transfers whose chunks leave here, by core key (xfertable.go)
+	xfers    xferTable                // engine-facing transfers by id (xfertable.go)
+	links    linkTable                // counters by link name (links.go)
 
 	seq      atomic.Uint64 // transfer ids, session ids
 	closing  atomic.Bool
@@ -108,8 +108,9 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
-		routes: map[string]*route{}, outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
 	s.sessions = newSessionTable(cfg.Limits, s.sessionUp)
+	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
@@ -197,9 +198,7 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.acceptPeers()
 	s.engines.Serve()
 	s.nodes.Serve(s.ctx)
-	for i := range s.cfg.Routes {
-		s.addRoute(s.cfg.Routes[i])
-	}
+	s.routes.Start(s.ctx, s.cfg.Routes)
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),

@@ -33,7 +33,7 @@ func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *nod
 	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}
 	run := func(t node.Transport) error { return ss.node.Push(px, t) }
 	finish := func(t node.Transport, err error) { s.finishDirectPush(ox, t, err) }
-	ss.node.Start(r.conf().Transport, wire.Push, run, finish, tcp)
+	ss.node.Start(r.Conf().Transport, wire.Push, run, finish, tcp)
 }
 
 // finishDirectPush ends a push that moved (or failed) on a same-node path.
@@ -83,5 +83,5 @@ func (s *Server) startPull(r *route, x *inXfer, m *wire.Submit, req *wire.PullRe
 			s.log.Warn("direct pull failed", zap.String("peer", ss.peerName), zap.Error(err))
 		}
 	}
-	ss.node.Start(r.conf().Transport, wire.Pull, run, finish, tcp)
+	ss.node.Start(r.Conf().Transport, wire.Pull, run, finish, tcp)
 }

@@ -57,7 +57,7 @@ func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
 	out := make([]wire.InboundPeer, 0, len(ss))
 	for _, x := range ss {
 		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.stripeCount(),
-			StreamsUp: x.streamsUp(), InFlight: s.busyOn(x)})
+			StreamsUp: x.streamsUp(), InFlight: x.inFlight()})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Node != out[j].Node {
@@ -70,19 +70,14 @@ func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
 
 // Routes describes configured routes and their peers.
 func (s *Server) Routes() []RouteInfo {
-	s.routeMu.Lock()
-	rs := make([]*route, 0, len(s.routes))
-	for _, r := range s.routes {
-		rs = append(rs, r)
-	}
-	s.routeMu.Unlock()
-	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
+	rs := s.routes.List()
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
-		ri := RouteInfo{Name: r.conf().Name, Transport: r.conf().Transport, Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
-		ri.Pick, ri.DNS, ri.Allow, ri.DNSError = r.conf().Pick, r.conf().DNS, r.conf().Allow, r.dnsError()
-		ri.Peers = r.peerInfos()
-		out = append(out, ri)
+		out = append(out, r.Info(func(ss *session, pi *PeerInfo) {
+			pi.SameHost, pi.Stripes, pi.Chunk = ss.sameHost(), ss.stripeCount(), ss.chunkSize
+			pi.StreamsUp = ss.streamsUp()
+			pi.Transport = ss.node.TransportOf(r.Conf().Transport)
+		}))
 	}
 	return out
 }
@@ -105,13 +100,11 @@ func (s *Server) query(q *wire.Query) ([]byte, error) {
 // name, or route@peer on a route of several peers.
 func (s *Server) remoteCatalog(arg string) ([]byte, error) {
 	routeName, peerName, _ := strings.Cut(arg, "@")
-	s.routeMu.Lock()
-	r := s.routes[routeName]
-	s.routeMu.Unlock()
-	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", routeName, s.routeNames())
+	r, err := s.routes.Lookup(routeName)
+	if err != nil {
+		return nil, err
 	}
-	ss, err := r.pick(s.ctx, peerName)
+	ss, err := r.Pick(s.ctx, peerName)
 	if err != nil {
 		return nil, err
 	}

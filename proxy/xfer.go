@@ -111,7 +111,7 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes. With wait false it does not
-// wait for a session to the peer: errNoSession says it would have.
+// wait for a session to the peer: routing.ErrNoSession says it would have.
 func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
 	r, err := s.openRoute(m.Route)
 	if err != nil {
@@ -141,9 +141,9 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	total, ends := chk.Total, chk.Ends
 	var ss *session
 	if wait {
-		ss, err = r.pick(ctx, m.Peer)
+		ss, err = r.Pick(ctx, m.Peer)
 	} else {
-		ss, err = r.pickNow(m.Peer)
+		ss, err = r.PickNow(m.Peer)
 	}
 	if err != nil {
 		return nil, err
@@ -151,7 +151,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	checksum := checksumFor(r, m.Checksum)
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
-		timeout: r.conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
+		timeout: r.Conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
 	s.xfers.add(lx)
 	keep = true
 
@@ -201,13 +201,7 @@ func (s *Server) openRoute(name string) (*route, error) {
 	if s.closing.Load() || s.draining.Load() {
 		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
-	s.routeMu.Lock()
-	r := s.routes[name]
-	s.routeMu.Unlock()
-	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", name, s.routeNames())
-	}
-	return r, nil
+	return s.routes.Lookup(name)
 }
 
 // checksumFor is whether a transfer on r carries CRC32Cs: as the engine
@@ -219,7 +213,7 @@ func checksumFor(r *route, choice uint8) bool {
 	case wire.ChecksumOff:
 		return false
 	}
-	return r.conf().Checksum
+	return r.Conf().Checksum
 }
 
 // expectPull registers our pull's incoming transfer x on its session
