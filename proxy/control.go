@@ -88,7 +88,7 @@ func (h *ctrlHandler) OnClose(c gnet.Conn, err error) gnet.Action {
 		if err == nil {
 			err = errPeerClosed
 		}
-		h.s.closeLater(ss, err) // close takes locks and waits on nothing gnet needs, but keep the loop free
+		ss.closeLater(err) // close takes locks and waits on nothing gnet needs, but keep the loop free
 	}
 	return gnet.None
 }

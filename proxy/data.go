@@ -497,9 +497,9 @@ func (ds *dataStream) read() error {
 			x.release()
 		}
 		if x.kv != nil {
-			err = s.copier().ScatterRuns(runs, buf, landed)
+			err = s.copiers.take().ScatterRuns(runs, buf, landed)
 		} else {
-			err = s.copier().Scatter(segs, buf, landed)
+			err = s.copiers.take().Scatter(segs, buf, landed)
 		}
 		if err != nil {
 			s.recvPool.ReleaseAs(slot, &ss.recvShare)

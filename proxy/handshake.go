@@ -1,5 +1,7 @@
 // Handshakes: dialing and accepting peers, the token proofs, and attaching
-// data streams to an authenticated session.
+// data streams to an authenticated session. limits.handshake_timeout
+// bounds every step before a session or a data stream is established, so
+// a peer that connects and says nothing cannot hold a goroutine for long.
 
 package proxy
 
@@ -23,11 +25,6 @@ import (
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
-
-// handshakeTimeout (limits.handshake_timeout) bounds every step before a
-// session or a data stream is established, so a peer that connects and
-// says nothing cannot hold a goroutine for long.
-func (s *Server) handshakeTimeout() time.Duration { return s.cfg.Limits.HandshakeTimeout }
 
 // proof is the HMAC-SHA256 of label and parts under the shared token: what
 // each side shows to prove it holds the token without sending it.
@@ -80,7 +77,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.dialTLS(ctx, raw, addr)
+	c, err := s.tls.dial(ctx, raw, addr, s.cfg.Limits.HandshakeTimeout)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
@@ -88,7 +85,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	ss := s.newSession(true, r.Conf().Stripes)
 	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.Conf().Name, raw.RemoteAddr().String()
 	ss.link = s.links.get(r.Conf().Name)
-	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	_ = c.SetDeadline(time.Now().Add(s.cfg.Limits.HandshakeTimeout))
 	// The route removed or the sidecar closing meanwhile ends the
 	// handshake at once, not at its deadline.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
@@ -106,7 +103,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	ch, err := expect[*wire.Challenge](c, "challenge")
 	if err != nil {
-		return fail(s.tlsDialErr(addr, err))
+		return fail(s.tls.dialErr(addr, err))
 	}
 	ss.nonceS = ch.Nonce
 	if want := proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:]); !hmac.Equal(want[:], ch.Proof[:]) {
@@ -155,12 +152,12 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	if err != nil {
 		return nil, err
 	}
-	c, err := ss.s.dialTLS(ctx, raw, addr)
+	c, err := ss.s.tls.dial(ctx, raw, addr, ss.s.cfg.Limits.HandshakeTimeout)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
 	}
-	_ = c.SetDeadline(time.Now().Add(ss.s.handshakeTimeout()))
+	_ = c.SetDeadline(time.Now().Add(ss.s.cfg.Limits.HandshakeTimeout))
 	// A session (or sidecar) closing meanwhile ends the handshake at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	defer stop()
@@ -170,18 +167,18 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	}
 	if _, err := expect[*wire.DataAccept](c, "data accept"); err != nil {
 		_ = c.Close()
-		return nil, ss.s.tlsDialErr(addr, err)
+		return nil, ss.s.tls.dialErr(addr, err)
 	}
 	_ = c.SetDeadline(time.Time{})
 	return c, nil
 }
 
-// sessionUp tells the Sender core of an established session. It runs
+// coreUp tells the Sender core of an established session. It runs
 // before anything (a data stream attaching, a request) can name the
 // session: on the dialing side once every stream is attached, on the
-// accepting side before Welcome (enlist).
-func (s *Server) sessionUp(ss *session) {
-	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+// accepting side before Welcome (sessionTable.enlist).
+func (ss *session) coreUp() {
+	ss.s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
 // register makes an established session live: the control connection goes
@@ -204,7 +201,7 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	if tc, ok := c.(*tls.Conn); ok {
 		// gnet drives raw sockets only: a TLS session gets goroutines.
 		ss.mu.Lock()
-		ss.tctl = s.startTLSControl(ss, tc)
+		ss.tctl = startTLSControl(ss, tc)
 		closed := ss.closed
 		ss.mu.Unlock()
 		if closed {
@@ -272,7 +269,7 @@ func (s *Server) acceptPeers() {
 }
 
 func (s *Server) serveConn(raw net.Conn) error {
-	_ = raw.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	_ = raw.SetDeadline(time.Now().Add(s.cfg.Limits.HandshakeTimeout))
 	// A shutdown must not wait for a peer that is slow to finish its
 	// handshake: expire the deadline at once. The TCP connection's
 	// deadline also bounds a TLS connection over it; the watcher keeps
@@ -286,7 +283,7 @@ func (s *Server) serveConn(raw net.Conn) error {
 		case <-hsDone:
 		}
 	}()
-	c, err := s.acceptTLS(raw)
+	c, err := s.tls.accept(s.ctx, raw)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func (s *Server) loop() {
 // gatherChunk enqueues the copy of chunk c's sources segs into its send
 // slot; the core hears EvCopyDone when it completed or failed.
 func (s *Server) gatherChunk(c staging.CopyCmd, segs []device.Seg) {
-	s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().Gather(buf, segs, done) })
+	s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copiers.take().Gather(buf, segs, done) })
 }
 
 // sendSlot is the pages of a slot the sender core handed to a chunk: the
@@ -84,7 +84,7 @@ func (s *Server) startMappers() (stop func()) {
 			for c := range s.mapq {
 				if c.C.HasRuns() {
 					runs = c.C.SourceRuns(runs[:0])
-					s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().GatherRuns(buf, runs, done) })
+					s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copiers.take().GatherRuns(buf, runs, done) })
 					continue
 				}
 				segs = c.C.Sources(segs[:0])

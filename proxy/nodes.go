@@ -18,7 +18,7 @@ type nodeHost struct{ s *Server }
 
 var _ node.Host = nodeHost{}
 
-func (h nodeHost) Copier() *staging.Copier { return h.s.copier() }
+func (h nodeHost) Copier() *staging.Copier { return h.s.copiers.take() }
 func (h nodeHost) Fallback(reason string)  { h.s.metrics.fallbacks.WithLabelValues(reason).Inc() }
 
 func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *node.Peer {
@@ -125,13 +125,6 @@ func (x *inXfer) directLanded(n uint64) error {
 	x.mu.Unlock()
 	x.done(nil)
 	return nil
-}
-
-// revokeRegion tells every same-node peer that got r's handle that r is gone.
-func (s *Server) revokeRegion(r *region.Region) {
-	for _, ss := range s.sessions.liveList() {
-		ss.node.Revoke(r.ID)
-	}
 }
 
 func (ss *session) sameHost() bool { return ss.peerHost != "" && ss.peerHost == ss.s.hostID }

@@ -46,8 +46,7 @@ type Server struct {
 	spliceRefused atomic.Bool
 	// spliceProbe replaces the start-up probe in tests (nil: the real one).
 	spliceProbe func(size int) (rawconn.SpliceProbe, error)
-	copiers     []*staging.Copier
-	nextCp      atomic.Uint32
+	copiers     copierSet
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path
@@ -71,11 +70,7 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// Sessions closed on goroutines of their own (closeLater): Close
-	// waits for them after gnet's loops stopped, the last that start one.
-	closersMu   sync.Mutex
-	closers     sync.WaitGroup
-	closersDone bool // Close waited: no more start
+	closers closerGroup // sessions closed on goroutines of their own (session.closeLater)
 
 	// sender loop
 	mbox      *mailbox
@@ -109,9 +104,9 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
 		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
-	s.sessions = newSessionTable(cfg.Limits, s.sessionUp)
+	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
-	s.regions = region.NewTable(dev, s.revokeRegion)
+	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
@@ -156,7 +151,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.copiers = append(s.copiers, c)
+		s.copiers.all = append(s.copiers.all, c)
 	}
 	if s.peerLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
@@ -250,41 +245,16 @@ func (s *Server) Close() error {
 	if s.gcli != nil {
 		_ = s.gcli.Stop()
 	}
-	s.waitClosers()
+	s.closers.wait()
 	s.failAllLocal(codeErr(wire.CodeShutdown, "sidecar shutting down"))
 	s.regions.CloseAll()
 	_ = os.Remove(s.SocketPath())
 	return s.closeResources()
 }
 
-// closeLater closes ss on a goroutine of its own, for callers that must
-// not wait for it (gnet's event loop, a control connection's writer) or
-// may hold locks close takes. Close waits for these goroutines; once it
-// has, none starts: Close closed every session before.
-func (s *Server) closeLater(ss *session, err error) {
-	s.closersMu.Lock()
-	defer s.closersMu.Unlock()
-	if s.closersDone {
-		return
-	}
-	s.closers.Add(1)
-	go func() {
-		defer s.closers.Done()
-		ss.close(err)
-	}()
-}
-
-// waitClosers waits for closeLater's goroutines and lets no more start.
-func (s *Server) waitClosers() {
-	s.closersMu.Lock()
-	s.closersDone = true
-	s.closersMu.Unlock()
-	s.closers.Wait()
-}
-
 func (s *Server) closeResources() error {
 	var errs []error
-	for _, c := range s.copiers {
+	for _, c := range s.copiers.all {
 		errs = append(errs, c.Close())
 	}
 	if s.sendPool != nil {
@@ -333,9 +303,13 @@ func (s *Server) Leaks() string {
 	return b.String()
 }
 
-func (s *Server) copier() *staging.Copier {
-	return s.copiers[int(s.nextCp.Add(1))%len(s.copiers)]
+// copierSet is the copy streams (staging.copy_streams), taken in turn.
+type copierSet struct {
+	all  []*staging.Copier
+	next atomic.Uint32
 }
+
+func (c *copierSet) take() *staging.Copier { return c.all[int(c.next.Add(1))%len(c.all)] }
 
 func (s *Server) newID() uint64 { return s.seq.Add(1) }
 

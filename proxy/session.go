@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -183,5 +184,57 @@ func (ss *session) keepAlive(now time.Time) {
 	ss.node.Expire(now)
 	if now.Sub(time.Unix(0, ss.lastSent.Load())) >= heartbeatEvery {
 		ss.send(&wire.Heartbeat{Seq: uint64(now.UnixNano()), UnixNanos: now.UnixNano()})
+	}
+}
+
+// closeLater closes ss on a goroutine of its own, for callers that must
+// not wait for it (gnet's event loop, a control connection's writer) or
+// may hold locks close takes.
+func (ss *session) closeLater(err error) { ss.s.closers.run(func() { ss.close(err) }) }
+
+// closerGroup holds the goroutines of closeLater. Close waits for them
+// after gnet's loops stopped, the last that start one; once it has, none
+// starts: Close closed every session before.
+type closerGroup struct {
+	mu   sync.Mutex
+	wg   sync.WaitGroup
+	done bool // wait ran: no more start
+}
+
+func (g *closerGroup) run(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.done {
+		return
+	}
+	g.wg.Go(f)
+}
+
+// wait waits for the goroutines started and lets no more start.
+func (g *closerGroup) wait() {
+	g.mu.Lock()
+	g.done = true
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+// askCatalog asks the peer for its regions (stagectl's catalog query),
+// as seq.
+func (ss *session) askCatalog(seq uint64) ([]byte, error) {
+	ch := make(chan []wire.RegionInfo, 1)
+	ss.mu.Lock()
+	ss.catalog[seq] = ch
+	ss.mu.Unlock()
+	ss.send(&wire.CatalogRequest{Seq: seq})
+	select {
+	case regs := <-ch:
+		return json.Marshal(regs)
+	case <-ss.done:
+		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
+	case <-time.After(5 * time.Second):
+		ss.mu.Lock()
+		delete(ss.catalog, seq)
+		ss.mu.Unlock()
+		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
 	}
 }

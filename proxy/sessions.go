@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -22,7 +23,7 @@ var errShuttingDown = errors.New("sidecar shutting down")
 // a session's own mu; mu is never held while a session's mu is taken.
 type sessionTable struct {
 	limits config.Limits
-	// up tells the sender core of a session (Server.sessionUp); called
+	// up tells the sender core of a session (session.coreUp); called
 	// with mu held, so the core hears of a session before its close can
 	// tell it the session went.
 	up func(*session)
@@ -108,6 +109,14 @@ func (t *sessionTable) liveList() []*session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return slices.Collect(maps.Values(t.live))
+}
+
+// revokeRegion tells every same-node peer that got r's handle that r is
+// gone.
+func (t *sessionTable) revokeRegion(r *region.Region) {
+	for _, ss := range t.liveList() {
+		ss.node.Revoke(r.ID)
+	}
 }
 
 // count is the number of sessions, live or being set up.

@@ -1,12 +1,10 @@
 package proxy
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -48,12 +46,12 @@ func (s *Server) Snapshot() Stats {
 			Redials: c.Redials.Load(), Resends: c.Resends.Load(), ChecksumErrors: c.ChecksumErrors.Load(), Duplicates: c.Duplicates.Load()})
 	})
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
-	st.Inbound = s.inboundPeers(inbound)
+	st.Inbound = inboundPeers(inbound)
 	return st
 }
 
 // inboundPeers describes the sessions peers dialed in.
-func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
+func inboundPeers(ss []*session) []wire.InboundPeer {
 	out := make([]wire.InboundPeer, 0, len(ss))
 	for _, x := range ss {
 		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.stripeCount(),
@@ -80,51 +78,6 @@ func (s *Server) Routes() []RouteInfo {
 		}))
 	}
 	return out
-}
-
-func (s *Server) query(q *wire.Query) ([]byte, error) {
-	switch q.What {
-	case wire.QueryStats:
-		return json.Marshal(s.Snapshot())
-	case wire.QueryRoutes:
-		return json.Marshal(s.Routes())
-	case wire.QueryRegions:
-		return json.Marshal(s.regions.Infos(false))
-	case wire.QueryCatalog:
-		return s.remoteCatalog(q.Arg)
-	}
-	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
-}
-
-// remoteCatalog asks a route's peer for its regions: arg is the route's
-// name, or route@peer on a route of several peers.
-func (s *Server) remoteCatalog(arg string) ([]byte, error) {
-	routeName, peerName, _ := strings.Cut(arg, "@")
-	r, err := s.routes.Lookup(routeName)
-	if err != nil {
-		return nil, err
-	}
-	ss, err := r.Pick(s.ctx, peerName)
-	if err != nil {
-		return nil, err
-	}
-	seq := s.newID()
-	ch := make(chan []wire.RegionInfo, 1)
-	ss.mu.Lock()
-	ss.catalog[seq] = ch
-	ss.mu.Unlock()
-	ss.send(&wire.CatalogRequest{Seq: seq})
-	select {
-	case regs := <-ch:
-		return json.Marshal(regs)
-	case <-ss.done:
-		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
-	case <-time.After(5 * time.Second):
-		ss.mu.Lock()
-		delete(ss.catalog, seq)
-		ss.mu.Unlock()
-		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
-	}
 }
 
 // countFDs counts this process's open file descriptors (-1 if unknown).
