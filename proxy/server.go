@@ -53,8 +53,7 @@ type Server struct {
 	lane       *staging.Lane
 
 	regions *region.Table
-	kv      kvTable              // KV caches and peers' shapes (kv.go)
-	mapq    chan staging.CopyCmd // mapped chunks to map and gather (loop.go, startMappers)
+	kv      kvTable // KV caches and peers' shapes (kv.go)
 
 	peerLn  net.Listener
 	engines *engine.Listener // the control socket
@@ -73,6 +72,7 @@ type Server struct {
 	closers closerGroup // sessions closed on goroutines of their own (session.closeLater)
 
 	// sender loop
+	gather    gatherer // the core's copies into send slots (gather.go)
 	mbox      *mailbox
 	core      *staging.Sender
 	sendInUse atomic.Int64
@@ -134,6 +134,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
+	s.gather = gatherer{pool: s.sendPool, copiers: &s.copiers, mbox: s.mbox, nanos: &s.metrics.copyNanos[copyGather]}
 	// After newSendPool: an auto depth follows whether chunks go by splice.
 	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.splice))
 	// The lane also lands peers' inline pushes, so it exists even when

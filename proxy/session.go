@@ -175,6 +175,15 @@ func (ss *session) close(err error) {
 // failing its transfers at once rather than at their progress deadlines.
 const heartbeatEvery = time.Second
 
+// tick runs on the sender loop's tick: deadlines of incoming transfers,
+// the stall watchdog, inline pushes unanswered, heartbeats.
+func (ss *session) tick(now time.Time) {
+	ss.checkStalled(now)
+	ss.watchStreams(now)
+	ss.expireInline(now)
+	ss.keepAlive(now)
+}
+
 // keepAlive runs on the sender loop's tick.
 func (ss *session) keepAlive(now time.Time) {
 	if silent := now.Sub(time.Unix(0, ss.lastRecv.Load())); silent > ss.s.cfg.Limits.SessionSilence {

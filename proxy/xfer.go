@@ -170,7 +170,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 		// deadline.
 		lx.setState(wire.StateRunning)
 		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
-		s.startPush(r, ox, m.RemoteNames, announce)
+		ox.startPush(r, m.RemoteNames, announce)
 		return lx, nil
 	}
 
@@ -191,7 +191,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 		return lx, nil
 	}
 	lx.setState(wire.StateRunning)
-	s.startPull(r, x, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
+	x.startPull(r, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
 	return lx, nil
 }
 
