@@ -148,3 +148,31 @@ func TestCollector(t *testing.T) {
 		}
 	}
 }
+
+// TestInfo: stagectl routes shows each peer's state, and for a peer with a
+// session what is in flight on it and what the sidecar fills in.
+func TestInfo(t *testing.T) {
+	up := newSession("dec-a", "10.0.0.1:7100")
+	h := &fakeHost{busy: map[*fakeSession]int{up: 3}}
+	r := testRoute(t, h, config.Route{Name: "r", Transport: "tcp", Stripes: 2})
+	placePeer(r, placed{addr: "a:1", node: "dec-a", sess: up})
+	placePeer(r, placed{addr: "b:1", down: true})
+	var filled []*fakeSession
+	ri := r.Info(func(ss *fakeSession, pi *wire.PeerInfo) {
+		filled = append(filled, ss)
+		pi.Stripes = 2
+	})
+	if ri.Name != "r" || ri.Transport != "tcp" || ri.Stripes != 2 || len(ri.Peers) != 2 {
+		t.Fatalf("route info: got %+v", ri)
+	}
+	a, b := ri.Peers[0], ri.Peers[1]
+	if a.Addr != "a:1" || a.State != "up" || a.Sessions != 1 || a.InFlight != 3 || a.Stripes != 2 {
+		t.Errorf("peer a: got %+v, want up, 1 session, 3 in flight, 2 stripes", a)
+	}
+	if b.Addr != "b:1" || b.State != "down" || b.Sessions != 0 || b.Error != "connection refused" {
+		t.Errorf("peer b: got %+v, want down with its dial error", b)
+	}
+	if len(filled) != 1 || filled[0] != up {
+		t.Errorf("fill called for %v, want only the session of a:1", filled)
+	}
+}
