@@ -22,11 +22,11 @@ type ctxConn struct {
 
 func (c ctxConn) Context() any { return c.ss }
 
-// closeWaiting reports whether a goroutine is in Server.waitClosers:
+// closeWaiting reports whether a goroutine is in closerGroup.wait:
 // Close waits for the sessions it closes on goroutines of their own.
 func closeWaiting() bool {
 	buf := make([]byte, 1<<20)
-	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "proxy.(*Server).waitClosers")
+	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "proxy.(*closerGroup).wait")
 }
 
 // The three places that close a session on a goroutine of its own (gnet's

@@ -88,7 +88,7 @@ func (h *ctrlHandler) OnClose(c gnet.Conn, err error) gnet.Action {
 		if err == nil {
 			err = errPeerClosed
 		}
-		h.s.closeLater(ss, err) // close takes locks and waits on nothing gnet needs, but keep the loop free
+		ss.closeLater(err) // close takes locks and waits on nothing gnet needs, but keep the loop free
 	}
 	return gnet.None
 }
@@ -186,9 +186,7 @@ func (s *Server) stray(ss *session, frame string, id uint64) {
 
 // carries reports whether our transfer key is an outgoing transfer on ss.
 func (s *Server) carries(ss *session, key staging.Key) bool {
-	s.mu.Lock()
-	ox := s.outs[key]
-	s.mu.Unlock()
+	ox := s.outs.get(key)
 	return ox != nil && ox.ss == ss
 }
 

@@ -320,7 +320,7 @@ func (w *chunkWriter) write(job sendJob) {
 		written(false, w.broken)
 		return
 	}
-	payload := s.sendSlot(c.Slot).Host()[:c.C.Len]
+	payload := s.gather.slot(c.Slot).Host()[:c.C.Len]
 	ch := &w.ch
 	ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
 	ch.Segs = ch.Segs[:0]

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -15,15 +18,13 @@ type engineHost struct{ s *Server }
 
 var _ engine.Backend = engineHost{}
 
-func (h engineHost) Register(m *wire.Register, fd int) error { return h.s.register0(m, fd) }
-func (h engineHost) RegisterKV(m *wire.RegisterKV) error     { return h.s.registerKV(m) }
-func (h engineHost) Unregister(name string) error            { return h.s.regions.Unregister(name) }
-func (h engineHost) Cancel(id uint64) error                  { return h.s.cancelXfer(id) }
-func (h engineHost) Query(m *wire.Query) ([]byte, error)     { return h.s.query(m) }
+func (h engineHost) RegisterKV(m *wire.RegisterKV) error { return h.s.registerKV(m) }
+func (h engineHost) Unregister(name string) error        { return h.s.regions.Unregister(name) }
+func (h engineHost) Cancel(id uint64) error              { return h.s.cancelXfer(id) }
 
 func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
 	lx, err := h.s.submit(h.s.ctx, m, wait)
-	if errors.Is(err, errNoSession) {
+	if errors.Is(err, routing.ErrNoSession) {
 		return nil, engine.ErrWouldWait
 	}
 	return engineXfer(lx, err)
@@ -45,6 +46,32 @@ func (h engineHost) Lookup(id uint64) (engine.Transfer, error) {
 	return engineXfer(h.s.lookupXfer(id))
 }
 
+// Query answers stagectl's stats, routes, regions and catalog queries.
+func (h engineHost) Query(q *wire.Query) ([]byte, error) {
+	s := h.s
+	switch q.What {
+	case wire.QueryStats:
+		return json.Marshal(s.Snapshot())
+	case wire.QueryRoutes:
+		return json.Marshal(s.Routes())
+	case wire.QueryRegions:
+		return json.Marshal(s.regions.Infos(false))
+	case wire.QueryCatalog:
+		// Arg is the route's name, or route@peer on a route of several.
+		routeName, peerName, _ := strings.Cut(q.Arg, "@")
+		r, err := s.routes.Lookup(routeName)
+		if err != nil {
+			return nil, err
+		}
+		ss, err := r.Pick(s.ctx, peerName)
+		if err != nil {
+			return nil, err
+		}
+		return ss.askCatalog(s.newID())
+	}
+	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
+}
+
 // engineTransfer is a localXfer as an engine's connection sees it.
 type engineTransfer struct{ lx *localXfer }
 
@@ -60,8 +87,9 @@ func (t engineTransfer) Status(req uint64) *wire.XferStatus { return t.lx.status
 func (t engineTransfer) Done() <-chan struct{}              { return t.lx.done }
 func (t engineTransfer) WhenDone(f func())                  { t.lx.whenDone(f) }
 
-// register0 validates a Register and imports the memory.
-func (s *Server) register0(m *wire.Register, fd int) error {
+// Register validates a Register and imports the memory.
+func (h engineHost) Register(m *wire.Register, fd int) error {
+	s := h.s
 	if m.Name == "" {
 		return codeErr(wire.CodeBadRequest, "region name is empty")
 	}
@@ -79,8 +107,8 @@ func (s *Server) register0(m *wire.Register, fd int) error {
 	if needFD && fd < 0 {
 		return codeErr(wire.CodeBadRequest, "region %q: a %s handle needs its fd sent with the frame (SCM_RIGHTS)", m.Name, hk)
 	}
-	h := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
-	return s.regions.Register(m.Name, h, m.Access, m.Offset, m.Length)
+	dh := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
+	return s.regions.Register(m.Name, dh, m.Access, m.Offset, m.Length)
 }
 
 // notify tells every engine that subscribed about a transfer that

@@ -29,7 +29,7 @@ func TestErrorsIsThroughLayers(t *testing.T) {
 	s := &Server{dev: dev, regions: region.NewTable(dev, nil)}
 	reg := &wire.Register{Name: "kv", Access: wire.AccessLocalRead, Handle: uint8(device.HandleCUDAIPC),
 		HandleRaw: []byte{1, 2, 3}, AllocSize: 4096, Length: 4096}
-	registerErr := s.register0(reg, -1)
+	registerErr := engineHost{s}.Register(reg, -1)
 	for _, tc := range []struct {
 		layer string
 		err   error

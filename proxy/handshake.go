@@ -1,5 +1,7 @@
 // Handshakes: dialing and accepting peers, the token proofs, and attaching
-// data streams to an authenticated session.
+// data streams to an authenticated session. limits.handshake_timeout
+// bounds every step before a session or a data stream is established, so
+// a peer that connects and says nothing cannot hold a goroutine for long.
 
 package proxy
 
@@ -23,11 +25,6 @@ import (
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
-
-// handshakeTimeout (limits.handshake_timeout) bounds every step before a
-// session or a data stream is established, so a peer that connects and
-// says nothing cannot hold a goroutine for long.
-func (s *Server) handshakeTimeout() time.Duration { return s.cfg.Limits.HandshakeTimeout }
 
 // proof is the HMAC-SHA256 of label and parts under the shared token: what
 // each side shows to prove it holds the token without sending it.
@@ -75,20 +72,20 @@ func expect[T wire.Msg](c net.Conn, what string) (T, error) {
 // dial opens a session to addr for route r: control handshake, then the
 // data streams, then hands the control connection to gnet.
 func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
-	d := net.Dialer{Timeout: r.conf().ConnectTimeout}
+	d := net.Dialer{Timeout: r.Conf().ConnectTimeout}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.dialTLS(ctx, raw, addr)
+	c, err := s.tls.dial(ctx, raw, addr, s.cfg.Limits.HandshakeTimeout)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
 	}
-	ss := s.newSession(true, r.conf().Stripes)
-	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.conf().Name, raw.RemoteAddr().String()
-	ss.link = s.link(r.conf().Name)
-	_ = c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	ss := s.newSession(true, r.Conf().Stripes)
+	ss.route, ss.addr, ss.linkName, ss.remote = r, addr, r.Conf().Name, raw.RemoteAddr().String()
+	ss.link = s.links.get(r.Conf().Name)
+	_ = c.SetDeadline(time.Now().Add(s.cfg.Limits.HandshakeTimeout))
 	// The route removed or the sidecar closing meanwhile ends the
 	// handshake at once, not at its deadline.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
@@ -106,7 +103,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	ch, err := expect[*wire.Challenge](c, "challenge")
 	if err != nil {
-		return fail(s.tlsDialErr(addr, err))
+		return fail(s.tls.dialErr(addr, err))
 	}
 	ss.nonceS = ch.Nonce
 	if want := proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:]); !hmac.Equal(want[:], ch.Proof[:]) {
@@ -135,7 +132,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 	}
 	_ = c.SetDeadline(time.Time{})
 	for i := 0; i < ss.stripes; i++ {
-		dc, err := ss.dialData(ctx, addr, uint16(i), r.conf().ConnectTimeout)
+		dc, err := ss.dialData(ctx, addr, uint16(i), r.Conf().ConnectTimeout)
 		if err != nil {
 			ss.closeStreams()
 			return fail(fmt.Errorf("data stream %d: %w", i, err))
@@ -155,12 +152,12 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	if err != nil {
 		return nil, err
 	}
-	c, err := ss.s.dialTLS(ctx, raw, addr)
+	c, err := ss.s.tls.dial(ctx, raw, addr, ss.s.cfg.Limits.HandshakeTimeout)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
 	}
-	_ = c.SetDeadline(time.Now().Add(ss.s.handshakeTimeout()))
+	_ = c.SetDeadline(time.Now().Add(ss.s.cfg.Limits.HandshakeTimeout))
 	// A session (or sidecar) closing meanwhile ends the handshake at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	defer stop()
@@ -170,51 +167,27 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	}
 	if _, err := expect[*wire.DataAccept](c, "data accept"); err != nil {
 		_ = c.Close()
-		return nil, ss.s.tlsDialErr(addr, err)
+		return nil, ss.s.tls.dialErr(addr, err)
 	}
 	_ = c.SetDeadline(time.Time{})
 	return c, nil
 }
 
-// sessionUp tells the Sender core of an established session. It runs
+// coreUp tells the Sender core of an established session. It runs
 // before anything (a data stream attaching, a request) can name the
 // session: on the dialing side once every stream is attached, on the
-// accepting side before Welcome (enlist).
-func (s *Server) sessionUp(ss *session) {
-	s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
-}
-
-// enlist makes a session we accepted known before its Welcome is written:
-// the core hears of it, and acceptData finds it (s.setup), since the peer
-// may open its data streams the moment it reads Welcome (PROTOCOL 8.3).
-// Nothing else sees it until register. The caller closes ss if anything
-// fails after this.
-func (s *Server) enlist(ss *session) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing.Load() {
-		return errors.New("sidecar shutting down")
-	}
-	s.sessionUp(ss)
-	s.setup[ss.id] = ss
-	return nil
+// accepting side before Welcome (sessionTable.enlist).
+func (ss *session) coreUp() {
+	ss.s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
 // register makes an established session live: the control connection goes
 // to gnet, the Sender core learns of it (when enlist did not already), and
 // stats, heartbeats and routes see it.
 func (s *Server) register(ss *session, c net.Conn) error {
-	s.mu.Lock()
-	if s.closing.Load() {
-		s.mu.Unlock()
-		return errors.New("sidecar shutting down")
+	if err := s.sessions.promote(ss); err != nil {
+		return err
 	}
-	if ss.dialer {
-		s.sessionUp(ss)
-	}
-	delete(s.setup, ss.id)
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
 	// An accepted session may have closed while being set up (its last
 	// data stream lost): its close removed it from the maps before we
 	// added it here (then we see it closed), or removes it after.
@@ -222,15 +195,13 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	closed, cerr := ss.closed, ss.err
 	ss.mu.Unlock()
 	if closed {
-		s.mu.Lock()
-		delete(s.sessions, ss.id)
-		s.mu.Unlock()
+		s.sessions.remove(ss)
 		return fmt.Errorf("session closed while being set up: %w", cerr)
 	}
 	if tc, ok := c.(*tls.Conn); ok {
 		// gnet drives raw sockets only: a TLS session gets goroutines.
 		ss.mu.Lock()
-		ss.tctl = s.startTLSControl(ss, tc)
+		ss.tctl = startTLSControl(ss, tc)
 		closed := ss.closed
 		ss.mu.Unlock()
 		if closed {
@@ -298,7 +269,7 @@ func (s *Server) acceptPeers() {
 }
 
 func (s *Server) serveConn(raw net.Conn) error {
-	_ = raw.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	_ = raw.SetDeadline(time.Now().Add(s.cfg.Limits.HandshakeTimeout))
 	// A shutdown must not wait for a peer that is slow to finish its
 	// handshake: expire the deadline at once. The TCP connection's
 	// deadline also bounds a TLS connection over it; the watcher keeps
@@ -312,7 +283,7 @@ func (s *Server) serveConn(raw net.Conn) error {
 		case <-hsDone:
 		}
 	}()
-	c, err := s.acceptTLS(raw)
+	c, err := s.tls.accept(s.ctx, raw)
 	if err != nil {
 		return err
 	}
@@ -345,10 +316,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeUnsupported, Message: fmt.Sprintf("no common protocol version: peer speaks %d..%d, we speak %d..%d", h.VersionMin, h.VersionMax, wire.VersionMin, wire.VersionMax)})
 		return fmt.Errorf("peer %s: no common protocol version", h.NodeName)
 	}
-	s.mu.Lock()
-	n := len(s.sessions) + len(s.setup)
-	s.mu.Unlock()
-	if n >= s.cfg.Limits.MaxSessions {
+	if s.sessions.count() >= s.cfg.Limits.MaxSessions {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: "too many sessions"})
 		return fmt.Errorf("peer %s: limits.max_sessions (%d) reached", h.NodeName, s.cfg.Limits.MaxSessions)
 	}
@@ -360,7 +328,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	ss.nonceC, ss.peerName, ss.peerHost = h.Nonce, h.NodeName, h.HostID
 	ss.addr = c.RemoteAddr().String()
 	ss.linkName = wire.InboundLink // one link for all: metrics stay bounded however many peers dial
-	ss.link = s.link(ss.linkName)
+	ss.link = s.links.get(ss.linkName)
 	randBytes(ss.nonceS[:])
 	ch := &wire.Challenge{Version: min(h.VersionMax, wire.VersionMax), NodeName: s.cfg.Node.Name, HostID: s.hostID,
 		Nonce: ss.nonceS, Proof: proof(s.token, "stage-server", ss.nonceC[:], ss.nonceS[:])}
@@ -377,7 +345,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		return fail(fmt.Errorf("peer %s (%s) sent a wrong token proof", h.NodeName, c.RemoteAddr()))
 	}
 	randBytes(ss.sid[:])
-	maxStreams := s.streamOffer(64)
+	maxStreams := s.sessions.streamOffer(64)
 	if maxStreams == 0 {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("too many data streams (limits.max_streams %d)", s.cfg.Limits.MaxStreams)})
 		return fail(fmt.Errorf("peer %s: limits.max_streams (%d) reached", h.NodeName, s.cfg.Limits.MaxStreams))
@@ -389,7 +357,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 	// The core learns of each data stream as it attaches (attach grows
 	// ss.stripes); streams that never arrive are never chosen.
 	ss.stripes = 0
-	if err := s.enlist(ss); err != nil {
+	if err := s.sessions.enlist(ss); err != nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeShutdown, Message: err.Error()})
 		return fail(err)
 	}
@@ -410,7 +378,7 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 }
 
 func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
-	ss := s.acceptedSession(h.SessionID)
+	ss := s.sessions.accepted(h.SessionID)
 	if ss == nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})
 		return errors.New("data stream for an unknown session")
@@ -429,21 +397,6 @@ func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
 	// reads DataAccept.
 	if !ss.attach(int(h.Stream), c, &wire.DataAccept{Stream: h.Stream}) {
 		return fmt.Errorf("data stream %d of peer %s: already attached or unusable", h.Stream, ss.peerName)
-	}
-	return nil
-}
-
-// acceptedSession finds the session we accepted with id sid, live or
-// still being set up (Welcome written, control connection not yet live).
-func (s *Server) acceptedSession(sid [wire.SessionIDSize]byte) *session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, m := range []map[uint64]*session{s.sessions, s.setup} {
-		for _, x := range m {
-			if x.sid == sid && !x.dialer {
-				return x
-			}
-		}
 	}
 	return nil
 }

@@ -49,14 +49,9 @@ func TestAcceptSessionWelcomeFails(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "send welcome") {
 		t.Fatalf("acceptSession: got %v, want the Welcome's write error", err)
 	}
-	s.mu.Lock()
-	var left []*session
-	for _, m := range []map[uint64]*session{s.sessions, s.setup} {
-		for _, ss := range m {
-			left = append(left, ss)
-		}
-	}
-	s.mu.Unlock()
+	s.sessions.mu.Lock()
+	left := s.sessions.allLocked()
+	s.sessions.mu.Unlock()
 	if len(left) > 0 {
 		t.Fatalf("%d sessions left in the maps after a failed Welcome (closed: %v)", len(left), left[0].closed)
 	}

@@ -46,7 +46,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 		return false
 	}
 	if ss.route != nil {
-		if t := ss.route.conf().Transport; t == "ipc" || t == "shm" {
+		if t := ss.route.Conf().Transport; t == "ipc" || t == "shm" {
 			return false // the route asked for a same-node path by name
 		}
 	}
@@ -133,9 +133,7 @@ func (s *Server) isInline(ss *session, id uint64) bool {
 	if !ss.ours(id) {
 		return false
 	}
-	s.mu.Lock()
-	lx := s.xfers[id>>1]
-	s.mu.Unlock()
+	lx := s.xfers.get(id >> 1)
 	return lx != nil && lx.inline.Load()
 }
 

@@ -172,11 +172,9 @@ func (s *Server) registerKV(m *wire.RegisterKV) error {
 		// Peers that cached the old shape forget it (an unasked KVInfo,
 		// Seq 0), so their next transfer asks again instead of being
 		// refused; one already on its way is refused and may be retried.
-		s.mu.Lock()
-		for _, ss := range s.sessions {
+		for _, ss := range s.sessions.liveList() {
 			ss.send(&wire.KVInfo{Name: m.Name})
 		}
-		s.mu.Unlock()
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if len(remoteLayers) != len(m.Layers) {
 		return nil, codeErr(wire.CodeBadRequest, "%d remote layers for %d local ones", len(remoteLayers), len(m.Layers))
 	}
-	ss, err := r.pick(ctx, m.Peer)
+	ss, err := r.Pick(ctx, m.Peer)
 	if err != nil {
 		return nil, err
 	}
@@ -68,13 +68,13 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	// KV transfers take the TCP path, where each side maps its own
 	// layout; a same-node path the route would have taken is counted as
 	// a fallback.
-	if t, _ := ss.node.Choose(r.conf().Transport, m.Dir); t != node.TCP {
+	if t, _ := ss.node.Choose(r.Conf().Transport, m.Dir); t != node.TCP {
 		ss.node.NoteFallback(node.Fallback(node.FallbackKV, fmt.Errorf("KV transfers move over TCP (same-node paths do not convert layouts)")))
 	}
 	total := side.Len()
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
-		timeout: r.conf().ProgressTimeout, state: wire.StateRunning, started: time.Now(), done: make(chan struct{})}
+		timeout: r.Conf().ProgressTimeout, state: wire.StateRunning, started: time.Now(), done: make(chan struct{})}
 	req := wire.KVRequest{Transfer: lx.wireID, Tag: m.Tag, Total: total, Name: m.Remote, Layers: remoteLayers,
 		Blocks: m.RemoteBlocks, First: m.RemoteFirst, Tokens: m.Tokens, HeadLo: headLo, HeadHi: headHi,
 		Order: uint8(order), Shape: c.shape, PeerShape: peer}
@@ -85,9 +85,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 			s.kv.forgetPeer(ss.id, m.Remote)
 		}
 	})
-	s.mu.Lock()
-	s.xfers[id] = lx
-	s.mu.Unlock()
+	s.xfers.add(lx)
 	if m.Dir == wire.Push {
 		plan, err := kvPlan(side, regions, ss.chunkSize)
 		if err != nil {
@@ -98,9 +96,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions,
 			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
 		ox.planOnce.Do(func() {}) // the plan is made
-		s.mu.Lock()
-		s.outs[ox.key] = ox
-		s.mu.Unlock()
+		s.outs.put(ox)
 		// As for byte pushes, the core hears of the transfer before the
 		// peer does, and the chunks follow the announce without waiting.
 		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})

@@ -2,13 +2,10 @@ package proxy
 
 import (
 	"errors"
-	"runtime"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -21,7 +18,7 @@ const tickEvery = 100 * time.Millisecond
 // goroutine that touches s.core.
 func (s *Server) loop() {
 	defer s.wg.Done()
-	defer s.startMappers()()
+	defer s.gather.startMappers()()
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
@@ -29,7 +26,9 @@ func (s *Server) loop() {
 		case <-s.mbox.signal:
 		case now := <-t.C:
 			s.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
-			s.tickSessions(now)
+			for _, ss := range s.sessions.liveList() {
+				ss.tick(now)
+			}
 			s.preauth.summarize(now, s.log)
 		case <-s.ctx.Done():
 			s.drainLoop()
@@ -39,62 +38,6 @@ func (s *Server) loop() {
 			s.perform(s.core.Step(ev))
 		}
 		s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
-	}
-}
-
-// gatherChunk enqueues the copy of chunk c's sources segs into its send
-// slot; the core hears EvCopyDone when it completed or failed.
-func (s *Server) gatherChunk(c staging.CopyCmd, segs []device.Seg) {
-	s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().Gather(buf, segs, done) })
-}
-
-// sendSlot is the pages of a slot the sender core handed to a chunk: the
-// core's slots are the send pool's, one for one.
-func (s *Server) sendSlot(i staging.SendSlot) device.Pinned { return s.sendPool.Slot(int(i)) }
-
-// gatherWith is gatherChunk for any way of enqueueing the copy (segments
-// or runs) into the chunk's slot.
-func (s *Server) gatherWith(c staging.CopyCmd, enqueue func(buf device.Pinned, done func(error)) error) {
-	buf := s.sendSlot(c.Slot).Slice(0, int(c.C.Len))
-	t0 := time.Now()
-	err := enqueue(buf, func(err error) {
-		s.metrics.copyNanos[copyGather].Add(int64(time.Since(t0)))
-		s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
-	})
-	if err != nil {
-		s.mbox.post(staging.Event{Kind: staging.EvCopyDone, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Err: err, Now: time.Now()})
-	}
-}
-
-// startMappers starts the goroutines that map and enqueue the copies of
-// mapped chunks (KV transfers), off the loop: mapping a chunk of a layout
-// that keeps heads apart walks thousands of rows. The loop owns them: the
-// returned func, run when the loop ends (after its drain), lets them
-// finish what was queued and waits.
-func (s *Server) startMappers() (stop func()) {
-	n := min(4, max(1, runtime.GOMAXPROCS(0)/2))
-	s.mapq = make(chan staging.CopyCmd, s.sendPool.Cap())
-	var wg sync.WaitGroup
-	wg.Add(n)
-	for range n {
-		go func() {
-			defer wg.Done()
-			var segs []device.Seg
-			var runs []device.Run
-			for c := range s.mapq {
-				if c.C.HasRuns() {
-					runs = c.C.SourceRuns(runs[:0])
-					s.gatherWith(c, func(buf device.Pinned, done func(error)) error { return s.copier().GatherRuns(buf, runs, done) })
-					continue
-				}
-				segs = c.C.Sources(segs[:0])
-				s.gatherChunk(c, segs)
-			}
-		}()
-	}
-	return func() {
-		close(s.mapq)
-		wg.Wait()
 	}
 }
 
@@ -131,16 +74,10 @@ func (s *Server) drainLoop() {
 
 func (s *Server) perform(r *staging.Ready) {
 	for _, c := range r.Copies {
-		if c.C.Mapped() {
-			s.mapq <- c // never blocks: it holds a slot for each copy in flight
-			continue
-		}
-		s.gatherChunk(c, c.C.Src)
+		s.gather.start(c)
 	}
 	for _, c := range r.Sends {
-		s.mu.Lock()
-		ox := s.outs[c.Transfer]
-		s.mu.Unlock()
+		ox := s.outs.get(c.Transfer)
 		var ds *dataStream
 		if ox != nil {
 			ox.ss.mu.Lock()
@@ -154,9 +91,7 @@ func (s *Server) perform(r *staging.Ready) {
 		}
 	}
 	for _, d := range r.Done {
-		s.mu.Lock()
-		ox := s.outs[d.Transfer]
-		s.mu.Unlock()
+		ox := s.outs.get(d.Transfer)
 		if ox == nil {
 			continue
 		}
@@ -199,24 +134,13 @@ func (s *Server) perform(r *staging.Ready) {
 		s.notify(n)
 	}
 	if len(r.Progress) > 0 {
-		s.progress(r.Progress)
+		s.outs.progress(r.Progress)
 	}
 	for _, k := range r.Retired {
 		s.retire(k)
 	}
 	if len(r.Taint) > 0 {
 		s.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
-	}
-}
-
-// progress moves XferStatus.Done of our pushes as their acks arrive.
-func (s *Server) progress(ps []staging.Progress) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range ps {
-		if ox := s.outs[p.Transfer]; ox != nil && ox.local != nil {
-			ox.local.addDone(p.Bytes)
-		}
 	}
 }
 
@@ -238,15 +162,4 @@ func coreErr(err error) error {
 		return err
 	}
 	return codeErr(errCode(err), "%w", err)
-}
-
-// tickSessions runs each live session's tick: stalled incoming transfers
-// and data streams, expired small pushes, heartbeats.
-func (s *Server) tickSessions(now time.Time) {
-	for _, ss := range s.liveSessions() {
-		ss.tickIncoming(now)
-		ss.watchStreams(now)
-		ss.expireInline(now)
-		ss.keepAlive(now)
-	}
 }

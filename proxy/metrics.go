@@ -55,7 +55,7 @@ func newMetrics(s *Server) *metrics {
 		Namespace: "stage", Name: "transport_fallbacks_total",
 		Help: "Transfers that could not use the transport a route asked for and fell back, by reason.",
 	}, []string{"reason"})
-	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, &collector{s: s, m: m}, routeCollector{s: s},
+	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, &collector{s: s, m: m}, s.routes.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

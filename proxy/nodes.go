@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"maps"
-
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
@@ -18,11 +16,11 @@ type nodeHost struct{ s *Server }
 
 var _ node.Host = nodeHost{}
 
-func (h nodeHost) Copier() *staging.Copier { return h.s.copier() }
+func (h nodeHost) Copier() *staging.Copier { return h.s.copiers.take() }
 func (h nodeHost) Fallback(reason string)  { h.s.metrics.fallbacks.WithLabelValues(reason).Inc() }
 
 func (h nodeHost) Peer(sid [wire.SessionIDSize]byte) *node.Peer {
-	for _, ss := range h.s.liveSessions() {
+	for _, ss := range h.s.sessions.liveList() {
 		if ss.sid == sid {
 			return ss.node
 		}
@@ -96,43 +94,6 @@ func (n nodeIn) LandedDirect(b uint64) error {
 func (n nodeIn) Landed(idx uint32, b uint64, err error) {
 	n.x.landed(idx, b, err)
 	n.x.ss.link.BytesIn.Add(b)
-}
-
-// addFallback counts a transfer that could not use a same-node path.
-func (c *counters) addFallback(reason string) {
-	c.fbMu.Lock()
-	if c.fallbacks == nil {
-		c.fallbacks = map[string]uint64{}
-	}
-	c.fallbacks[reason]++
-	c.fbMu.Unlock()
-}
-
-// fallbackCounts copies the fallback counts (nil when none).
-func (c *counters) fallbackCounts() map[string]uint64 {
-	c.fbMu.Lock()
-	defer c.fbMu.Unlock()
-	if len(c.fallbacks) == 0 {
-		return nil
-	}
-	return maps.Clone(c.fallbacks)
-}
-
-// countDirect counts a transfer that moved on a same-node path.
-func (c *counters) countDirect(t node.Transport) {
-	switch t {
-	case node.IPC:
-		c.XfersIPC.Add(1)
-	case node.Shm:
-		c.XfersShm.Add(1)
-	}
-}
-
-// revokeRegion tells every same-node peer that got r's handle that r is gone.
-func (s *Server) revokeRegion(r *region.Region) {
-	for _, ss := range s.liveSessions() {
-		ss.node.Revoke(r.ID)
-	}
 }
 
 func (ss *session) sameHost() bool { return ss.peerHost != "" && ss.peerHost == ss.s.hostID }

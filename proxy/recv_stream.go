@@ -215,7 +215,7 @@ func (r *chunkReader) landChunk(h wire.Header, x *inXfer) error {
 		x.landed(idx, n, err)
 		x.release()
 	}
-	if err := x.dest.scatter(s.copier(), &r.ch, &r.land, buf, landed); err != nil {
+	if err := x.dest.scatter(s.copiers.take(), &r.ch, &r.land, buf, landed); err != nil {
 		s.recvPool.ReleaseAs(slot, &ss.recvShare)
 		x.fail(codeErr(wire.CodeDevice, "scatter chunk %d to %s: %w", idx, s.dev, err), true)
 		x.release()

@@ -239,7 +239,7 @@ func (x *inXfer) directLanded(n uint64) error {
 
 func routeName(ss *session) string {
 	if ss.route != nil {
-		return ss.route.name
+		return ss.route.Name()
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/staging"
 )
 
@@ -38,20 +39,19 @@ func (ss *session) startRedial(idx int) {
 func (ss *session) redial(idx int) {
 	defer ss.s.wg.Done()
 	log := ss.s.log.With(zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Int("stream", idx))
-	wait := redialFirst
+	wait := routing.Backoff{First: redialFirst, Max: redialMax}
 	var err error
 	for attempt := 1; attempt <= redialAttempts; attempt++ {
-		t := time.NewTimer(wait)
+		t := time.NewTimer(wait.Next())
 		select {
 		case <-ss.ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
-		wait = min(2*wait, redialMax)
 		var timeout = 2 * time.Second
 		if ss.route != nil {
-			timeout = ss.route.conf().ConnectTimeout
+			timeout = ss.route.Conf().ConnectTimeout
 		}
 		c, derr := ss.dialData(ss.ctx, ss.addr, uint16(idx), timeout)
 		if derr != nil {

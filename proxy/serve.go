@@ -74,9 +74,7 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 		}
 		return
 	}
-	s.mu.Lock()
-	s.outs[key] = ox
-	s.mu.Unlock()
+	s.outs.put(ox)
 	ss.send(&wire.Accept{Transfer: wireID})
 	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 }

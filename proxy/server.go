@@ -21,6 +21,7 @@ import (
 	"github.com/stage-kv/stage/proxy/engine"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -45,16 +46,14 @@ type Server struct {
 	spliceRefused atomic.Bool
 	// spliceProbe replaces the start-up probe in tests (nil: the real one).
 	spliceProbe func(size int) (rawconn.SpliceProbe, error)
-	copiers     []*staging.Copier
-	nextCp      atomic.Uint32
+	copiers     copierSet
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path
 	lane       *staging.Lane
 
 	regions *region.Table
-	kv      kvTable              // KV caches and peers' shapes (kv.go)
-	mapq    chan staging.CopyCmd // mapped chunks to map and gather (loop.go, startMappers)
+	kv      kvTable // KV caches and peers' shapes (kv.go)
 
 	peerLn  net.Listener
 	engines *engine.Listener // the control socket
@@ -70,33 +69,24 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// Sessions closed on goroutines of their own (closeLater): Close
-	// waits for them after gnet's loops stopped, the last that start one.
-	closersMu   sync.Mutex
-	closers     sync.WaitGroup
-	closersDone bool // Close waited: no more start
+	closers closerGroup // sessions closed on goroutines of their own (session.closeLater)
 
 	// sender loop
+	gather    gatherer // the core's copies into send slots (gather.go)
 	mbox      *mailbox
 	core      *staging.Sender
 	sendInUse atomic.Int64
 
-	mu       sync.Mutex
-	sessions map[uint64]*session
-	// setup holds sessions we accepted whose Welcome is out but whose
-	// control connection is not live yet (acceptSession): only acceptData
-	// looks here, so their data streams attach while nothing else (stats,
-	// heartbeats, routes) sees a session without a control connection.
-	setup    map[uint64]*session
-	preauth  *preauth // peer connections before their handshake ends (preauth.go)
-	routes   map[string]*route
-	outs     map[staging.Key]*outXfer // core key -> outgoing transfer
-	xfers    map[uint64]*localXfer    // engine-facing transfers by id
-	finished []uint64                 // finished transfer ids, oldest first (bounded history)
-	links    map[string]*counters
+	// The tables, each behind its own lock (no lock is held while
+	// another table's is taken).
+	sessions sessionTable             // peer sessions (sessions.go)
+	preauth  *preauth                 // peer connections before their handshake ends (preauth.go)
+	routes   *routing.Table[*session] // routes and their peers (proxy/routing)
+	outs     outTable                 // transfers whose chunks leave here, by core key (xfertable.go)
+	xfers    xferTable                // engine-facing transfers by id (xfertable.go)
+	links    linkTable                // counters by link name (links.go)
 
 	seq      atomic.Uint64 // transfer ids, session ids
-	dialing  dialing       // route sessions being dialed (limits.max_sessions, max_streams)
 	closing  atomic.Bool
 	draining atomic.Bool // no new transfers from engines; in-flight ones may finish
 }
@@ -113,10 +103,10 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
-		sessions: map[uint64]*session{}, setup: map[uint64]*session{}, routes: map[string]*route{}, outs: map[staging.Key]*outXfer{},
-		xfers: map[uint64]*localXfer{},
-		links: map[string]*counters{}}
-	s.regions = region.NewTable(dev, s.revokeRegion)
+		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
+	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
+	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
 	s.kv.init()
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
@@ -144,6 +134,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
+	s.gather = gatherer{pool: s.sendPool, copiers: &s.copiers, mbox: s.mbox, nanos: &s.metrics.copyNanos[copyGather]}
 	// After newSendPool: an auto depth follows whether chunks go by splice.
 	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.splice))
 	// The lane also lands peers' inline pushes, so it exists even when
@@ -161,7 +152,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.copiers = append(s.copiers, c)
+		s.copiers.all = append(s.copiers.all, c)
 	}
 	if s.peerLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
@@ -203,9 +194,7 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.acceptPeers()
 	s.engines.Serve()
 	s.nodes.Serve(s.ctx)
-	for i := range s.cfg.Routes {
-		s.addRoute(s.cfg.Routes[i])
-	}
+	s.routes.Start(s.ctx, s.cfg.Routes)
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
@@ -249,58 +238,24 @@ func (s *Server) Close() error {
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()
 	}
-	s.mu.Lock()
-	sess := make([]*session, 0, len(s.sessions)+len(s.setup))
-	for _, ss := range s.sessions {
-		sess = append(sess, ss)
-	}
-	for _, ss := range s.setup {
-		sess = append(sess, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range sess {
-		ss.close(errors.New("sidecar shutting down"))
+	for _, ss := range s.sessions.closeAll() {
+		ss.close(errShuttingDown)
 	}
 	s.engines.Close()
 	s.wg.Wait() // loop, acceptors, dialers, data streams
 	if s.gcli != nil {
 		_ = s.gcli.Stop()
 	}
-	s.waitClosers()
+	s.closers.wait()
 	s.failAllLocal(codeErr(wire.CodeShutdown, "sidecar shutting down"))
 	s.regions.CloseAll()
 	_ = os.Remove(s.SocketPath())
 	return s.closeResources()
 }
 
-// closeLater closes ss on a goroutine of its own, for callers that must
-// not wait for it (gnet's event loop, a control connection's writer) or
-// may hold locks close takes. Close waits for these goroutines; once it
-// has, none starts: Close closed every session before.
-func (s *Server) closeLater(ss *session, err error) {
-	s.closersMu.Lock()
-	defer s.closersMu.Unlock()
-	if s.closersDone {
-		return
-	}
-	s.closers.Add(1)
-	go func() {
-		defer s.closers.Done()
-		ss.close(err)
-	}()
-}
-
-// waitClosers waits for closeLater's goroutines and lets no more start.
-func (s *Server) waitClosers() {
-	s.closersMu.Lock()
-	s.closersDone = true
-	s.closersMu.Unlock()
-	s.closers.Wait()
-}
-
 func (s *Server) closeResources() error {
 	var errs []error
-	for _, c := range s.copiers {
+	for _, c := range s.copiers.all {
 		errs = append(errs, c.Close())
 	}
 	if s.sendPool != nil {
@@ -343,17 +298,19 @@ func (s *Server) Leaks() string {
 	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {
 		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inlinePool.InUse())
 	}
-	s.mu.Lock()
-	if n := len(s.outs); n != 0 {
+	if n := s.outs.len(); n != 0 {
 		fmt.Fprintf(&b, "outgoing transfers: %d; ", n)
 	}
-	s.mu.Unlock()
 	return b.String()
 }
 
-func (s *Server) copier() *staging.Copier {
-	return s.copiers[int(s.nextCp.Add(1))%len(s.copiers)]
+// copierSet is the copy streams (staging.copy_streams), taken in turn.
+type copierSet struct {
+	all  []*staging.Copier
+	next atomic.Uint32
 }
+
+func (c *copierSet) take() *staging.Copier { return c.all[int(c.next.Add(1))%len(c.all)] }
 
 func (s *Server) newID() uint64 { return s.seq.Add(1) }
 
@@ -379,28 +336,4 @@ func hostIdentity() string {
 		return h
 	}
 	return id
-}
-
-// counters are the figures of one link (a route, or a peer that dialed us).
-type counters struct {
-	BytesOut, BytesIn, ChunksOut, ChunksIn atomic.Uint64
-	XfersOK, XfersFailed, XfersInline      atomic.Uint64
-	XfersIPC, XfersShm                     atomic.Uint64 // moved on a same-node path
-	// Recovery: data streams redialed after a loss, chunks sent again at
-	// the peer's request, chunks that arrived here damaged, second copies
-	// of chunks that had landed here already.
-	Redials, Resends, ChecksumErrors, Duplicates atomic.Uint64
-	fbMu                                         sync.Mutex
-	fallbacks                                    map[string]uint64 // same-node path unavailable, by reason
-}
-
-func (s *Server) link(name string) *counters {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := s.links[name]
-	if c == nil {
-		c = &counters{}
-		s.links[name] = c
-	}
-	return c
 }

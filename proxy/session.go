@@ -2,9 +2,8 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,10 +154,7 @@ func (ss *session) close(err error) {
 	ss.closeStreams()
 	ss.node.Shut()
 	s := ss.s
-	s.mu.Lock()
-	delete(s.sessions, ss.id)
-	delete(s.setup, ss.id)
-	s.mu.Unlock()
+	s.sessions.remove(ss)
 	s.kv.forgetSession(ss.id)
 	ss.performIn(&in)
 	ss.failInline(perr, nil)
@@ -174,6 +170,15 @@ func (ss *session) close(err error) {
 // failing its transfers at once rather than at their progress deadlines.
 const heartbeatEvery = time.Second
 
+// tick runs on the sender loop's tick: deadlines of incoming transfers,
+// the stall watchdog, inline pushes unanswered, heartbeats.
+func (ss *session) tick(now time.Time) {
+	ss.tickIncoming(now)
+	ss.watchStreams(now)
+	ss.expireInline(now)
+	ss.keepAlive(now)
+}
+
 // keepAlive runs on the sender loop's tick.
 func (ss *session) keepAlive(now time.Time) {
 	if silent := now.Sub(time.Unix(0, ss.lastRecv.Load())); silent > ss.s.cfg.Limits.SessionSilence {
@@ -186,10 +191,54 @@ func (ss *session) keepAlive(now time.Time) {
 	}
 }
 
-// liveSessions is a snapshot of the sessions with a live control
-// connection, to call into without the server's lock.
-func (s *Server) liveSessions() []*session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Collect(maps.Values(s.sessions))
+// closeLater closes ss on a goroutine of its own, for callers that must
+// not wait for it (gnet's event loop, a control connection's writer) or
+// may hold locks close takes.
+func (ss *session) closeLater(err error) { ss.s.closers.run(func() { ss.close(err) }) }
+
+// closerGroup holds the goroutines of closeLater. Close waits for them
+// after gnet's loops stopped, the last that start one; once it has, none
+// starts: Close closed every session before.
+type closerGroup struct {
+	mu   sync.Mutex
+	wg   sync.WaitGroup
+	done bool // wait ran: no more start
+}
+
+func (g *closerGroup) run(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.done {
+		return
+	}
+	g.wg.Go(f)
+}
+
+// wait waits for the goroutines started and lets no more start.
+func (g *closerGroup) wait() {
+	g.mu.Lock()
+	g.done = true
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+// askCatalog asks the peer for its regions (stagectl's catalog query),
+// as seq.
+func (ss *session) askCatalog(seq uint64) ([]byte, error) {
+	ch := make(chan []wire.RegionInfo, 1)
+	ss.mu.Lock()
+	ss.catalog[seq] = ch
+	ss.mu.Unlock()
+	ss.send(&wire.CatalogRequest{Seq: seq})
+	select {
+	case regs := <-ch:
+		return json.Marshal(regs)
+	case <-ss.done:
+		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
+	case <-time.After(5 * time.Second):
+		ss.mu.Lock()
+		delete(ss.catalog, seq)
+		ss.mu.Unlock()
+		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
+	}
 }

@@ -11,18 +11,19 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// startPush announces and moves a push: on a same-node path when the route
-// and the peer allow it, else (or when that path cannot start) through the
-// sender core over TCP.
-func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *node.Announcer) {
+// Starting a transfer on its way: on a same-node path when the route and
+// the peer allow it (proxy/node), else (or when that path cannot start)
+// over TCP, a push through the sender core, a pull with a PullRequest.
+
+// startPush announces and moves our push.
+func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer) {
 	ss := ox.ss
+	s := ss.s
 	tcp := func() {
 		plan, err := ox.getPlan()
 		if err != nil {
 			ss.node.Unwatch(ox.wireID)
-			s.mu.Lock()
-			delete(s.outs, ox.key)
-			s.mu.Unlock()
+			s.outs.take(ox.key)
 			region.ReleaseAll(ox.regions)
 			s.finishLocal(ox.local, err)
 			return
@@ -34,13 +35,14 @@ func (s *Server) startPush(r *route, ox *outXfer, remote []string, announce *nod
 	}
 	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}
 	run := func(t node.Transport) error { return ss.node.Push(px, t) }
-	finish := func(t node.Transport, err error) { s.finishDirectPush(ox, t, err) }
-	ss.node.Start(r.conf().Transport, wire.Push, run, finish, tcp)
+	finish := func(t node.Transport, err error) { ox.finishDirect(t, err) }
+	ss.node.Start(r.Conf().Transport, wire.Push, run, finish, tcp)
 }
 
-// finishDirectPush ends a push that moved (or failed) on a same-node path.
-func (s *Server) finishDirectPush(ox *outXfer, t node.Transport, err error) {
+// finishDirect ends a push that moved (or failed) on a same-node path.
+func (ox *outXfer) finishDirect(t node.Transport, err error) {
 	ss := ox.ss
+	s := ss.s
 	if err != nil {
 		// A refusal or a cancel says more in its Nack than in what the
 		// node socket answered.
@@ -55,9 +57,7 @@ func (s *Server) finishDirectPush(ox *outXfer, t node.Transport, err error) {
 		}
 	}
 	ss.node.Unwatch(ox.wireID)
-	s.mu.Lock()
-	delete(s.outs, ox.key)
-	s.mu.Unlock()
+	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {
 		ox.local.addDone(ox.local.total)
@@ -67,10 +67,10 @@ func (s *Server) finishDirectPush(ox *outXfer, t node.Transport, err error) {
 	s.finishLocal(ox.local, err)
 }
 
-// startPull moves a pull whose incoming transfer x is registered: on a
-// same-node path when possible, else with a PullRequest over TCP.
-func (s *Server) startPull(r *route, x *inXfer, m *wire.Submit, req *wire.PullRequest) {
+// startPull moves our pull, its incoming transfer x registered.
+func (x *inXfer) startPull(r *route, m *wire.Submit, req *wire.PullRequest) {
 	ss := x.ss
+	s := ss.s
 	tcp := func() { ss.send(req) }
 	px := &node.Pull{ID: x.wireID, Tag: x.tag, Regions: m.RemoteNames, Ops: m.Ops, Local: x.regions, Total: x.total, Touch: x.touch}
 	run := func(node.Transport) error { return ss.node.Pull(px) }
@@ -87,5 +87,5 @@ func (s *Server) startPull(r *route, x *inXfer, m *wire.Submit, req *wire.PullRe
 			s.log.Warn("direct pull failed", zap.String("peer", ss.peerName), zap.Error(err))
 		}
 	}
-	ss.node.Start(r.conf().Transport, wire.Pull, run, finish, tcp)
+	ss.node.Start(r.Conf().Transport, wire.Pull, run, finish, tcp)
 }

@@ -1,12 +1,10 @@
 package proxy
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -29,45 +27,35 @@ func (s *Server) Snapshot() Stats {
 		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
 		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds(),
 		KVAccepts: s.metrics.kvAccepts.Load(), KVAcceptNanos: s.metrics.kvAcceptN.Load()}
-	s.mu.Lock()
-	st.Sessions = len(s.sessions)
-	for _, ss := range s.sessions {
-		st.PeerMappings += ss.node.Mappings()
-	}
+	live := s.sessions.liveList()
+	st.Sessions = len(live)
 	up := map[string]int{}
 	var inbound []*session
-	for _, ss := range s.sessions {
+	for _, ss := range live {
+		st.PeerMappings += ss.node.Mappings()
 		up[ss.linkName]++
 		if ss.route == nil {
 			inbound = append(inbound, ss)
 		}
 	}
-	for _, lx := range s.xfers {
-		select {
-		case <-lx.done:
-		default:
-			st.Transfers++
-		}
-	}
-	for name, c := range s.links {
+	st.Transfers = s.xfers.running(nil)
+	s.links.each(func(name string, c *counters) {
 		st.Links = append(st.Links, LinkStats{Name: name, Up: up[name], BytesOut: c.BytesOut.Load(), BytesIn: c.BytesIn.Load(),
 			ChunksOut: c.ChunksOut.Load(), ChunksIn: c.ChunksIn.Load(), XfersOK: c.XfersOK.Load(), XfersFailed: c.XfersFailed.Load(),
 			XfersInline: c.XfersInline.Load(), XfersIPC: c.XfersIPC.Load(), XfersShm: c.XfersShm.Load(), Fallbacks: c.fallbackCounts(),
 			Redials: c.Redials.Load(), Resends: c.Resends.Load(), ChecksumErrors: c.ChecksumErrors.Load(), Duplicates: c.Duplicates.Load()})
-	}
-	s.mu.Unlock()
+	})
 	sort.Slice(st.Links, func(i, j int) bool { return st.Links[i].Name < st.Links[j].Name })
-	st.Inbound = s.inboundPeers(inbound)
+	st.Inbound = inboundPeers(inbound)
 	return st
 }
 
-// inboundPeers describes the sessions peers dialed in (s.mu not held:
-// busyOn takes it).
-func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
+// inboundPeers describes the sessions peers dialed in.
+func inboundPeers(ss []*session) []wire.InboundPeer {
 	out := make([]wire.InboundPeer, 0, len(ss))
 	for _, x := range ss {
 		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.stripeCount(),
-			StreamsUp: x.streamsUp(), InFlight: s.busyOn(x)})
+			StreamsUp: x.streamsUp(), InFlight: x.inFlight()})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Node != out[j].Node {
@@ -80,68 +68,16 @@ func (s *Server) inboundPeers(ss []*session) []wire.InboundPeer {
 
 // Routes describes configured routes and their peers.
 func (s *Server) Routes() []RouteInfo {
-	s.mu.Lock()
-	rs := make([]*route, 0, len(s.routes))
-	for _, r := range s.routes {
-		rs = append(rs, r)
-	}
-	s.mu.Unlock()
-	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
+	rs := s.routes.List()
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
-		ri := RouteInfo{Name: r.conf().Name, Transport: r.conf().Transport, Stripes: r.conf().Stripes, Checksum: r.conf().Checksum}
-		ri.Pick, ri.DNS, ri.Allow, ri.DNSError = r.conf().Pick, r.conf().DNS, r.conf().Allow, r.dnsError()
-		ri.Peers = r.peerInfos()
-		out = append(out, ri)
+		out = append(out, r.Info(func(ss *session, pi *PeerInfo) {
+			pi.SameHost, pi.Stripes, pi.Chunk = ss.sameHost(), ss.stripeCount(), ss.chunkSize
+			pi.StreamsUp = ss.streamsUp()
+			pi.Transport = ss.node.TransportOf(r.Conf().Transport)
+		}))
 	}
 	return out
-}
-
-func (s *Server) query(q *wire.Query) ([]byte, error) {
-	switch q.What {
-	case wire.QueryStats:
-		return json.Marshal(s.Snapshot())
-	case wire.QueryRoutes:
-		return json.Marshal(s.Routes())
-	case wire.QueryRegions:
-		return json.Marshal(s.regions.Infos(false))
-	case wire.QueryCatalog:
-		return s.remoteCatalog(q.Arg)
-	}
-	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
-}
-
-// remoteCatalog asks a route's peer for its regions: arg is the route's
-// name, or route@peer on a route of several peers.
-func (s *Server) remoteCatalog(arg string) ([]byte, error) {
-	routeName, peerName, _ := strings.Cut(arg, "@")
-	s.mu.Lock()
-	r := s.routes[routeName]
-	s.mu.Unlock()
-	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", routeName, s.routeNames())
-	}
-	ss, err := r.pick(s.ctx, peerName)
-	if err != nil {
-		return nil, err
-	}
-	seq := s.newID()
-	ch := make(chan []wire.RegionInfo, 1)
-	ss.mu.Lock()
-	ss.catalog[seq] = ch
-	ss.mu.Unlock()
-	ss.send(&wire.CatalogRequest{Seq: seq})
-	select {
-	case regs := <-ch:
-		return json.Marshal(regs)
-	case <-ss.done:
-		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
-	case <-time.After(5 * time.Second):
-		ss.mu.Lock()
-		delete(ss.catalog, seq)
-		ss.mu.Unlock()
-		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
-	}
 }
 
 // countFDs counts this process's open file descriptors (-1 if unknown).

@@ -129,26 +129,29 @@ func (p *peerTLS) clientConfig(addr string) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cert}, RootCAs: pool, ServerName: name}
 }
 
-// dialTLS runs the dialer's TLS handshake on c when security.tls is on
-// (else returns c). On error the caller closes c.
-func (s *Server) dialTLS(ctx context.Context, c net.Conn, addr string) (net.Conn, error) {
-	if s.tls == nil {
+// The handshakes below take a nil *peerTLS for plaintext (no
+// security.tls): they hand the connection back as it is.
+
+// dial runs the dialer's TLS handshake on c, within timeout
+// (limits.handshake_timeout). On error the caller closes c.
+func (p *peerTLS) dial(ctx context.Context, c net.Conn, addr string, timeout time.Duration) (net.Conn, error) {
+	if p == nil {
 		return c, nil
 	}
-	tc := tls.Client(c, s.tls.clientConfig(addr))
-	hctx, cancel := context.WithTimeout(ctx, s.handshakeTimeout())
+	tc := tls.Client(c, p.clientConfig(addr))
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
-		return nil, s.tlsDialErr(addr, err)
+		return nil, p.dialErr(addr, err)
 	}
 	return tc, nil
 }
 
-// tlsDialErr explains a dialer's failure in or right after the TLS
+// dialErr explains a dialer's failure in or right after the TLS
 // handshake (in TLS 1.3 the acceptor's verdict on our certificate arrives
 // with its first frame); other errors come back as they are.
-func (s *Server) tlsDialErr(addr string, err error) error {
-	if s.tls == nil {
+func (p *peerTLS) dialErr(addr string, err error) error {
+	if p == nil {
 		return err
 	}
 	var rh tls.RecordHeaderError
@@ -161,7 +164,7 @@ func (s *Server) tlsDialErr(addr string, err error) error {
 		return codeErr(wire.CodeAuthFailed, "peer %s does not speak TLS (%w); is it a staged with security.tls set?", addr, err)
 	case errors.As(err, &ve):
 		return codeErr(wire.CodeAuthFailed, "certificate of peer %s does not verify: %w; it must be signed by our security.tls.ca_file, be valid now, and name %q (or set security.tls.server_name)",
-			addr, ve.Err, s.tls.clientConfig(addr).ServerName)
+			addr, ve.Err, p.clientConfig(addr).ServerName)
 	case errors.As(err, &op) && op.Op == "remote error":
 		return codeErr(wire.CodeAuthFailed, "peer %s refused our TLS certificate (%w); it must be signed by the CA in the peer's security.tls.ca_file and be valid now", addr, op.Err)
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
@@ -170,15 +173,15 @@ func (s *Server) tlsDialErr(addr string, err error) error {
 	return fmt.Errorf("TLS handshake with %s: %w", addr, err)
 }
 
-// acceptTLS runs the acceptor's TLS handshake on c when security.tls is on
-// (else returns c); c's deadline bounds it. A peer that opened in plaintext
-// is told, in plaintext, that TLS is required.
-func (s *Server) acceptTLS(c net.Conn) (net.Conn, error) {
-	if s.tls == nil {
+// accept runs the acceptor's TLS handshake on c; c's deadline bounds it.
+// A peer that opened in plaintext is told, in plaintext, that TLS is
+// required.
+func (p *peerTLS) accept(ctx context.Context, c net.Conn) (net.Conn, error) {
+	if p == nil {
 		return c, nil
 	}
-	tc := tls.Server(c, s.tls.serverConfig())
-	err := tc.HandshakeContext(s.ctx)
+	tc := tls.Server(c, p.serverConfig())
+	err := tc.HandshakeContext(ctx)
 	if err == nil {
 		return tc, nil
 	}

@@ -135,13 +135,14 @@ func entryText(e observer.LoggedEntry) string {
 // waitRouteErr waits until route r's last dial error contains want.
 func (ts *testSidecar) waitRouteErr(t *testing.T, want string) {
 	t.Helper()
-	ts.mu.Lock()
-	r := ts.routes["r"]
-	ts.mu.Unlock()
+	r, err := ts.routes.Lookup("r")
+	if err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	var got string
 	for time.Now().Before(deadline) {
-		if got = r.errSummary(); strings.Contains(got, want) {
+		if got = r.ErrSummary(); strings.Contains(got, want) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

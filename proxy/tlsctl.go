@@ -39,9 +39,9 @@ const maxCtlBacklog = 16 << 20
 
 // startTLSControl runs the session's control connection c; the goroutines
 // belong to the server's wait group and end when the session closes.
-func (s *Server) startTLSControl(ss *session, c *tls.Conn) *tlsControl {
+func startTLSControl(ss *session, c *tls.Conn) *tlsControl {
 	tc := &tlsControl{ss: ss, c: c, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	s.wg.Add(2)
+	ss.s.wg.Add(2)
 	go tc.readLoop()
 	go tc.writeLoop()
 	return tc
@@ -61,7 +61,7 @@ func (tc *tlsControl) write(frame []byte) {
 	if len(tc.buf)+len(frame) > maxCtlBacklog {
 		tc.over = true
 		tc.mu.Unlock()
-		tc.ss.s.closeLater(tc.ss, fmt.Errorf("peer reads none of its control frames (%d B waiting)", maxCtlBacklog))
+		tc.ss.closeLater(fmt.Errorf("peer reads none of its control frames (%d B waiting)", maxCtlBacklog))
 		return
 	}
 	tc.buf = append(tc.buf, frame...)
@@ -109,7 +109,7 @@ func (tc *tlsControl) writeLoop() {
 		}
 		tc.mu.Unlock()
 		if err != nil {
-			tc.ss.s.closeLater(tc.ss, fmt.Errorf("write control frames: %w", err))
+			tc.ss.closeLater(fmt.Errorf("write control frames: %w", err))
 			return
 		}
 	}

@@ -15,9 +15,6 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// maxFinished is how many finished transfers stay queryable by id.
-const maxFinished = 4096
-
 // localXfer is a transfer a local engine submitted.
 type localXfer struct {
 	id      uint64
@@ -114,7 +111,7 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes. With wait false it does not
-// wait for a session to the peer: errNoSession says it would have.
+// wait for a session to the peer: routing.ErrNoSession says it would have.
 func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
 	r, err := s.openRoute(m.Route)
 	if err != nil {
@@ -144,9 +141,9 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	total, ends := chk.Total, chk.Ends
 	var ss *session
 	if wait {
-		ss, err = r.pick(ctx, m.Peer)
+		ss, err = r.Pick(ctx, m.Peer)
 	} else {
-		ss, err = r.pickNow(m.Peer)
+		ss, err = r.PickNow(m.Peer)
 	}
 	if err != nil {
 		return nil, err
@@ -154,10 +151,8 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	checksum := checksumFor(r, m.Checksum)
 	id := s.newID()
 	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
-		timeout: r.conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
-	s.mu.Lock()
-	s.xfers[id] = lx
-	s.mu.Unlock()
+		timeout: r.Conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
+	s.xfers.add(lx)
 	keep = true
 
 	if m.Dir == wire.Push {
@@ -165,9 +160,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 			return lx, nil
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
-		s.mu.Lock()
-		s.outs[ox.key] = ox
-		s.mu.Unlock()
+		s.outs.put(ox)
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
 		// and holds any chunk that overtook it until then, so nothing lands
@@ -177,7 +170,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 		// deadline.
 		lx.setState(wire.StateRunning)
 		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
-		s.startPush(r, ox, m.RemoteNames, announce)
+		ox.startPush(r, m.RemoteNames, announce)
 		return lx, nil
 	}
 
@@ -198,7 +191,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 		return lx, nil
 	}
 	lx.setState(wire.StateRunning)
-	s.startPull(r, x, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
+	x.startPull(r, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
 	return lx, nil
 }
 
@@ -208,13 +201,7 @@ func (s *Server) openRoute(name string) (*route, error) {
 	if s.closing.Load() || s.draining.Load() {
 		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
-	s.mu.Lock()
-	r := s.routes[name]
-	s.mu.Unlock()
-	if r == nil {
-		return nil, codeErr(wire.CodeUnknownRoute, "route %q is not configured (have: %s)", name, s.routeNames())
-	}
-	return r, nil
+	return s.routes.Lookup(name)
 }
 
 // checksumFor is whether a transfer on r carries CRC32Cs: as the engine
@@ -226,7 +213,7 @@ func checksumFor(r *route, choice uint8) bool {
 	case wire.ChecksumOff:
 		return false
 	}
-	return r.conf().Checksum
+	return r.Conf().Checksum
 }
 
 // expectPull registers our pull's incoming transfer x on its session
@@ -287,10 +274,7 @@ func (e nackedByPeer) Unwrap() error { return e.error }
 
 // retire forgets an outgoing transfer and lets go of its regions.
 func (s *Server) retire(key staging.Key) {
-	s.mu.Lock()
-	ox := s.outs[key]
-	delete(s.outs, key)
-	s.mu.Unlock()
+	ox := s.outs.take(key)
 	if ox == nil {
 		return
 	}
@@ -337,21 +321,12 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	if err != nil {
 		s.log.Info("transfer failed", zap.Uint64("transfer", lx.id), zap.String("route", lx.route), zap.Stringer("dir", lx.dir), zap.String("tag", lx.tag), zap.Error(err))
 	}
-	s.mu.Lock()
-	s.finished = append(s.finished, lx.id)
-	if len(s.finished) > maxFinished {
-		old := s.finished[0]
-		s.finished = s.finished[1:]
-		delete(s.xfers, old)
-	}
-	s.mu.Unlock()
+	s.xfers.finish(lx.id)
 }
 
 // cancel cancels an engine's transfer.
 func (s *Server) cancelXfer(id uint64) error {
-	s.mu.Lock()
-	lx := s.xfers[id]
-	s.mu.Unlock()
+	lx := s.xfers.get(id)
 	if lx == nil {
 		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}
@@ -376,26 +351,16 @@ func (s *Server) cancelXfer(id uint64) error {
 
 // failAllLocal fails every unfinished engine transfer (shutdown).
 func (s *Server) failAllLocal(err error) {
-	s.mu.Lock()
-	var all []*localXfer
-	for _, lx := range s.xfers {
-		all = append(all, lx)
-	}
-	outs := s.outs
-	s.outs = map[staging.Key]*outXfer{}
-	s.mu.Unlock()
-	for _, lx := range all {
+	for _, lx := range s.xfers.all() {
 		s.finishLocal(lx, err)
 	}
-	for _, ox := range outs {
+	for _, ox := range s.outs.takeAll() {
 		region.ReleaseAll(ox.regions)
 	}
 }
 
 func (s *Server) lookupXfer(id uint64) (*localXfer, error) {
-	s.mu.Lock()
-	lx := s.xfers[id]
-	s.mu.Unlock()
+	lx := s.xfers.get(id)
 	if lx == nil {
 		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}

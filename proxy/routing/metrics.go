@@ -1,4 +1,4 @@
-package proxy
+package routing
 
 import (
 	"sync/atomic"
@@ -42,23 +42,19 @@ var (
 	routeChangeLabels = []string{"added", "drained"}
 )
 
-// routeCollector reads the routes' peers and counters at scrape time.
-type routeCollector struct{ s *Server }
+// Collector reads the routes' peers and counters at scrape time.
+func (t *Table[S]) Collector() prometheus.Collector { return collector[S]{t} }
 
-func (c routeCollector) Describe(ch chan<- *prometheus.Desc) {
+type collector[S Session] struct{ t *Table[S] }
+
+func (c collector[S]) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRoutePeers, descRouteRefused, descRouteChanges, descRouteDNS} {
 		ch <- d
 	}
 }
 
-func (c routeCollector) Collect(ch chan<- prometheus.Metric) {
-	c.s.mu.Lock()
-	rs := make([]*route, 0, len(c.s.routes))
-	for _, r := range c.s.routes {
-		rs = append(rs, r)
-	}
-	c.s.mu.Unlock()
-	for _, r := range rs {
+func (c collector[S]) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.t.List() {
 		n := map[[2]string]int{}
 		r.mu.Lock()
 		for _, p := range r.peers {

@@ -1,4 +1,4 @@
-package proxy
+package routing
 
 import (
 	"context"
@@ -18,8 +18,8 @@ type dnsWatch struct {
 
 // watchDNS (re)starts the route's DNS watcher for its current settings;
 // with no dns set, peers it found are drained.
-func (r *route) watchDNS() {
-	rc := r.conf()
+func (r *Route[S]) watchDNS() {
+	rc := r.Conf()
 	r.mu.Lock()
 	if r.dns.cancel != nil {
 		r.dns.cancel()
@@ -38,9 +38,9 @@ func (r *route) watchDNS() {
 	r.dns.cancel = cancel
 	r.mu.Unlock()
 	res := discovery.Resolver(rc.DNSServer)
-	r.s.wg.Add(1)
+	r.t.wg.Add(1)
 	go func() {
-		defer r.s.wg.Done()
+		defer r.t.wg.Done()
 		discovery.Watch(ctx, res, rc.DNS, rc.DNSInterval, func(addrs []string, err error) {
 			if ctx.Err() == nil {
 				r.dnsUpdate(addrs, err)
@@ -52,13 +52,13 @@ func (r *route) watchDNS() {
 // dnsUpdate applies one answer: new addresses become peers, addresses
 // gone are drained (unless listed in peers). A failed lookup changes no
 // peer: a DNS server that is down must not empty the route.
-func (r *route) dnsUpdate(addrs []string, err error) {
+func (r *Route[S]) dnsUpdate(addrs []string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
 		r.stats.dnsErrors.Add(1)
 		if r.dns.err == nil {
-			r.s.log.Warn("route's DNS lookup failed; keeping its peers", zap.String("route", r.name), zap.String("dns", r.conf().DNS), zap.Error(err))
+			r.t.log.Warn("route's DNS lookup failed; keeping its peers", zap.String("route", r.name), zap.String("dns", r.Conf().DNS), zap.Error(err))
 		}
 		r.dns.err = err
 		return
@@ -69,7 +69,7 @@ func (r *route) dnsUpdate(addrs []string, err error) {
 	for _, a := range addrs {
 		now[a] = true
 		if !r.dns.addrs[a] {
-			r.s.log.Info("peer found in DNS", zap.String("route", r.name), zap.String("addr", a))
+			r.t.log.Info("peer found in DNS", zap.String("route", r.name), zap.String("addr", a))
 		}
 		r.addPeerLocked(a, foundDNS)
 	}
@@ -79,7 +79,7 @@ func (r *route) dnsUpdate(addrs []string, err error) {
 
 // drainGoneLocked drains the peers found in DNS that its last answer no
 // longer has (r.mu held).
-func (r *route) drainGoneLocked() {
+func (r *Route[S]) drainGoneLocked() {
 	for _, p := range r.sortedLocked() {
 		if p.found == foundDNS && !p.draining && !r.dns.addrs[p.addr] {
 			r.drainLocked(p, "gone from DNS")
@@ -88,7 +88,7 @@ func (r *route) drainGoneLocked() {
 }
 
 // dnsError is the last DNS lookup's failure, "" if it did not fail.
-func (r *route) dnsError() string {
+func (r *Route[S]) dnsError() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.dns.err == nil {

@@ -7,13 +7,14 @@
 // redialed at once, so one that came back is not refused for the rest of
 // its backoff.
 
-package proxy
+package routing
 
 import (
 	"strconv"
 	"time"
 
 	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -22,9 +23,10 @@ import (
 const minRedial = 50 * time.Millisecond
 
 // dialFailed records that a dial of p failed with err: p is down.
-func (r *route) dialFailed(p *peer, err error) {
+func (r *Route[S]) dialFailed(p *peer[S], err error) {
 	r.mu.Lock()
-	p.sess, p.lastErr, p.down = nil, err, true
+	var none S
+	p.sess, p.lastErr, p.down = none, err, true
 	p.fails++
 	r.signalLocked()
 	r.mu.Unlock()
@@ -33,7 +35,7 @@ func (r *route) dialFailed(p *peer, err error) {
 // sleep waits out a dial backoff of d, cut short when a submit asks for
 // the peer (kick) once minRedial has passed. It is false when p's
 // context ended.
-func (p *peer) sleep(d time.Duration) bool {
+func (p *peer[S]) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	floor := time.NewTimer(min(minRedial, d))
@@ -57,7 +59,7 @@ func (p *peer) sleep(d time.Duration) bool {
 // has failed a dial since this submit first found it down (asked holds
 // each such peer's failure count then; the first time, the peer is asked
 // to redial). A peer up, connecting, or not yet dialed again says wait.
-func (r *route) allDown(want string, asked *map[*peer]uint64) bool {
+func (r *Route[S]) allDown(want string, asked *map[*peer[S]]uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cands := r.candidatesLocked(want)
@@ -66,11 +68,11 @@ func (r *route) allDown(want string, asked *map[*peer]uint64) bool {
 	}
 	settled := true
 	for _, p := range cands {
-		if p.sess != nil || !p.down {
+		if p.up() || !p.down {
 			return false
 		}
 		if *asked == nil {
-			*asked = map[*peer]uint64{}
+			*asked = map[*peer[S]]uint64{}
 		}
 		base, ok := (*asked)[p]
 		if !ok {
@@ -94,10 +96,10 @@ func (r *route) allDown(want string, asked *map[*peer]uint64) bool {
 // an unnamed submit on a route of several without pick: any). None when
 // want names no peer yet (one being added, or a node name still
 // connecting): then the submit waits (r.mu held).
-func (r *route) candidatesLocked(want string) []*peer {
+func (r *Route[S]) candidatesLocked(want string) []*peer[S] {
 	if want == "" {
 		active := r.activeLocked()
-		if len(active) == 1 || r.conf().Pick == config.PickAny {
+		if len(active) == 1 || r.Conf().Pick == config.PickAny {
 			return active
 		}
 		return nil
@@ -106,15 +108,15 @@ func (r *route) candidatesLocked(want string) []*peer {
 	if err != nil || p == nil {
 		return nil
 	}
-	return []*peer{p}
+	return []*peer[S]{p}
 }
 
 // downErr is the error of a submit refused because its peer is down.
-func (r *route) downErr(want string) error {
+func (r *Route[S]) downErr(want string) error {
 	r.stats.refusals[refuseDown].Add(1)
 	name := "of the route"
 	if want != "" {
 		name = strconv.Quote(want)
 	}
-	return codeErr(wire.CodePeerUnavailable, "route %q: peer %s is down (%s); refused at once, not after connect_timeout; is its staged running and reachable?", r.name, name, r.errSummary())
+	return status.Errorf(wire.CodePeerUnavailable, "route %q: peer %s is down (%s); refused at once, not after connect_timeout; is its staged running and reachable?", r.name, name, r.ErrSummary())
 }
