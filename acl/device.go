@@ -73,7 +73,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // Device is one Ascend NPU, driven through its default context (the one
 // aclrtSetDevice creates, shared by every thread of the process that sets
 // the same device, torch_npu's included). It implements device.Device, plus
-// helpers for engines and tests (AllocDevice, ExportKey, CopyHtoD, ...).
+// helpers for engines and tests (AllocDevice, Export, CopyHtoD, ...).
 // Safe for concurrent use.
 type Device struct {
 	lib     *Library
@@ -104,7 +104,7 @@ type pinnedRec struct {
 
 type allocRec struct {
 	n         uint64
-	key       string // export key, "" until ExportKey
+	key       string // export key, "" until Export
 	validated bool   // exported with the pid whitelist on
 }
 

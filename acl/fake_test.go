@@ -554,8 +554,8 @@ func TestFakeBadInput(t *testing.T) {
 	if err := s.Record(ev); err == nil {
 		t.Error("Record of another device's event succeeded")
 	}
-	if _, _, _, _, err := d.ExportKey(0x1234); err == nil || !strings.Contains(err.Error(), "not inside an AllocDevice allocation") {
-		t.Errorf("ExportKey of a foreign address: %v", err)
+	if _, err := d.Export(0x1234); err == nil || !strings.Contains(err.Error(), "not inside an AllocDevice allocation") {
+		t.Errorf("Export of a foreign address: %v", err)
 	}
 	if err := d.FreeDevice(0x1234); err == nil {
 		t.Error("FreeDevice of a foreign address succeeded")
@@ -576,7 +576,7 @@ func TestFakeCloseReportsLeaks(t *testing.T) {
 	p, _ := d.AllocPinned(100)
 	a, _ := d.AllocDevice(100)
 	b, _ := d.AllocDevice(8192)
-	if _, _, _, _, err := d.ExportKey(b + 10); err != nil {
+	if _, err := d.Export(b + 10); err != nil {
 		t.Fatal(err)
 	}
 	err = d.Close()

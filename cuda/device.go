@@ -80,7 +80,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 
 // Device is one CUDA GPU, driven through its primary context (the one
 // PyTorch uses). It implements device.Device, plus helpers for engines and
-// tests (AllocDevice, IPCHandle, VMMAlloc, CopyHtoD, ...). Safe for
+// tests (AllocDevice, Export, VMMAlloc, CopyHtoD, ...). Safe for
 // concurrent use.
 type Device struct {
 	lib     *Library

@@ -235,14 +235,16 @@ func TestFakeIPCImportKeepsOffset(t *testing.T) {
 	}
 	defer d.FreeDevice(base)
 	view := base + 12345
-	b, h, off, size, err := d.IPCHandle(view)
+	x, err := d.Export(view)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b != base || off != 12345 || size != 1<<20 {
-		t.Fatalf("IPCHandle(base+12345) = base %#x off %d size %d, want %#x 12345 %d", b, off, size, base, 1<<20)
+	off, size := x.Offset, x.Handle.Size
+	if x.Base != base || off != 12345 || size != 1<<20 || x.Handle.Kind != device.HandleCUDAIPC || len(x.Handle.Bytes) != 64 {
+		t.Fatalf("Export(base+12345) = base %#x off %d size %d handle %s of %d B, want %#x 12345 %d cuda-ipc of 64 B",
+			x.Base, off, size, x.Handle.Kind, len(x.Handle.Bytes), base, 1<<20)
 	}
-	m, err := d.Import(device.Handle{Kind: device.HandleCUDAIPC, Bytes: h[:], Size: size, FD: -1})
+	m, err := d.Import(x.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 
 // Device is one AMD GPU as HIP numbers it in this process (after
 // HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES). It implements device.Device,
-// plus IPC export for engines and tests (ExportIPC, AllocDevice, ...). Safe
+// plus IPC export for engines and tests (Export, AllocDevice, ...). Safe
 // for concurrent use.
 type Device struct {
 	lib     *Library
