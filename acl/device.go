@@ -18,7 +18,10 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindACL, Open) }
+func init() {
+	device.Register(device.KindACL, device.Backend{Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{device.CapExporter}})
+}
 
 // Runtime constants (acl_rt.h).
 const (

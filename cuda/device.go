@@ -19,7 +19,15 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindCUDA, Open) }
+func init() {
+	device.Register(device.KindCUDA, device.Backend{
+		Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{
+			device.CapHostRegisterer, device.CapSlotRenewer, device.CapExporter, // Device
+			device.CapDtoD, device.CapDtoDBatch, device.CapRunCopier, // Stream
+		},
+	})
+}
 
 // Driver constants (cuda.h).
 const (

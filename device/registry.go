@@ -44,35 +44,56 @@ type HIPOptions struct {
 // Opener opens device ordinal of one backend.
 type Opener func(ordinal int, opts Options) (Device, error)
 
+// Backend is what a backend registers: how to open it, and which optional
+// interfaces of this package its values implement, so that a reader (and
+// stagectl, and logs) can see that without grepping for type assertions.
+type Backend struct {
+	Open Opener
+	// Caps declares the optional interfaces the backend's Devices and
+	// Streams implement. The test in capability_test.go holds it against
+	// Device and Stream with the real type assertions (Implements).
+	Caps []Capability
+	// Device and Stream are values of the backend's concrete types (nil
+	// pointers will do) for that check; nothing calls their methods.
+	Device Device
+	Stream Stream
+}
+
 var (
-	mu      sync.Mutex
-	openers = map[Kind]Opener{}
+	mu       sync.Mutex
+	backends = map[Kind]Backend{}
 )
 
 // Register makes a backend available to Open. Backends call it from init.
-func Register(k Kind, o Opener) {
+func Register(k Kind, b Backend) {
 	mu.Lock()
 	defer mu.Unlock()
-	openers[k] = o
+	backends[k] = b
+}
+
+// Lookup returns what backend k registered.
+func Lookup(k Kind) (Backend, bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	b, ok := backends[k]
+	return b, ok
 }
 
 // Open opens device ordinal of backend k.
 func Open(k Kind, ordinal int, opts Options) (Device, error) {
-	mu.Lock()
-	o := openers[k]
-	mu.Unlock()
-	if o == nil {
+	b, ok := Lookup(k)
+	if !ok {
 		return nil, fmt.Errorf("device: backend %q is not built into this binary (have %v)", k, Kinds())
 	}
-	return o(ordinal, opts)
+	return b.Open(ordinal, opts)
 }
 
 // Kinds lists the registered backends.
 func Kinds() []Kind {
 	mu.Lock()
 	defer mu.Unlock()
-	ks := make([]Kind, 0, len(openers))
-	for k := range openers {
+	ks := make([]Kind, 0, len(backends))
+	for k := range backends {
 		ks = append(ks, k)
 	}
 	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })

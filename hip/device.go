@@ -17,7 +17,10 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindHIP, Open) }
+func init() {
+	device.Register(device.KindHIP, device.Backend{Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{device.CapExporter, device.CapDtoD}})
+}
 
 // Runtime flags (hip_runtime_api.h).
 const (

@@ -14,7 +14,10 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindHostmem, Open) }
+func init() {
+	device.Register(device.KindHostmem, device.Backend{Open: Open, Device: (*Dev)(nil), Stream: (*stream)(nil),
+		Caps: []device.Capability{device.CapSyncCopier, device.CapHostRegisterer, device.CapSlotRenewer, device.CapDtoD}})
+}
 
 // FailAfterEnv names the environment variable Open reads for fault
 // injection: an integer N >= 0 makes the N+1-th copy on the device fail.
