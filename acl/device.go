@@ -141,7 +141,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	var batchErr error
 	if !l.batch {
-		batchErr = errors.New("aclrtMemcpyBatchAsync not exported by " + l.path + " (CANN older than 8.3)")
+		batchErr = errors.New("aclrtMemcpyBatchAsync not exported by " + l.Path() + " (CANN older than 8.3)")
 	}
 	d.mode, d.modeWhy, err = chooseCopyMode(want, batchErr)
 	if err != nil {
@@ -153,7 +153,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	if l.fastStream {
 		d.streamFlags.Store(streamFastLaunch | streamFastSync)
 	}
-	d.logf("acl: %s (%s): copy mode %s", d, l.path, d.modeWhy)
+	d.logf("acl: %s (%s): copy mode %s", d, l.Path(), d.modeWhy)
 	if abs := l.AbsentList(); len(abs) > 0 {
 		d.logf("acl: %s: optional exports absent: %s", d, strings.Join(abs, "; "))
 	}

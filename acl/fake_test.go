@@ -199,11 +199,11 @@ func TestFakeEventStatus(t *testing.T) {
 		t.Errorf("never-recorded event: Query = (%v, %v), want done", done, err)
 	}
 
-	l.h.Call("fakeacl_pause")
+	l.Call("fakeacl_pause")
 	resumed := false
 	defer func() {
 		if !resumed {
-			l.h.Call("fakeacl_resume")
+			l.Call("fakeacl_resume")
 		}
 	}()
 	for i := range evs {
@@ -219,7 +219,7 @@ func TestFakeEventStatus(t *testing.T) {
 			t.Errorf("event %d while the stream is held: Query = (%v, %v), want (false, nil)", i, done, err)
 		}
 	}
-	l.h.Call("fakeacl_resume")
+	l.Call("fakeacl_resume")
 	resumed = true
 	if err := evs[2].Wait(); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestFakeEventStatus(t *testing.T) {
 		}
 	}
 	// Re-recording makes an event pending again until the stream gets there.
-	l.h.Call("fakeacl_pause")
+	l.Call("fakeacl_pause")
 	resumed = false
 	if err := s.Record(evs[0]); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestFakeEventStatus(t *testing.T) {
 	if done, _ := evs[0].Query(); done {
 		t.Error("re-recorded event is done before the stream reached it")
 	}
-	l.h.Call("fakeacl_resume")
+	l.Call("fakeacl_resume")
 	resumed = true
 	if err := evs[0].Wait(); err != nil {
 		t.Fatal(err)

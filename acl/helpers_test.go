@@ -102,7 +102,7 @@ func openFakeSO(t *testing.T, so string, checkLeaks bool) *Library {
 		t.Fatalf("OpenLibrary(fake): %v", err)
 	}
 	t.Cleanup(func() {
-		n, err := l.h.Call("fakeacl_live")
+		n, err := l.Call("fakeacl_live")
 		if err == nil && n == 0 {
 			l.Close()
 			return
@@ -118,7 +118,7 @@ func openFakeSO(t *testing.T, so string, checkLeaks bool) *Library {
 // counter reads one of the fake's counters.
 func counter(t testing.TB, l *Library, name string) int64 {
 	t.Helper()
-	n, err := l.h.Call(name)
+	n, err := l.Call(name)
 	if err != nil {
 		t.Fatal(err)
 	}

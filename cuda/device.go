@@ -176,7 +176,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		d.kernelErr = fmt.Errorf("not loaded (copy mode %s requested)", want)
 	}
 	if !l.batch {
-		d.batchErr = errors.New("cuMemcpyBatchAsync not exported by " + l.path + " (driver older than 12.8)")
+		d.batchErr = errors.New("cuMemcpyBatchAsync not exported by " + l.Path() + " (driver older than 12.8)")
 	}
 	d.mode, d.modeWhy, err = chooseCopyMode(want, d.kernelErr, d.batchErr)
 	if err != nil {

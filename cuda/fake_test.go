@@ -36,7 +36,7 @@ func fakeLibraryLeaks(t *testing.T, checkLeaks bool, flags ...string) *Library {
 		t.Fatalf("OpenLibrary(fake): %v", err)
 	}
 	t.Cleanup(func() {
-		if n, err := l.h.Call("fake_live"); checkLeaks && (err != nil || n != 0) {
+		if n, err := l.Call("fake_live"); checkLeaks && (err != nil || n != 0) {
 			t.Errorf("fake libcuda: %d resources still live after the test (%v)", n, err)
 		}
 		l.Close()
@@ -151,10 +151,10 @@ func TestFakeConformance(t *testing.T) {
 			l := fakeLibrary(t)
 			d := openFake(t, l, Config{CopyMode: mode, PTX: fakeStridedPTX})
 			devicetest.Run(t, d, d, devicetest.Options{Workers: 8})
-			if n, _ := l.h.Call("fake_launches"); mode == CopyKernel && n == 0 {
+			if n, _ := l.Call("fake_launches"); mode == CopyKernel && n == 0 {
 				t.Error("kernel mode launched no kernel")
 			}
-			if n, _ := l.h.Call("fake_ctx_sets"); n < 2 {
+			if n, _ := l.Call("fake_ctx_sets"); n < 2 {
 				t.Errorf("context made current %d times across 8 fresh threads", n)
 			}
 		})
@@ -377,7 +377,7 @@ func TestFakeStrided(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(22, 23))
-	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
+	launches := func() int64 { n, _ := l.Call("fake_strided_launches"); return int64(n) }
 	cases := stridedCases(rng, pool, poolSize)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -105,7 +105,7 @@ func TestFakeRuns(t *testing.T) {
 	d := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakeStridedPTX})
 	const poolSize = 8 << 20
 	pool, data := devicetest.Pool(t, d, poolSize, 61)
-	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
+	launches := func() int64 { n, _ := l.Call("fake_strided_launches"); return int64(n) }
 	plain := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakePTX})
 	for i, tc := range runCases(rand.New(rand.NewPCG(62, 63)), pool, poolSize) {
 		t.Run(tc.name, func(t *testing.T) {

@@ -112,7 +112,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		d.logf = log.Printf
 	}
 	if abs := l.AbsentList(); len(abs) > 0 {
-		d.logf("hip: %s (%s): optional exports absent: %s", d, l.path, strings.Join(abs, "; "))
+		d.logf("hip: %s (%s): optional exports absent: %s", d, l.Path(), strings.Join(abs, "; "))
 	}
 	return d, nil
 }
@@ -244,7 +244,7 @@ func (d *Device) EnablePeerAccess(peer int) error {
 		return d.errClosed("EnablePeerAccess")
 	}
 	if d.lib.c.hipDeviceEnablePeerAccess == nil {
-		return fmt.Errorf("hip: %s: EnablePeerAccess(%d): %s lacks hipDeviceEnablePeerAccess: %w", d, peer, d.lib.path, device.ErrNotSupported)
+		return fmt.Errorf("hip: %s: EnablePeerAccess(%d): %s lacks hipDeviceEnablePeerAccess: %w", d, peer, d.lib.Path(), device.ErrNotSupported)
 	}
 	err := d.lib.check(C.sthip_enable_peer(d.lib.c, d.dev(), C.int(peer)), "hipDeviceEnablePeerAccess(peer %d, from %d)", peer, d.ordinal)
 	if code(err) == codePeerAlreadyEnabled {

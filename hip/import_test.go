@@ -453,7 +453,7 @@ func childWork(t *testing.T, h device.Handle, off, seed uint64) error {
 		if err := d.Close(); err != nil {
 			t.Errorf("child: Device.Close: %v", err)
 		}
-		if n, _ := d.lib.h.Call("fakehip_live"); n != 0 {
+		if n, _ := d.lib.Call("fakehip_live"); n != 0 {
 			t.Errorf("child: the fake holds %d resources after the test", n)
 		}
 	})
@@ -467,7 +467,7 @@ func childWork(t *testing.T, h device.Handle, off, seed uint64) error {
 		return err
 	}
 	defer w.Close()
-	if n, _ := d.lib.h.Call("fakehip_ipc_opens"); n != 1 {
+	if n, _ := d.lib.Call("fakehip_ipc_opens"); n != 1 {
 		return fmt.Errorf("two regions of one allocation opened its handle %d times, want 1", n)
 	}
 	data := pattern(seed, ipcAllocSize)[off : off+ipcViewLen]
