@@ -48,16 +48,16 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// ConfigFrom reads the acl part of the device options (device.acl.*).
-func ConfigFrom(o device.ACLOptions) Config {
-	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode)}
-}
-
-// Open opens NPU ordinal as opts.ACL configures it; it is the opener
-// registered with device.Register. The runtime is loaded on the first
-// call, never at init.
+// Open opens NPU ordinal as opts.Backend (a Config; nil: the defaults)
+// configures it; it is the opener registered with device.Register, and
+// config.Device.Options builds its Config from device.acl.*. The runtime is
+// loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.ACL))
+	cfg, err := device.BackendConfig[Config](opts, device.KindACL)
+	if err != nil {
+		return nil, err
+	}
+	d, err := OpenDevice(ordinal, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -96,7 +96,7 @@ func TestFakeNoBatchPicksPack(t *testing.T) {
 	if _, err := l.OpenDevice(0, Config{CopyMode: CopyBatch, Logf: t.Logf}); !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("batch requested without the symbol: got %v, want ErrNotSupported", err)
 	}
-	cfg := ConfigFrom(device.ACLOptions{CopyMode: "percopy"})
+	cfg := Config{CopyMode: CopyPerCopy}
 	d2 := openDev(t, l, cfg)
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
 		t.Errorf("copy_mode percopy: mode %q", m)

@@ -11,8 +11,6 @@ import (
 	"unsafe"
 
 	"go.uber.org/goleak"
-
-	"github.com/stage-kv/stage/config"
 )
 
 // Helpers shared by the CPU tests (against testdata/fakeacl.c) and the GPU
@@ -48,9 +46,11 @@ const (
 // stagedEnv is the environment that makes a staged open the acl backend
 // over the library so, in copy mode mode.
 func stagedEnv(so string, mode CopyMode) []string {
-	env := []string{config.EnvName("device.acl.library") + "=" + so}
+	// config.EnvName of device.acl.library and .copy_mode, spelled out:
+	// config imports this package, so its tests cannot import config.
+	env := []string{"STAGE_DEVICE_ACL_LIBRARY=" + so}
 	if mode != CopyAuto {
-		env = append(env, config.EnvName("device.acl.copy_mode")+"="+string(mode))
+		env = append(env, "STAGE_DEVICE_ACL_COPY_MODE="+string(mode))
 	}
 	return env
 }

@@ -61,16 +61,17 @@ type Config struct {
 	EventWait EventWait
 }
 
-// ConfigFrom reads the cuda part of the device options (device.cuda.*).
-func ConfigFrom(o device.CUDAOptions) Config {
-	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode), PTXFile: o.PTX, EventWait: EventWait(o.EventWait)}
-}
-
-// Open opens CUDA device ordinal as opts.CUDA configures it; it is the
-// opener registered with device.Register. The driver library is loaded on
-// the first call, never at init.
+// Open opens CUDA device ordinal as opts.Backend (a Config; nil: the
+// defaults) configures it; it is the opener registered with
+// device.Register, and config.Device.Options builds its Config from
+// device.cuda.*. The driver library is loaded on the first call, never at
+// init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.CUDA))
+	cfg, err := device.BackendConfig[Config](opts, device.KindCUDA)
+	if err != nil {
+		return nil, err
+	}
+	d, err := OpenDevice(ordinal, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -100,7 +100,7 @@ func TestFakeCopyModeFallbacks(t *testing.T) {
 	if !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("kernel mode with bad PTX: got %v, want ErrNotSupported", err)
 	}
-	d2 := openFake(t, l, ConfigFrom(device.CUDAOptions{CopyMode: "percopy"}))
+	d2 := openFake(t, l, Config{CopyMode: CopyPerCopy})
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
 		t.Errorf("copy_mode percopy: mode %q", m)
 	}

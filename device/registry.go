@@ -6,39 +6,27 @@ import (
 	"sync"
 )
 
-// Options carries backend-specific settings from the config (the
-// device.* keys); each backend reads its own part and ignores the rest.
-// The zero value means every backend's defaults.
+// Options carries the settings of the backend being opened, from the
+// config's device section. Each backend owns the type of its settings
+// (hostmem.Config, cuda.Config, acl.Config, hip.Config), so this package
+// knows none of them: Backend holds a value of that type, and nil means the
+// backend's defaults.
 type Options struct {
-	// Hostmem models: 0 means as fast as memmove.
-	BandwidthBytesPerSec float64
-	LatencyNanos         int64
-
-	CUDA CUDAOptions
-	ACL  ACLOptions
-	HIP  HIPOptions
+	Backend any
 }
 
-// CUDAOptions are the cuda backend's settings (device.cuda.*). Empty
-// strings mean the defaults.
-type CUDAOptions struct {
-	Library   string // driver library path or name; "": libcuda.so.1
-	CopyMode  string // auto | kernel | batch | percopy
-	EventWait string // auto | spin | block | hybrid
-	PTX       string // file replacing the embedded copy kernel module; "": the embedded one
-}
-
-// ACLOptions are the acl backend's settings (device.acl.*). Empty strings
-// mean the defaults.
-type ACLOptions struct {
-	Library  string // runtime library path or name; "": libascendcl.so
-	CopyMode string // auto | batch | pack | percopy
-}
-
-// HIPOptions are the hip backend's settings (device.hip.*). Empty strings
-// mean the defaults.
-type HIPOptions struct {
-	Library string // runtime library path or name; "": libamdhip64.so
+// BackendConfig returns o.Backend as backend k's settings type T: the zero
+// T when o carries none, an error when it carries another backend's.
+func BackendConfig[T any](o Options, k Kind) (T, error) {
+	var zero T
+	if o.Backend == nil {
+		return zero, nil
+	}
+	c, ok := o.Backend.(T)
+	if !ok {
+		return zero, fmt.Errorf("device: backend %s: settings of type %T, want %T", k, o.Backend, zero)
+	}
+	return c, nil
 }
 
 // Opener opens device ordinal of one backend.

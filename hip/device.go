@@ -43,14 +43,16 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// ConfigFrom reads the hip part of the device options (device.hip.*).
-func ConfigFrom(o device.HIPOptions) Config { return Config{Library: o.Library} }
-
-// Open opens GPU ordinal as opts.HIP configures it; it is the opener
-// registered with device.Register. The runtime is loaded on the first
-// call, never at init.
+// Open opens GPU ordinal as opts.Backend (a Config; nil: the defaults)
+// configures it; it is the opener registered with device.Register, and
+// config.Device.Options builds its Config from device.hip.*. The runtime is
+// loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.HIP))
+	cfg, err := device.BackendConfig[Config](opts, device.KindHIP)
+	if err != nil {
+		return nil, err
+	}
+	d, err := OpenDevice(ordinal, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -84,25 +84,41 @@ type pinnedBuf struct {
 
 var _ device.Device = (*Dev)(nil)
 
+// Config models an emulated device's copy engine (device.hostmem.*); the
+// zero value copies as fast as memmove.
+type Config struct {
+	BandwidthBytesPerSec float64       // 0: as fast as memmove
+	Latency              time.Duration // added per copy
+}
+
 // Open opens emulated device ordinal. Any ordinal >= 0 works; devices with
-// the same ordinal are independent. opts sets the speed model; the
-// environment variable STAGE_TEST_HOSTMEM_FAIL_AFTER arms fault injection.
+// the same ordinal are independent. opts.Backend (a Config; nil: the
+// defaults) sets the speed model; the environment variable
+// STAGE_TEST_HOSTMEM_FAIL_AFTER arms fault injection.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
+	cfg, err := device.BackendConfig[Config](opts, device.KindHostmem)
+	if err != nil {
+		return nil, err
+	}
+	return open(ordinal, cfg)
+}
+
+func open(ordinal int, cfg Config) (*Dev, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("hostmem: ordinal %d: must be >= 0", ordinal)
 	}
-	bw := opts.BandwidthBytesPerSec
+	bw := cfg.BandwidthBytesPerSec
 	if math.IsNaN(bw) || math.IsInf(bw, 0) || bw < 0 {
 		return nil, fmt.Errorf("hostmem: bandwidth %v B/s: must be a finite number >= 0 (0: as fast as memmove)", bw)
 	}
-	if opts.LatencyNanos < 0 {
-		return nil, fmt.Errorf("hostmem: latency %d ns: must be >= 0", opts.LatencyNanos)
+	if cfg.Latency < 0 {
+		return nil, fmt.Errorf("hostmem: latency %d ns: must be >= 0", int64(cfg.Latency))
 	}
 	d := &Dev{
 		ordinal:  ordinal,
 		name:     fmt.Sprintf("%s:%d", device.KindHostmem, ordinal),
 		bw:       bw,
-		lat:      time.Duration(opts.LatencyNanos),
+		lat:      cfg.Latency,
 		pinned:   map[uintptr]*pinnedBuf{},
 		mappings: map[*mapping]struct{}{},
 		streams:  map[*stream]struct{}{},

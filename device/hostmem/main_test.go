@@ -22,9 +22,9 @@ func TestMain(m *testing.M) {
 // newDev opens a device and closes it at the end of the test, failing the
 // test if anything was still open then (resources made with the helpers
 // below are released before, in reverse order).
-func newDev(t testing.TB, opts device.Options) *Dev {
+func newDev(t testing.TB, cfg Config) *Dev {
 	t.Helper()
-	dv, err := Open(0, opts)
+	dv, err := Open(0, device.Options{Backend: cfg})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
