@@ -51,7 +51,8 @@ func (d Device) Options() device.Options {
 	var b any
 	switch device.Kind(d.Kind) {
 	case device.KindHostmem:
-		b = hostmem.Config{BandwidthBytesPerSec: d.Hostmem.BandwidthGBps * 1e9, Latency: d.Hostmem.Latency}
+		b = hostmem.Config{BandwidthBytesPerSec: d.Hostmem.BandwidthGBps * 1e9, Latency: d.Hostmem.Latency,
+			Fail: d.knobs.HostmemFail, FailAfter: d.knobs.HostmemFailAfter}
 	case device.KindCUDA:
 		b = cuda.Config{Library: d.CUDA.Library, CopyMode: cuda.CopyMode(d.CUDA.CopyMode),
 			EventWait: cuda.EventWait(d.CUDA.EventWait), PTXFile: d.CUDA.PTX}

@@ -7,6 +7,7 @@ package cuda
 import "C"
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -59,6 +60,10 @@ type Config struct {
 	PTXFile string
 	// EventWait says how Event.Wait waits; the zero value is WaitHybrid.
 	EventWait EventWait
+	// StridedMaxBytes caps the bytes of one strided descriptor; 0 means
+	// DefaultStridedMaxBytes. Not a config key: the GPU benchmarks compare
+	// caps with it.
+	StridedMaxBytes uint64
 }
 
 // Open opens CUDA device ordinal as opts.Backend (a Config; nil: the
@@ -104,6 +109,7 @@ type Device struct {
 	fn         C.CUfunction
 	fnStrided  C.CUfunction // nil: the module has no strided kernel
 	stridedErr error
+	stridedMax uint64 // bytes per strided descriptor at most (Config.StridedMaxBytes)
 	mode       CopyMode
 	modeWhy    string
 	wait       EventWait
@@ -151,12 +157,13 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("cuda: device %d: this process sees %d CUDA devices (check CUDA_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
 	}
 	d := &Device{
-		lib:     l,
-		ordinal: ordinal,
-		wait:    wait,
-		pinned:  map[uintptr]pinnedRec{},
-		slabs:   map[uintptr]slotSlab{},
-		devMem:  map[device.Addr]uint64{},
+		lib:        l,
+		ordinal:    ordinal,
+		wait:       wait,
+		pinned:     map[uintptr]pinnedRec{},
+		stridedMax: cmp.Or(cfg.StridedMaxBytes, DefaultStridedMaxBytes),
+		slabs:      map[uintptr]slotSlab{},
+		devMem:     map[device.Addr]uint64{},
 	}
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
 		return nil, l.check(rc, "cuDeviceGet(%d)", ordinal)

@@ -47,6 +47,7 @@ func TestOpen(t *testing.T) {
 		{"NaN bandwidth", 0, Config{BandwidthBytesPerSec: math.NaN()}, "bandwidth"},
 		{"infinite bandwidth", 0, Config{BandwidthBytesPerSec: math.Inf(1)}, "bandwidth"},
 		{"negative latency", 0, Config{Latency: -5}, "latency"},
+		{"negative fail after", 0, Config{Fail: true, FailAfter: -1}, "fail after -1 copies"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -13,9 +12,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Fault injection from the environment would break every test here; the
-	// tests that want it set it themselves.
-	os.Unsetenv(FailAfterEnv)
 	goleak.VerifyTestMain(m)
 }
 

@@ -344,22 +344,19 @@ func TestConcurrentStreams(t *testing.T) {
 
 func TestInjectedFailure(t *testing.T) {
 	tests := []struct {
-		name  string
-		env   string // STAGE_TEST_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
-		after int64
+		name   string
+		atOpen bool // Config.Fail (STAGE_TEST_HOSTMEM_FAIL_AFTER); else FailAfter is called
+		after  int64
 	}{
-		{"FailAfter(0)", "", 0},
-		{"FailAfter(3)", "", 3},
-		{"env 0", "0", 0},
-		{"env 2", "2", 2},
+		{"FailAfter(0)", false, 0},
+		{"FailAfter(3)", false, 3},
+		{"Config 0", true, 0},
+		{"Config 2", true, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.env != "" {
-				t.Setenv(FailAfterEnv, tc.env)
-			}
-			d := newDev(t, Config{})
-			if tc.env == "" {
+			d := newDev(t, Config{Fail: tc.atOpen, FailAfter: tc.after})
+			if !tc.atOpen {
 				d.FailAfter(tc.after)
 			}
 			sh, m := newSharedT(t, d, 1<<16)
@@ -427,22 +424,6 @@ func TestInjectedFailure(t *testing.T) {
 			}
 			if got, want := st.Copies, uint64(tc.after+1); got != want {
 				t.Errorf("Stats.Copies: got %d, want %d", got, want)
-			}
-		})
-	}
-}
-
-func TestFailAfterEnvInvalid(t *testing.T) {
-	for _, v := range []string{"x", "-1", "1.5"} {
-		t.Run(v, func(t *testing.T) {
-			t.Setenv(FailAfterEnv, v)
-			d, err := Open(0, device.Options{})
-			if err == nil {
-				d.Close()
-				t.Fatalf("got nil error, want one naming %s", FailAfterEnv)
-			}
-			if !strings.Contains(err.Error(), FailAfterEnv) {
-				t.Errorf("got %v, want an error naming %s", err, FailAfterEnv)
 			}
 		})
 	}
