@@ -53,15 +53,7 @@ type Config struct {
 // config.Device.Options builds its Config from device.acl.*. The runtime is
 // loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	cfg, err := device.BackendConfig[Config](opts, device.KindACL)
-	if err != nil {
-		return nil, err
-	}
-	d, err := OpenDevice(ordinal, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindACL, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens NPU ordinal with SharedLibrary(cfg.Library).

@@ -72,15 +72,7 @@ type Config struct {
 // device.cuda.*. The driver library is loaded on the first call, never at
 // init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	cfg, err := device.BackendConfig[Config](opts, device.KindCUDA)
-	if err != nil {
-		return nil, err
-	}
-	d, err := OpenDevice(ordinal, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindCUDA, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens CUDA device ordinal with SharedLibrary(cfg.Library).

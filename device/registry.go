@@ -29,6 +29,21 @@ func BackendConfig[T any](o Options, k Kind) (T, error) {
 	return c, nil
 }
 
+// OpenAs is a backend's Opener written once: it unpacks opts.Backend as
+// the backend's settings type T and opens ordinal with open, returning a
+// nil Device (never a nil *D inside the interface) when that fails.
+func OpenAs[T any, D Device](k Kind, ordinal int, opts Options, open func(int, T) (D, error)) (Device, error) {
+	cfg, err := BackendConfig[T](opts, k)
+	if err != nil {
+		return nil, err
+	}
+	d, err := open(ordinal, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
 // Opener opens device ordinal of one backend.
 type Opener func(ordinal int, opts Options) (Device, error)
 

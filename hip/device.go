@@ -48,15 +48,7 @@ type Config struct {
 // config.Device.Options builds its Config from device.hip.*. The runtime is
 // loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	cfg, err := device.BackendConfig[Config](opts, device.KindHIP)
-	if err != nil {
-		return nil, err
-	}
-	d, err := OpenDevice(ordinal, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindHIP, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens GPU ordinal with SharedLibrary(cfg.Library).

@@ -97,11 +97,7 @@ type Config struct {
 // the same ordinal are independent. opts.Backend (a Config; nil: the
 // defaults) sets the speed model and arms fault injection.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	cfg, err := device.BackendConfig[Config](opts, device.KindHostmem)
-	if err != nil {
-		return nil, err
-	}
-	return open(ordinal, cfg)
+	return device.OpenAs(device.KindHostmem, ordinal, opts, open)
 }
 
 func open(ordinal int, cfg Config) (*Dev, error) {
