@@ -18,7 +18,10 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindACL, Open) }
+func init() {
+	device.Register(device.KindACL, device.Backend{Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{device.CapExporter}})
+}
 
 // Runtime constants (acl_rt.h).
 const (
@@ -45,20 +48,12 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// ConfigFrom reads the acl part of the device options (device.acl.*).
-func ConfigFrom(o device.ACLOptions) Config {
-	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode)}
-}
-
-// Open opens NPU ordinal as opts.ACL configures it; it is the opener
-// registered with device.Register. The runtime is loaded on the first
-// call, never at init.
+// Open opens NPU ordinal as opts.Backend (a Config; nil: the defaults)
+// configures it; it is the opener registered with device.Register, and
+// config.Device.Options builds its Config from device.acl.*. The runtime is
+// loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.ACL))
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindACL, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens NPU ordinal with SharedLibrary(cfg.Library).
@@ -73,7 +68,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // Device is one Ascend NPU, driven through its default context (the one
 // aclrtSetDevice creates, shared by every thread of the process that sets
 // the same device, torch_npu's included). It implements device.Device, plus
-// helpers for engines and tests (AllocDevice, ExportKey, CopyHtoD, ...).
+// helpers for engines and tests (AllocDevice, Export, CopyHtoD, ...).
 // Safe for concurrent use.
 type Device struct {
 	lib     *Library
@@ -104,7 +99,7 @@ type pinnedRec struct {
 
 type allocRec struct {
 	n         uint64
-	key       string // export key, "" until ExportKey
+	key       string // export key, "" until Export
 	validated bool   // exported with the pid whitelist on
 }
 
@@ -138,7 +133,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	var batchErr error
 	if !l.batch {
-		batchErr = errors.New("aclrtMemcpyBatchAsync not exported by " + l.path + " (CANN older than 8.3)")
+		batchErr = errors.New("aclrtMemcpyBatchAsync not exported by " + l.Path() + " (CANN older than 8.3)")
 	}
 	d.mode, d.modeWhy, err = chooseCopyMode(want, batchErr)
 	if err != nil {
@@ -150,7 +145,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	if l.fastStream {
 		d.streamFlags.Store(streamFastLaunch | streamFastSync)
 	}
-	d.logf("acl: %s (%s): copy mode %s", d, l.path, d.modeWhy)
+	d.logf("acl: %s (%s): copy mode %s", d, l.Path(), d.modeWhy)
 	if abs := l.AbsentList(); len(abs) > 0 {
 		d.logf("acl: %s: optional exports absent: %s", d, strings.Join(abs, "; "))
 	}

@@ -123,9 +123,9 @@
 // streams, events, pinned buffers, mappings and engine-side allocations
 // still open.
 //
-// Engine-side helpers (AllocDevice, FreeDevice, ExportKey, CopyHtoD,
+// Engine-side helpers (AllocDevice, FreeDevice, Export, CopyHtoD,
 // CopyDtoH) serve tests and Go engines; the sidecar itself never allocates
-// device memory outside a pack ring. ExportKey exports the allocation base
+// device memory outside a pack ring. Export exports the allocation base
 // and whitelists the importers it is given (the sidecar's BareTgid);
 // FreeDevice closes the key before freeing.
 package acl

@@ -68,10 +68,11 @@ func (d *Device) FreeDevice(a device.Addr) error {
 	return errors.Join(errs...)
 }
 
-// ExportKey returns the export key that shares the allocation holding addr
-// (an AllocDevice allocation of this device): it exports the allocation's
-// BASE (page-aligned, as aclrtIpcMemGetExportKey wants) and returns addr's
-// offset inside it and the allocation's size. The importer opens the key to
+// Export shares the allocation holding addr (an AllocDevice allocation of
+// this device) by its export key (device.HandleACLKey, the key's
+// characters as Bytes): it exports the allocation's BASE (page-aligned, as
+// aclrtIpcMemGetExportKey wants) and returns addr's offset inside it and
+// the allocation's size. The importer opens the key to
 // the base and adds offset back; dropping it moves the wrong bytes.
 //
 // importers are the ids of the processes allowed to import (each its
@@ -81,15 +82,16 @@ func (d *Device) FreeDevice(a device.Addr) error {
 // validation disabled, so any process that learns it can map the memory.
 // Later calls return the same key and add their importers to the whitelist
 // (when it is on). FreeDevice closes the key.
-func (d *Device) ExportKey(addr device.Addr, importers ...int32) (base device.Addr, key string, offset, allocSize uint64, err error) {
+func (d *Device) Export(addr device.Addr, importers ...int32) (device.Export, error) {
 	if d.closed.Load() {
-		return 0, "", 0, 0, d.errClosed("ExportKey")
+		return device.Export{}, d.errClosed("Export")
 	}
 	if !d.lib.ipc {
-		return 0, "", 0, 0, fmt.Errorf("acl: %s: ExportKey: %s: %w", d, d.lib.ipcWhy, device.ErrNotSupported)
+		return device.Export{}, fmt.Errorf("acl: %s: Export: %s: %w", d, d.lib.ipcWhy, device.ErrNotSupported)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var base device.Addr
 	var rec *allocRec
 	for b, r := range d.devMem {
 		if addr >= b && uint64(addr-b) < r.n {
@@ -98,7 +100,7 @@ func (d *Device) ExportKey(addr device.Addr, importers ...int32) (base device.Ad
 		}
 	}
 	if rec == nil {
-		return 0, "", 0, 0, fmt.Errorf("acl: %s: ExportKey(%#x): not inside an AllocDevice allocation of this device", d, uint64(addr))
+		return device.Export{}, fmt.Errorf("acl: %s: Export(%#x): not inside an AllocDevice allocation of this device", d, uint64(addr))
 	}
 	l := d.lib
 	if rec.key == "" {
@@ -109,11 +111,11 @@ func (d *Device) ExportKey(addr device.Addr, importers ...int32) (base device.Ad
 		var buf [keyLen]byte
 		if err := l.check(C.stacl_ipc_export(l.c, d.ctx, C.uintptr_t(base), C.size_t(rec.n), (*C.char)(unsafe.Pointer(&buf[0])), flags),
 			"aclrtIpcMemGetExportKey(base %#x of %#x, %d B, flags %d)", uint64(base), uint64(addr), rec.n, uint64(flags)); err != nil {
-			return 0, "", 0, 0, err
+			return device.Export{}, err
 		}
 		k := C.GoString((*C.char)(unsafe.Pointer(&buf[0])))
 		if err := checkKey(k); err != nil {
-			return 0, "", 0, 0, fmt.Errorf("acl: %s: aclrtIpcMemGetExportKey(base %#x) returned a bad key: %v", d, uint64(base), err)
+			return device.Export{}, fmt.Errorf("acl: %s: aclrtIpcMemGetExportKey(base %#x) returned a bad key: %v", d, uint64(base), err)
 		}
 		rec.key, rec.validated = k, len(importers) > 0
 	}
@@ -123,11 +125,14 @@ func (d *Device) ExportKey(addr device.Addr, importers ...int32) (base device.Ad
 		pids := append([]int32(nil), importers...)
 		if err := l.check(C.stacl_ipc_set_pids(l.c, d.ctx, ck, (*C.int32_t)(unsafe.Pointer(&pids[0])), C.size_t(len(pids))),
 			"aclrtIpcMemSetImportPid(%q, %v)", rec.key, importers); err != nil {
-			return 0, "", 0, 0, err
+			return device.Export{}, err
 		}
 	}
-	return base, rec.key, uint64(addr - base), rec.n, nil
+	h := device.Handle{Kind: device.HandleACLKey, Bytes: []byte(rec.key), Size: rec.n, FD: -1}
+	return device.Export{Handle: h, Base: base, Offset: uint64(addr - base)}, nil
 }
+
+var _ device.Exporter = (*Device)(nil)
 
 // CopyHtoD copies src to device address dst and waits (aclrtMemcpy H2D).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {

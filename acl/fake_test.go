@@ -96,7 +96,7 @@ func TestFakeNoBatchPicksPack(t *testing.T) {
 	if _, err := l.OpenDevice(0, Config{CopyMode: CopyBatch, Logf: t.Logf}); !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("batch requested without the symbol: got %v, want ErrNotSupported", err)
 	}
-	cfg := ConfigFrom(device.ACLOptions{CopyMode: "percopy"})
+	cfg := Config{CopyMode: CopyPerCopy}
 	d2 := openDev(t, l, cfg)
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
 		t.Errorf("copy_mode percopy: mode %q", m)
@@ -199,11 +199,11 @@ func TestFakeEventStatus(t *testing.T) {
 		t.Errorf("never-recorded event: Query = (%v, %v), want done", done, err)
 	}
 
-	l.h.Call("fakeacl_pause")
+	l.Call("fakeacl_pause")
 	resumed := false
 	defer func() {
 		if !resumed {
-			l.h.Call("fakeacl_resume")
+			l.Call("fakeacl_resume")
 		}
 	}()
 	for i := range evs {
@@ -219,7 +219,7 @@ func TestFakeEventStatus(t *testing.T) {
 			t.Errorf("event %d while the stream is held: Query = (%v, %v), want (false, nil)", i, done, err)
 		}
 	}
-	l.h.Call("fakeacl_resume")
+	l.Call("fakeacl_resume")
 	resumed = true
 	if err := evs[2].Wait(); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestFakeEventStatus(t *testing.T) {
 		}
 	}
 	// Re-recording makes an event pending again until the stream gets there.
-	l.h.Call("fakeacl_pause")
+	l.Call("fakeacl_pause")
 	resumed = false
 	if err := s.Record(evs[0]); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestFakeEventStatus(t *testing.T) {
 	if done, _ := evs[0].Query(); done {
 		t.Error("re-recorded event is done before the stream reached it")
 	}
-	l.h.Call("fakeacl_resume")
+	l.Call("fakeacl_resume")
 	resumed = true
 	if err := evs[0].Wait(); err != nil {
 		t.Fatal(err)
@@ -554,8 +554,8 @@ func TestFakeBadInput(t *testing.T) {
 	if err := s.Record(ev); err == nil {
 		t.Error("Record of another device's event succeeded")
 	}
-	if _, _, _, _, err := d.ExportKey(0x1234); err == nil || !strings.Contains(err.Error(), "not inside an AllocDevice allocation") {
-		t.Errorf("ExportKey of a foreign address: %v", err)
+	if _, err := d.Export(0x1234); err == nil || !strings.Contains(err.Error(), "not inside an AllocDevice allocation") {
+		t.Errorf("Export of a foreign address: %v", err)
 	}
 	if err := d.FreeDevice(0x1234); err == nil {
 		t.Error("FreeDevice of a foreign address succeeded")
@@ -576,7 +576,7 @@ func TestFakeCloseReportsLeaks(t *testing.T) {
 	p, _ := d.AllocPinned(100)
 	a, _ := d.AllocDevice(100)
 	b, _ := d.AllocDevice(8192)
-	if _, _, _, _, err := d.ExportKey(b + 10); err != nil {
+	if _, err := d.Export(b + 10); err != nil {
 		t.Fatal(err)
 	}
 	err = d.Close()

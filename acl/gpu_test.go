@@ -29,7 +29,7 @@ func gpuFakeLibrary(t *testing.T) (string, *Library) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if n, err := l.h.Call("fakeacl_live"); err != nil || n != 0 {
+		if n, err := l.Call("fakeacl_live"); err != nil || n != 0 {
 			t.Errorf("fakeacl_cuda: %d resources still live after the test (%v)", n, err)
 		}
 	})

@@ -11,8 +11,6 @@ import (
 	"unsafe"
 
 	"go.uber.org/goleak"
-
-	"github.com/stage-kv/stage/config"
 )
 
 // Helpers shared by the CPU tests (against testdata/fakeacl.c) and the GPU
@@ -48,9 +46,11 @@ const (
 // stagedEnv is the environment that makes a staged open the acl backend
 // over the library so, in copy mode mode.
 func stagedEnv(so string, mode CopyMode) []string {
-	env := []string{config.EnvName("device.acl.library") + "=" + so}
+	// config.EnvName of device.acl.library and .copy_mode, spelled out:
+	// config imports this package, so its tests cannot import config.
+	env := []string{"STAGE_DEVICE_ACL_LIBRARY=" + so}
 	if mode != CopyAuto {
-		env = append(env, config.EnvName("device.acl.copy_mode")+"="+string(mode))
+		env = append(env, "STAGE_DEVICE_ACL_COPY_MODE="+string(mode))
 	}
 	return env
 }
@@ -102,7 +102,7 @@ func openFakeSO(t *testing.T, so string, checkLeaks bool) *Library {
 		t.Fatalf("OpenLibrary(fake): %v", err)
 	}
 	t.Cleanup(func() {
-		n, err := l.h.Call("fakeacl_live")
+		n, err := l.Call("fakeacl_live")
 		if err == nil && n == 0 {
 			l.Close()
 			return
@@ -118,7 +118,7 @@ func openFakeSO(t *testing.T, so string, checkLeaks bool) *Library {
 // counter reads one of the fake's counters.
 func counter(t testing.TB, l *Library, name string) int64 {
 	t.Helper()
-	n, err := l.h.Call(name)
+	n, err := l.Call(name)
 	if err != nil {
 		t.Fatal(err)
 	}

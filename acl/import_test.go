@@ -37,17 +37,18 @@ func TestFakeIPCSameProcess(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, Config{})
 	base, data := devicetest.Pool(t, d, 1<<20, 21)
-	b, key, off, size, err := d.ExportKey(base + 12345)
+	x, err := d.Export(base + 12345)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b != base || off != 12345 || size != 1<<20 || checkKey(key) != nil {
-		t.Fatalf("ExportKey(base+12345) = base %#x key %q off %d size %d; allocated %#x", b, key, off, size, base)
+	key, off, size := string(x.Handle.Bytes), x.Offset, x.Handle.Size
+	if x.Base != base || off != 12345 || size != 1<<20 || checkKey(key) != nil || x.Handle.Kind != device.HandleACLKey {
+		t.Fatalf("Export(base+12345) = base %#x %s %q off %d size %d; allocated %#x", x.Base, x.Handle.Kind, key, off, size, base)
 	}
-	if _, k2, _, _, err := d.ExportKey(base + 7); err != nil || k2 != key {
-		t.Errorf("second ExportKey of the allocation: key %q, %v; want the same key", k2, err)
+	if x2, err := d.Export(base + 7); err != nil || string(x2.Handle.Bytes) != key {
+		t.Errorf("second Export of the allocation: key %q, %v; want the same key", x2.Handle.Bytes, err)
 	}
-	m, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte(key), Size: size, FD: -1})
+	m, err := d.Import(x.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,12 +81,12 @@ func TestFakeIPCSameProcess(t *testing.T) {
 
 	// A key whose whitelist does not hold this process is refused.
 	other, _ := devicetest.Pool(t, d, 8192, 22)
-	_, key2, _, _, err := d.ExportKey(other, 1)
+	x2, err := d.Export(other, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ae *Error
-	if _, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte(key2), Size: 8192, FD: -1}); !errors.As(err, &ae) || ae.Code != 207006 {
+	if _, err := d.Import(x2.Handle); !errors.As(err, &ae) || ae.Code != 207006 {
 		t.Errorf("import without being whitelisted: %v, want ACL_ERROR_RT_NO_PERMISSION", err)
 	}
 }
@@ -97,8 +98,8 @@ func TestFakeIPCAbsent(t *testing.T) {
 	}
 	d := openDev(t, l, Config{})
 	a, _ := devicetest.Pool(t, d, 4096, 1)
-	if _, _, _, _, err := d.ExportKey(a); !errors.Is(err, device.ErrNotSupported) {
-		t.Errorf("ExportKey: %v, want ErrNotSupported", err)
+	if _, err := d.Export(a); !errors.Is(err, device.ErrNotSupported) {
+		t.Errorf("Export: %v, want ErrNotSupported", err)
 	}
 	if _, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte("k"), Size: 4096}); !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("Import: %v, want ErrNotSupported", err)
@@ -147,17 +148,19 @@ func TestFakeIPCChild(t *testing.T) {
 				}
 			}()
 
-			b, key, off, size, err := d.ExportKey(base+ipcViewOff, int32(cmd.Process.Pid))
+			x, err := d.Export(base+ipcViewOff, int32(cmd.Process.Pid))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b != base || off != ipcViewOff || size != ipcAllocSize {
-				t.Fatalf("ExportKey(base+%d) = base %#x off %d size %d; allocated %#x", ipcViewOff, b, off, size, base)
+			key, off, size := string(x.Handle.Bytes), x.Offset, x.Handle.Size
+			if x.Base != base || off != ipcViewOff || size != ipcAllocSize {
+				t.Fatalf("Export(base+%d) = base %#x off %d size %d; allocated %#x", ipcViewOff, x.Base, off, size, base)
 			}
-			_, key2, _, _, err := d.ExportKey(other, int32(os.Getpid()))
+			x2, err := d.Export(other, int32(os.Getpid()))
 			if err != nil {
 				t.Fatal(err)
 			}
+			key2 := string(x2.Handle.Bytes)
 			if _, err := parentEnd.Write([]byte(fmt.Sprintf("%s %s %d %d", key, key2, off, size))); err != nil {
 				t.Fatal(err)
 			}

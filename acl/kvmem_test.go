@@ -32,10 +32,12 @@ func newACLMemory(d *Device, size uint64, importer int32) (*aclMemory, error) {
 		return nil, err
 	}
 	m := &aclMemory{d: d, base: base, addr: base + aclSlack + 256 + 16, size: size}
-	if _, m.key, m.hoff, m.asize, err = d.ExportKey(m.addr, importer); err != nil {
+	x, err := d.Export(m.addr, importer)
+	if err != nil {
 		_ = d.FreeDevice(base)
 		return nil, err
 	}
+	m.key, m.hoff, m.asize = string(x.Handle.Bytes), x.Offset, x.Handle.Size
 	return m, nil
 }
 

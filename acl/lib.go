@@ -46,10 +46,8 @@ const (
 // prototype). A Library is safe for concurrent use and is shared by the
 // Devices opened from it.
 type Library struct {
-	path   string
-	h      *dl.Handle
-	c      *C.stacl_acl
-	absent dl.Absent // optional export -> what its absence costs
+	*dl.Lib // Path, Absent, AbsentList
+	c       *C.stacl_acl
 
 	batch      bool // aclrtMemcpyBatchAsync
 	ipc        bool // all four aclrtIpcMem* calls
@@ -67,41 +65,36 @@ type Library struct {
 // recorded in Absent with what each costs.
 func OpenLibrary(path string) (*Library, error) {
 	path = cmp.Or(path, DefaultLibraryName)
-	h, err := dl.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("acl: %w; is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or device.acl.library set?", err)
-	}
 	c := C.stacl_acl_new()
 	if c == nil {
-		h.Close()
 		return nil, fmt.Errorf("acl: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
-	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.stacl_sym_set(c, C.int(i), p) })
-	if req := missing[dl.Required]; len(req) > 0 {
+	lib, err := dl.Load(path, dl.Binding{
+		Lib:     "acl",
+		Install: "is CANN installed (source its set_env.sh so libascendcl.so is on LD_LIBRARY_PATH) or device.acl.library set?",
+		TooOld:  "CANN too old, or not libascendcl?",
+		Table:   symbols(),
+		Set:     func(i int, p unsafe.Pointer) { C.stacl_sym_set(c, C.int(i), p) },
+		Absent:  absentReason,
+	})
+	if err != nil {
 		C.stacl_acl_free(c)
-		h.Close()
-		return nil, dl.MissingError("acl", path, req, "CANN too old, or not libascendcl?")
+		return nil, err
 	}
-	for group, names := range missing {
-		for _, name := range names {
-			if group == symIPC {
-				l.absent[name] = "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
-			} else {
-				l.absent[name] = absentReason(name)
-			}
-		}
-	}
+	l := &Library{Lib: lib, c: c}
 	l.batch = c.aclrtMemcpyBatchAsync != nil
 	l.fastStream = c.aclrtCreateStreamWithConfig != nil
-	l.ipc = len(missing[symIPC]) == 0
+	l.ipc = len(lib.Missing(symIPC)) == 0
 	if !l.ipc {
-		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, len(missing[symIPC]))
+		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, len(lib.Missing(symIPC)))
 	}
 	return l, nil
 }
 
-func absentReason(name string) string {
+func absentReason(group int, name string) string {
+	if group == symIPC {
+		return "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
+	}
 	switch name {
 	case "aclrtMemcpyBatchAsync":
 		return "batched copies absent (CANN older than 8.3); multi-block chunks are packed on the device (pack mode)"
@@ -124,15 +117,6 @@ var libs dl.Cache[*Library]
 func SharedLibrary(path string) (*Library, error) {
 	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
-
-// Path returns the path the library was opened with.
-func (l *Library) Path() string { return l.path }
-
-// Absent maps each optional export the library lacks to what that costs.
-func (l *Library) Absent() map[string]string { return l.absent.Copy() }
-
-// AbsentList renders Absent sorted, one "name: reason" per entry.
-func (l *Library) AbsentList() []string { return l.absent.List() }
 
 // HasBatchCopy reports whether aclrtMemcpyBatchAsync is exported.
 func (l *Library) HasBatchCopy() bool { return l.batch }
@@ -163,7 +147,7 @@ func (l *Library) Close() error {
 		C.stacl_acl_free(l.c)
 		l.c = nil
 	}
-	return l.h.Close()
+	return l.Lib.Close()
 }
 
 // init calls aclInit(NULL) once. ACL_ERROR_REPEAT_INITIALIZE means someone

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -36,7 +35,7 @@ func TestOpenLibraryNotFound(t *testing.T) {
 
 func TestOpenHonorsOptionsLibrary(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "libascendcl-from-config.so")
-	_, err := device.Open(device.KindACL, 0, device.Options{ACL: device.ACLOptions{Library: path}})
+	_, err := device.Open(device.KindACL, 0, device.Options{Backend: Config{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "acl: dlopen "+path+": ") {
 		t.Fatalf("device.Open with ACL.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}
@@ -204,15 +203,6 @@ func TestParseCopyMode(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%q: got (%q, %v), want %q", tc.in, got, err, tc.want)
 		}
-	}
-	// What config accepts for device.acl.copy_mode parses here.
-	for _, m := range config.ACLCopyModes {
-		if _, err := ParseCopyMode(m); err != nil {
-			t.Errorf("config allows device.acl.copy_mode %q: %v", m, err)
-		}
-	}
-	if got, want := ConfigFrom(device.ACLOptions{Library: "/x.so", CopyMode: "pack"}), (Config{Library: "/x.so", CopyMode: CopyPack}); got.Library != want.Library || got.CopyMode != want.CopyMode {
-		t.Errorf("ConfigFrom = %+v, want %+v", got, want)
 	}
 }
 

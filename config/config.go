@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/stage-kv/stage/internal/knobs"
+)
 
 // Config is the whole sidecar configuration. Every key can come from the
 // YAML file, from STAGE_<PATH> environment variables (STAGE_STAGING_SLOTS,
@@ -18,6 +22,19 @@ type Config struct {
 	Log           Log           `mapstructure:"log"`
 	Limits        Limits        `mapstructure:"limits"`
 	Drain         time.Duration `mapstructure:"drain_timeout"`
+
+	// Knobs are the test fault switches (STAGE_TEST_*), no config keys:
+	// Load reads them once from the environment (internal/knobs) and they
+	// go down from here; a Config built by hand has them all off. Set them
+	// with SetKnobs, which also hands the device's to the device section.
+	Knobs knobs.Values `mapstructure:"-"`
+}
+
+// SetKnobs sets the test fault switches, here and where the device
+// section's Options reads them.
+func (c *Config) SetKnobs(k knobs.Values) {
+	c.Knobs = k
+	c.Device.knobs = k
 }
 
 // Node identifies this sidecar.
@@ -38,6 +55,8 @@ type Device struct {
 	CUDA    DeviceCUDA `mapstructure:"cuda"`
 	ACL     DeviceACL  `mapstructure:"acl"`
 	HIP     DeviceHIP  `mapstructure:"hip"`
+
+	knobs knobs.Values // the hostmem fault switch for Options (Config.SetKnobs)
 }
 
 // Hostmem models an emulated device's copy engine.

@@ -7,7 +7,11 @@ import (
 	"os"
 	"strings"
 
+	"github.com/stage-kv/stage/acl"
+	"github.com/stage-kv/stage/cuda"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/hostmem"
+	"github.com/stage-kv/stage/hip"
 )
 
 // DeviceCUDA configures the cuda backend (NVIDIA, libcuda loaded with
@@ -40,16 +44,24 @@ var (
 	ACLCopyModes   = []string{"auto", "batch", "pack", "percopy"}
 )
 
-// Options is what device.Open hands the backend: every backend's part of
-// the device section.
+// Options is what device.Open hands the backend device.kind names: that
+// backend's part of the device section, as the settings type its package
+// owns (nil for a kind no backend has; device.Open refuses it).
 func (d Device) Options() device.Options {
-	return device.Options{
-		BandwidthBytesPerSec: d.Hostmem.BandwidthGBps * 1e9,
-		LatencyNanos:         int64(d.Hostmem.Latency),
-		CUDA:                 device.CUDAOptions{Library: d.CUDA.Library, CopyMode: d.CUDA.CopyMode, EventWait: d.CUDA.EventWait, PTX: d.CUDA.PTX},
-		ACL:                  device.ACLOptions{Library: d.ACL.Library, CopyMode: d.ACL.CopyMode},
-		HIP:                  device.HIPOptions{Library: d.HIP.Library},
+	var b any
+	switch device.Kind(d.Kind) {
+	case device.KindHostmem:
+		b = hostmem.Config{BandwidthBytesPerSec: d.Hostmem.BandwidthGBps * 1e9, Latency: d.Hostmem.Latency,
+			Fail: d.knobs.HostmemFail, FailAfter: d.knobs.HostmemFailAfter}
+	case device.KindCUDA:
+		b = cuda.Config{Library: d.CUDA.Library, CopyMode: cuda.CopyMode(d.CUDA.CopyMode),
+			EventWait: cuda.EventWait(d.CUDA.EventWait), PTXFile: d.CUDA.PTX}
+	case device.KindACL:
+		b = acl.Config{Library: d.ACL.Library, CopyMode: acl.CopyMode(d.ACL.CopyMode)}
+	case device.KindHIP:
+		b = hip.Config{Library: d.HIP.Library}
 	}
+	return device.Options{Backend: b}
 }
 
 // device checks the device section.

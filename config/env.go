@@ -6,9 +6,8 @@ import (
 )
 
 // TestEnvPrefix starts the environment variables reserved for tests: fault
-// switches that staged and its backends read to fail on purpose
-// (STAGE_TEST_HOSTMEM_FAIL_AFTER, STAGE_TEST_FAULT_IPC_IMPORT) and the
-// knobs of test programs. They are no config keys and never set one.
+// switches that make staged fail on purpose (registered in internal/knobs,
+// read once by Load) and the knobs of test programs. They are no config keys and never set one.
 const TestEnvPrefix = EnvPrefix + "_TEST_"
 
 // renamedEnv maps environment variables of earlier releases to what

@@ -14,6 +14,8 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/stage-kv/stage/internal/knobs"
 )
 
 //go:embed default.yaml
@@ -224,6 +226,11 @@ func load(path string, data []byte, fs *pflag.FlagSet) (*Config, error) {
 	if len(problems) > 0 {
 		return nil, &ValidationError{File: path, Problems: problems}
 	}
+	k, err := knobs.Parse(os.Environ())
+	if err != nil {
+		return nil, fmt.Errorf("test fault switch %w", err)
+	}
+	c.SetKnobs(k)
 	return &c, nil
 }
 

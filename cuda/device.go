@@ -7,6 +7,7 @@ package cuda
 import "C"
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -19,7 +20,15 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindCUDA, Open) }
+func init() {
+	device.Register(device.KindCUDA, device.Backend{
+		Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{
+			device.CapHostRegisterer, device.CapSlotRenewer, device.CapExporter, // Device
+			device.CapDtoD, device.CapDtoDBatch, device.CapRunCopier, // Stream
+		},
+	})
+}
 
 // Driver constants (cuda.h).
 const (
@@ -51,22 +60,19 @@ type Config struct {
 	PTXFile string
 	// EventWait says how Event.Wait waits; the zero value is WaitHybrid.
 	EventWait EventWait
+	// StridedMaxBytes caps the bytes of one strided descriptor; 0 means
+	// DefaultStridedMaxBytes. Not a config key: the GPU benchmarks compare
+	// caps with it.
+	StridedMaxBytes uint64
 }
 
-// ConfigFrom reads the cuda part of the device options (device.cuda.*).
-func ConfigFrom(o device.CUDAOptions) Config {
-	return Config{Library: o.Library, CopyMode: CopyMode(o.CopyMode), PTXFile: o.PTX, EventWait: EventWait(o.EventWait)}
-}
-
-// Open opens CUDA device ordinal as opts.CUDA configures it; it is the
-// opener registered with device.Register. The driver library is loaded on
-// the first call, never at init.
+// Open opens CUDA device ordinal as opts.Backend (a Config; nil: the
+// defaults) configures it; it is the opener registered with
+// device.Register, and config.Device.Options builds its Config from
+// device.cuda.*. The driver library is loaded on the first call, never at
+// init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.CUDA))
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindCUDA, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens CUDA device ordinal with SharedLibrary(cfg.Library).
@@ -80,7 +86,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 
 // Device is one CUDA GPU, driven through its primary context (the one
 // PyTorch uses). It implements device.Device, plus helpers for engines and
-// tests (AllocDevice, IPCHandle, VMMAlloc, CopyHtoD, ...). Safe for
+// tests (AllocDevice, Export, VMMAlloc, CopyHtoD, ...). Safe for
 // concurrent use.
 type Device struct {
 	lib     *Library
@@ -95,6 +101,7 @@ type Device struct {
 	fn         C.CUfunction
 	fnStrided  C.CUfunction // nil: the module has no strided kernel
 	stridedErr error
+	stridedMax uint64 // bytes per strided descriptor at most (Config.StridedMaxBytes)
 	mode       CopyMode
 	modeWhy    string
 	wait       EventWait
@@ -142,12 +149,13 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("cuda: device %d: this process sees %d CUDA devices (check CUDA_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
 	}
 	d := &Device{
-		lib:     l,
-		ordinal: ordinal,
-		wait:    wait,
-		pinned:  map[uintptr]pinnedRec{},
-		slabs:   map[uintptr]slotSlab{},
-		devMem:  map[device.Addr]uint64{},
+		lib:        l,
+		ordinal:    ordinal,
+		wait:       wait,
+		pinned:     map[uintptr]pinnedRec{},
+		stridedMax: cmp.Or(cfg.StridedMaxBytes, DefaultStridedMaxBytes),
+		slabs:      map[uintptr]slotSlab{},
+		devMem:     map[device.Addr]uint64{},
 	}
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
 		return nil, l.check(rc, "cuDeviceGet(%d)", ordinal)
@@ -168,7 +176,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		d.kernelErr = fmt.Errorf("not loaded (copy mode %s requested)", want)
 	}
 	if !l.batch {
-		d.batchErr = errors.New("cuMemcpyBatchAsync not exported by " + l.path + " (driver older than 12.8)")
+		d.batchErr = errors.New("cuMemcpyBatchAsync not exported by " + l.Path() + " (driver older than 12.8)")
 	}
 	d.mode, d.modeWhy, err = chooseCopyMode(want, d.kernelErr, d.batchErr)
 	if err != nil {

@@ -35,10 +35,16 @@ func gpuLibrary(t testing.TB) *Library {
 // kernel must load on any GPU stage supports.
 func openGPU(t testing.TB, mode CopyMode) *Device {
 	t.Helper()
+	return openGPUConfig(t, Config{CopyMode: mode})
+}
+
+// openGPUConfig is openGPU with the whole Config.
+func openGPUConfig(t testing.TB, cfg Config) *Device {
+	t.Helper()
 	l := gpuLibrary(t)
-	d, err := l.OpenDevice(0, Config{CopyMode: mode})
+	d, err := l.OpenDevice(0, cfg)
 	if err != nil {
-		if mode == CopyBatch && errors.Is(err, device.ErrNotSupported) {
+		if cfg.CopyMode == CopyBatch && errors.Is(err, device.ErrNotSupported) {
 			t.Skipf("batch copies unavailable: %v", err)
 		}
 		t.Fatal(err)

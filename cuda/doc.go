@@ -66,7 +66,7 @@
 // Device.Close reports streams, events, pinned buffers, mappings and
 // engine-side allocations still open.
 //
-// Engine-side helpers (AllocDevice, IPCHandle, VMMAlloc, CopyHtoD, CopyDtoH)
+// Engine-side helpers (AllocDevice, Export, VMMAlloc, CopyHtoD, CopyDtoH)
 // serve tests and Go engines; the sidecar itself never allocates device
 // memory.
 //

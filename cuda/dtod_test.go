@@ -58,7 +58,7 @@ func TestFakeCopyDtoDBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			launches, _ := l.h.Call("fake_launches")
+			launches, _ := l.Call("fake_launches")
 			if err := st.CopyDtoDBatch(cs); err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func TestFakeCopyDtoDBatch(t *testing.T) {
 			if i := devicetest.Mismatch(got, want); i >= 0 {
 				t.Fatalf("byte %d: got %#02x, want %#02x", i, got[i], want[i])
 			}
-			if n, _ := l.h.Call("fake_launches"); mode == CopyKernel && n == launches {
+			if n, _ := l.Call("fake_launches"); mode == CopyKernel && n == launches {
 				t.Error("kernel mode launched no kernel for the short copies")
 			}
 			bad := []device.Copy{{Src: src, Dst: dst, Len: 1}, {Src: ^device.Addr(0) - 10, Dst: dst, Len: 100}}

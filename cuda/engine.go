@@ -55,25 +55,30 @@ func (d *Device) FreeDevice(a device.Addr) error {
 	return nil
 }
 
-// IPCHandle returns the legacy IPC handle that shares the allocation holding
-// addr: it finds the allocation's base (cuMemGetAddressRange), exports the
-// base (cuIpcGetMemHandle), and returns addr's offset inside it and the
-// allocation's size. The importer opens the handle to the base and adds
-// offset back; dropping it moves the wrong bytes.
-func (d *Device) IPCHandle(addr device.Addr) (base device.Addr, handle [64]byte, offset, allocSize uint64, err error) {
+// Export shares the allocation holding addr by its legacy IPC handle
+// (device.HandleCUDAIPC): it finds the allocation's base
+// (cuMemGetAddressRange), exports the base (cuIpcGetMemHandle), and returns
+// addr's offset inside it and the allocation's size. The importer opens the
+// handle to the base and adds the offset back. CUDA IPC handles cannot be
+// limited to some processes: importers are ignored.
+func (d *Device) Export(addr device.Addr, importers ...int32) (device.Export, error) {
 	if d.closed.Load() {
-		return 0, handle, 0, 0, d.errClosed("IPCHandle")
+		return device.Export{}, d.errClosed("Export")
 	}
 	var b C.CUdeviceptr
 	var n C.size_t
 	if rc := C.stage_mem_range(d.lib.c, d.ctx, C.CUdeviceptr(addr), &b, &n); rc != 0 {
-		return 0, handle, 0, 0, d.lib.check(rc, "cuMemGetAddressRange(%#x)", uint64(addr))
+		return device.Export{}, d.lib.check(rc, "cuMemGetAddressRange(%#x)", uint64(addr))
 	}
+	var handle [64]byte
 	if rc := C.stage_ipc_get(d.lib.c, d.ctx, b, (*C.char)(unsafe.Pointer(&handle[0]))); rc != 0 {
-		return 0, handle, 0, 0, d.lib.check(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))
+		return device.Export{}, d.lib.check(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))
 	}
-	return device.Addr(b), handle, uint64(addr) - uint64(b), uint64(n), nil
+	h := device.Handle{Kind: device.HandleCUDAIPC, Bytes: handle[:], Size: uint64(n), FD: -1}
+	return device.Export{Handle: h, Base: device.Addr(b), Offset: uint64(addr) - uint64(b)}, nil
 }
+
+var _ device.Exporter = (*Device)(nil)
 
 // CopyHtoD copies src to device address dst and waits (cuMemcpyHtoD).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {

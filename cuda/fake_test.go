@@ -36,7 +36,7 @@ func fakeLibraryLeaks(t *testing.T, checkLeaks bool, flags ...string) *Library {
 		t.Fatalf("OpenLibrary(fake): %v", err)
 	}
 	t.Cleanup(func() {
-		if n, err := l.h.Call("fake_live"); checkLeaks && (err != nil || n != 0) {
+		if n, err := l.Call("fake_live"); checkLeaks && (err != nil || n != 0) {
 			t.Errorf("fake libcuda: %d resources still live after the test (%v)", n, err)
 		}
 		l.Close()
@@ -100,7 +100,7 @@ func TestFakeCopyModeFallbacks(t *testing.T) {
 	if !errors.Is(err, device.ErrNotSupported) {
 		t.Errorf("kernel mode with bad PTX: got %v, want ErrNotSupported", err)
 	}
-	d2 := openFake(t, l, ConfigFrom(device.CUDAOptions{CopyMode: "percopy"}))
+	d2 := openFake(t, l, Config{CopyMode: CopyPerCopy})
 	if m, _ := d2.CopyMode(); m != CopyPerCopy {
 		t.Errorf("copy_mode percopy: mode %q", m)
 	}
@@ -151,10 +151,10 @@ func TestFakeConformance(t *testing.T) {
 			l := fakeLibrary(t)
 			d := openFake(t, l, Config{CopyMode: mode, PTX: fakeStridedPTX})
 			devicetest.Run(t, d, d, devicetest.Options{Workers: 8})
-			if n, _ := l.h.Call("fake_launches"); mode == CopyKernel && n == 0 {
+			if n, _ := l.Call("fake_launches"); mode == CopyKernel && n == 0 {
 				t.Error("kernel mode launched no kernel")
 			}
-			if n, _ := l.h.Call("fake_ctx_sets"); n < 2 {
+			if n, _ := l.Call("fake_ctx_sets"); n < 2 {
 				t.Errorf("context made current %d times across 8 fresh threads", n)
 			}
 		})
@@ -235,14 +235,16 @@ func TestFakeIPCImportKeepsOffset(t *testing.T) {
 	}
 	defer d.FreeDevice(base)
 	view := base + 12345
-	b, h, off, size, err := d.IPCHandle(view)
+	x, err := d.Export(view)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b != base || off != 12345 || size != 1<<20 {
-		t.Fatalf("IPCHandle(base+12345) = base %#x off %d size %d, want %#x 12345 %d", b, off, size, base, 1<<20)
+	off, size := x.Offset, x.Handle.Size
+	if x.Base != base || off != 12345 || size != 1<<20 || x.Handle.Kind != device.HandleCUDAIPC || len(x.Handle.Bytes) != 64 {
+		t.Fatalf("Export(base+12345) = base %#x off %d size %d handle %s of %d B, want %#x 12345 %d cuda-ipc of 64 B",
+			x.Base, off, size, x.Handle.Kind, len(x.Handle.Bytes), base, 1<<20)
 	}
-	m, err := d.Import(device.Handle{Kind: device.HandleCUDAIPC, Bytes: h[:], Size: size, FD: -1})
+	m, err := d.Import(x.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +377,7 @@ func TestFakeStrided(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(22, 23))
-	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
+	launches := func() int64 { n, _ := l.Call("fake_strided_launches"); return int64(n) }
 	cases := stridedCases(rng, pool, poolSize)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -67,14 +67,14 @@ func TestGPUChildHelper(t *testing.T) {
 		if err := d.CopyHtoD(base, devicetest.RandBytes(seed, ipcAllocSize)); err != nil {
 			t.Fatal(err)
 		}
-		b, h, off, size, err := d.IPCHandle(base + ipcViewOff)
+		x, err := d.Export(base + ipcViewOff)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b != base || off != ipcViewOff || size < ipcAllocSize {
-			t.Fatalf("IPCHandle(base+%d) = base %#x off %d size %d; allocated %#x", ipcViewOff, b, off, size, base)
+		if x.Base != base || x.Offset != ipcViewOff || x.Handle.Size < ipcAllocSize {
+			t.Fatalf("Export(base+%d) = base %#x off %d size %d; allocated %#x", ipcViewOff, x.Base, x.Offset, x.Handle.Size, base)
 		}
-		childSend(t, fmt.Sprintf("%x %d %d", h, off, size), -1)
+		childSend(t, fmt.Sprintf("%x %d %d", x.Handle.Bytes, x.Offset, x.Handle.Size), -1)
 		childServe(t, d, base)
 	case "vmm":
 		v, err := d.VMMAlloc(ipcAllocSize + 1)

@@ -24,8 +24,8 @@ type kvBench struct {
 	cleanup func()
 }
 
-func newKVBench(tb testing.TB, preset string, bs uint32) *kvBench {
-	d := openGPU(tb, CopyAuto)
+func newKVBench(tb testing.TB, preset string, bs uint32, cfg Config) *kvBench {
+	d := openGPUConfig(tb, cfg)
 	const tokens = 4096
 	blocks := uint32(2 * tokens / bs)
 	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: blocks, BlockSize: bs, Heads: 8, HeadHi: 8, HeadSize: 128}
@@ -87,14 +87,10 @@ func benchKV(b *testing.B, preset string, bs uint32, gather bool) {
 }
 
 func benchKVOpts(b *testing.B, preset string, bs uint32, gather bool, o kvOpts) {
-	k := newKVBench(b, preset, bs)
+	k := newKVBench(b, preset, bs, Config{StridedMaxBytes: o.maxBytes})
 	defer k.cleanup()
 	if o.plain {
 		k.d.fnStrided = nil
-	}
-	if o.maxBytes != 0 {
-		defer func(v uint64) { stridedMaxBytes = v }(stridedMaxBytes)
-		stridedMaxBytes = o.maxBytes
 	}
 	s, p := slotStream(b, k.d)
 	total := k.side.Len()
@@ -170,7 +166,7 @@ func slotStream(b *testing.B, d *Device) (*Stream, device.Pinned) {
 // stream and pinned slot, as the sidecar's stripes run: the GPU's figure
 // once the host's per-chunk work is spread over cores.
 func benchKVParallel(b *testing.B, gather bool, workers int, o kvOpts) {
-	k := newKVBench(b, "vllm-hnd", 16)
+	k := newKVBench(b, "vllm-hnd", 16, Config{})
 	defer k.cleanup()
 	if o.plain {
 		k.d.fnStrided = nil
@@ -272,7 +268,7 @@ func BenchmarkGPUKVHND(b *testing.B) {
 // the device and scattered into another equals kvlayout's reference
 // copier's, row for row, on the real driver.
 func TestGPUKVRoundTrip(t *testing.T) {
-	k := newKVBench(t, "vllm-hnd", 16)
+	k := newKVBench(t, "vllm-hnd", 16, Config{})
 	defer k.cleanup()
 	var size uint64
 	for i, n := range k.lens {

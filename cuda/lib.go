@@ -31,10 +31,8 @@ const (
 // A Library is safe for concurrent use and is shared by the Devices opened
 // from it.
 type Library struct {
-	path   string
-	h      *dl.Handle
-	c      *C.stage_cu
-	absent dl.Absent // optional export -> what its absence costs
+	*dl.Lib // Path, Absent, AbsentList
+	c       *C.stage_cu
 
 	batch  bool // cuMemcpyBatchAsync_v2 or cuMemcpyBatchAsync
 	vmm    bool // every VMM call present
@@ -50,34 +48,36 @@ type Library struct {
 // missing optional ones (batched copies, VMM) are recorded in Absent.
 func OpenLibrary(path string) (*Library, error) {
 	path = cmp.Or(path, DefaultLibraryName)
-	h, err := dl.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("cuda: %w; is the NVIDIA driver installed and visible in this container (or device.cuda.library set)?", err)
-	}
 	c := C.stage_cu_new()
 	if c == nil {
-		h.Close()
 		return nil, fmt.Errorf("cuda: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
-	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.stage_sym_set(c, C.int(i), p) })
-	if req := missing[dl.Required]; len(req) > 0 {
+	lib, err := dl.Load(path, dl.Binding{
+		Lib:     "cuda",
+		Install: "is the NVIDIA driver installed and visible in this container (or device.cuda.library set)?",
+		TooOld:  "driver too old?",
+		Table:   symbols(),
+		Set:     func(i int, p unsafe.Pointer) { C.stage_sym_set(c, C.int(i), p) },
+		Absent:  absentReason,
+	})
+	if err != nil {
 		C.stage_cu_free(c)
-		h.Close()
-		return nil, dl.MissingError("cuda", path, req, "driver too old?")
+		return nil, err
 	}
-	for _, name := range missing[symBatch] {
-		l.absent[name] = batchAbsentReason(name)
-	}
-	for _, name := range missing[symVMM] {
-		l.absent[name] = "VMM import/export (POSIX fd handles) unavailable; needs a CUDA 10.2+ driver"
-	}
+	l := &Library{Lib: lib, c: c}
 	l.batch = c.cuMemcpyBatchAsync_v2 != nil || c.cuMemcpyBatchAsync != nil
-	l.vmm = len(missing[symVMM]) == 0
+	l.vmm = len(lib.Missing(symVMM)) == 0
 	if !l.vmm {
-		l.vmmWhy = fmt.Sprintf("%s lacks %d VMM entry points", path, len(missing[symVMM]))
+		l.vmmWhy = fmt.Sprintf("%s lacks %d VMM entry points", path, len(lib.Missing(symVMM)))
 	}
 	return l, nil
+}
+
+func absentReason(group int, name string) string {
+	if group == symVMM {
+		return "VMM import/export (POSIX fd handles) unavailable; needs a CUDA 10.2+ driver"
+	}
+	return batchAbsentReason(name)
 }
 
 func batchAbsentReason(name string) string {
@@ -96,15 +96,6 @@ var libs dl.Cache[*Library]
 func SharedLibrary(path string) (*Library, error) {
 	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
-
-// Path returns the path the library was opened with.
-func (l *Library) Path() string { return l.path }
-
-// Absent maps each optional export the library lacks to what that costs.
-func (l *Library) Absent() map[string]string { return l.absent.Copy() }
-
-// AbsentList renders Absent sorted, one "name: reason" per entry.
-func (l *Library) AbsentList() []string { return l.absent.List() }
 
 // HasBatchCopy reports whether cuMemcpyBatchAsync (either ABI) is exported.
 func (l *Library) HasBatchCopy() bool { return l.batch }
@@ -129,7 +120,7 @@ func (l *Library) Close() error {
 		C.stage_cu_free(l.c)
 		l.c = nil
 	}
-	return l.h.Close()
+	return l.Lib.Close()
 }
 
 func (l *Library) init() error {

@@ -36,7 +36,7 @@ func TestOpenLibraryNotFound(t *testing.T) {
 
 func TestOpenHonorsOptionsLibrary(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "libcuda-from-config.so.1")
-	_, err := device.Open(device.KindCUDA, 0, device.Options{CUDA: device.CUDAOptions{Library: path}})
+	_, err := device.Open(device.KindCUDA, 0, device.Options{Backend: Config{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "cuda: dlopen "+path+": ") {
 		t.Fatalf("device.Open with CUDA.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/device"
 )
 
@@ -98,25 +97,5 @@ func TestParseEventWait(t *testing.T) {
 		if err != nil || got != tc.want || got.spin() != tc.spin {
 			t.Errorf("%q: got (%q, spin %d, %v), want %q, spin %d", tc.in, got, got.spin(), err, tc.want, tc.spin)
 		}
-	}
-}
-
-// The values config accepts for device.cuda.* are the ones this package
-// parses, and ConfigFrom carries each option to its field.
-func TestConfigFromOptions(t *testing.T) {
-	for _, m := range config.CUDACopyModes {
-		if _, err := ParseCopyMode(m); err != nil {
-			t.Errorf("config allows device.cuda.copy_mode %q: %v", m, err)
-		}
-	}
-	for _, w := range config.CUDAEventWaits {
-		if _, err := ParseEventWait(w); err != nil {
-			t.Errorf("config allows device.cuda.event_wait %q: %v", w, err)
-		}
-	}
-	got := ConfigFrom(device.CUDAOptions{Library: "/x/libcuda.so", CopyMode: "batch", EventWait: "spin", PTX: "/x/k.ptx"})
-	want := Config{Library: "/x/libcuda.so", CopyMode: CopyBatch, EventWait: WaitSpin, PTXFile: "/x/k.ptx"}
-	if got != want {
-		t.Errorf("ConfigFrom = %+v, want %+v", got, want)
 	}
 }

@@ -48,7 +48,7 @@ func (s *Stream) moveRuns(gather bool, p device.Pinned, runs []device.Run) error
 			n := 0
 			for ; n < len(sl.strided) && ri < len(runs); n++ {
 				var last bool
-				sl.strided[n], last = cur.next(&runs[ri], pinned, gather, stridedMaxBytes)
+				sl.strided[n], last = cur.next(&runs[ri], pinned, gather, s.d.stridedMax)
 				d := &sl.strided[n]
 				pinned += uint64(d.len) * uint64(d.n1) * uint64(d.n2)
 				if last {

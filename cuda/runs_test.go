@@ -66,7 +66,7 @@ func mergeSegs(segs []device.Seg) []device.Seg {
 }
 
 // TestRunDescriptors: the descriptors cut from every run case, gather and
-// scatter, hold at most stridedMaxBytes each, have their slot side
+// scatter, hold at most DefaultStridedMaxBytes each, have their slot side
 // contiguous, and cover the runs' pieces in order.
 func TestRunDescriptors(t *testing.T) {
 	const size = 8 << 20
@@ -79,9 +79,9 @@ func TestRunDescriptors(t *testing.T) {
 				var cur runCursor
 				for last := false; !last; {
 					var d sdesc
-					d, last = cur.next(&tc.runs[i], pinned, gather, stridedMaxBytes)
-					if b := uint64(d.len) * uint64(d.n1) * uint64(d.n2); b > stridedMaxBytes {
-						t.Fatalf("%s: descriptor %+v holds %d B, above %d", tc.name, d, b, stridedMaxBytes)
+					d, last = cur.next(&tc.runs[i], pinned, gather, DefaultStridedMaxBytes)
+					if b := uint64(d.len) * uint64(d.n1) * uint64(d.n2); b > DefaultStridedMaxBytes {
+						t.Fatalf("%s: descriptor %+v holds %d B, above %d", tc.name, d, b, DefaultStridedMaxBytes)
 					}
 					pinned += uint64(d.len) * uint64(d.n1) * uint64(d.n2)
 					ds = append(ds, d)
@@ -105,7 +105,7 @@ func TestFakeRuns(t *testing.T) {
 	d := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakeStridedPTX})
 	const poolSize = 8 << 20
 	pool, data := devicetest.Pool(t, d, poolSize, 61)
-	launches := func() int64 { n, _ := l.h.Call("fake_strided_launches"); return int64(n) }
+	launches := func() int64 { n, _ := l.Call("fake_strided_launches"); return int64(n) }
 	plain := openFake(t, l, Config{CopyMode: CopyKernel, PTX: fakePTX})
 	for i, tc := range runCases(rand.New(rand.NewPCG(62, 63)), pool, poolSize) {
 		t.Run(tc.name, func(t *testing.T) {

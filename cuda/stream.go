@@ -198,7 +198,7 @@ func (s *Stream) kernelMove(gather bool, pinned uint64, segs []device.Seg) error
 		func() bool { return si < len(segs) },
 		func(sl *ringSlot) (n int, strided bool) {
 			if s.d.fnStrided != nil {
-				n, pieces, nsi, nso, np := compressSegs(sl.strided, segs, si, so, pinned, gather, stridedMaxBytes)
+				n, pieces, nsi, nso, np := compressSegs(sl.strided, segs, si, so, pinned, gather, s.d.stridedMax)
 				if n > 0 && pieces >= stridedMinRatio*n {
 					si, so, pinned = nsi, nso, np
 					s.stridedLaunches++

@@ -13,11 +13,11 @@ type sdesc struct {
 	len, n1, n2, _ uint32
 }
 
-// stridedMaxBytes caps the bytes of one strided descriptor: a descriptor
-// is one thread block's work, so the cap keeps a chunk spread over enough
-// blocks (a 4 MiB chunk is at least 128 descriptors). A variable so that
-// the GPU benchmarks can compare caps.
-var stridedMaxBytes uint64 = 32 << 10
+// DefaultStridedMaxBytes caps the bytes of one strided descriptor unless
+// Config.StridedMaxBytes says otherwise: a descriptor is one thread block's
+// work, so the cap keeps a chunk spread over enough blocks (a 4 MiB chunk
+// is at least 128 descriptors).
+const DefaultStridedMaxBytes = 32 << 10
 
 // stridedMinRatio: a launch uses the strided kernel only when its
 // descriptors carry at least this many pieces each on average; lists that

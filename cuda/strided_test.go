@@ -286,7 +286,30 @@ func BenchmarkCompressSegsHND(b *testing.B) {
 	for range b.N {
 		si, so, p := 0, uint64(0), uint64(0)
 		for si < len(segs) {
-			_, _, si, so, p = compressSegs(out, segs, si, so, p, true, stridedMaxBytes)
+			_, _, si, so, p = compressSegs(out, segs, si, so, p, true, DefaultStridedMaxBytes)
 		}
+	}
+}
+
+// The strided descriptor cap is the device's, from its Config: the
+// default when unset, else what the Config says (the GPU benchmarks
+// compare caps this way, not through a package variable).
+func TestStridedMaxBytesFromConfig(t *testing.T) {
+	l := fakeLibrary(t)
+	tests := []struct {
+		name      string
+		cfg, want uint64
+	}{
+		{"unset", 0, DefaultStridedMaxBytes},
+		{"8 KiB", 8 << 10, 8 << 10},
+		{"64 KiB", 64 << 10, 64 << 10},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := openFake(t, l, Config{PTX: fakeStridedPTX, StridedMaxBytes: tc.cfg})
+			if d.stridedMax != tc.want {
+				t.Errorf("got %d, want %d", d.stridedMax, tc.want)
+			}
+		})
 	}
 }

@@ -17,7 +17,10 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindHIP, Open) }
+func init() {
+	device.Register(device.KindHIP, device.Backend{Open: Open, Device: (*Device)(nil), Stream: (*Stream)(nil),
+		Caps: []device.Capability{device.CapExporter, device.CapDtoD}})
+}
 
 // Runtime flags (hip_runtime_api.h).
 const (
@@ -40,18 +43,12 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// ConfigFrom reads the hip part of the device options (device.hip.*).
-func ConfigFrom(o device.HIPOptions) Config { return Config{Library: o.Library} }
-
-// Open opens GPU ordinal as opts.HIP configures it; it is the opener
-// registered with device.Register. The runtime is loaded on the first
-// call, never at init.
+// Open opens GPU ordinal as opts.Backend (a Config; nil: the defaults)
+// configures it; it is the opener registered with device.Register, and
+// config.Device.Options builds its Config from device.hip.*. The runtime is
+// loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
-	d, err := OpenDevice(ordinal, ConfigFrom(opts.HIP))
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return device.OpenAs(device.KindHIP, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens GPU ordinal with SharedLibrary(cfg.Library).
@@ -65,7 +62,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 
 // Device is one AMD GPU as HIP numbers it in this process (after
 // HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES). It implements device.Device,
-// plus IPC export for engines and tests (ExportIPC, AllocDevice, ...). Safe
+// plus IPC export for engines and tests (Export, AllocDevice, ...). Safe
 // for concurrent use.
 type Device struct {
 	lib     *Library
@@ -109,7 +106,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		d.logf = log.Printf
 	}
 	if abs := l.AbsentList(); len(abs) > 0 {
-		d.logf("hip: %s (%s): optional exports absent: %s", d, l.path, strings.Join(abs, "; "))
+		d.logf("hip: %s (%s): optional exports absent: %s", d, l.Path(), strings.Join(abs, "; "))
 	}
 	return d, nil
 }
@@ -241,7 +238,7 @@ func (d *Device) EnablePeerAccess(peer int) error {
 		return d.errClosed("EnablePeerAccess")
 	}
 	if d.lib.c.hipDeviceEnablePeerAccess == nil {
-		return fmt.Errorf("hip: %s: EnablePeerAccess(%d): %s lacks hipDeviceEnablePeerAccess: %w", d, peer, d.lib.path, device.ErrNotSupported)
+		return fmt.Errorf("hip: %s: EnablePeerAccess(%d): %s lacks hipDeviceEnablePeerAccess: %w", d, peer, d.lib.Path(), device.ErrNotSupported)
 	}
 	err := d.lib.check(C.sthip_enable_peer(d.lib.c, d.dev(), C.int(peer)), "hipDeviceEnablePeerAccess(peer %d, from %d)", peer, d.ordinal)
 	if code(err) == codePeerAlreadyEnabled {

@@ -323,12 +323,12 @@ func TestCurrentDevicePerThread(t *testing.T) {
 				runtime.UnlockOSThread()
 				return
 			}
-			if dev, _ := l.h.Call("fakehip_device_of", int64(a)); dev != 1 {
+			if dev, _ := l.Call("fakehip_device_of", int64(a)); dev != 1 {
 				errs <- fmt.Sprintf("allocation landed on device %d, want 1", dev)
 			}
 			p, err := d.AllocPinned(4096)
 			if err == nil {
-				if dev, _ := l.h.Call("fakehip_device_of", int64(uintptr(unsafe.Pointer(&p.Host()[0])))); dev != 1 {
+				if dev, _ := l.Call("fakehip_device_of", int64(uintptr(unsafe.Pointer(&p.Host()[0])))); dev != 1 {
 					errs <- fmt.Sprintf("pinned buffer made on device %d, want 1", dev)
 				}
 				err = d.FreePinned(p)

@@ -81,7 +81,7 @@
 //
 // # IPC with the sub-allocation offset
 //
-// An IPC handle names an allocation and opens at its base. ExportIPC takes
+// An IPC handle names an allocation and opens at its base. Export takes
 // any device pointer, finds its allocation with hipMemGetAddressRange,
 // exports the BASE with hipIpcGetMemHandle and returns the pointer's offset
 // inside it (Export.Offset); the offset travels beside the handle as the
@@ -105,7 +105,7 @@
 // Device.Close reports streams, events, pinned buffers, mappings, open
 // handles and engine-side allocations still open.
 //
-// Engine-side helpers (AllocDevice, FreeDevice, ExportIPC, CopyHtoD,
+// Engine-side helpers (AllocDevice, FreeDevice, Export, CopyHtoD,
 // CopyDtoH) serve tests and Go engines; the sidecar itself never allocates
 // device memory.
 package hip

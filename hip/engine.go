@@ -13,7 +13,7 @@ import (
 )
 
 // This file holds what an engine process (or a test standing in for one)
-// needs besides ExportIPC: device memory and synchronous copies. The
+// needs besides Export: device memory and synchronous copies. The
 // sidecar itself never allocates device memory.
 
 // AllocDevice allocates n bytes of device memory (hipMalloc).

@@ -145,7 +145,7 @@ func openFake(t *testing.T, so string) *Library {
 // hook calls one of the fake's test hooks.
 func hook(t testing.TB, l *Library, name string, arg ...int64) int64 {
 	t.Helper()
-	n, err := l.h.Call(name, arg...)
+	n, err := l.Call(name, arg...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,49 +28,36 @@ import (
 // ipcKey is a handle's bytes: the identity of an allocation in the cache.
 type ipcKey [ipcHandleSize]byte
 
-// Export is what an engine sends its sidecar to share device memory: the
-// IPC handle of the allocation holding the pointer, the allocation's base
-// and size, and the pointer's offset inside it.
-type Export struct {
-	Handle    [ipcHandleSize]byte
-	Base      device.Addr // in the exporting process
-	Offset    uint64      // pointer - Base
-	AllocSize uint64
-}
-
-// DeviceHandle returns the handle as the device package carries it
-// (Kind HandleHIPIPC, Size the allocation's size); the offset travels
-// beside it, as the region's offset.
-func (x Export) DeviceHandle() device.Handle {
-	return device.Handle{Kind: device.HandleHIPIPC, Bytes: append([]byte(nil), x.Handle[:]...), Size: x.AllocSize, FD: -1}
-}
-
-// ExportIPC shares the allocation holding ptr, any device pointer of this
+// Export shares the allocation holding ptr, any device pointer of this
 // device (interior ones included, and memory this package did not
-// allocate): hipMemGetAddressRange finds the allocation's base and size,
-// hipIpcGetMemHandle exports the BASE, and the result carries
-// Offset = ptr - base.
-func (d *Device) ExportIPC(ptr device.Addr) (Export, error) {
+// allocate), by its IPC handle (device.HandleHIPIPC): hipMemGetAddressRange
+// finds the allocation's base and size, hipIpcGetMemHandle exports the
+// BASE, and the result carries Offset = ptr - base. HIP IPC handles cannot
+// be limited to some processes: importers are ignored.
+func (d *Device) Export(ptr device.Addr, importers ...int32) (device.Export, error) {
 	if d.closed.Load() {
-		return Export{}, d.errClosed("ExportIPC")
+		return device.Export{}, d.errClosed("Export")
 	}
 	l := d.lib
 	var base C.uintptr_t
 	var size C.size_t
 	if err := l.check(C.sthip_mem_range(l.c, d.dev(), C.uintptr_t(ptr), &base, &size), "hipMemGetAddressRange(%#x)", uint64(ptr)); err != nil {
-		return Export{}, err
+		return device.Export{}, err
 	}
 	b, n := device.Addr(base), uint64(size)
 	if n == 0 || ptr < b || uint64(ptr-b) >= n {
-		return Export{}, fmt.Errorf("hip: %s: hipMemGetAddressRange(%#x) returned base %#x, %d B, which does not hold the pointer", d, uint64(ptr), uint64(b), n)
+		return device.Export{}, fmt.Errorf("hip: %s: hipMemGetAddressRange(%#x) returned base %#x, %d B, which does not hold the pointer", d, uint64(ptr), uint64(b), n)
 	}
-	x := Export{Base: b, Offset: uint64(ptr - b), AllocSize: n}
-	if err := l.check(C.sthip_ipc_get(l.c, d.dev(), base, (*C.char)(unsafe.Pointer(&x.Handle[0]))),
+	var handle ipcKey
+	if err := l.check(C.sthip_ipc_get(l.c, d.dev(), base, (*C.char)(unsafe.Pointer(&handle[0]))),
 		"hipIpcGetMemHandle(base %#x of %#x, %d B)", uint64(b), uint64(ptr), n); err != nil {
-		return Export{}, err
+		return device.Export{}, err
 	}
-	return x, nil
+	h := device.Handle{Kind: device.HandleHIPIPC, Bytes: handle[:], Size: n, FD: -1}
+	return device.Export{Handle: h, Base: b, Offset: uint64(ptr - b)}, nil
 }
+
+var _ device.Exporter = (*Device)(nil)
 
 // importEntry is one open IPC handle: opened once per device, shared by
 // every Mapping of it, closed with the last.
@@ -83,7 +70,7 @@ type importEntry struct {
 
 // Import maps an allocation shared by an engine process:
 // device.HandleHIPIPC, the 64-byte IPC handle of the allocation BASE
-// (ExportIPC), with Size the allocation's size. The mapping's Base is the
+// (Export), with Size the allocation's size. The mapping's Base is the
 // allocation base in this process; the caller adds the region's offset (or
 // uses ImportRegion, which does).
 //

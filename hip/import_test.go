@@ -27,7 +27,7 @@ const (
 	ipcWriteLen  = 65_537
 )
 
-func TestExportIPC(t *testing.T) {
+func TestExport(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, 0)
 	base, _ := filled(t, d, 1<<20, 10)
@@ -47,26 +47,26 @@ func TestExportIPC(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			x, err := d.ExportIPC(tc.ptr)
+			x, err := d.Export(tc.ptr)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if x.Base != tc.base || x.Offset != tc.off || x.AllocSize != tc.size {
-				t.Errorf("ExportIPC(%#x) = base %#x offset %d size %d, want base %#x offset %d size %d",
-					uint64(tc.ptr), uint64(x.Base), x.Offset, x.AllocSize, uint64(tc.base), tc.off, tc.size)
+			if x.Base != tc.base || x.Offset != tc.off || x.Handle.Size != tc.size {
+				t.Errorf("Export(%#x) = base %#x offset %d size %d, want base %#x offset %d size %d",
+					uint64(tc.ptr), uint64(x.Base), x.Offset, x.Handle.Size, uint64(tc.base), tc.off, tc.size)
 			}
-			h := x.DeviceHandle()
+			h := x.Handle
 			if h.Kind != device.HandleHIPIPC || len(h.Bytes) != 64 || h.Size != tc.size || h.FD != -1 {
-				t.Errorf("DeviceHandle() = %+v", h)
+				t.Errorf("Export(%#x).Handle = %+v", uint64(tc.ptr), h)
 			}
 		})
 	}
 	if n := hook(t, l, "fakehip_interior_exports"); n != 0 {
 		t.Errorf("%d handles were made from interior pointers; export the base", n)
 	}
-	_, err := d.ExportIPC(base + 1<<30)
+	_, err := d.Export(base + 1<<30)
 	if err == nil || !strings.HasPrefix(err.Error(), fmt.Sprintf("hip: hipMemGetAddressRange(%#x): hipErrorInvalidDevicePointer", uint64(base+1<<30))) {
-		t.Errorf("ExportIPC of an address outside any allocation: %v", err)
+		t.Errorf("Export of an address outside any allocation: %v", err)
 	}
 }
 
@@ -87,11 +87,11 @@ func TestImportRegionSameProcess(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			x, err := d.ExportIPC(base + device.Addr(tc.off))
+			x, err := d.Export(base + device.Addr(tc.off))
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := d.ImportRegion(x.DeviceHandle(), x.Offset, tc.len)
+			r, err := d.ImportRegion(x.Handle, x.Offset, tc.len)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,11 +141,11 @@ func TestCopyDtoDFromImport(t *testing.T) {
 	d := openDev(t, l, 0)
 	base, data := filled(t, d, ipcAllocSize, 13)
 	local, _ := filled(t, d, 8192, 14)
-	x, err := d.ExportIPC(base + ipcViewOff)
+	x, err := d.Export(base + ipcViewOff)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.ImportRegion(x.DeviceHandle(), x.Offset, ipcViewLen)
+	r, err := d.ImportRegion(x.Handle, x.Offset, ipcViewLen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,11 +177,11 @@ func TestImportCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := d.ExportIPC(a + 4096)
+	x, err := d.Export(a + 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := x.DeviceHandle()
+	h := x.Handle
 	state := func(step string, opens, closes, mapped int64) {
 		t.Helper()
 		if o, c, m := hook(t, l, "fakehip_ipc_opens"), hook(t, l, "fakehip_ipc_closes"), hook(t, l, "fakehip_imports"); o != opens || c != closes || m != mapped {
@@ -247,11 +247,11 @@ func TestImportRejects(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, 0)
 	base, _ := filled(t, d, 1<<16, 15)
-	x, err := d.ExportIPC(base)
+	x, err := d.Export(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := x.DeviceHandle()
+	good := x.Handle
 	with := func(f func(h *device.Handle)) device.Handle {
 		h := good
 		h.Bytes = append([]byte(nil), good.Bytes...)
@@ -311,11 +311,11 @@ func TestRegionSeg(t *testing.T) {
 	l := fakeLibrary(t)
 	d := openDev(t, l, 0)
 	base, _ := filled(t, d, 1<<16, 16)
-	x, err := d.ExportIPC(base + 1000)
+	x, err := d.Export(base + 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.ImportRegion(x.DeviceHandle(), x.Offset, 5000)
+	r, err := d.ImportRegion(x.Handle, x.Offset, 5000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func TestIPCOtherProcess(t *testing.T) {
 	d := openDev(t, l, 0)
 	seed := uint64(time.Now().UnixNano())
 	base, data := filled(t, d, ipcAllocSize, seed)
-	x, err := d.ExportIPC(base + ipcViewOff)
+	x, err := d.Export(base + ipcViewOff)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestIPCOtherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	childEnd.Close()
-	req := fmt.Sprintf("%s %d %d %d", hex.EncodeToString(x.Handle[:]), x.Offset, x.AllocSize, seed)
+	req := fmt.Sprintf("%s %d %d %d", hex.EncodeToString(x.Handle.Bytes), x.Offset, x.Handle.Size, seed)
 	if _, err := parentEnd.Write([]byte(req)); err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func childWork(t *testing.T, h device.Handle, off, seed uint64) error {
 		if err := d.Close(); err != nil {
 			t.Errorf("child: Device.Close: %v", err)
 		}
-		if n, _ := d.lib.h.Call("fakehip_live"); n != 0 {
+		if n, _ := d.lib.Call("fakehip_live"); n != 0 {
 			t.Errorf("child: the fake holds %d resources after the test", n)
 		}
 	})
@@ -467,7 +467,7 @@ func childWork(t *testing.T, h device.Handle, off, seed uint64) error {
 		return err
 	}
 	defer w.Close()
-	if n, _ := d.lib.h.Call("fakehip_ipc_opens"); n != 1 {
+	if n, _ := d.lib.Call("fakehip_ipc_opens"); n != 1 {
 		return fmt.Errorf("two regions of one allocation opened its handle %d times, want 1", n)
 	}
 	data := pattern(seed, ipcAllocSize)[off : off+ipcViewLen]

@@ -27,10 +27,8 @@ const DefaultLibraryName = "libamdhip64.so"
 // prototype). A Library is safe for concurrent use and is shared by the
 // Devices opened from it.
 type Library struct {
-	path   string
-	h      *dl.Handle
-	c      *C.sthip_hip
-	absent dl.Absent // optional export -> what its absence costs
+	*dl.Lib // Path, Absent, AbsentList
+	c       *C.sthip_hip
 
 	initOnce sync.Once
 	initErr  error
@@ -42,31 +40,26 @@ type Library struct {
 // optional ones are recorded in Absent with what each costs.
 func OpenLibrary(path string) (*Library, error) {
 	path = cmp.Or(path, DefaultLibraryName)
-	h, err := dl.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("hip: %w; is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or device.hip.library set?", err)
-	}
 	c := C.sthip_hip_new()
 	if c == nil {
-		h.Close()
 		return nil, fmt.Errorf("hip: %s: out of memory for the symbol table", path)
 	}
-	l := &Library{path: path, h: h, c: c, absent: dl.Absent{}}
-	missing := h.Bind(symbols(), func(i int, p unsafe.Pointer) { C.sthip_sym_set(c, C.int(i), p) })
-	if req := missing[dl.Required]; len(req) > 0 {
+	lib, err := dl.Load(path, dl.Binding{
+		Lib:     "hip",
+		Install: "is ROCm installed (libamdhip64.so on the loader path, e.g. /opt/rocm/lib) or device.hip.library set?",
+		TooOld:  "ROCm too old, or not libamdhip64?",
+		Table:   symbols(),
+		Set:     func(i int, p unsafe.Pointer) { C.sthip_sym_set(c, C.int(i), p) },
+		Absent:  absentReason,
+	})
+	if err != nil {
 		C.sthip_hip_free(c)
-		h.Close()
-		return nil, dl.MissingError("hip", path, req, "ROCm too old, or not libamdhip64?")
+		return nil, err
 	}
-	for _, names := range missing {
-		for _, name := range names {
-			l.absent[name] = absentReason(name)
-		}
-	}
-	return l, nil
+	return &Library{Lib: lib, c: c}, nil
 }
 
-func absentReason(name string) string {
+func absentReason(_ int, name string) string {
 	if name == "hipDeviceEnablePeerAccess" {
 		return "EnablePeerAccess unavailable; IPC imports still enable it lazily (hipIpcMemLazyEnablePeerAccess)"
 	}
@@ -83,15 +76,6 @@ func SharedLibrary(path string) (*Library, error) {
 	return libs.Get(cmp.Or(path, DefaultLibraryName), OpenLibrary)
 }
 
-// Path returns the path the library was opened with.
-func (l *Library) Path() string { return l.path }
-
-// Absent maps each optional export the library lacks to what that costs.
-func (l *Library) Absent() map[string]string { return l.absent.Copy() }
-
-// AbsentList renders Absent sorted, one "name: reason" per entry.
-func (l *Library) AbsentList() []string { return l.absent.List() }
-
 // Close unloads a library that no open Device uses. Libraries from
 // SharedLibrary must not be closed.
 func (l *Library) Close() error {
@@ -100,7 +84,7 @@ func (l *Library) Close() error {
 		C.sthip_hip_free(l.c)
 		l.c = nil
 	}
-	return l.h.Close()
+	return l.Lib.Close()
 }
 
 // init calls hipInit(0) once per Library. The runtime also initializes

@@ -35,17 +35,17 @@ func TestOpenLibraryNotFound(t *testing.T) {
 	}
 }
 
-// The registered opener loads device.hip.library (Options.HIP.Library)
+// The registered opener loads device.hip.library (a Config in Options.Backend)
 // when a device is opened, not before.
 func TestOpenHonorsOptionsLibrary(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "libamdhip64-from-config.so")
-	_, err := device.Open(device.KindHIP, 0, device.Options{HIP: device.HIPOptions{Library: path}})
+	_, err := device.Open(device.KindHIP, 0, device.Options{Backend: Config{Library: path}})
 	if err == nil || !strings.Contains(err.Error(), "hip: dlopen "+path+": ") {
 		t.Fatalf("device.Open with HIP.Library=%s: got %v, want a dlopen error naming it", path, err)
 	}
 
 	so := buildFake(t)
-	dev, err := device.Open(device.KindHIP, 0, device.Options{HIP: device.HIPOptions{Library: so}})
+	dev, err := device.Open(device.KindHIP, 0, device.Options{Backend: Config{Library: so}})
 	if err != nil {
 		t.Fatalf("device.Open with HIP.Library=<fake>: %v", err)
 	}

@@ -35,11 +35,13 @@ func NewCUDAMemory(dev *cuda.Device, size uint64) (*CUDAMemory, error) {
 	m := &CUDAMemory{dev: dev, base: base, addr: base + Slack + 256 + 16, size: size}
 	// An odd offset (not a multiple of the page or even of 256) checks that
 	// every layer carries the offset through registration.
-	_, m.handle, m.hoff, m.asize, err = dev.IPCHandle(m.addr)
+	x, err := dev.Export(m.addr)
 	if err != nil {
 		_ = dev.FreeDevice(base)
 		return nil, err
 	}
+	copy(m.handle[:], x.Handle.Bytes)
+	m.hoff, m.asize = x.Offset, x.Handle.Size
 	return m, nil
 }
 

@@ -148,9 +148,10 @@ func run(cfg *config.Config, log *zap.Logger, path string, fs *pflag.FlagSet, pp
 	return nil
 }
 
-// logStartConfig logs the device settings staged opens its backend with,
-// and warns about each STAGE_* variable that sets nothing (a typo, or a
-// name of an earlier release), naming it.
+// logStartConfig logs the device settings staged opens its backend with
+// and the test fault switches set (so one left on is seen), and warns
+// about each STAGE_* variable that sets nothing (a typo, or a name of an
+// earlier release), naming it.
 func logStartConfig(log *zap.Logger, cfg *config.Config, environ []string) {
 	d := cfg.Device
 	fields := []zap.Field{zap.String("kind", d.Kind), zap.Int("ordinal", d.Ordinal)}
@@ -166,6 +167,9 @@ func logStartConfig(log *zap.Logger, cfg *config.Config, environ []string) {
 		fields = append(fields, zap.String("library", d.HIP.Library))
 	}
 	log.Info("device config", fields...)
+	if set := cfg.Knobs.Set(); len(set) > 0 {
+		log.Info("test fault switches set", zap.Strings("switches", set))
+	}
 	for _, u := range config.UnknownEnvVars(environ) {
 		log.Warn("unknown environment variable: it sets no config key (STAGE_TEST_* are reserved for tests)", zap.String("variable", u.Name), zap.String("renamed_to", u.Hint))
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"reflect"
 	"testing"
 
 	"go.uber.org/zap"
@@ -8,6 +9,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/internal/knobs"
 )
 
 func TestLogStartConfig(t *testing.T) {
@@ -33,5 +35,29 @@ func TestLogStartConfig(t *testing.T) {
 	}
 	if len(warned) != 2 || warned[0] != "STAGE_CUDA_COPY" || warned[1] != "STAGE_STAGIN_SLOTS" {
 		t.Errorf("warned about %v, want [STAGE_CUDA_COPY STAGE_STAGIN_SLOTS]", warned)
+	}
+	if n := logs.FilterMessage("test fault switches set").Len(); n != 0 {
+		t.Errorf("got %d test fault switch lines with none set, want 0", n)
+	}
+}
+
+// The test fault switches set are logged at start, each with its value.
+func TestLogStartConfigKnobs(t *testing.T) {
+	cfg := config.Default()
+	k, err := knobs.Parse([]string{knobs.FaultIPCImportEnv + "=1", knobs.HostmemFailAfterEnv + "=3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.SetKnobs(k)
+	core, logs := observer.New(zapcore.InfoLevel)
+	logStartConfig(zap.New(core), cfg, nil)
+	lines := logs.FilterMessage("test fault switches set").All()
+	if len(lines) != 1 {
+		t.Fatalf("got %d test fault switch lines, want 1", len(lines))
+	}
+	got := lines[0].ContextMap()["switches"]
+	want := []any{"STAGE_TEST_FAULT_IPC_IMPORT=1", "STAGE_TEST_HOSTMEM_FAIL_AFTER=3"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("switches: got %#v, want %#v", got, want)
 	}
 }

@@ -72,10 +72,10 @@ func (m *procMemory) CopyDtoH(dst []byte, src device.Addr) error {
 func TestConformance(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		opts device.Options
+		opts Config
 	}{
-		{"memmove", device.Options{}},
-		{"modeled", device.Options{BandwidthBytesPerSec: 20e9, LatencyNanos: 2000}},
+		{"memmove", Config{}},
+		{"modeled", Config{BandwidthBytesPerSec: 20e9, Latency: 2000}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			devicetest.Run(t, newDev(t, tc.opts), &procMemory{}, devicetest.Options{})

@@ -9,7 +9,7 @@ import (
 )
 
 func TestCopyDtoD(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	src, err := NewShared("src", 1<<16)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestCopyDtoD(t *testing.T) {
 }
 
 func TestRegisterHost(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	sh, err := NewShared("ring", 4096)
 	if err != nil {
 		t.Fatal(err)

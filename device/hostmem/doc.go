@@ -22,13 +22,14 @@
 //     gathers, scatters and event records in enqueue order. The queue is
 //     bounded (streamQueue ops); an enqueue blocks while it is full. That is
 //     backpressure, as on a real device whose command queue is full.
-//   - Link speed: with device.Options.BandwidthBytesPerSec > 0 each copy
-//     takes at least its length over that bandwidth, on a link shared by all
+//   - Link speed: with Config.BandwidthBytesPerSec > 0 each copy takes at
+//     least its length over that bandwidth, on a link shared by all
 //     streams of the device with one direction each for gathers (D2H) and
-//     scatters (H2D); LatencyNanos adds a fixed delay per copy. The
+//     scatters (H2D); Config.Latency adds a fixed delay per copy. The
 //     memmove runs first and the worker then waits out the rest, so the
 //     model only ever slows copies down.
-//   - Failures: STAGE_TEST_HOSTMEM_FAIL_AFTER=N (read by Open) or (*Dev).FailAfter
+//   - Failures: (*Dev).FailAfter(N), or Config.Fail with FailAfter N at
+//     open (staged: STAGE_TEST_HOSTMEM_FAIL_AFTER=N, read once by config),
 //     makes the copy after the next N fail with an error wrapping
 //     ErrInjected. The failing copy moves no bytes, and its stream's error is
 //     sticky from then on, like a CUDA stream after a faulting kernel: later

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,15 +13,14 @@ import (
 	"github.com/stage-kv/stage/device"
 )
 
-func init() { device.Register(device.KindHostmem, Open) }
-
-// FailAfterEnv names the environment variable Open reads for fault
-// injection: an integer N >= 0 makes the N+1-th copy on the device fail.
-const FailAfterEnv = "STAGE_TEST_HOSTMEM_FAIL_AFTER"
+func init() {
+	device.Register(device.KindHostmem, device.Backend{Open: Open, Device: (*Dev)(nil), Stream: (*stream)(nil),
+		Caps: []device.Capability{device.CapSyncCopier, device.CapHostRegisterer, device.CapSlotRenewer, device.CapDtoD}})
+}
 
 var (
 	// ErrInjected is wrapped by the error of a copy failed on purpose
-	// (FailAfter, STAGE_TEST_HOSTMEM_FAIL_AFTER).
+	// (FailAfter, Config.Fail).
 	ErrInjected = errors.New("injected copy failure")
 	// ErrLeaked is wrapped by Dev.Close when something was still open.
 	ErrLeaked = errors.New("resources still open")
@@ -81,25 +79,46 @@ type pinnedBuf struct {
 
 var _ device.Device = (*Dev)(nil)
 
+// Config models an emulated device's copy engine (device.hostmem.*) and
+// arms its fault injection; the zero value copies as fast as memmove and
+// never fails on purpose.
+type Config struct {
+	BandwidthBytesPerSec float64       // 0: as fast as memmove
+	Latency              time.Duration // added per copy
+	// Fail arms fault injection at open, as FailAfter(FailAfter) does:
+	// that many copies succeed and the next fails. staged sets it from the
+	// test switch STAGE_TEST_HOSTMEM_FAIL_AFTER (internal/knobs, through
+	// config); this package never reads the environment.
+	Fail      bool
+	FailAfter int64
+}
+
 // Open opens emulated device ordinal. Any ordinal >= 0 works; devices with
-// the same ordinal are independent. opts sets the speed model; the
-// environment variable STAGE_TEST_HOSTMEM_FAIL_AFTER arms fault injection.
+// the same ordinal are independent. opts.Backend (a Config; nil: the
+// defaults) sets the speed model and arms fault injection.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
+	return device.OpenAs(device.KindHostmem, ordinal, opts, open)
+}
+
+func open(ordinal int, cfg Config) (*Dev, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("hostmem: ordinal %d: must be >= 0", ordinal)
 	}
-	bw := opts.BandwidthBytesPerSec
+	bw := cfg.BandwidthBytesPerSec
 	if math.IsNaN(bw) || math.IsInf(bw, 0) || bw < 0 {
 		return nil, fmt.Errorf("hostmem: bandwidth %v B/s: must be a finite number >= 0 (0: as fast as memmove)", bw)
 	}
-	if opts.LatencyNanos < 0 {
-		return nil, fmt.Errorf("hostmem: latency %d ns: must be >= 0", opts.LatencyNanos)
+	if cfg.Latency < 0 {
+		return nil, fmt.Errorf("hostmem: latency %d ns: must be >= 0", int64(cfg.Latency))
+	}
+	if cfg.Fail && cfg.FailAfter < 0 {
+		return nil, fmt.Errorf("hostmem: fail after %d copies: must be >= 0", cfg.FailAfter)
 	}
 	d := &Dev{
 		ordinal:  ordinal,
 		name:     fmt.Sprintf("%s:%d", device.KindHostmem, ordinal),
 		bw:       bw,
-		lat:      time.Duration(opts.LatencyNanos),
+		lat:      cfg.Latency,
 		pinned:   map[uintptr]*pinnedBuf{},
 		mappings: map[*mapping]struct{}{},
 		streams:  map[*stream]struct{}{},
@@ -107,12 +126,8 @@ func Open(ordinal int, opts device.Options) (device.Device, error) {
 
 		registered: map[uintptr]int{},
 	}
-	if v, ok := os.LookupEnv(FailAfterEnv); ok && strings.TrimSpace(v) != "" {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("hostmem: %s=%q: want an integer >= 0 (copies that succeed before one fails)", FailAfterEnv, v)
-		}
-		d.FailAfter(n)
+	if cfg.Fail {
+		d.FailAfter(cfg.FailAfter)
 	}
 	return d, nil
 }

@@ -39,18 +39,19 @@ func TestOpen(t *testing.T) {
 	bad := []struct {
 		name    string
 		ordinal int
-		opts    device.Options
+		opts    Config
 		want    string
 	}{
-		{"negative ordinal", -1, device.Options{}, "ordinal -1"},
-		{"negative bandwidth", 0, device.Options{BandwidthBytesPerSec: -1}, "bandwidth"},
-		{"NaN bandwidth", 0, device.Options{BandwidthBytesPerSec: math.NaN()}, "bandwidth"},
-		{"infinite bandwidth", 0, device.Options{BandwidthBytesPerSec: math.Inf(1)}, "bandwidth"},
-		{"negative latency", 0, device.Options{LatencyNanos: -5}, "latency"},
+		{"negative ordinal", -1, Config{}, "ordinal -1"},
+		{"negative bandwidth", 0, Config{BandwidthBytesPerSec: -1}, "bandwidth"},
+		{"NaN bandwidth", 0, Config{BandwidthBytesPerSec: math.NaN()}, "bandwidth"},
+		{"infinite bandwidth", 0, Config{BandwidthBytesPerSec: math.Inf(1)}, "bandwidth"},
+		{"negative latency", 0, Config{Latency: -5}, "latency"},
+		{"negative fail after", 0, Config{Fail: true, FailAfter: -1}, "fail after -1 copies"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := Open(tc.ordinal, tc.opts)
+			d, err := Open(tc.ordinal, device.Options{Backend: tc.opts})
 			if err == nil {
 				d.Close()
 				t.Fatalf("got nil error, want one containing %q", tc.want)
@@ -73,7 +74,7 @@ func TestImportSharedSeesSameBytes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDev(t, device.Options{})
+			d := newDev(t, Config{})
 			sh, m := newSharedT(t, d, tc.size)
 			if got, want := m.Size(), uint64(tc.size); got != want {
 				t.Fatalf("Size: got %d, want %d", got, want)
@@ -106,7 +107,7 @@ func TestImportSharedSeesSameBytes(t *testing.T) {
 }
 
 func TestImportErrors(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	sh, err := NewShared("small", 4096)
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +163,7 @@ func TestImportErrors(t *testing.T) {
 }
 
 func TestPinned(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	p, err := d.AllocPinned(10000)
 	if err != nil {
 		t.Fatalf("AllocPinned: %v", err)

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -13,18 +12,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Fault injection from the environment would break every test here; the
-	// tests that want it set it themselves.
-	os.Unsetenv(FailAfterEnv)
 	goleak.VerifyTestMain(m)
 }
 
 // newDev opens a device and closes it at the end of the test, failing the
 // test if anything was still open then (resources made with the helpers
 // below are released before, in reverse order).
-func newDev(t testing.TB, opts device.Options) *Dev {
+func newDev(t testing.TB, cfg Config) *Dev {
 	t.Helper()
-	dv, err := Open(0, opts)
+	dv, err := Open(0, device.Options{Backend: cfg})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

@@ -12,7 +12,7 @@ import (
 // same address while its neighbours keep their bytes; FreeSlots frees the
 // slab once.
 func TestSlotsRenew(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	pg := os.Getpagesize()
 	slots, err := d.AllocSlots(2*pg, 3)
 	if err != nil {
@@ -66,7 +66,7 @@ func TestSlotsRenew(t *testing.T) {
 }
 
 func TestSlotsMisuse(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	pg := os.Getpagesize()
 	slots, err := d.AllocSlots(pg, 2)
 	if err != nil {

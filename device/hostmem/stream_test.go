@@ -43,7 +43,7 @@ func TestGatherScatterRoundTrip(t *testing.T) {
 			return l
 		}},
 	}
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	src, srcMap := newSharedT(t, d, regionSize)
 	dst, dstMap := newSharedT(t, d, regionSize)
 	slab := allocPinnedT(t, d, 8<<20)
@@ -108,7 +108,7 @@ func firstDiff(a, b []byte) int {
 
 // The caller may reuse its segment slice as soon as Gather returns.
 func TestGatherCopiesSegs(t *testing.T) {
-	d := newDev(t, device.Options{LatencyNanos: int64(20 * time.Millisecond)})
+	d := newDev(t, Config{Latency: 20 * time.Millisecond})
 	src, m := newSharedT(t, d, 1<<16)
 	for i := range src.Bytes() {
 		src.Bytes()[i] = byte(i)
@@ -131,7 +131,7 @@ func TestGatherCopiesSegs(t *testing.T) {
 }
 
 func TestEnqueueRejects(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	_, m := newSharedT(t, d, 1<<16)
 	p := allocPinnedT(t, d, 4096)
 	base := m.Base()
@@ -181,7 +181,7 @@ func TestEnqueueRejects(t *testing.T) {
 
 func TestEvents(t *testing.T) {
 	const lat = 100 * time.Millisecond
-	d := newDev(t, device.Options{LatencyNanos: int64(lat)})
+	d := newDev(t, Config{Latency: lat})
 	_, m := newSharedT(t, d, 4096)
 	p := allocPinnedT(t, d, 64)
 	s := newStreamT(t, d)
@@ -239,7 +239,7 @@ func TestEvents(t *testing.T) {
 	})
 
 	t.Run("event of another device", func(t *testing.T) {
-		other := newDev(t, device.Options{})
+		other := newDev(t, Config{})
 		oev := newEventT(t, other)
 		if err := s.Record(oev); !errors.Is(err, device.ErrBadHandle) {
 			t.Errorf("got %v, want ErrBadHandle", err)
@@ -269,7 +269,7 @@ func TestEvents(t *testing.T) {
 func TestStreamFIFO(t *testing.T) {
 	// Ops on one stream run in order: a gather after a scatter to the same
 	// bytes sees what the scatter wrote, without waiting in between.
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	_, m := newSharedT(t, d, 1<<20)
 	s := newStreamT(t, d)
 	in := allocPinnedT(t, d, 1000*8)
@@ -297,7 +297,7 @@ func TestStreamFIFO(t *testing.T) {
 }
 
 func TestConcurrentStreams(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	const streams, rounds, chunk = 8, 200, 4096
 	sh, m := newSharedT(t, d, streams*chunk)
 	rng := newRand(t)
@@ -344,22 +344,19 @@ func TestConcurrentStreams(t *testing.T) {
 
 func TestInjectedFailure(t *testing.T) {
 	tests := []struct {
-		name  string
-		env   string // STAGE_TEST_HOSTMEM_FAIL_AFTER; "" to call FailAfter instead
-		after int64
+		name   string
+		atOpen bool // Config.Fail (STAGE_TEST_HOSTMEM_FAIL_AFTER); else FailAfter is called
+		after  int64
 	}{
-		{"FailAfter(0)", "", 0},
-		{"FailAfter(3)", "", 3},
-		{"env 0", "0", 0},
-		{"env 2", "2", 2},
+		{"FailAfter(0)", false, 0},
+		{"FailAfter(3)", false, 3},
+		{"Config 0", true, 0},
+		{"Config 2", true, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.env != "" {
-				t.Setenv(FailAfterEnv, tc.env)
-			}
-			d := newDev(t, device.Options{})
-			if tc.env == "" {
+			d := newDev(t, Config{Fail: tc.atOpen, FailAfter: tc.after})
+			if !tc.atOpen {
 				d.FailAfter(tc.after)
 			}
 			sh, m := newSharedT(t, d, 1<<16)
@@ -432,33 +429,17 @@ func TestInjectedFailure(t *testing.T) {
 	}
 }
 
-func TestFailAfterEnvInvalid(t *testing.T) {
-	for _, v := range []string{"x", "-1", "1.5"} {
-		t.Run(v, func(t *testing.T) {
-			t.Setenv(FailAfterEnv, v)
-			d, err := Open(0, device.Options{})
-			if err == nil {
-				d.Close()
-				t.Fatalf("got nil error, want one naming %s", FailAfterEnv)
-			}
-			if !strings.Contains(err.Error(), FailAfterEnv) {
-				t.Errorf("got %v, want an error naming %s", err, FailAfterEnv)
-			}
-		})
-	}
-}
-
 func TestBandwidthModel(t *testing.T) {
 	tests := []struct {
 		name string
-		opts device.Options
+		opts Config
 		ops  int
 		size int
 		min  time.Duration // generous lower bound: a model check, not a perf test
 	}{
-		{"64 MiB at 1 GB/s", device.Options{BandwidthBytesPerSec: 1e9}, 1, 64 << 20, 60 * time.Millisecond},
-		{"16 x 4 MiB at 1 GB/s", device.Options{BandwidthBytesPerSec: 1e9}, 16, 4 << 20, 60 * time.Millisecond},
-		{"10 ops at 5 ms latency", device.Options{LatencyNanos: int64(5 * time.Millisecond)}, 10, 4096, 45 * time.Millisecond},
+		{"64 MiB at 1 GB/s", Config{BandwidthBytesPerSec: 1e9}, 1, 64 << 20, 60 * time.Millisecond},
+		{"16 x 4 MiB at 1 GB/s", Config{BandwidthBytesPerSec: 1e9}, 16, 4 << 20, 60 * time.Millisecond},
+		{"10 ops at 5 ms latency", Config{Latency: 5 * time.Millisecond}, 10, 4096, 45 * time.Millisecond},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -486,7 +467,7 @@ func TestBackpressure(t *testing.T) {
 	// A stream with a queue of 2 and copies of 30 ms: the 4th enqueue (one
 	// running, two queued) must wait for the first copy to finish.
 	const lat = 30 * time.Millisecond
-	d := newDev(t, device.Options{LatencyNanos: int64(lat)})
+	d := newDev(t, Config{Latency: lat})
 	_, m := newSharedT(t, d, 4096)
 	p := allocPinnedT(t, d, 8)
 	d.mu.Lock()
@@ -516,7 +497,7 @@ func TestBackpressure(t *testing.T) {
 }
 
 func TestStreamClose(t *testing.T) {
-	d := newDev(t, device.Options{LatencyNanos: int64(time.Millisecond)})
+	d := newDev(t, Config{Latency: time.Millisecond})
 	_, m := newSharedT(t, d, 4096)
 	p := allocPinnedT(t, d, 8)
 	ev := newEventT(t, d)
@@ -566,7 +547,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	_, m := newSharedT(t, d, 1<<20)
 	p := allocPinnedT(t, d, 64<<10)
 	s := newStreamT(t, d)
@@ -599,7 +580,7 @@ func BenchmarkGather4MiB(b *testing.B) {
 	const total = 4 << 20
 	for _, segSize := range []int{4 << 20, 64 << 10, 16 << 10, 1 << 10} {
 		b.Run(byteSize(segSize)+"-segs", func(b *testing.B) {
-			d := newDev(b, device.Options{})
+			d := newDev(b, Config{})
 			_, m := newSharedT(b, d, 2*total)
 			p := allocPinnedT(b, d, total)
 			s := newStreamT(b, d)
@@ -638,7 +619,7 @@ func byteSize(n int) string {
 
 // Go memory can stand in for device memory through HandleHostAddr.
 func TestHostAddrMapping(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	mem := make([]byte, 4096)
 	for i := range mem {
 		mem[i] = byte(i * 7)

@@ -9,7 +9,7 @@ import (
 )
 
 func TestSyncCopies(t *testing.T) {
-	d := newDev(t, device.Options{})
+	d := newDev(t, Config{})
 	sh, m := newSharedT(t, d, 1<<16)
 	for i := range sh.Bytes() {
 		sh.Bytes()[i] = byte(i * 7)

@@ -1,6 +1,10 @@
 // Package dl is the vendor backends' door to the dynamic loader (cuda, acl,
 // hip): open a shared library at run time, bind its symbol table, unload
-// it, and the one shape their errors take.
+// it, and the one shape their errors take. Load (lib.go) is a backend's
+// whole open: dlopen, every symbol bound, required ones missing reported in
+// one error naming the file and each symbol, optional ones recorded with
+// what their absence costs. The C side of a binding (the struct of function
+// pointers, the trampolines) stays in the backend's cgo shim.
 //
 // dlerror's text lives in a per-thread buffer that the next loader call on
 // that thread overwrites, and a goroutine may move to another OS thread

@@ -12,11 +12,6 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// FaultImportEnv names the fault injection of the same-node paths, for
-// tests only: set to 1, every import of a peer's handle fails, so ipc
-// transfers fall back to TCP (counted as reason import_failed).
-const FaultImportEnv = "STAGE_TEST_FAULT_IPC_IMPORT"
-
 // Transport is how one transfer moves.
 type Transport uint8
 

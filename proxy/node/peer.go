@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/knobs"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
@@ -118,10 +119,12 @@ func (r *Room) NewPeer(s Session) *Peer {
 }
 
 // importPeer imports a peer's allocation on our device, unless the fault
-// injection of the same-node paths says to fail (STAGE_TEST_FAULT_IPC_IMPORT).
+// injection of the same-node paths says to fail (Options.FaultImport, the
+// test switch STAGE_TEST_FAULT_IPC_IMPORT), so that ipc transfers fall back
+// to TCP (counted as reason import_failed).
 func (r *Room) importPeer(h device.Handle) (device.Mapping, error) {
 	if r.o.FaultImport {
-		return nil, errors.New("import refused on purpose (fault injection " + FaultImportEnv + "=1)")
+		return nil, errors.New("import refused on purpose (fault injection " + knobs.FaultIPCImportEnv + "=1)")
 	}
 	return r.o.Dev.Import(h)
 }

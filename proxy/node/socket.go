@@ -49,7 +49,7 @@ type Options struct {
 	Log              *zap.Logger
 	Dir              string        // node.socket_dir
 	HandshakeTimeout time.Duration // for a NodeHello
-	FaultImport      bool          // every import fails (FaultImportEnv)
+	FaultImport      bool          // every import fails: a test fault switch (knobs.FaultIPCImportEnv)
 	// WG is the sidecar's wait group: goroutines of node connections and
 	// direct transfers belong to it, so its Close waits for them.
 	WG *sync.WaitGroup
