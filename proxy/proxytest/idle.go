@@ -3,6 +3,7 @@ package proxytest
 import (
 	"fmt"
 	"os"
+	"sort"
 	"testing"
 	"time"
 
@@ -57,15 +58,15 @@ func (s *Sidecar) waitIdle(base proxy.Stats, timeout time.Duration) error {
 // fds. Call it before starting anything the test should release.
 func NoLeaks(t testing.TB) {
 	t.Helper()
-	ignore, fds := goleak.IgnoreCurrent(), countFDs(t)
+	ignore, before := goleak.IgnoreCurrent(), openFDs(t)
 	t.Cleanup(func() {
 		if err := goleak.Find(ignore); err != nil {
 			t.Errorf("proxytest: goroutines left when the test ended: %v", err)
 		}
 		deadline := time.Now().Add(idleTimeout)
-		for n := countFDs(t); n > fds; n = countFDs(t) {
+		for now := openFDs(t); len(now) > len(before); now = openFDs(t) {
 			if time.Now().After(deadline) {
-				t.Errorf("proxytest: %d fds open when the test ended, %d before it", n, fds)
+				t.Errorf("proxytest: %d fds open when the test ended, %d before it; new: %v", len(now), len(before), newFDs(before, now))
 				return
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -73,10 +74,28 @@ func NoLeaks(t testing.TB) {
 	})
 }
 
-func countFDs(t testing.TB) int {
+// openFDs maps the process's open fds to what they are open on.
+func openFDs(t testing.TB) map[string]string {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Fatalf("proxytest: count fds: %v", err)
+		t.Fatalf("proxytest: list fds: %v", err)
 	}
-	return len(ents)
+	m := make(map[string]string, len(ents))
+	for _, e := range ents {
+		m[e.Name()], _ = os.Readlink("/proc/self/fd/" + e.Name())
+	}
+	return m
+}
+
+// newFDs lists the fds of now that before did not have, or had open on
+// something else.
+func newFDs(before, now map[string]string) []string {
+	var out []string
+	for fd, what := range now {
+		if before[fd] != what {
+			out = append(out, fd+" -> "+what)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
