@@ -35,6 +35,19 @@ func e2eOpts() proxytest.Options {
 	return proxytest.Options{SlotSize: config.MiB, Slots: 16}
 }
 
+// shapes are the moves of the bulk scenarios: whole ranges and scattered
+// blocks, pushed and pulled.
+var shapes = []struct {
+	name  string
+	dir   wire.Direction
+	moves func(c *kvsim.Cache) []kvsim.Move
+}{
+	{"push ranges 1MiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"push blocks 16KiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 11) }},
+	{"pull ranges 1MiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"pull blocks 16KiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 12) }},
+}
+
 // oneNode is e2eOpts for sidecars on one node, transport auto (ipc).
 func oneNode(t *testing.T) proxytest.Options {
 	o := e2eOpts()

@@ -94,6 +94,20 @@ func doKV(t *testing.T, cl *client.Client, subs []wire.SubmitKV) {
 	}
 }
 
+// landed checks the moves' rows landed in dst as src held them and every
+// other byte of dst is as want had it before (what says which cache).
+func landed(t *testing.T, what string, src, dst *kvsim.KV, want []byte, moves ...kvsim.KVMove) {
+	t.Helper()
+	if err := kvsim.Expect(src, dst, want, moves...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, what, got, want)
+}
+
 func sameBytes(t *testing.T, what string, got, want []byte) {
 	t.Helper()
 	if bytes.Equal(got, want) {
@@ -210,14 +224,7 @@ func TestKVConvert(t *testing.T) {
 		pulls = append(pulls, m.Submit(route, fmt.Sprintf("back-%d", i), wire.Pull, back, hnd))
 	}
 	doKV(t, pre.Client, pulls)
-	if err := kvsim.Expect(hnd, back, wantBack, back0...); err != nil {
-		t.Fatal(err)
-	}
-	got, err = back.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "packed cache after the pulls", got, wantBack)
+	landed(t, "packed cache after the pulls", hnd, back, wantBack, back0...)
 }
 
 // TestKVRefused: a KV transfer the layouts or tables cannot carry is
@@ -374,14 +381,7 @@ func TestKVSameNode(t *testing.T) {
 	}
 	m := kvsim.KVMove{Layers: []int{1, 0}, SrcTable: []uint32{9, 2, 7, 4, 1}, DstTable: []uint32{3, 0}, DstFirst: 10, Tokens: 75}
 	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "sn", wire.Push, src, dst)})
-	if err := kvsim.Expect(src, dst, want, m); err != nil {
-		t.Fatal(err)
-	}
-	got, err := dst.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "decode cache", got, want)
+	landed(t, "decode cache", src, dst, want, m)
 	if l := link(t, pre, route); l.Fallbacks["kv_layout"] != 1 || l.ChunksOut == 0 {
 		t.Fatalf("link decode: fallbacks %v, %d chunks out; want kv_layout counted once and TCP used", l.Fallbacks, l.ChunksOut)
 	}
@@ -422,14 +422,7 @@ func TestKVBlockMajor(t *testing.T) {
 		subs = append(subs, m.Submit(route, fmt.Sprintf("bm-%d", i), wire.Push, src, dst))
 	}
 	doKV(t, pre.Client, subs)
-	if err := kvsim.Expect(src, dst, want, moves...); err != nil {
-		t.Fatal(err)
-	}
-	got, err := dst.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "packed cache", got, want)
+	landed(t, "packed cache", src, dst, want, moves...)
 }
 
 // TestKVSplitHeads: a prefill holding all kv heads pushes into two decode
@@ -459,14 +452,7 @@ func TestKVSplitHeads(t *testing.T) {
 					t.Fatal(err)
 				}
 				doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, fmt.Sprintf("split-%d", i), wire.Push, src, dst)})
-				if err := kvsim.Expect(src, dst, want, m); err != nil {
-					t.Fatal(err)
-				}
-				got, err := dst.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				sameBytes(t, fmt.Sprintf("rank %d holding heads [%d, %d)", i, sl[0], sl[1]), got, want)
+				landed(t, fmt.Sprintf("rank %d holding heads [%d, %d)", i, sl[0], sl[1]), src, dst, want, m)
 			}
 		})
 	}

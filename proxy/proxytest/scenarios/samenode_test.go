@@ -20,20 +20,6 @@ func onNode(t *testing.T, transport string) proxytest.Options {
 	return o
 }
 
-// sameNodeMoves are the shapes the same-node tests move: whole ranges and
-// scattered blocks, pushed and pulled, between regions that are views at
-// non-zero offsets inside larger allocations (kvsim's layout).
-var sameNodeMoves = []struct {
-	name  string
-	dir   wire.Direction
-	moves func(c *kvsim.Cache) []kvsim.Move
-}{
-	{"push ranges", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
-	{"push blocks", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 31) }},
-	{"pull ranges", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
-	{"pull blocks", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 32) }},
-}
-
 // moveAndVerify runs one shape from pre to dec and checks every byte.
 func moveAndVerify(t *testing.T, pre, dec *proxytest.Sidecar, dir wire.Direction, moves func(*kvsim.Cache) []kvsim.Move) {
 	t.Helper()
@@ -57,7 +43,7 @@ func moveAndVerify(t *testing.T, pre, dec *proxytest.Sidecar, dir wire.Direction
 // TestSameNodeIPC: two hostmem sidecars on one node move every shape
 // through each other's mapped memory (no chunk crosses TCP), byte-exact.
 func TestSameNodeIPC(t *testing.T) {
-	for _, tc := range sameNodeMoves {
+	for _, tc := range shapes {
 		t.Run(tc.name, func(t *testing.T) {
 			pre, dec := proxytest.Pair(t, onNode(t, "ipc"))
 			moveAndVerify(t, pre, dec, tc.dir, tc.moves)
@@ -82,7 +68,7 @@ func TestSameNodeAuto(t *testing.T) {
 	if len(rs) != 1 || len(rs[0].Peers) != 1 || rs[0].Peers[0].Transport != "ipc" || !rs[0].Peers[0].SameHost {
 		t.Fatalf("routes: got %+v, want one same-host peer on ipc", rs)
 	}
-	moveAndVerify(t, pre, dec, wire.Push, sameNodeMoves[1].moves)
+	moveAndVerify(t, pre, dec, wire.Push, shapes[1].moves)
 	if l := link(t, pre, route); l.XfersIPC == 0 {
 		t.Fatalf("auto on one node: got %d ipc transfers, want some (link %+v)", l.XfersIPC, l)
 	}
@@ -91,7 +77,7 @@ func TestSameNodeAuto(t *testing.T) {
 // TestSameNodeShm: transport shm moves pushes through the shared ring
 // (payloads never on a socket), byte-exact; pulls fall back to TCP, counted.
 func TestSameNodeShm(t *testing.T) {
-	for _, tc := range sameNodeMoves {
+	for _, tc := range shapes {
 		t.Run(tc.name, func(t *testing.T) {
 			pre, dec := proxytest.Pair(t, onNode(t, "shm"))
 			moveAndVerify(t, pre, dec, tc.dir, tc.moves)
@@ -113,7 +99,7 @@ func TestSameNodeShm(t *testing.T) {
 // with no fallback counted.
 func TestSameNodeTCP(t *testing.T) {
 	pre, dec := proxytest.Pair(t, onNode(t, "tcp"))
-	moveAndVerify(t, pre, dec, wire.Push, sameNodeMoves[1].moves)
+	moveAndVerify(t, pre, dec, wire.Push, shapes[1].moves)
 	l := link(t, pre, route)
 	if l.XfersIPC+l.XfersShm != 0 || len(l.Fallbacks) != 0 || l.ChunksOut == 0 {
 		t.Fatalf("transport tcp: %d ipc, %d shm, fallbacks %v, %d chunks; want TCP only", l.XfersIPC, l.XfersShm, l.Fallbacks, l.ChunksOut)

@@ -26,16 +26,7 @@ func TestMoveGiB(t *testing.T) {
 		size = 64 << 20
 	}
 	const layers = 4
-	for _, tc := range []struct {
-		name  string
-		dir   wire.Direction
-		moves func(c *kvsim.Cache) []kvsim.Move
-	}{
-		{"push ranges 1MiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
-		{"push blocks 16KiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 11) }},
-		{"pull ranges 1MiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
-		{"pull blocks 16KiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 12) }},
-	} {
+	for _, tc := range shapes {
 		t.Run(tc.name, func(t *testing.T) {
 			o := e2eOpts()
 			o.Stripes = 4
