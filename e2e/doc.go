@@ -3,4 +3,10 @@
 // are built once per test run (TestMain). After every test the sidecars must
 // be back to their idle figures: no pinned slot in use, no transfer active,
 // goroutines and fds back to where they were.
+//
+// Only what needs a real process is here: a kill, a signal, a reload by
+// SIGHUP, stdout, an exit status, a per-process figure (fds, RSS), a fault
+// switch read from the environment, a GPU. Scenarios that need none run
+// in-process in proxy/proxytest/scenarios, where the race detector sees
+// both sidecars.
 package e2e

@@ -13,43 +13,6 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// TestCancel: an engine cancels a slow push; the sender reports it
-// cancelled, the receiver's subscriber hears it failed, nothing leaks.
-func TestCancel(t *testing.T) {
-	// The receiver's emulated device copies at 20 MB/s: 16 MiB takes ~1s.
-	slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.02\n"
-	pre, dec := pair(t, nodeOpts{slots: 8, decExtra: slow})
-	S, D := caches(t, pre, dec, 1, 16<<20)
-	notes, err := dec.cl.Subscribe(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	id, err := pre.cl.Submit(ctx, kvsim.Transfer("decode", wire.Push, "to-cancel", S, D, kvsim.Ranges(S, 1<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if err := pre.cl.Cancel(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	st, err := pre.cl.Wait(ctx, id, 10*time.Second)
-	if client.CodeOf(err) != wire.CodeCancelled || st.State != wire.StateFailed {
-		t.Fatalf("after cancel: got %v (%+v), want cancelled", err, st)
-	}
-	select {
-	case n := <-notes:
-		if n.Tag != "to-cancel" || n.Code != wire.CodeCancelled {
-			t.Fatalf("receiver heard %+v, want to-cancel cancelled", n)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("receiver never heard of the cancelled transfer")
-	}
-	if err := pre.cl.Cancel(ctx, 123456789); client.CodeOf(err) != wire.CodeUnknownTransfer {
-		t.Fatalf("cancel of an unknown transfer: got %v", err)
-	}
-}
-
 // TestDeviceCopyFails: the receiver's device fails a copy mid-transfer. The
 // transfer fails on both sides with a device error instead of hanging or
 // reporting success, and the next transfer on a fresh region works.

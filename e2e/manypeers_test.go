@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
@@ -80,49 +78,5 @@ func TestManyPeers(t *testing.T) {
 	t.Log(msg)
 	if p := os.Getenv("STAGE_MANY_PEERS_REPORT"); p != "" {
 		_ = os.WriteFile(p, []byte(msg+"\n"), 0o644)
-	}
-}
-
-// TestPeerLimits: past limits.max_sessions or limits.max_streams a route
-// does not dial, its peer shows why, and a push naming it is refused with
-// that reason.
-func TestPeerLimits(t *testing.T) {
-	for _, tc := range []struct {
-		name, limits, want string
-		stripes, up        int
-	}{
-		{"sessions", "limits:\n  max_sessions: 2\n", "limits.max_sessions (2) reached", 1, 2},
-		{"streams", "limits:\n  max_streams: 5\n", "limits.max_streams (5) reached", 2, 2},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var decs []*node
-			var addrs []string
-			for i := 0; i < 3; i++ {
-				d := startNode(t, fmt.Sprintf("decode-%d", i), nodeOpts{slots: 4, slot: "64KiB", env: smallPeer})
-				decs, addrs = append(decs, d), append(addrs, d.peers)
-			}
-			route := strings.Replace(routeYAML(addrs, ""), "stripes: 1", fmt.Sprintf("stripes: %d", tc.stripes), 1)
-			hub := startNode(t, "prefill", nodeOpts{slots: 8, slot: "64KiB", env: smallPeer, extra: tc.limits + route})
-			var refused string
-			waitPeers(t, hub, "peers up to the limit, the rest refused", func(ps map[string]wire.PeerInfo) bool {
-				up, down := 0, 0
-				for a, p := range ps {
-					if p.State == "up" {
-						up++
-					} else if strings.Contains(p.Error, tc.want) {
-						down, refused = down+1, a
-					}
-				}
-				return up == tc.up && down == 3-tc.up
-			})
-			src := cacheOn(t, hub, "src", 3)
-			dst := cacheOn(t, decs[0], "kv", 0)
-			tr := kvsim.Transfer("decode", wire.Push, "over", src, dst, []kvsim.Move{{Len: 4096}})
-			tr.Peer = refused // by address: its node name is never learnt
-			_, err := hub.cl.Do(context.Background(), tr)
-			if client.CodeOf(err) != wire.CodePeerUnavailable || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("push to %s past the limit: got %v, want peer unavailable saying %q", refused, err, tc.want)
-			}
-		})
 	}
 }

@@ -12,6 +12,7 @@ package proxytest
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -36,6 +37,12 @@ type Options struct {
 	Slots     int             // staging.slots; 8 (window half of it)
 	Stripes   int             // the route's data streams; 2
 	Transport string          // the route's transport; "tcp"
+	Metrics   bool            // serve /metrics, /healthz, /readyz on a loopback port (MetricsURL)
+	// NodeDir, when set (from NodeDir), puts every sidecar given it on one
+	// node: one host id, one node socket directory, so the same-node
+	// transports (ipc, shm) apply. Otherwise each sidecar is a node of its
+	// own and they talk TCP as across machines.
+	NodeDir string
 	// Configure, when set, edits each config last, before validation
 	// (name is the sidecar's).
 	Configure func(name string, c *config.Config)
@@ -81,17 +88,21 @@ func Start(t testing.TB, name, peer string, o Options) *Sidecar {
 // config builds the sidecar's config from the defaults and o.
 func (o Options) config(t testing.TB, name, peer string) *config.Config {
 	t.Helper()
-	dir := t.TempDir()
+	dir := shortTempDir(t)
 	c := config.Default()
 	c.Node.Name, c.Node.HostID, c.Node.SocketDir = name, "proxytest-"+name, filepath.Join(dir, "node")
+	if o.NodeDir != "" {
+		c.Node.HostID, c.Node.SocketDir = "proxytest-one-node", o.NodeDir
+	}
 	c.Listen, c.ControlSocket = "127.0.0.1:0", filepath.Join(dir, name+".sock")
 	c.Staging.SlotSize, c.Staging.Slots = orDefault(o.SlotSize, 256*config.KiB), orDefault(o.Slots, 8)
 	c.Staging.Window = max(1, c.Staging.Slots/2)
 	c.Security.Token = orDefault(o.Token, "proxytest-token")
+	if o.Metrics {
+		c.Metrics.Listen = "127.0.0.1:0"
+	}
 	if peer != "" {
-		c.Routes = []config.Route{{Name: Route, Peers: []string{peer}, Stripes: orDefault(o.Stripes, 2),
-			Transport: orDefault(o.Transport, "tcp"), Checksum: config.DefaultRouteChecksum,
-			ConnectTimeout: 2 * time.Second, ProgressTimeout: 10 * time.Second}}
+		c.Routes = []config.Route{o.RouteTo(peer)}
 	}
 	if o.Configure != nil {
 		o.Configure(name, c)
@@ -100,6 +111,36 @@ func (o Options) config(t testing.TB, name, peer string) *config.Config {
 		t.Fatalf("proxytest: sidecar %s: %v", name, err)
 	}
 	return c
+}
+
+// RouteTo is the route Start gives a sidecar with a peer, to peers: named
+// Route, o's stripes and transport, a 2 s connect_timeout and a 10 s
+// progress_timeout, every other key at staged's default. Tests build
+// routes of several peers (or reloads, ApplyRoutes) from it.
+func (o Options) RouteTo(peers ...string) config.Route {
+	return config.Route{Name: Route, Peers: peers, Stripes: orDefault(o.Stripes, 2), Transport: orDefault(o.Transport, "tcp"),
+		Checksum: config.DefaultRouteChecksum, ConnectTimeout: 2 * time.Second, ProgressTimeout: 10 * time.Second,
+		Pick: config.DefaultRoutePick, IdleTimeout: config.DefaultRouteIdleTimeout, DNSInterval: config.DefaultRouteDNSInterval}
+}
+
+// NodeDir returns a node socket directory for sidecars that share a node
+// (Options.NodeDir), removed when the test ends.
+func NodeDir(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(shortTempDir(t), "n")
+}
+
+// shortTempDir is a new directory under the system's temporary one with a
+// short name: t.TempDir's names the test, and a Unix socket's path has at
+// most 107 bytes.
+func shortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -112,15 +153,16 @@ func orDefault[T comparable](v, def T) T {
 
 // Pair runs a receiving sidecar ("decode") and a sending one ("prefill")
 // with Route to it, and waits until each counts the session between them.
+//
+// When the test ends, both must be idle before they close (ExpectIdle),
+// and the process must hold no goroutine or fd more after (NoLeaks).
 func Pair(t testing.TB, o Options) (pre, dec *Sidecar) {
 	t.Helper()
+	NoLeaks(t)
 	dec = Start(t, "decode", "", o)
 	pre = Start(t, "prefill", dec.PeerAddr(), o)
-	for _, s := range []*Sidecar{pre, dec} {
-		if err := s.WaitSessions(1, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pre.ExpectIdle(t, 1)
+	dec.ExpectIdle(t, 1)
 	return pre, dec
 }
 

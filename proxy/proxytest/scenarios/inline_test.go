@@ -1,21 +1,22 @@
-package e2e
+package scenarios_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
 )
 
 // inlineCount is how many pushes a sender has sent on the latency path.
-func inlineCount(n *node) uint64 {
+func inlineCount(sc *proxytest.Sidecar) uint64 {
 	var sum uint64
-	for _, l := range n.stats().Links {
+	for _, l := range sc.Snapshot().Links {
 		sum += l.XfersInline
 	}
 	return sum
@@ -28,22 +29,31 @@ func inlineCount(n *node) uint64 {
 // the pipeline.
 func TestInlinePushes(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		decEnv  []string
-		check   uint8
-		blocks  bool
-		total   uint64
-		inlined bool
+		name       string
+		decPathOff bool // the receiver's staging.inline_max is 0
+		check      uint8
+		blocks     bool
+		total      uint64
+		inlined    bool
 	}{
-		{"4KiB range", nil, wire.ChecksumRoute, false, 4 << 10, true},
-		{"scattered 16 x 4KiB with CRC", nil, wire.ChecksumOn, true, 64 << 10, true},
-		{"receiver path off", []string{"STAGE_STAGING_INLINE_MAX=0"}, wire.ChecksumRoute, true, 32 << 10, true},
-		{"above inline_max", nil, wire.ChecksumRoute, false, 256 << 10, false},
+		{"4KiB range", false, wire.ChecksumRoute, false, 4 << 10, true},
+		{"scattered 16 x 4KiB with CRC", false, wire.ChecksumOn, true, 64 << 10, true},
+		{"receiver path off", true, wire.ChecksumRoute, true, 32 << 10, true},
+		{"above inline_max", false, wire.ChecksumRoute, false, 256 << 10, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pre, dec := pair(t, nodeOpts{slots: 8, decEnv: tc.decEnv})
+			o := e2eOpts()
+			o.Slots = 8
+			if tc.decPathOff {
+				o.Configure = func(name string, c *config.Config) {
+					if name == "decode" {
+						c.Staging.InlineMax = 0
+					}
+				}
+			}
+			pre, dec := proxytest.Pair(t, o)
 			S, D := caches(t, pre, dec, 2, 1<<20)
-			notes, err := dec.cl.Subscribe(context.Background())
+			notes, err := dec.Client.Subscribe(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,26 +70,9 @@ func TestInlinePushes(t *testing.T) {
 			before := inlineCount(pre)
 			const n = 20
 			for i := 0; i < n; i++ {
-				tr := kvsim.Transfer("decode", wire.Push, fmt.Sprintf("small-%d", i), S, D, ms)
+				tr := kvsim.Transfer(route, wire.Push, fmt.Sprintf("small-%d", i), S, D, ms)
 				tr.Checksum = tc.check
-				st, err := pre.cl.Do(context.Background(), tr)
-				if err != nil {
-					t.Fatalf("push %d: %v", i, err)
-				}
-				if st.State != wire.StateDone || st.Done != kvsim.Bytes(ms) {
-					t.Fatalf("push %d: state %s, %d of %d B", i, st.State, st.Done, kvsim.Bytes(ms))
-				}
-				if err := kvsim.Verify(S, D, ms, guard); err != nil {
-					t.Fatalf("push %d: %v", i, err)
-				}
-				select {
-				case note := <-notes:
-					if note.Code != wire.CodeOK || note.Tag != tr.Tag || note.Bytes != kvsim.Bytes(ms) {
-						t.Fatalf("push %d: notification %+v", i, note)
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatalf("push %d: no notification", i)
-				}
+				pushAndHear(t, pre.Client, notes, tr, S, D, ms)
 			}
 			got := inlineCount(pre) - before
 			want := uint64(0)
@@ -93,13 +86,39 @@ func TestInlinePushes(t *testing.T) {
 	}
 }
 
+// pushAndHear runs push tr of ms from S to D and checks it landed
+// byte-exact and the receiver's subscriber heard of it.
+func pushAndHear(t *testing.T, cl *client.Client, notes <-chan *wire.Notify, tr client.Transfer, S, D *kvsim.Cache, ms []kvsim.Move) {
+	t.Helper()
+	st, err := cl.Do(context.Background(), tr)
+	if err != nil {
+		t.Fatalf("push %s: %v", tr.Tag, err)
+	}
+	if st.State != wire.StateDone || st.Done != kvsim.Bytes(ms) {
+		t.Fatalf("push %s: state %s, %d of %d B", tr.Tag, st.State, st.Done, kvsim.Bytes(ms))
+	}
+	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatalf("push %s: %v", tr.Tag, err)
+	}
+	select {
+	case note := <-notes:
+		if note.Code != wire.CodeOK || note.Tag != tr.Tag || note.Bytes != kvsim.Bytes(ms) {
+			t.Fatalf("push %s: notification %+v", tr.Tag, note)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("push %s: no notification", tr.Tag)
+	}
+}
+
 // TestInlineRefused: a small push the receiver must refuse fails with the
 // receiver's reason and writes nothing, and the path keeps working.
 func TestInlineRefused(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{slots: 8})
+	o := e2eOpts()
+	o.Slots = 8
+	pre, dec := proxytest.Pair(t, o)
 	S, D := caches(t, pre, dec, 2, 1<<20)
 	good := func() client.Transfer {
-		return kvsim.Transfer("decode", wire.Push, "small", S, D, []kvsim.Move{{Layer: 0, SrcOff: 0, DstOff: 4096, Len: 8192}})
+		return kvsim.Transfer(route, wire.Push, "small", S, D, []kvsim.Move{{Layer: 0, SrcOff: 0, DstOff: 4096, Len: 8192}})
 	}
 	for _, tc := range []struct {
 		name   string
@@ -112,21 +131,15 @@ func TestInlineRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := good()
 			tc.mutate(&tr)
-			_, err := pre.cl.Do(context.Background(), tr)
+			_, err := pre.Client.Do(context.Background(), tr)
 			if got := client.CodeOf(err); got != tc.code {
 				t.Fatalf("got %v (code %s), want code %s", err, got, tc.code)
 			}
-			all, err := D.Snapshot()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(all, bytes.Repeat([]byte{guard}, len(all))) {
-				t.Fatal("the destination changed")
-			}
+			untouched(t, "the destination", D)
 		})
 	}
 	tr := good()
-	if _, err := pre.cl.Do(context.Background(), tr); err != nil {
+	if _, err := pre.Client.Do(context.Background(), tr); err != nil {
 		t.Fatalf("a good small push after the refusals: %v", err)
 	}
 	if err := kvsim.Verify(S, D, []kvsim.Move{{Layer: 0, SrcOff: 0, DstOff: 4096, Len: 8192}}, guard); err != nil {
@@ -142,10 +155,12 @@ func TestInlineRefused(t *testing.T) {
 // pushes still land byte-exact and each Do returns its own answer, also
 // with several goroutines sharing the client.
 func TestPollingClient(t *testing.T) {
-	spinEnv := []string{"STAGE_STAGING_READ_SPIN=50us"}
-	pre, dec := pair(t, nodeOpts{slots: 8, env: spinEnv, decEnv: spinEnv})
+	o := e2eOpts()
+	o.Slots = 8
+	o.Configure = func(_ string, c *config.Config) { c.Staging.ReadSpin = 50 * time.Microsecond }
+	pre, dec := proxytest.Pair(t, o)
 	S, D := caches(t, pre, dec, 2, 1<<20)
-	cl, err := client.Dial(pre.socket, client.WithSpin(50*time.Microsecond))
+	cl, err := client.Dial(pre.SocketPath(), client.WithSpin(50*time.Microsecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +172,7 @@ func TestPollingClient(t *testing.T) {
 			for i := 0; i < 25; i++ {
 				off := uint64(g*25+i) * 4096
 				ms := []kvsim.Move{{Layer: g % 2, SrcOff: off, DstOff: off, Len: 4096}}
-				if _, err := cl.Do(ctx, kvsim.Transfer("decode", wire.Push, fmt.Sprintf("spin-%d-%d", g, i), S, D, ms)); err != nil {
+				if _, err := cl.Do(ctx, kvsim.Transfer(route, wire.Push, fmt.Sprintf("spin-%d-%d", g, i), S, D, ms)); err != nil {
 					errs <- fmt.Errorf("push %d of goroutine %d: %w", i, g, err)
 					return
 				}

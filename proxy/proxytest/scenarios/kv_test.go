@@ -1,4 +1,4 @@
-package e2e
+package scenarios_test
 
 import (
 	"bytes"
@@ -10,27 +10,29 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
 )
 
 // kvCache makes and registers a synthetic KV cache on n, filled (seed != 0)
 // or poisoned.
-func kvCache(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
+func kvCache(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
 	t.Helper()
-	return kvCacheNamed(t, n, n.name+"-"+name, preset, p, layers, seed)
+	return kvCacheNamed(t, sc, sc.Name+"-"+name, preset, p, layers, seed)
 }
 
 // kvCacheNamed is kvCache with the cache's full name (identical decodes
 // register caches of one name).
-func kvCacheNamed(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
+func kvCacheNamed(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kvlayout.Params, layers int, seed uint64) *kvsim.KV {
 	t.Helper()
-	return kvCacheAccess(t, n, name, preset, p, layers, seed, wire.AccessAll)
+	return kvCacheAccess(t, sc, name, preset, p, layers, seed, wire.AccessAll)
 }
 
 // kvCacheAccess is kvCacheNamed with the regions' access rights.
-func kvCacheAccess(t *testing.T, n *node, name, preset string, p kvlayout.Params, layers int, seed uint64, access wire.Access) *kvsim.KV {
+func kvCacheAccess(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kvlayout.Params, layers int, seed uint64, access wire.Access) *kvsim.KV {
 	t.Helper()
 	k, err := kvsim.NewKV(name, preset, p, layers)
 	if err != nil {
@@ -45,13 +47,13 @@ func kvCacheAccess(t *testing.T, n *node, name, preset string, p kvlayout.Params
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Register(context.Background(), n.cl, access); err != nil {
+	if err := k.Register(context.Background(), sc.Client, access); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for l := 0; l < k.Layers; l++ {
 			for tn := range k.Layout.NumTensors() {
-				_ = n.cl.Unregister(context.Background(), k.Region(l, tn))
+				_ = sc.Client.Unregister(context.Background(), k.Region(l, tn))
 			}
 		}
 	})
@@ -92,6 +94,20 @@ func doKV(t *testing.T, cl *client.Client, subs []wire.SubmitKV) {
 	}
 }
 
+// landed checks the moves' rows landed in dst as src held them and every
+// other byte of dst is as want had it before (what says which cache).
+func landed(t *testing.T, what string, src, dst *kvsim.KV, want []byte, moves ...kvsim.KVMove) {
+	t.Helper()
+	if err := kvsim.Expect(src, dst, want, moves...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, what, got, want)
+}
+
 func sameBytes(t *testing.T, what string, got, want []byte) {
 	t.Helper()
 	if bytes.Equal(got, want) {
@@ -111,7 +127,9 @@ func sameBytes(t *testing.T, what string, got, want []byte) {
 // then the decode pulls them back into a packed-layout cache. Every moved
 // row must equal its source row and every other byte stay as it was.
 func TestKVConvert(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{slot: "256KiB"})
+	o := e2eOpts()
+	o.SlotSize = 256 * config.KiB
+	pre, dec := proxytest.Pair(t, o)
 	const layers, heads, hs = 3, 8, 64
 	seed := uint64(time.Now().UnixNano())
 	r := rand.New(rand.NewPCG(seed, 7))
@@ -150,20 +168,20 @@ func TestKVConvert(t *testing.T) {
 		all := []int{0, 1, 2}
 		m := kvsim.KVMove{Layers: all, SrcTable: src, DstTable: dst, DstFirst: first, Tokens: tokens}
 		moves0 = append(moves0, m)
-		subs = append(subs, m.Submit("decode", fmt.Sprintf("req-%d/r0", req), wire.Push, rank0, hnd))
+		subs = append(subs, m.Submit(route, fmt.Sprintf("req-%d/r0", req), wire.Push, rank0, hnd))
 		m1 := m
 		m1.SrcTable = perm32(r, 24, 128, 0, tokens)
 		moves1 = append(moves1, m1)
-		subs = append(subs, m1.Submit("decode", fmt.Sprintf("req-%d/r1", req), wire.Push, rank1, hnd))
+		subs = append(subs, m1.Submit(route, fmt.Sprintf("req-%d/r1", req), wire.Push, rank1, hnd))
 		// Pulled back from the decode into the packed cache.
 		bm := kvsim.KVMove{Layers: all, SrcTable: dst, SrcFirst: first, DstTable: take(&backFree, (5+tokens+63)/64), DstFirst: 5, Tokens: tokens}
 		back0 = append(back0, bm)
 	}
-	notes, err := dec.cl.Subscribe(context.Background())
+	notes, err := dec.Client.Subscribe(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	doKV(t, pre.cl, subs)
+	doKV(t, pre.Client, subs)
 	// Each push is announced to the decode's engine once all of it
 	// landed, naming the cache, layers and tokens.
 	seen := map[string]bool{}
@@ -203,23 +221,16 @@ func TestKVConvert(t *testing.T) {
 	}
 	var pulls []wire.SubmitKV
 	for i, m := range back0 {
-		pulls = append(pulls, m.Submit("decode", fmt.Sprintf("back-%d", i), wire.Pull, back, hnd))
+		pulls = append(pulls, m.Submit(route, fmt.Sprintf("back-%d", i), wire.Pull, back, hnd))
 	}
-	doKV(t, pre.cl, pulls)
-	if err := kvsim.Expect(hnd, back, wantBack, back0...); err != nil {
-		t.Fatal(err)
-	}
-	got, err = back.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "packed cache after the pulls", got, wantBack)
+	doKV(t, pre.Client, pulls)
+	landed(t, "packed cache after the pulls", hnd, back, wantBack, back0...)
 }
 
 // TestKVRefused: a KV transfer the layouts or tables cannot carry is
 // refused before any byte moves, with an error that names both values.
 func TestKVRefused(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{})
+	pre, dec := proxytest.Pair(t, e2eOpts())
 	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 8, BlockSize: 16, Heads: 8, HeadLo: 0, HeadHi: 8, HeadSize: 64}
 	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 1)
 	q := p
@@ -242,46 +253,46 @@ func TestKVRefused(t *testing.T) {
 		sub  wire.SubmitKV
 		want string
 	}{
-		{"dtype", base.Submit("decode", "a", wire.Push, src, f16), "dtype bf16 here, f16 at the peer"},
-		{"row width", base.Submit("decode", "b", wire.Push, src, wide), "row width (elements) 128 here, 256 at the peer"},
+		{"dtype", base.Submit(route, "a", wire.Push, src, f16), "dtype bf16 here, f16 at the peer"},
+		{"row width", base.Submit(route, "b", wire.Push, src, wide), "row width (elements) 128 here, 256 at the peer"},
 		{"heads outside", func() wire.SubmitKV {
-			s := base.Submit("decode", "c", wire.Push, src, half)
+			s := base.Submit(route, "c", wire.Push, src, half)
 			s.HeadLo, s.HeadHi = 2, 6
 			return s
 		}(), "kv heads [2, 6) asked for; here [0, 8), at the peer [0, 4)"},
 		{"remote block id", func() wire.SubmitKV {
-			s := base.Submit("decode", "d", wire.Push, src, ok)
+			s := base.Submit(route, "d", wire.Push, src, ok)
 			s.RemoteBlocks = []uint32{2, 8}
 			return s
 		}(), "entry 1 is block 8; its cache has 8 blocks"},
 		{"remote table short", func() wire.SubmitKV {
-			s := base.Submit("decode", "e", wire.Push, src, ok)
+			s := base.Submit(route, "e", wire.Push, src, ok)
 			s.RemoteFirst = 13
 			return s
 		}(), "needs tokens [13, 33)"},
 		{"local table short", func() wire.SubmitKV {
-			s := base.Submit("decode", "f", wire.Push, src, ok)
+			s := base.Submit(route, "f", wire.Push, src, ok)
 			s.LocalFirst = 13
 			return s
 		}(), "KV cache \"prefill-src\""},
 		{"layer", func() wire.SubmitKV {
-			s := base.Submit("decode", "g", wire.Push, src, ok)
+			s := base.Submit(route, "g", wire.Push, src, ok)
 			s.Layers = []uint32{0, 2}
 			return s
 		}(), "has 2 layers; the transfer names layer 2"},
 		{"unknown peer named", func() wire.SubmitKV {
-			s := base.Submit("decode", "i", wire.Push, src, ok)
+			s := base.Submit(route, "i", wire.Push, src, ok)
 			s.Peer = "decode-1"
 			return s
 		}(), `route "decode" has no peer "decode-1" (peers: decode at `},
 		{"no cache", func() wire.SubmitKV {
-			s := base.Submit("decode", "h", wire.Push, src, ok)
+			s := base.Submit(route, "h", wire.Push, src, ok)
 			s.Remote = "nope"
 			return s
 		}(), "has no KV cache \"nope\""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := pre.cl.SubmitKV(context.Background(), tt.sub)
+			_, err := pre.Client.SubmitKV(context.Background(), tt.sub)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.want)
 			}
@@ -304,13 +315,13 @@ func TestKVRegionAccessRaw(t *testing.T) {
 	local := wire.AccessLocalRead | wire.AccessLocalWrite
 	for _, tt := range []struct {
 		name string
-		opts func(t *testing.T) nodeOpts
+		opts func(t *testing.T) proxytest.Options
 	}{
-		{"tcp", func(*testing.T) nodeOpts { return nodeOpts{} }},
-		{"same node", func(t *testing.T) nodeOpts { return nodeOpts{nodeDir: oneNode(t)} }},
+		{"tcp", func(*testing.T) proxytest.Options { return e2eOpts() }},
+		{"same node", oneNode},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			pre, dec := pair(t, tt.opts(t))
+			pre, dec := proxytest.Pair(t, tt.opts(t))
 			p := kvlayout.Params{DType: kvlayout.F16, Blocks: 8, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
 			own := kvCache(t, pre, "own", "vllm-flash", p, 1, 5)
 			prefill := kvCacheAccess(t, dec, "victim-prefill", "vllm-flash", p, 1, 6, local|wire.AccessRemoteRead)
@@ -335,9 +346,9 @@ func TestKVRegionAccessRaw(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s: no byte ops for the move", op.what)
 				}
-				tr.Route, tr.Dir, tr.Tag = "decode", op.dir, "raw"
+				tr.Route, tr.Dir, tr.Tag = route, op.dir, "raw"
 				got := wire.CodeOK
-				if _, err = pre.cl.Do(context.Background(), tr); err != nil {
+				if _, err = pre.Client.Do(context.Background(), tr); err != nil {
 					got = client.CodeOf(err)
 				}
 				if got != op.want {
@@ -358,7 +369,7 @@ func TestKVRegionAccessRaw(t *testing.T) {
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on
 // the TCP path and counts the same-node path it did not take.
 func TestKVSameNode(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{nodeDir: oneNode(t)})
+	pre, dec := proxytest.Pair(t, oneNode(t))
 	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 16, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
 	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 3)
 	q := p
@@ -369,16 +380,9 @@ func TestKVSameNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := kvsim.KVMove{Layers: []int{1, 0}, SrcTable: []uint32{9, 2, 7, 4, 1}, DstTable: []uint32{3, 0}, DstFirst: 10, Tokens: 75}
-	doKV(t, pre.cl, []wire.SubmitKV{m.Submit("decode", "sn", wire.Push, src, dst)})
-	if err := kvsim.Expect(src, dst, want, m); err != nil {
-		t.Fatal(err)
-	}
-	got, err := dst.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "decode cache", got, want)
-	if l := link(t, pre, "decode"); l.Fallbacks["kv_layout"] != 1 || l.ChunksOut == 0 {
+	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "sn", wire.Push, src, dst)})
+	landed(t, "decode cache", src, dst, want, m)
+	if l := link(t, pre, route); l.Fallbacks["kv_layout"] != 1 || l.ChunksOut == 0 {
 		t.Fatalf("link decode: fallbacks %v, %d chunks out; want kv_layout counted once and TCP used", l.Fallbacks, l.ChunksOut)
 	}
 }
@@ -388,7 +392,9 @@ func TestKVSameNode(t *testing.T) {
 // at the same slot of a block move in block-major order, the others in
 // token-major order; rows land right either way.
 func TestKVBlockMajor(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{slot: "64KiB"})
+	o := e2eOpts()
+	o.SlotSize = 64 * config.KiB
+	pre, dec := proxytest.Pair(t, o)
 	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 64, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
 	src := kvCache(t, pre, "hnd", "vllm-hnd", p, 2, 11)
 	dst := kvCache(t, dec, "packed", "vllm-packed", p, 2, 0)
@@ -413,17 +419,10 @@ func TestKVBlockMajor(t *testing.T) {
 	}
 	var subs []wire.SubmitKV
 	for i, m := range moves {
-		subs = append(subs, m.Submit("decode", fmt.Sprintf("bm-%d", i), wire.Push, src, dst))
+		subs = append(subs, m.Submit(route, fmt.Sprintf("bm-%d", i), wire.Push, src, dst))
 	}
-	doKV(t, pre.cl, subs)
-	if err := kvsim.Expect(src, dst, want, moves...); err != nil {
-		t.Fatal(err)
-	}
-	got, err := dst.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sameBytes(t, "packed cache", got, want)
+	doKV(t, pre.Client, subs)
+	landed(t, "packed cache", src, dst, want, moves...)
 }
 
 // TestKVSplitHeads: a prefill holding all kv heads pushes into two decode
@@ -431,7 +430,7 @@ func TestKVBlockMajor(t *testing.T) {
 // with GQA replication, into caches that each hold one of 2 kv heads
 // twice over (4 "ranks" of 2 heads).
 func TestKVSplitHeads(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{})
+	pre, dec := proxytest.Pair(t, e2eOpts())
 	cases := []struct {
 		name   string
 		heads  uint32
@@ -452,15 +451,8 @@ func TestKVSplitHeads(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				doKV(t, pre.cl, []wire.SubmitKV{m.Submit("decode", fmt.Sprintf("split-%d", i), wire.Push, src, dst)})
-				if err := kvsim.Expect(src, dst, want, m); err != nil {
-					t.Fatal(err)
-				}
-				got, err := dst.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				sameBytes(t, fmt.Sprintf("rank %d holding heads [%d, %d)", i, sl[0], sl[1]), got, want)
+				doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, fmt.Sprintf("split-%d", i), wire.Push, src, dst)})
+				landed(t, fmt.Sprintf("rank %d holding heads [%d, %d)", i, sl[0], sl[1]), src, dst, want, m)
 			}
 		})
 	}

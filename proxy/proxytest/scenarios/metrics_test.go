@@ -1,12 +1,8 @@
-package e2e
+package scenarios_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,64 +10,34 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
 )
-
-func scrape(t *testing.T, addr, path string) (int, string) {
-	t.Helper()
-	// No keep-alive: an idle connection would count as a leak in the sidecar.
-	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + addr + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-// metricValue finds one sample ("name{labels} value") in an exposition.
-func metricValue(body, series string) (float64, bool) {
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
 
 // TestMetricsMoveDuringTransfer scrapes /metrics while a push runs (the
 // receiver's emulated device is slowed to 50 MB/s) and checks the figures
 // move, the transfer is counted when done, health endpoints answer, and
 // promlint finds nothing.
 func TestMetricsMoveDuringTransfer(t *testing.T) {
-	pre, dec := pair(t, nodeOpts{slots: 8, extra: "metrics:\n  listen: 127.0.0.1:0\n",
-		decExtra: "device:\n  hostmem:\n    bandwidth_gbps: 0.05\n"})
-	if pre.metrics == "" {
-		t.Fatal("staged did not report a metrics address")
-	}
+	o := peerOpts()
+	o.Metrics, o.Configure = true, slowDevice(0.05, "decode")
+	pre, dec := proxytest.Pair(t, o)
 	for _, p := range []string{"/healthz", "/readyz"} {
-		if code, body := scrape(t, pre.metrics, p); code != 200 {
+		if code, body := scrape(t, pre, p); code != 200 {
 			t.Fatalf("%s: %d %q", p, code, body)
 		}
 	}
 	S, D := caches(t, pre, dec, 1, 32<<20)
 	done := make(chan error, 1)
 	go func() {
-		_, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "metrics", S, D, kvsim.Ranges(S, 1<<20)))
+		_, err := pre.Client.Do(context.Background(), kvsim.Transfer(route, wire.Push, "metrics", S, D, kvsim.Ranges(S, 1<<20)))
 		done <- err
 	}()
 	series := `stage_bytes_total{direction="out",link="decode"}`
 	var seen []float64
 	deadline := time.Now().Add(20 * time.Second)
 	for len(seen) < 3 && time.Now().Before(deadline) {
-		_, body := scrape(t, pre.metrics, "/metrics")
+		_, body := scrape(t, pre, "/metrics")
 		if v, ok := metricValue(body, series); ok && v > 0 && (len(seen) == 0 || v > seen[len(seen)-1]) && v < 32<<20 {
 			seen = append(seen, v)
 		}
@@ -83,7 +49,7 @@ func TestMetricsMoveDuringTransfer(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	_, body := scrape(t, pre.metrics, "/metrics")
+	_, body := scrape(t, pre, "/metrics")
 	for _, want := range []struct {
 		series string
 		min    float64
@@ -114,20 +80,27 @@ func TestMetricsMoveDuringTransfer(t *testing.T) {
 // peer by node name.
 func TestInboundMetricsBounded(t *testing.T) {
 	const n = 3
-	dec := startNode(t, "decode", nodeOpts{slots: 8, extra: "metrics:\n  listen: 127.0.0.1:0\n"})
+	proxytest.NoLeaks(t)
+	o := peerOpts()
+	o.Metrics = true
+	dec := proxytest.Start(t, "decode", "", o)
 	D := cacheOn(t, dec, "kv", 0)
 	for i := range n {
-		pre := startNode(t, fmt.Sprintf("prefill-%d", i), nodeOpts{slots: 8, route: "decode", peer: dec.peers})
-		pre.settle(1)
+		pre := proxytest.Start(t, fmt.Sprintf("prefill-%d", i), dec.PeerAddr(), peerOpts())
+		if err := pre.WaitSessions(1, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		S := cacheOn(t, pre, "src", uint64(i)+1)
 		off := uint64(i) * 4096
 		ms := []kvsim.Move{{Layer: 0, SrcOff: off, DstOff: off, Len: 4096}}
-		if _, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, fmt.Sprintf("in-%d", i), S, D, ms)); err != nil {
+		if _, err := pre.Client.Do(context.Background(), kvsim.Transfer(route, wire.Push, fmt.Sprintf("in-%d", i), S, D, ms)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	dec.settle(n)
-	_, body := scrape(t, dec.metrics, "/metrics")
+	if err := dec.WaitSessions(n, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, body := scrape(t, dec, "/metrics")
 	links := map[string]bool{}
 	for _, line := range strings.Split(body, "\n") {
 		if _, rest, ok := strings.Cut(line, `link="`); ok && !strings.HasPrefix(line, "#") {
@@ -150,9 +123,8 @@ func TestInboundMetricsBounded(t *testing.T) {
 			t.Errorf("%s = %v (found %v), want %v", want.series, v, ok, want.v)
 		}
 	}
-	st := dec.stats()
 	var nodes []string
-	for _, p := range st.Inbound {
+	for _, p := range dec.Snapshot().Inbound {
 		nodes = append(nodes, p.Node)
 		if p.Addr == "" || p.StreamsUp != p.Stripes || p.Stripes == 0 {
 			t.Errorf("inbound peer %+v: want its address and every stripe up", p)

@@ -1,4 +1,4 @@
-package e2e
+package scenarios_test
 
 import (
 	"context"
@@ -7,44 +7,34 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
 )
 
 // relayed starts a receiver ("decode") and a sender ("prefill") whose
-// route to it goes through a relay, and waits for the session.
-func relayed(t *testing.T, stripes int, decExtra string, preEnv ...string) (pre, dec *node, r *relay) {
+// route to it goes through a relay, and waits for the session; both must
+// be idle at the end.
+func relayed(t *testing.T, stripes int, configure func(string, *config.Config)) (pre, dec *proxytest.Sidecar, r *relay) {
 	t.Helper()
-	dec = startNode(t, "decode", nodeOpts{slots: 16, extra: decExtra})
-	r = newRelay(t, dec.peers)
-	pre = startNode(t, "prefill", nodeOpts{slots: 16, stripes: stripes, route: "decode", peer: r.addr(), env: preEnv})
-	pre.settle(1)
-	dec.settle(1)
-	t.Cleanup(func() {
-		pre.checkIdle()
-		dec.checkIdle()
-	})
+	proxytest.NoLeaks(t)
+	o := e2eOpts()
+	o.Stripes, o.Configure = stripes, configure
+	dec = proxytest.Start(t, "decode", "", o)
+	r = newRelay(t, dec.PeerAddr())
+	pre = proxytest.Start(t, "prefill", r.addr(), o)
+	pre.ExpectIdle(t, 1)
+	dec.ExpectIdle(t, 1)
 	return pre, dec, r
 }
 
-// link returns the named link's counters.
-func (n *node) link(name string) wire.LinkStats {
-	n.t.Helper()
-	for _, l := range n.stats().Links {
-		if l.Name == name {
-			return l
-		}
-	}
-	n.t.Fatalf("%s has no link %q", n.name, name)
-	return wire.LinkStats{}
-}
-
-// streamsUp is how many data streams the route's session has now.
-func (n *node) streamsUp() int {
-	n.t.Helper()
-	rs, err := n.cl.Routes(context.Background())
+// streamsUp is how many data streams sc's one route's session has now.
+func streamsUp(t *testing.T, sc *proxytest.Sidecar) int {
+	t.Helper()
+	rs, err := sc.Client.Routes(context.Background())
 	if err != nil || len(rs) != 1 || len(rs[0].Peers) != 1 {
-		n.t.Fatalf("routes: %+v, %v", rs, err)
+		t.Fatalf("routes: %+v, %v", rs, err)
 	}
 	return rs[0].Peers[0].StreamsUp
 }
@@ -58,16 +48,21 @@ func (n *node) streamsUp() int {
 // this test corrupts data), with writev they simply go again.
 func TestStreamRedial(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		env  []string
-		logs []string // in the sender's log at start (stream_depth auto follows the send mode)
+		name   string
+		splice bool
+		logs   []string // in the sender's log at start (stream_depth auto follows the send mode)
 	}{
-		{"splice", spliceEnv, []string{spliceOn, `"splice_send": true, "stream_depth": 3`}},
-		{"writev", writevEnv, []string{`"splice_send": false, "stream_depth": 1`}},
+		{"splice", true, []string{spliceOn, `"splice_send": true, "stream_depth": 3`}},
+		{"writev", false, []string{`"splice_send": false, "stream_depth": 1`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			slow := "device:\n  hostmem:\n    bandwidth_gbps: 0.1\n"
-			pre, dec, r := relayed(t, 4, slow, tc.env...)
+			pre, dec, r := relayed(t, 4, func(name string, c *config.Config) {
+				if name == "decode" {
+					c.Device.Hostmem.BandwidthGBps = 0.1
+				} else {
+					splice(tc.splice)(name, c)
+				}
+			})
 			for _, l := range tc.logs {
 				waitLogged(t, pre, l)
 			}
@@ -76,13 +71,13 @@ func TestStreamRedial(t *testing.T) {
 	}
 }
 
-func cutTwoStreams(t *testing.T, pre, dec *node, r *relay) {
+func cutTwoStreams(t *testing.T, pre, dec *proxytest.Sidecar, r *relay) {
 	t.Helper()
 	S, D := caches(t, pre, dec, 1, 48<<20)
 	ms := kvsim.Ranges(S, 1<<20)
 	done := make(chan error, 1)
 	go func() {
-		_, err := pre.cl.Do(context.Background(), kvsim.Transfer("decode", wire.Push, "cut", S, D, ms))
+		_, err := pre.Client.Do(context.Background(), kvsim.Transfer(route, wire.Push, "cut", S, D, ms))
 		done <- err
 	}()
 	time.Sleep(150 * time.Millisecond)
@@ -92,25 +87,25 @@ func cutTwoStreams(t *testing.T, pre, dec *node, r *relay) {
 		}
 	}
 	if err := <-done; err != nil {
-		t.Fatalf("push with two streams cut: %v\n%s", err, pre.tail())
+		t.Fatalf("push with two streams cut: %v", err)
 	}
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for pre.streamsUp() != 4 {
+	for streamsUp(t, pre) != 4 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d data streams up 10s after the cut, want 4\n%s", pre.streamsUp(), pre.tail())
+			t.Fatalf("%d data streams up 10s after the cut, want 4", streamsUp(t, pre))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := pre.link("decode").Redials; n != 2 {
+	if n := link(t, pre, route).Redials; n != 2 {
 		t.Errorf("stream_redials %d, want 2", n)
 	}
 	if err := D.Poison(guard); err != nil {
 		t.Fatal(err)
 	}
-	run(t, pre.cl, wire.Push, "after-redial", S, D, ms)
+	run(t, pre.Client, wire.Push, "after-redial", S, D, ms)
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
 		t.Fatal(err)
 	}
@@ -123,13 +118,13 @@ func cutTwoStreams(t *testing.T, pre, dec *node, r *relay) {
 // error; credits stay balanced, so the next push still works. A damaged
 // small (inline) push fails with a checksum error, and is not sent again.
 func TestDamagedChunk(t *testing.T) {
-	pre, dec, r := relayed(t, 2, "")
+	pre, dec, r := relayed(t, 2, nil)
 	S, D := caches(t, pre, dec, 1, 16<<20)
 	ms := kvsim.Ranges(S, 1<<20)
 	push := func(tag string, ms []kvsim.Move) error {
-		tr := kvsim.Transfer("decode", wire.Push, tag, S, D, ms)
+		tr := kvsim.Transfer(route, wire.Push, tag, S, D, ms)
 		tr.Checksum = wire.ChecksumOn
-		_, err := pre.cl.Do(context.Background(), tr)
+		_, err := pre.Client.Do(context.Background(), tr)
 		return err
 	}
 	third := func(n int64) bool { return n == 3 }
@@ -140,10 +135,10 @@ func TestDamagedChunk(t *testing.T) {
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
 		t.Fatal(err)
 	}
-	if n := pre.link("decode").Resends; n != 1 {
+	if n := link(t, pre, route).Resends; n != 1 {
 		t.Errorf("sender: chunks_resent %d, want 1", n)
 	}
-	if n := dec.link(wire.InboundLink).ChecksumErrors; n != 1 {
+	if n := link(t, dec, wire.InboundLink).ChecksumErrors; n != 1 {
 		t.Errorf("receiver: checksum_errors %d, want 1", n)
 	}
 

@@ -1,34 +1,39 @@
-package e2e
+package scenarios_test
 
 import (
 	"context"
 	"strings"
 	"testing"
 
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
 )
 
-// spliceEnv turns staging.splice_send on in a sidecar without the start-up
-// probe (which picks writev on machines where splice is slower, the CI
-// machine among them), writevEnv off.
-var (
-	spliceEnv = []string{"STAGE_STAGING_SPLICE_SEND=true", "STAGE_STAGING_SPLICE_PROBE=false"}
-	writevEnv = []string{"STAGE_STAGING_SPLICE_SEND=false"}
-)
-
+// spliceOn is what a sidecar logs when it sends by splice.
 const spliceOn = "splice send on"
+
+// splice turns staging.splice_send on or off in every sidecar; on, without
+// the start-up probe (which picks writev on machines where splice is
+// slower, the CI machine among them).
+func splice(on bool) func(string, *config.Config) {
+	return func(_ string, c *config.Config) {
+		c.Staging.SpliceSend, c.Staging.SpliceProbe = on, false
+	}
+}
 
 // TestSpliceMoves: with splice send on both sidecars (so both push and
 // pull send by splice), scattered and contiguous moves land byte-exact,
 // with and without CRC32C, over more chunks than there are send slots, so
 // slots are held, answered and reused many times. Nothing failed, so no
 // slot was given fresh pages: every one was freed by its chunk's answer,
-// also where the answer came before the writer's report. No slot,
-// goroutine or fd is left at the end (pair's cleanup).
+// also where the answer came before the writer's report. No slot or
+// transfer is left at the end, no goroutine or fd (Pair's checks).
 func TestSpliceMoves(t *testing.T) {
-	m := "metrics:\n  listen: 127.0.0.1:0\n"
-	pre, dec := pair(t, nodeOpts{stripes: 4, slots: 8, env: spliceEnv, decEnv: spliceEnv, extra: m, decExtra: m})
+	o := peerOpts()
+	o.Stripes, o.Metrics, o.Configure = 4, true, splice(true)
+	pre, dec := proxytest.Pair(t, o)
 	waitLogged(t, pre, spliceOn)
 	waitLogged(t, dec, spliceOn)
 	for _, tc := range []struct {
@@ -48,25 +53,25 @@ func TestSpliceMoves(t *testing.T) {
 			}
 			S, D := caches(t, src, dst, 2, 24<<20)
 			ms := tc.moves(S)
-			tr := kvsim.Transfer("decode", tc.dir, tc.name, S, D, ms)
+			tr := kvsim.Transfer(route, tc.dir, tc.name, S, D, ms)
 			if tc.dir == wire.Pull {
-				tr = kvsim.Transfer("decode", tc.dir, tc.name, D, S, ms)
+				tr = kvsim.Transfer(route, tc.dir, tc.name, D, S, ms)
 			}
 			if tc.checksum {
 				tr.Checksum = wire.ChecksumOn
 			}
-			if _, err := pre.cl.Do(context.Background(), tr); err != nil {
-				t.Fatalf("%s: %v\n%s", tc.name, err, pre.tail())
+			if _, err := pre.Client.Do(context.Background(), tr); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
 			}
 			if err := kvsim.Verify(S, D, ms, guard); err != nil {
 				t.Fatal(err)
 			}
 		})
 	}
-	for _, n := range []*node{pre, dec} {
-		_, body := scrape(t, n.metrics, "/metrics")
+	for _, sc := range []*proxytest.Sidecar{pre, dec} {
+		_, body := scrape(t, sc, "/metrics")
 		if v, ok := metricValue(body, "stage_send_slot_renewals_total"); !ok || v != 0 {
-			t.Errorf("%s: stage_send_slot_renewals_total %v (reported: %v), want 0 after moves that all succeeded", n.name, v, ok)
+			t.Errorf("%s: stage_send_slot_renewals_total %v (reported: %v), want 0 after moves that all succeeded", sc.Name, v, ok)
 		}
 	}
 }
@@ -75,17 +80,19 @@ func TestSpliceMoves(t *testing.T) {
 // sidecars say so once and push with writev, byte-exact.
 func TestSpliceIgnoredWithTLS(t *testing.T) {
 	y := testPKI(t)
-	pre, dec := pair(t, nodeOpts{stripes: 2, slots: 8, extra: y.of("prefill"), decExtra: y.of("decode"), env: spliceEnv, decEnv: spliceEnv})
+	o := peerOpts()
+	o.Configure = splice(true)
+	pre, dec := proxytest.Pair(t, withTLS(o, map[string]config.TLS{"prefill": y.of("prefill"), "decode": y.of("decode")}))
 	S, D := caches(t, pre, dec, 1, 8<<20)
 	ms := kvsim.Ranges(S, 1<<20)
-	run(t, pre.cl, wire.Push, "tls-splice", S, D, ms)
+	run(t, pre.Client, wire.Push, "tls-splice", S, D, ms)
 	if err := kvsim.Verify(S, D, ms, guard); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []*node{pre, dec} {
-		log := readLog(n)
+	for _, sc := range []*proxytest.Sidecar{pre, dec} {
+		log := sc.LogText()
 		if got := strings.Count(log, "splice_send does not apply here"); got != 1 || !strings.Contains(log, "security.tls") || strings.Contains(log, spliceOn) {
-			t.Errorf("%s logged the TLS notice %d times (want 1), splice on: %v", n.name, got, strings.Contains(log, spliceOn))
+			t.Errorf("%s logged the TLS notice %d times (want 1), splice on: %v", sc.Name, got, strings.Contains(log, spliceOn))
 		}
 	}
 }

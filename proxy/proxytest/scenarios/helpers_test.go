@@ -1,0 +1,186 @@
+package scenarios_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/kvsim"
+	"github.com/stage-kv/stage/proxy/proxytest"
+	"github.com/stage-kv/stage/wire"
+)
+
+// gnet starts its worker pool's goroutines when its package initialises:
+// they are there before any test and stay; every other goroutine must go.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
+
+// guard poisons destination memory: a byte still guard was not written.
+const guard = 0xAB
+
+// route is the route name every scenario's sender uses.
+const route = proxytest.Route
+
+// e2eOpts are the sidecars e2e ran: 16 slots of 1 MiB, 2 data streams.
+func e2eOpts() proxytest.Options {
+	return proxytest.Options{SlotSize: config.MiB, Slots: 16}
+}
+
+// shapes are the moves of the bulk scenarios: whole ranges and scattered
+// blocks, pushed and pulled.
+var shapes = []struct {
+	name  string
+	dir   wire.Direction
+	moves func(c *kvsim.Cache) []kvsim.Move
+}{
+	{"push ranges 1MiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"push blocks 16KiB", wire.Push, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 11) }},
+	{"pull ranges 1MiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Ranges(c, 1<<20) }},
+	{"pull blocks 16KiB", wire.Pull, func(c *kvsim.Cache) []kvsim.Move { return kvsim.Blocks(c, 16<<10, 12) }},
+}
+
+// oneNode is e2eOpts for sidecars on one node, transport auto (ipc).
+func oneNode(t *testing.T) proxytest.Options {
+	o := e2eOpts()
+	o.NodeDir, o.Transport = proxytest.NodeDir(t), "auto"
+	return o
+}
+
+// slowDevice makes the emulated device of the sidecars named (all when
+// none is named) copy at gbps, so transfers stay in flight for a while.
+func slowDevice(gbps float64, names ...string) func(string, *config.Config) {
+	return func(name string, c *config.Config) {
+		for _, n := range names {
+			if n == name {
+				c.Device.Hostmem.BandwidthGBps = gbps
+			}
+		}
+		if len(names) == 0 {
+			c.Device.Hostmem.BandwidthGBps = gbps
+		}
+	}
+}
+
+// caches makes a source cache registered with src and a poisoned
+// destination cache registered with dst, each layer a region at a
+// non-zero offset inside one allocation; the test's cleanups unregister
+// and free them.
+func caches(t *testing.T, src, dst *proxytest.Sidecar, layers int, layerBytes uint64) (S, D *kvsim.Cache) {
+	t.Helper()
+	S = newCache(t, src, src.Name+"-kv", layers, layerBytes, uint64(time.Now().UnixNano()))
+	D = newCache(t, dst, dst.Name+"-kv", layers, layerBytes, 0)
+	return S, D
+}
+
+// newCache registers a cache of layers x layerBytes named name with sc,
+// all access granted: filled from seed, or poisoned with guard when seed
+// is 0. A sidecar the test closes takes its registrations with it.
+func newCache(t *testing.T, sc *proxytest.Sidecar, name string, layers int, layerBytes, seed uint64) *kvsim.Cache {
+	t.Helper()
+	c, err := kvsim.New(name, layers, layerBytes, 12288)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if seed != 0 {
+		err = c.Fill(seed)
+	} else {
+		err = c.Poison(guard)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Register(context.Background(), sc.Client, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Unregister(context.Background(), sc.Client) })
+	return c
+}
+
+// cacheOn is newCache of 2 layers of 256 KiB (the peer scenarios' caches).
+func cacheOn(t *testing.T, sc *proxytest.Sidecar, name string, seed uint64) *kvsim.Cache {
+	t.Helper()
+	return newCache(t, sc, name, 2, 256<<10, seed)
+}
+
+// run submits one transfer per layer at once and waits for all of them.
+func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
+	t.Helper()
+	if _, err := kvsim.RunLayers(context.Background(), cl, route, dir, tag, local, remote, ms, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// untouched fails unless every byte of c still holds the guard.
+func untouched(t *testing.T, what string, c *kvsim.Cache) {
+	t.Helper()
+	all, err := c.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(all, bytes.Repeat([]byte{guard}, len(all))) {
+		t.Fatalf("%s changed", what)
+	}
+}
+
+// link returns the stats of sc's link called name.
+func link(t *testing.T, sc *proxytest.Sidecar, name string) wire.LinkStats {
+	t.Helper()
+	for _, l := range sc.Snapshot().Links {
+		if l.Name == name {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link %q", sc.Name, name)
+	return wire.LinkStats{}
+}
+
+// scrape GETs path from sc's metrics listener.
+func scrape(t *testing.T, sc *proxytest.Sidecar, path string) (int, string) {
+	t.Helper()
+	// No keep-alive: an idle connection would outlive the test.
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(sc.MetricsURL(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// metricValue finds one sample ("name{labels} value") in an exposition.
+func metricValue(body, series string) (float64, bool) {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// waitLogged waits until sc's log contains want.
+func waitLogged(t *testing.T, sc *proxytest.Sidecar, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(sc.LogText(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's log never said %q:\n%s", sc.Name, want, sc.LogText())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
