@@ -157,7 +157,7 @@ func TestInlineRefused(t *testing.T) {
 func TestPollingClient(t *testing.T) {
 	o := e2eOpts()
 	o.Slots = 8
-	o.Configure = func(_ string, c *config.Config) { c.Staging.ReadSpin = 50 * time.Microsecond }
+	o.Configure = func(_ string, c *config.Config) { c.Staging.ReadSpin = config.Spin(50 * time.Microsecond) }
 	pre, dec := proxytest.Pair(t, o)
 	S, D := caches(t, pre, dec, 2, 1<<20)
 	cl, err := client.Dial(pre.SocketPath(), client.WithSpin(50*time.Microsecond))
