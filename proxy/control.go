@@ -133,9 +133,9 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	case *wire.KVPull:
 		s.serveKVPull(ss, m)
 	case *wire.KVInfoRequest:
-		s.kvInfoAsked(ss, m)
+		s.kv.infoAsked(ss, m)
 	case *wire.KVInfo:
-		s.kvInfoAnswered(ss, m)
+		s.kv.infoAnswered(ss, m)
 	case *wire.Accept:
 		// Our push or pull already runs (a push does not wait for
 		// Accept; a pull's chunks simply start arriving): only a Nack

@@ -18,9 +18,25 @@ type engineHost struct{ s *Server }
 
 var _ engine.Backend = engineHost{}
 
-func (h engineHost) RegisterKV(m *wire.RegisterKV) error { return h.s.registerKV(m) }
-func (h engineHost) Unregister(name string) error        { return h.s.regions.Unregister(name) }
-func (h engineHost) Cancel(id uint64) error              { return h.s.cancelXfer(id) }
+func (h engineHost) Unregister(name string) error { return h.s.regions.Unregister(name) }
+func (h engineHost) Cancel(id uint64) error       { return h.s.cancelXfer(id) }
+
+// RegisterKV registers a KV cache; when it replaced one of another shape,
+// peers that cached the old shape forget it (an unasked KVInfo, Seq 0), so
+// their next transfer asks again instead of being refused; one already on
+// its way is refused and may be retried.
+func (h engineHost) RegisterKV(m *wire.RegisterKV) error {
+	reshaped, err := h.s.kv.register(m)
+	if err != nil {
+		return err
+	}
+	if reshaped {
+		for _, ss := range h.s.sessions.liveList() {
+			ss.send(&wire.KVInfo{Name: m.Name})
+		}
+	}
+	return nil
+}
 
 func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
 	lx, err := h.s.submit(h.s.ctx, m, wait)

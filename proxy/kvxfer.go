@@ -43,7 +43,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	if err != nil {
 		return nil, err
 	}
-	peer, err := s.peerKVShape(ctx, ss, m.Remote)
+	peer, err := s.kv.peerShape(ctx, ss, m.Remote)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 		want = wire.AccessLocalWrite
 	}
 	order := kvOrder(&c.layout, &peer, m.LocalFirst, m.RemoteFirst)
-	side, regions, err := s.kvSide(c, m.Layers, want, m.LocalBlocks, m.LocalFirst, m.Tokens, headLo, headHi, cols, order)
+	side, regions, err := s.kv.side(c, m.Layers, want, m.LocalBlocks, m.LocalFirst, m.Tokens, headLo, headHi, cols, order)
 	if err != nil {
 		return nil, err
 	}
@@ -111,16 +111,16 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 	return lx, nil
 }
 
-// kvAdmit checks a peer's KV request against our cache m.Name: its shape
+// admit checks a peer's KV request against our cache m.Name: its shape
 // unchanged since the peer asked, the layouts compatible, the layers,
 // block table, tokens and heads inside ours, and the total the peer
 // computed equal to ours. It returns our side and its regions (acquired
 // with rights want).
-func (s *Server) kvAdmit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
+func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
 	if ss.ours(m.Transfer) {
 		return nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
 	}
-	c := s.kv.get(m.Name)
+	c := t.get(m.Name)
 	if c == nil {
 		return nil, codeErr(wire.CodeUnknownRegion, "no KV cache %q here", m.Name)
 	}
@@ -145,7 +145,7 @@ func (s *Server) kvAdmit(ss *session, m *wire.KVRequest, want wire.Access) (*kvS
 		return nil, codeErr(wire.CodeMalformed, "KV request asks for block-major order, which needs both sides head-outer with one block size: here %v and %d, there %v and %d",
 			c.layout.HeadOuter(), c.layout.BlockSize, m.Shape.Flags&wire.KVHeadOuter != 0, m.Shape.BlockSize)
 	}
-	side, regions, err := s.kvSide(c, m.Layers, want, m.Blocks, m.First, m.Tokens, lo, hi, cols, order)
+	side, regions, err := t.side(c, m.Layers, want, m.Blocks, m.First, m.Tokens, lo, hi, cols, order)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,7 @@ func (s *Server) kvAdmit(ss *session, m *wire.KVRequest, want wire.Access) (*kvS
 
 // acceptKVPush answers a peer's KVAnnounce.
 func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
-	ks, err := s.kvAdmit(ss, &m.KVRequest, wire.AccessRemoteWrite)
+	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
 	if err == nil {
 		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: ks.regions, total: m.Total,
 			dest: kvDest{ks.side, ks.regions, m.Total}, timeout: s.incomingTimeout(), kvn: newKVNote(&m.KVRequest)}
@@ -173,7 +173,7 @@ func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 
 // serveKVPull answers a peer's KVPull: the rows go out in canonical order.
 func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
-	ks, err := s.kvAdmit(ss, &m.KVRequest, wire.AccessRemoteRead)
+	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
 	if err != nil {
 		s.refusePull(ss, m.Transfer, err)
 		return
