@@ -119,11 +119,11 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		if ss.ours(m.Transfer) && !s.carries(ss, key) {
 			s.stray(ss, "Ack", m.Transfer) // the core ignores it too
 		}
-		s.mbox.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
+		s.sender.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
 	case *wire.Resend:
 		s.resendAsked(ss, m, now)
 	case *wire.Credit:
-		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
+		s.sender.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
 	case *wire.Announce:
 		s.acceptPush(ss, m)
 	case *wire.PullRequest:
@@ -242,5 +242,5 @@ func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
 	ss.link.Resends.Add(1)
 	s.log.Info("peer found a chunk damaged; sending it again", zap.String("peer", ss.peerName),
 		zap.Uint64("transfer", m.Transfer), zap.Uint32("chunk", m.Chunk))
-	s.mbox.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
+	s.sender.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
 }

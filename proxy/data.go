@@ -118,7 +118,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	rc, err := newStreamConn(c)
 	if err == nil {
 		rc.SetSpin(ss.s.cfg.Staging.ReadSpin.Resolve())
-		if err = ss.s.prepareSplice(rc); err != nil {
+		if err = ss.s.sender.prepareSplice(rc); err != nil {
 			closeUnused(rc)
 		}
 	}
@@ -127,7 +127,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		_ = c.Close() // already closed when rawconn took it over: harmless
 		return false
 	}
-	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1), ctl: newCtlQueue()}
+	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sender.pool.Cap()+1), ctl: newCtlQueue()}
 	ss.mu.Lock()
 	if ss.closed || ss.streams[i] != old {
 		ss.mu.Unlock()
@@ -141,7 +141,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	}
 	ss.mu.Unlock()
 	if greet != nil {
-		ss.s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
+		ss.s.sender.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
 		if err := rc.Writev([][]byte{wire.AppendFrame(nil, greet, false, 0)}); err != nil {
 			ss.s.log.Warn("data stream lost while answering", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
 		}
@@ -213,7 +213,7 @@ func (ds *dataStream) lost(err error) {
 	ds.dead.Store(true)
 	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %w", ds.idx, ds.ss.peerName, err),
 		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
-	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
+	ds.ss.s.sender.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
 	if !ds.ss.streamsLeft() {
 		ds.ss.close(fmt.Errorf("every data stream was lost (last: %w)", err))
@@ -313,14 +313,14 @@ func (w *chunkWriter) write(job sendJob) {
 	c := job.cmd
 	defer ds.queued.Add(-1)
 	written := func(spliced bool, err error) {
-		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream,
+		s.sender.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream,
 			Spliced: spliced, Err: err, Now: time.Now()})
 	}
 	if w.broken != nil {
 		written(false, w.broken)
 		return
 	}
-	payload := s.gather.slot(c.Slot).Host()[:c.C.Len]
+	payload := s.sender.gather.slot(c.Slot).Host()[:c.C.Len]
 	ch := &w.ch
 	ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
 	ch.Segs = ch.Segs[:0]

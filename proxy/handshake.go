@@ -178,7 +178,7 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 // session: on the dialing side once every stream is attached, on the
 // accepting side before Welcome (sessionTable.enlist).
 func (ss *session) coreUp() {
-	ss.s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+	ss.s.sender.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
 // register makes an established session live: the control connection goes

@@ -99,7 +99,7 @@ func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, er
 		s.outs.put(ox)
 		// As for byte pushes, the core hears of the transfer before the
 		// peer does, and the chunks follow the announce without waiting.
-		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 		ss.send(&wire.KVAnnounce{KVRequest: req})
 		return lx, nil
 	}

@@ -76,5 +76,5 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 	}
 	s.outs.put(ox)
 	ss.send(&wire.Accept{Transfer: wireID})
-	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+	s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/routing"
-	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -37,16 +36,9 @@ type Server struct {
 	hostID string
 	start  time.Time
 
-	sendPool *staging.Pool
+	sender   sender // the send side: core, mailbox, send slots, splice (loop.go)
 	recvPool *staging.Pool
-	// splice: data-stream writers send payloads with vmsplice+splice
-	// (staging.splice_send, plaintext only); spliceRefused: vmsplice
-	// refused a slot once and that was logged.
-	splice        bool
-	spliceRefused atomic.Bool
-	// spliceProbe replaces the start-up probe in tests (nil: the real one).
-	spliceProbe func(size int) (rawconn.SpliceProbe, error)
-	copiers     copierSet
+	copiers  copierSet
 
 	// The latency path (inline.go): small slots and synchronous copies.
 	inlinePool *staging.Pool // nil: our pushes never take the path
@@ -70,12 +62,6 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	closers closerGroup // sessions closed on goroutines of their own (session.closeLater)
-
-	// sender loop
-	gather    gatherer // the core's copies into send slots (gather.go)
-	mbox      *mailbox
-	core      *staging.Sender
-	sendInUse atomic.Int64
 
 	// The tables, each behind its own lock (no lock is held while
 	// another table's is taken).
@@ -102,8 +88,9 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
 		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+	s.sender.s = s
 	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
@@ -128,15 +115,15 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	slot := int(cfg.Staging.SlotSize)
 	sendSlots := cfg.Staging.Slots / 2
 	recvSlots := cfg.Staging.Slots - sendSlots
-	if s.sendPool, err = s.newSendPool(slot, sendSlots); err != nil {
+	if s.sender.pool, err = s.sender.openPool(slot, sendSlots); err != nil {
 		return nil, err
 	}
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
-	s.gather = gatherer{pool: s.sendPool, copiers: &s.copiers, mbox: s.mbox, nanos: &s.metrics.copyNanos[copyGather]}
-	// After newSendPool: an auto depth follows whether chunks go by splice.
-	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.splice))
+	s.sender.gather = gatherer{pool: s.sender.pool, copiers: &s.copiers, mbox: s.sender.mbox, nanos: &s.metrics.copyNanos[copyGather]}
+	// After openPool: an auto depth follows whether chunks go by splice.
+	s.sender.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.sender.splice))
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.lane, err = staging.NewLane(dev); err != nil {
@@ -190,7 +177,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.gcli = cli
 	s.wg.Add(2)
-	go s.loop()
+	go s.sender.run()
 	go s.acceptPeers()
 	s.engines.Serve()
 	s.nodes.Serve(s.ctx)
@@ -198,7 +185,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
-		zap.Bool("splice_send", s.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.splice)))
+		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)))
 	return nil
 }
 
@@ -258,8 +245,8 @@ func (s *Server) closeResources() error {
 	for _, c := range s.copiers.all {
 		errs = append(errs, c.Close())
 	}
-	if s.sendPool != nil {
-		errs = append(errs, s.sendPool.Close())
+	if s.sender.pool != nil {
+		errs = append(errs, s.sender.pool.Close())
 	}
 	if s.recvPool != nil {
 		errs = append(errs, s.recvPool.Close())
@@ -292,7 +279,7 @@ func (s *Server) Leaks() string {
 	if n := s.recvPool.InUse(); n != 0 {
 		fmt.Fprintf(&b, "receive slots in use: %d; ", n)
 	}
-	if n := s.sendInUse.Load(); n != 0 {
+	if n := s.sender.inUse.Load(); n != 0 {
 		fmt.Fprintf(&b, "send slots in use: %d; ", n)
 	}
 	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {

@@ -255,11 +255,11 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		if !s.carries(ss, key) {
 			s.stray(ss, "Nack", m.Transfer)
 		}
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
 		return
 	}
 	if key, ok := ss.coreKey(m.Transfer); ok {
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
 		return
 	}
 	s.stray(ss, "Nack", m.Transfer)
@@ -344,7 +344,7 @@ func (s *Server) cancelXfer(id uint64) error {
 		return nil
 	}
 	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
-		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
 	}
 	return nil
 }
