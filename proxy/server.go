@@ -178,7 +178,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.gcli = cli
 	s.wg.Add(2)
 	go s.sender.run()
-	go s.acceptPeers()
+	go handshaker{s}.acceptLoop()
 	s.engines.Serve()
 	s.nodes.Serve(s.ctx)
 	s.routes.Start(s.ctx, s.cfg.Routes)
