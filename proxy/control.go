@@ -104,8 +104,8 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	now := time.Now()
 	switch m := m.(type) {
 	case *wire.Ack:
-		if s.isInline(ss, m.Transfer) {
-			s.inlineAnswered(ss, m.Transfer, nil)
+		if s.inline.sent(ss, m.Transfer) {
+			s.inline.answered(ss, m.Transfer, nil)
 			return gnet.None
 		}
 		key, ok := ss.coreKey(m.Transfer)
@@ -231,7 +231,7 @@ func (ss *session) keepRetiredLocked(wireID uint64, key staging.Key) {
 // a small push (which takes no credit and is never sent again) is
 // ignored: its receiver answers a damaged small push with a Nack.
 func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
-	if s.isInline(ss, m.Transfer) {
+	if s.inline.sent(ss, m.Transfer) {
 		return
 	}
 	key, ok := ss.coreKey(m.Transfer)

@@ -40,9 +40,7 @@ type Server struct {
 	recvPool *staging.Pool
 	copiers  copierSet
 
-	// The latency path (inline.go): small slots and synchronous copies.
-	inlinePool *staging.Pool // nil: our pushes never take the path
-	lane       *staging.Lane
+	inline inlinePath // the latency path: small slots and synchronous copies (inline.go)
 
 	regions *region.Table
 	kv      kvTable // KV caches and peers' shapes (kv.go)
@@ -90,7 +88,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
 		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
-	s.sender.s = s
+	s.sender.s, s.inline.s = s, s
 	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
@@ -126,11 +124,11 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s.sender.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.sender.splice))
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
-	if s.lane, err = staging.NewLane(dev); err != nil {
+	if s.inline.lane, err = staging.NewLane(dev); err != nil {
 		return nil, err
 	}
 	if cfg.Staging.InlineMax > 0 {
-		if s.inlinePool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
+		if s.inline.pool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
 			return nil, err
 		}
 	}
@@ -251,11 +249,11 @@ func (s *Server) closeResources() error {
 	if s.recvPool != nil {
 		errs = append(errs, s.recvPool.Close())
 	}
-	if s.lane != nil {
-		errs = append(errs, s.lane.Close())
+	if s.inline.lane != nil {
+		errs = append(errs, s.inline.lane.Close())
 	}
-	if s.inlinePool != nil {
-		errs = append(errs, s.inlinePool.Close())
+	if s.inline.pool != nil {
+		errs = append(errs, s.inline.pool.Close())
 	}
 	if s.peerLn != nil {
 		_ = s.peerLn.Close()
@@ -282,8 +280,8 @@ func (s *Server) Leaks() string {
 	if n := s.sender.inUse.Load(); n != 0 {
 		fmt.Fprintf(&b, "send slots in use: %d; ", n)
 	}
-	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {
-		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inlinePool.InUse())
+	if s.inline.pool != nil && s.inline.pool.InUse() != 0 {
+		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inline.pool.InUse())
 	}
 	if n := s.outs.len(); n != 0 {
 		fmt.Fprintf(&b, "outgoing transfers: %d; ", n)

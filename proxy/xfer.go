@@ -156,7 +156,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	keep = true
 
 	if m.Dir == wire.Push {
-		if s.tryInline(ss, lx, regions, m, chk, checksum) {
+		if s.inline.send(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
@@ -246,8 +246,8 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		x.fail(err, false)
 		return
 	}
-	if s.isInline(ss, m.Transfer) {
-		s.inlineAnswered(ss, m.Transfer, err)
+	if s.inline.sent(ss, m.Transfer) {
+		s.inline.answered(ss, m.Transfer, err)
 		return
 	}
 	if ss.ours(m.Transfer) {
