@@ -20,8 +20,9 @@ import (
 // submitKV validates and starts an engine's KV transfer. Nothing moves
 // unless every check passes on this side; the peer checks its side when
 // the request arrives and refuses with a Nack naming what is wrong.
-func (s *Server) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, error) {
-	r, err := s.openRoute(m.Route)
+func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, error) {
+	s := h.s
+	r, err := h.openRoute(m.Route)
 	if err != nil {
 		return nil, err
 	}

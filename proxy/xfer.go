@@ -112,8 +112,9 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes. With wait false it does not
 // wait for a session to the peer: routing.ErrNoSession says it would have.
-func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
-	r, err := s.openRoute(m.Route)
+func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
+	s := h.s
+	r, err := h.openRoute(m.Route)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +198,8 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 
 // openRoute is the route an engine's transfer names, while the sidecar
 // takes transfers.
-func (s *Server) openRoute(name string) (*route, error) {
+func (h engineHost) openRoute(name string) (*route, error) {
+	s := h.s
 	if s.closing.Load() || s.draining.Load() {
 		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
@@ -324,8 +326,9 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	s.xfers.finish(lx.id)
 }
 
-// cancel cancels an engine's transfer.
-func (s *Server) cancelXfer(id uint64) error {
+// Cancel cancels an engine's transfer.
+func (h engineHost) Cancel(id uint64) error {
+	s := h.s
 	lx := s.xfers.get(id)
 	if lx == nil {
 		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
@@ -359,8 +362,9 @@ func (s *Server) failAllLocal(err error) {
 	}
 }
 
-func (s *Server) lookupXfer(id uint64) (*localXfer, error) {
-	lx := s.xfers.get(id)
+// lookup is the engine's transfer id.
+func (h engineHost) lookup(id uint64) (*localXfer, error) {
+	lx := h.s.xfers.get(id)
 	if lx == nil {
 		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}
