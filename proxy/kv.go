@@ -377,6 +377,51 @@ func (t *kvTable) infoAnswered(ss *session, m *wire.KVInfo) {
 	}
 }
 
+// admit checks a peer's KV request against our cache m.Name: its shape
+// unchanged since the peer asked, the layouts compatible, the layers,
+// block table, tokens and heads inside ours, and the total the peer
+// computed equal to ours. It returns our side and its regions (acquired
+// with rights want).
+func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
+	if ss.ours(m.Transfer) {
+		return nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
+	}
+	c := t.get(m.Name)
+	if c == nil {
+		return nil, codeErr(wire.CodeUnknownRegion, "no KV cache %q here", m.Name)
+	}
+	if !sameShape(&c.shape, &m.PeerShape) {
+		return nil, codeErr(wire.CodeBadRequest, "KV cache %q was registered anew since the peer asked for its shape; retry", m.Name)
+	}
+	peer := layoutOfShape(&m.Shape)
+	lo, hi, cols, err := checkKV(&c.layout, &peer, m.HeadLo, m.HeadHi)
+	if err != nil {
+		return nil, err
+	}
+	if lo != m.HeadLo || hi != m.HeadHi {
+		return nil, codeErr(wire.CodeMalformed, "KV request names heads [%d, %d)", m.HeadLo, m.HeadHi)
+	}
+	// The requester's first token is not in the request; the order it
+	// chose must be one our side can use: block-major needs both sides
+	// head-outer and of one block size (the alignment of first tokens
+	// the requester checked; a wrong claim moves rows within the blocks
+	// we granted, never outside them).
+	order := kvlayout.Order(m.Order)
+	if order == kvlayout.BlockMajor && kvOrder(&c.layout, &m.Shape, 0, 0) != kvlayout.BlockMajor {
+		return nil, codeErr(wire.CodeMalformed, "KV request asks for block-major order, which needs both sides head-outer with one block size: here %v and %d, there %v and %d",
+			c.layout.HeadOuter(), c.layout.BlockSize, m.Shape.Flags&wire.KVHeadOuter != 0, m.Shape.BlockSize)
+	}
+	side, regions, err := t.side(c, m.Layers, want, m.Blocks, m.First, m.Tokens, lo, hi, cols, order)
+	if err != nil {
+		return nil, err
+	}
+	if side.Len() != m.Total {
+		region.ReleaseAll(regions)
+		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
+	}
+	return &kvSide{side: side, regions: regions}, nil
+}
+
 // kvSide is one side of a KV transfer here: its mapping and the regions
 // it holds references to (indexed by the mapping's region indices).
 type kvSide struct {

@@ -1,7 +1,9 @@
-// KV transfers: the engine's SubmitKV, and the peer's KVAnnounce (a push
-// into our cache) and KVPull (a pull from it). They run on the TCP path
-// through the sender core like byte transfers; only the plan (the source
-// side's mapping) and the receiver's resolve (its own mapping) differ.
+// The engine's SubmitKV. KV transfers run on the TCP path through the
+// sender core like byte transfers; only the plan (the source side's
+// mapping) and the receiver's resolve (its own mapping) differ. The peer's
+// KVAnnounce (a push into our cache) is admitted in recv_admit.go, its
+// KVPull (a pull from it) served in send_serve.go, both checked by
+// kvTable.admit (kv.go).
 
 package proxy
 
@@ -10,7 +12,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
@@ -110,80 +111,4 @@ func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer,
 		ss.send(&wire.KVPull{KVRequest: req})
 	}
 	return lx, nil
-}
-
-// admit checks a peer's KV request against our cache m.Name: its shape
-// unchanged since the peer asked, the layouts compatible, the layers,
-// block table, tokens and heads inside ours, and the total the peer
-// computed equal to ours. It returns our side and its regions (acquired
-// with rights want).
-func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
-	if ss.ours(m.Transfer) {
-		return nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
-	}
-	c := t.get(m.Name)
-	if c == nil {
-		return nil, codeErr(wire.CodeUnknownRegion, "no KV cache %q here", m.Name)
-	}
-	if !sameShape(&c.shape, &m.PeerShape) {
-		return nil, codeErr(wire.CodeBadRequest, "KV cache %q was registered anew since the peer asked for its shape; retry", m.Name)
-	}
-	peer := layoutOfShape(&m.Shape)
-	lo, hi, cols, err := checkKV(&c.layout, &peer, m.HeadLo, m.HeadHi)
-	if err != nil {
-		return nil, err
-	}
-	if lo != m.HeadLo || hi != m.HeadHi {
-		return nil, codeErr(wire.CodeMalformed, "KV request names heads [%d, %d)", m.HeadLo, m.HeadHi)
-	}
-	// The requester's first token is not in the request; the order it
-	// chose must be one our side can use: block-major needs both sides
-	// head-outer and of one block size (the alignment of first tokens
-	// the requester checked; a wrong claim moves rows within the blocks
-	// we granted, never outside them).
-	order := kvlayout.Order(m.Order)
-	if order == kvlayout.BlockMajor && kvOrder(&c.layout, &m.Shape, 0, 0) != kvlayout.BlockMajor {
-		return nil, codeErr(wire.CodeMalformed, "KV request asks for block-major order, which needs both sides head-outer with one block size: here %v and %d, there %v and %d",
-			c.layout.HeadOuter(), c.layout.BlockSize, m.Shape.Flags&wire.KVHeadOuter != 0, m.Shape.BlockSize)
-	}
-	side, regions, err := t.side(c, m.Layers, want, m.Blocks, m.First, m.Tokens, lo, hi, cols, order)
-	if err != nil {
-		return nil, err
-	}
-	if side.Len() != m.Total {
-		region.ReleaseAll(regions)
-		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
-	}
-	return &kvSide{side: side, regions: regions}, nil
-}
-
-// acceptKVPush answers a peer's KVAnnounce.
-func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
-	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
-	if err == nil {
-		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: ks.regions, total: m.Total,
-			dest: kvDest{ks.side, ks.regions, m.Total}, timeout: s.incomingTimeout(), kvn: newKVNote(&m.KVRequest)}
-		err = s.admitIn(ss, x)
-	}
-	if err != nil {
-		s.refusePush(ss, m.Transfer, err)
-		return
-	}
-	ss.send(&wire.Accept{Transfer: m.Transfer})
-}
-
-// serveKVPull answers a peer's KVPull: the rows go out in canonical order.
-func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
-	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
-	if err != nil {
-		s.refusePull(ss, m.Transfer, err)
-		return
-	}
-	plan, err := kvPlan(ks.side, ks.regions, ss.chunkSize)
-	if err != nil {
-		region.ReleaseAll(ks.regions)
-		s.refusePull(ss, m.Transfer, err)
-		return
-	}
-	s.serveOut(ss, m.Transfer, m.Tag, ks.regions, plan, newKVNote(&m.KVRequest))
 }
