@@ -14,7 +14,7 @@ import (
 
 // engineHost is the server as the control socket (package engine) sees
 // it: what each engine request does. Submitting, looking up and
-// cancelling an engine's transfers are its own (xfer.go, kvxfer.go); the
+// cancelling an engine's transfers are its own (send_submit.go, send_submitkv.go); the
 // tables they land in are the server's.
 type engineHost struct{ s *Server }
 

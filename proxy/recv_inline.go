@@ -9,7 +9,7 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// The receiving side of the latency path (inline.go sends): an inline
+// The receiving side of the latency path (send_inline.go sends): an inline
 // Announce admitted on the data stream that carries it, then its one
 // chunk landed synchronously and acked on that same stream. The receive
 // core counts it like any chunk, but it takes no credit and returns none.

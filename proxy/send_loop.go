@@ -19,14 +19,14 @@ const tickEvery = 100 * time.Millisecond
 // sender is the send side's engine: the pure sender core
 // (staging.Sender), the mailbox that feeds it events, the send slots and
 // the copies that gather chunks into them (gatherer), and whether chunks
-// leave by splice (splice.go). One goroutine (run) steps the core and
+// leave by splice (send_splice.go). One goroutine (run) steps the core and
 // performs its output; everyone else only posts. What the output touches
 // beyond that (the transfer tables, the engines' answers) is the server's.
 type sender struct {
 	s      *Server
 	mbox   *mailbox
 	core   *staging.Sender
-	gather gatherer      // the core's copies into send slots (gather.go)
+	gather gatherer      // the core's copies into send slots (send_gather.go)
 	pool   *staging.Pool // the send slots
 	inUse  atomic.Int64  // send slots the core holds, for stats and Leaks
 	// splice: data-stream writers send payloads with vmsplice+splice

@@ -36,11 +36,11 @@ type Server struct {
 	hostID string
 	start  time.Time
 
-	sender   sender // the send side: core, mailbox, send slots, splice (loop.go)
+	sender   sender // the send side: core, mailbox, send slots, splice (send_loop.go)
 	recvPool *staging.Pool
 	copiers  copierSet
 
-	inline inlinePath // the latency path: small slots and synchronous copies (inline.go)
+	inline inlinePath // the latency path: small slots and synchronous copies (send_inline.go)
 
 	regions *region.Table
 	kv      kvTable // KV caches and peers' shapes (kv.go)
