@@ -104,8 +104,8 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	now := time.Now()
 	switch m := m.(type) {
 	case *wire.Ack:
-		if s.isInline(ss, m.Transfer) {
-			s.inlineAnswered(ss, m.Transfer, nil)
+		if s.inline.sent(ss, m.Transfer) {
+			s.inline.answered(ss, m.Transfer, nil)
 			return gnet.None
 		}
 		key, ok := ss.coreKey(m.Transfer)
@@ -119,11 +119,11 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		if ss.ours(m.Transfer) && !s.carries(ss, key) {
 			s.stray(ss, "Ack", m.Transfer) // the core ignores it too
 		}
-		s.mbox.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
+		s.sender.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
 	case *wire.Resend:
 		s.resendAsked(ss, m, now)
 	case *wire.Credit:
-		s.mbox.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
+		s.sender.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
 	case *wire.Announce:
 		s.acceptPush(ss, m)
 	case *wire.PullRequest:
@@ -133,9 +133,9 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	case *wire.KVPull:
 		s.serveKVPull(ss, m)
 	case *wire.KVInfoRequest:
-		s.kvInfoAsked(ss, m)
+		s.kv.infoAsked(ss, m)
 	case *wire.KVInfo:
-		s.kvInfoAnswered(ss, m)
+		s.kv.infoAnswered(ss, m)
 	case *wire.Accept:
 		// Our push or pull already runs (a push does not wait for
 		// Accept; a pull's chunks simply start arriving): only a Nack
@@ -231,7 +231,7 @@ func (ss *session) keepRetiredLocked(wireID uint64, key staging.Key) {
 // a small push (which takes no credit and is never sent again) is
 // ignored: its receiver answers a damaged small push with a Nack.
 func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
-	if s.isInline(ss, m.Transfer) {
+	if s.inline.sent(ss, m.Transfer) {
 		return
 	}
 	key, ok := ss.coreKey(m.Transfer)
@@ -242,5 +242,5 @@ func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
 	ss.link.Resends.Add(1)
 	s.log.Info("peer found a chunk damaged; sending it again", zap.String("peer", ss.peerName),
 		zap.Uint64("transfer", m.Transfer), zap.Uint32("chunk", m.Chunk))
-	s.mbox.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
+	s.sender.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
 }

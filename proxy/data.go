@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -118,7 +117,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	rc, err := newStreamConn(c)
 	if err == nil {
 		rc.SetSpin(ss.s.cfg.Staging.ReadSpin.Resolve())
-		if err = ss.s.prepareSplice(rc); err != nil {
+		if err = ss.s.sender.prepareSplice(rc); err != nil {
 			closeUnused(rc)
 		}
 	}
@@ -127,7 +126,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		_ = c.Close() // already closed when rawconn took it over: harmless
 		return false
 	}
-	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sendPool.Cap()+1), ctl: newCtlQueue()}
+	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sender.pool.Cap()+1), ctl: newCtlQueue()}
 	ss.mu.Lock()
 	if ss.closed || ss.streams[i] != old {
 		ss.mu.Unlock()
@@ -141,7 +140,7 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	}
 	ss.mu.Unlock()
 	if greet != nil {
-		ss.s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
+		ss.s.sender.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
 		if err := rc.Writev([][]byte{wire.AppendFrame(nil, greet, false, 0)}); err != nil {
 			ss.s.log.Warn("data stream lost while answering", zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
 		}
@@ -213,7 +212,7 @@ func (ds *dataStream) lost(err error) {
 	ds.dead.Store(true)
 	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %w", ds.idx, ds.ss.peerName, err),
 		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
-	ds.ss.s.mbox.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
+	ds.ss.s.sender.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
 	if !ds.ss.streamsLeft() {
 		ds.ss.close(fmt.Errorf("every data stream was lost (last: %w)", err))
@@ -263,90 +262,3 @@ func (ss *session) streamsLeft() bool {
 	}
 	return false
 }
-
-// writeLoop writes each chunk as one writev: frame header and meta from a
-// reused buffer, then the payload straight from the pinned slot (or, in
-// splice mode, the header and then the slot's pages by reference).
-func (ds *dataStream) writeLoop() {
-	defer ds.ss.s.wg.Done()
-	defer ds.wg.Done()
-	defer ds.rc.Done()
-	w := &chunkWriter{ds: ds, head: make([]byte, 0, wire.HeaderSize+wire.ChunkFixedSize+64*wire.ChunkSegSize)}
-	for {
-		select {
-		case job, ok := <-ds.sendq:
-			if !ok {
-				return
-			}
-			w.write(job)
-		case <-ds.ctl.kick:
-			if w.broken == nil {
-				ds.wmu.Lock()
-				if err := ds.flushCtl(); err != nil {
-					w.fail(err)
-				}
-				ds.wmu.Unlock()
-			}
-		}
-	}
-}
-
-// chunkWriter is the writer goroutine's state.
-type chunkWriter struct {
-	ds     *dataStream
-	head   []byte
-	ch     wire.Chunk
-	iov    [2][]byte
-	broken error
-}
-
-func (w *chunkWriter) fail(err error) {
-	ds := w.ds
-	w.broken = fmt.Errorf("write to %s stream %d: %w", ds.ss.peerName, ds.idx, err)
-	ds.rc.Shutdown()
-}
-
-// write sends one chunk (after any queued small frames) and reports it.
-func (w *chunkWriter) write(job sendJob) {
-	ds := w.ds
-	s := ds.ss.s
-	c := job.cmd
-	defer ds.queued.Add(-1)
-	written := func(spliced bool, err error) {
-		s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream,
-			Spliced: spliced, Err: err, Now: time.Now()})
-	}
-	if w.broken != nil {
-		written(false, w.broken)
-		return
-	}
-	payload := s.gather.slot(c.Slot).Host()[:c.C.Len]
-	ch := &w.ch
-	ch.Transfer, ch.Index, ch.Count, ch.PayloadLen = job.wireID, c.Chunk, c.Count, c.C.Len
-	ch.Segs = ch.Segs[:0]
-	for _, d := range c.C.Dst {
-		ch.Segs = append(ch.Segs, wire.ChunkSeg{Region: d.Region, Len: d.Len, Offset: d.Off})
-	}
-	w.head = wire.AppendChunkHead(w.head[:0], ch, payload, job.checksum, 0)
-	t0 := time.Now()
-	ds.wmu.Lock()
-	ds.writing.Store(t0.UnixNano())
-	err := ds.flushCtl()
-	spliced := false
-	if err == nil {
-		spliced, err = w.writeChunk(w.head, payload)
-	}
-	ds.writing.Store(0)
-	ds.wmu.Unlock()
-	s.metrics.netNanos[netSend].Add(int64(time.Since(t0)))
-	if err != nil {
-		w.fail(err)
-		written(spliced, w.broken)
-		return
-	}
-	ds.ss.link.BytesOut.Add(uint64(c.C.Len))
-	ds.ss.link.ChunksOut.Add(1)
-	written(spliced, nil)
-}
-
-var errStreamClosed = errors.New("stream closed")

@@ -13,17 +13,34 @@ import (
 )
 
 // engineHost is the server as the control socket (package engine) sees
-// it: what each engine request does.
+// it: what each engine request does. Submitting, looking up and
+// cancelling an engine's transfers are its own (send_submit.go, send_submitkv.go); the
+// tables they land in are the server's.
 type engineHost struct{ s *Server }
 
 var _ engine.Backend = engineHost{}
 
-func (h engineHost) RegisterKV(m *wire.RegisterKV) error { return h.s.registerKV(m) }
-func (h engineHost) Unregister(name string) error        { return h.s.regions.Unregister(name) }
-func (h engineHost) Cancel(id uint64) error              { return h.s.cancelXfer(id) }
+func (h engineHost) Unregister(name string) error { return h.s.regions.Unregister(name) }
+
+// RegisterKV registers a KV cache; when it replaced one of another shape,
+// peers that cached the old shape forget it (an unasked KVInfo, Seq 0), so
+// their next transfer asks again instead of being refused; one already on
+// its way is refused and may be retried.
+func (h engineHost) RegisterKV(m *wire.RegisterKV) error {
+	reshaped, err := h.s.kv.register(m)
+	if err != nil {
+		return err
+	}
+	if reshaped {
+		for _, ss := range h.s.sessions.liveList() {
+			ss.send(&wire.KVInfo{Name: m.Name})
+		}
+	}
+	return nil
+}
 
 func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
-	lx, err := h.s.submit(h.s.ctx, m, wait)
+	lx, err := h.submit(h.s.ctx, m, wait)
 	if errors.Is(err, routing.ErrNoSession) {
 		return nil, engine.ErrWouldWait
 	}
@@ -34,7 +51,7 @@ func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
 // peer's cache waits for its shape).
 func (h engineHost) SubmitKV(m *wire.SubmitKV) (engine.Transfer, error) {
 	t0 := time.Now()
-	lx, err := h.s.submitKV(h.s.ctx, m)
+	lx, err := h.submitKV(h.s.ctx, m)
 	if err == nil {
 		h.s.metrics.kvAccepts.Add(1)
 		h.s.metrics.kvAcceptN.Add(uint64(time.Since(t0)))
@@ -43,7 +60,7 @@ func (h engineHost) SubmitKV(m *wire.SubmitKV) (engine.Transfer, error) {
 }
 
 func (h engineHost) Lookup(id uint64) (engine.Transfer, error) {
-	return engineXfer(h.s.lookupXfer(id))
+	return engineXfer(h.lookup(id))
 }
 
 // Query answers stagectl's stats, routes, regions and catalog queries.

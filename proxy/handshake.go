@@ -69,9 +69,17 @@ func expect[T wire.Msg](c net.Conn, what string) (T, error) {
 	return t, nil
 }
 
+// handshaker is the server as it meets peers: it dials and accepts peer
+// connections, runs the token handshake of a control session and the
+// proof of a data stream, and makes an established session live
+// (register). The listener and the pre-authentication bounds it works
+// under (preauth.go) are the server's.
+type handshaker struct{ s *Server }
+
 // dial opens a session to addr for route r: control handshake, then the
 // data streams, then hands the control connection to gnet.
-func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, error) {
+func (hs handshaker) dial(ctx context.Context, r *route, addr string) (*session, error) {
+	s := hs.s
 	d := net.Dialer{Timeout: r.Conf().ConnectTimeout}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -139,7 +147,7 @@ func (s *Server) dial(ctx context.Context, r *route, addr string) (*session, err
 		}
 		ss.attach(i, dc, nil)
 	}
-	if err := s.register(ss, c); err != nil {
+	if err := hs.register(ss, c); err != nil {
 		ss.closeStreams()
 		return fail(err)
 	}
@@ -178,13 +186,14 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 // session: on the dialing side once every stream is attached, on the
 // accepting side before Welcome (sessionTable.enlist).
 func (ss *session) coreUp() {
-	ss.s.mbox.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+	ss.s.sender.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
 // register makes an established session live: the control connection goes
 // to gnet, the Sender core learns of it (when enlist did not already), and
 // stats, heartbeats and routes see it.
-func (s *Server) register(ss *session, c net.Conn) error {
+func (hs handshaker) register(ss *session, c net.Conn) error {
+	s := hs.s
 	if err := s.sessions.promote(ss); err != nil {
 		return err
 	}
@@ -233,10 +242,11 @@ func (s *Server) register(ss *session, c net.Conn) error {
 	return nil
 }
 
-// acceptPeers serves the peer listener: each connection opens with Hello
+// acceptLoop serves the peer listener: each connection opens with Hello
 // (a control session) or DataHello (a data stream of one). Connections
 // past the pre-authentication bounds are closed at once (preauth.go).
-func (s *Server) acceptPeers() {
+func (hs handshaker) acceptLoop() {
+	s := hs.s
 	defer s.wg.Done()
 	var active sync.WaitGroup
 	defer active.Wait()
@@ -258,7 +268,7 @@ func (s *Server) acceptPeers() {
 		active.Add(1)
 		go func() {
 			defer active.Done()
-			err := s.serveConn(c)
+			err := hs.serveConn(c)
 			s.preauth.release(from)
 			if err != nil {
 				s.preauth.log.Warn("refused peer connection", zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
@@ -268,7 +278,8 @@ func (s *Server) acceptPeers() {
 	}
 }
 
-func (s *Server) serveConn(raw net.Conn) error {
+func (hs handshaker) serveConn(raw net.Conn) error {
+	s := hs.s
 	_ = raw.SetDeadline(time.Now().Add(s.cfg.Limits.HandshakeTimeout))
 	// A shutdown must not wait for a peer that is slow to finish its
 	// handshake: expire the deadline at once. The TCP connection's
@@ -302,16 +313,17 @@ func (s *Server) serveConn(raw net.Conn) error {
 	}
 	switch m := m.(type) {
 	case *wire.Hello:
-		return s.acceptSession(c, m)
+		return hs.acceptSession(c, m)
 	case *wire.DataHello:
-		return s.acceptData(c, m)
+		return hs.acceptData(c, m)
 	default:
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeMalformed, Message: "expected Hello or DataHello"})
 		return fmt.Errorf("first frame is %s, not Hello or DataHello", m.Type())
 	}
 }
 
-func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
+func (hs handshaker) acceptSession(c net.Conn, h *wire.Hello) error {
+	s := hs.s
 	if h.VersionMax < wire.VersionMin || h.VersionMin > wire.VersionMax {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeUnsupported, Message: fmt.Sprintf("no common protocol version: peer speaks %d..%d, we speak %d..%d", h.VersionMin, h.VersionMax, wire.VersionMin, wire.VersionMax)})
 		return fmt.Errorf("peer %s: no common protocol version", h.NodeName)
@@ -370,14 +382,15 @@ func (s *Server) acceptSession(c net.Conn, h *wire.Hello) error {
 		return err
 	}
 	_ = c.SetDeadline(time.Time{})
-	if err := s.register(ss, c); err != nil {
+	if err := hs.register(ss, c); err != nil {
 		ss.close(err)
 		return err
 	}
 	return nil
 }
 
-func (s *Server) acceptData(c net.Conn, h *wire.DataHello) error {
+func (hs handshaker) acceptData(c net.Conn, h *wire.DataHello) error {
+	s := hs.s
 	ss := s.sessions.accepted(h.SessionID)
 	if ss == nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})

@@ -45,7 +45,7 @@ func TestAcceptSessionWelcomeFails(t *testing.T) {
 		}
 		_, _ = client.Write(wire.AppendFrame(nil, &wire.Auth{Proof: proof(s.token, "stage-client", nc[:], ch.Nonce[:])}, false, 0))
 	}()
-	err := s.acceptSession(&failingConn{Conn: server, ok: 1}, hello) // the Challenge goes out, the Welcome does not
+	err := handshaker{s}.acceptSession(&failingConn{Conn: server, ok: 1}, hello) // the Challenge goes out, the Welcome does not
 	if err == nil || !strings.Contains(err.Error(), "send welcome") {
 		t.Fatalf("acceptSession: got %v, want the Welcome's write error", err)
 	}

@@ -32,8 +32,15 @@ type kvCache struct {
 }
 
 // kvTable holds the KV caches of this sidecar and what it learned of its
-// peers' (their shapes, per session).
+// peers' (their shapes, per session): registering a cache, asking a peer
+// for its cache's shape and answering such questions, and building one
+// side of a KV transfer over the regions a cache names (admitting a
+// peer's request included).
 type kvTable struct {
+	regions *region.Table
+	devKind device.Kind
+	newID   func() uint64 // KVInfo request numbers, never 0
+
 	mu     sync.Mutex
 	caches map[string]*kvCache
 	peers  map[kvPeerKey]wire.KVShape
@@ -45,7 +52,8 @@ type kvPeerKey struct {
 	name    string
 }
 
-func (t *kvTable) init() {
+func (t *kvTable) init(regions *region.Table, devKind device.Kind, newID func() uint64) {
+	t.regions, t.devKind, t.newID = regions, devKind, newID
 	t.caches = map[string]*kvCache{}
 	t.peers = map[kvPeerKey]wire.KVShape{}
 	t.waits = map[uint64]chan *wire.KVInfo{}
@@ -137,55 +145,47 @@ func sameShape(a, b *wire.KVShape) bool {
 	return true
 }
 
-// registerKV gives a layout to regions the engine registered. Every
+// register gives a layout to regions the engine registered. Every
 // layer's regions must exist and hold the layout (checked again whenever a
 // transfer uses them: a region may be registered anew meanwhile). A name
-// registered again is replaced; peers that cached its shape find out from
-// the next transfer's PeerShape.
-func (s *Server) registerKV(m *wire.RegisterKV) error {
+// registered again is replaced; reshaped says it had another shape, which
+// peers that cached it must forget (engineHost.RegisterKV tells them).
+func (t *kvTable) register(m *wire.RegisterKV) (reshaped bool, err error) {
 	if m.Name == "" {
-		return codeErr(wire.CodeBadRequest, "KV cache needs a name")
+		return false, codeErr(wire.CodeBadRequest, "KV cache needs a name")
 	}
 	l := layoutFromWire(&m.Layout)
 	if len(m.Layers) == 0 {
-		return codeErr(wire.CodeBadRequest, "KV cache %q has no layers", m.Name)
+		return false, codeErr(wire.CodeBadRequest, "KV cache %q has no layers", m.Name)
 	}
 	for i, names := range m.Layers {
-		rs, err := s.kvRegions(&l, names, 0)
+		rs, err := t.regionsOf(&l, names, 0)
 		if err != nil {
-			return codeErr(errCode(err), "KV cache %q layer %d: %w", m.Name, i, err)
+			return false, codeErr(errCode(err), "KV cache %q layer %d: %w", m.Name, i, err)
 		}
 		region.ReleaseAll(rs)
 	}
 	// Parts that continue each other (packed K|V) move as one column.
 	l = l.Merged()
-	if k := s.dev.Kind(); (k == device.KindACL || k == device.KindHIP) && !l.HeadsTogether() {
-		return codeErr(wire.CodeUnsupported, "KV cache %q: the %s backend moves KV rows with plain copies, and this layout keeps a token's heads apart (HND-like: head stride %d B, row %d B); register a layout with a token's heads together (NHD, as vllm-ascend's), and let a CUDA peer convert",
+	if k := t.devKind; (k == device.KindACL || k == device.KindHIP) && !l.HeadsTogether() {
+		return false, codeErr(wire.CodeUnsupported, "KV cache %q: the %s backend moves KV rows with plain copies, and this layout keeps a token's heads apart (HND-like: head stride %d B, row %d B); register a layout with a token's heads together (NHD, as vllm-ascend's), and let a CUDA peer convert",
 			m.Name, k, l.Parts[0].HeadStride, uint64(l.Parts[0].Width)*l.DType.Size())
 	}
 	c := &kvCache{name: m.Name, layout: l, layers: m.Layers, shape: shapeOf(&l)}
-	s.kv.mu.Lock()
-	old := s.kv.caches[m.Name]
-	s.kv.caches[m.Name] = c
-	s.kv.mu.Unlock()
-	if old != nil && !sameShape(&old.shape, &c.shape) {
-		// Peers that cached the old shape forget it (an unasked KVInfo,
-		// Seq 0), so their next transfer asks again instead of being
-		// refused; one already on its way is refused and may be retried.
-		for _, ss := range s.sessions.liveList() {
-			ss.send(&wire.KVInfo{Name: m.Name})
-		}
-	}
-	return nil
+	t.mu.Lock()
+	old := t.caches[m.Name]
+	t.caches[m.Name] = c
+	t.mu.Unlock()
+	return old != nil && !sameShape(&old.shape, &c.shape), nil
 }
 
-// kvRegions acquires one layer's regions with rights want and checks the
+// regionsOf acquires one layer's regions with rights want and checks the
 // layout against their lengths.
-func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access) ([]*region.Region, error) {
+func (t *kvTable) regionsOf(l *kvlayout.Layout, names []string, want wire.Access) ([]*region.Region, error) {
 	if n := l.NumTensors(); len(names) != n {
 		return nil, codeErr(wire.CodeBadRequest, "%d regions for a layout of %d tensors", len(names), n)
 	}
-	rs, err := s.regions.AcquireAll(names, want)
+	rs, err := t.regions.AcquireAll(names, want)
 	if err != nil {
 		return nil, err
 	}
@@ -200,11 +200,11 @@ func (s *Server) kvRegions(l *kvlayout.Layout, names []string, want wire.Access)
 	return rs, nil
 }
 
-// kvSide acquires the regions of the listed layers of cache c (rights
+// side acquires the regions of the listed layers of cache c (rights
 // want) and builds the side of a transfer over them; a side we write (a
 // pull's destination, a peer's push) must name each block once. On
 // success the caller owns the regions' references.
-func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []uint32, first, tokens, headLo, headHi uint32, cols []kvlayout.Col, order kvlayout.Order) (*kvlayout.Side, []*region.Region, error) {
+func (t *kvTable) side(c *kvCache, layers []uint32, want wire.Access, table []uint32, first, tokens, headLo, headHi uint32, cols []kvlayout.Col, order kvlayout.Order) (*kvlayout.Side, []*region.Region, error) {
 	if len(layers) == 0 {
 		return nil, nil, codeErr(wire.CodeBadRequest, "KV transfer names no layer")
 	}
@@ -215,7 +215,7 @@ func (s *Server) kvSide(c *kvCache, layers []uint32, want wire.Access, table []u
 			region.ReleaseAll(regions)
 			return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q has %d layers; the transfer names layer %d", c.name, len(c.layers), layer)
 		}
-		rs, err := s.kvRegions(&c.layout, c.layers[layer], want)
+		rs, err := t.regionsOf(&c.layout, c.layers[layer], want)
 		if err != nil {
 			region.ReleaseAll(regions)
 			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %w", c.name, layer, err)
@@ -313,68 +313,113 @@ func checkPeerTable(p *wire.KVShape, table []uint32, first, tokens uint32, writt
 	return nil
 }
 
-// peerKVShape returns the shape of the peer's KV cache name: cached per
+// peerShape returns the shape of the peer's KV cache name: cached per
 // session, else asked for (one round trip, at most kvInfoTimeout).
-func (s *Server) peerKVShape(ctx context.Context, ss *session, name string) (wire.KVShape, error) {
+func (t *kvTable) peerShape(ctx context.Context, ss *session, name string) (wire.KVShape, error) {
 	key := kvPeerKey{ss.id, name}
-	s.kv.mu.Lock()
-	if sh, ok := s.kv.peers[key]; ok {
-		s.kv.mu.Unlock()
+	t.mu.Lock()
+	if sh, ok := t.peers[key]; ok {
+		t.mu.Unlock()
 		return sh, nil
 	}
-	seq := s.newID()
+	seq := t.newID()
 	ch := make(chan *wire.KVInfo, 1)
-	s.kv.waits[seq] = ch
-	s.kv.mu.Unlock()
+	t.waits[seq] = ch
+	t.mu.Unlock()
 	defer func() {
-		s.kv.mu.Lock()
-		delete(s.kv.waits, seq)
-		s.kv.mu.Unlock()
+		t.mu.Lock()
+		delete(t.waits, seq)
+		t.mu.Unlock()
 	}()
 	ss.send(&wire.KVInfoRequest{Seq: seq, Name: name})
-	t := time.NewTimer(kvInfoTimeout)
-	defer t.Stop()
+	timer := time.NewTimer(kvInfoTimeout)
+	defer timer.Stop()
 	select {
 	case info := <-ch:
 		if !info.Found {
 			return wire.KVShape{}, codeErr(wire.CodeUnknownRegion, "peer %s has no KV cache %q", ss.peerName, name)
 		}
-		s.kv.mu.Lock()
-		s.kv.peers[key] = info.Shape
-		s.kv.mu.Unlock()
+		t.mu.Lock()
+		t.peers[key] = info.Shape
+		t.mu.Unlock()
 		return info.Shape, nil
 	case <-ss.done:
 		return wire.KVShape{}, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
 	case <-ctx.Done():
 		return wire.KVShape{}, codeErr(wire.CodeShutdown, "sidecar is shutting down")
-	case <-t.C:
+	case <-timer.C:
 		return wire.KVShape{}, codeErr(wire.CodeTimeout, "peer %s did not describe its KV cache %q within %v", ss.peerName, name, kvInfoTimeout)
 	}
 }
 
-// kvInfoAsked answers a peer's KVInfoRequest.
-func (s *Server) kvInfoAsked(ss *session, m *wire.KVInfoRequest) {
+// infoAsked answers a peer's KVInfoRequest.
+func (t *kvTable) infoAsked(ss *session, m *wire.KVInfoRequest) {
 	info := &wire.KVInfo{Seq: m.Seq, Name: m.Name}
-	if c := s.kv.get(m.Name); c != nil {
+	if c := t.get(m.Name); c != nil {
 		info.Found, info.Layers, info.Shape = true, uint32(len(c.layers)), c.shape
 	}
 	ss.send(info)
 }
 
-// kvInfoAnswered hands a KVInfo to the request waiting for it; an unasked
+// infoAnswered hands a KVInfo to the request waiting for it; an unasked
 // one (Seq 0) says the peer registered that cache anew.
-func (s *Server) kvInfoAnswered(ss *session, m *wire.KVInfo) {
+func (t *kvTable) infoAnswered(ss *session, m *wire.KVInfo) {
 	if m.Seq == 0 {
-		s.kv.forgetPeer(ss.id, m.Name)
+		t.forgetPeer(ss.id, m.Name)
 		return
 	}
-	s.kv.mu.Lock()
-	ch := s.kv.waits[m.Seq]
-	delete(s.kv.waits, m.Seq)
-	s.kv.mu.Unlock()
+	t.mu.Lock()
+	ch := t.waits[m.Seq]
+	delete(t.waits, m.Seq)
+	t.mu.Unlock()
 	if ch != nil {
 		ch <- m
 	}
+}
+
+// admit checks a peer's KV request against our cache m.Name: its shape
+// unchanged since the peer asked, the layouts compatible, the layers,
+// block table, tokens and heads inside ours, and the total the peer
+// computed equal to ours. It returns our side and its regions (acquired
+// with rights want).
+func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
+	if ss.ours(m.Transfer) {
+		return nil, codeErr(wire.CodeMalformed, "transfer id %d has our parity", m.Transfer)
+	}
+	c := t.get(m.Name)
+	if c == nil {
+		return nil, codeErr(wire.CodeUnknownRegion, "no KV cache %q here", m.Name)
+	}
+	if !sameShape(&c.shape, &m.PeerShape) {
+		return nil, codeErr(wire.CodeBadRequest, "KV cache %q was registered anew since the peer asked for its shape; retry", m.Name)
+	}
+	peer := layoutOfShape(&m.Shape)
+	lo, hi, cols, err := checkKV(&c.layout, &peer, m.HeadLo, m.HeadHi)
+	if err != nil {
+		return nil, err
+	}
+	if lo != m.HeadLo || hi != m.HeadHi {
+		return nil, codeErr(wire.CodeMalformed, "KV request names heads [%d, %d)", m.HeadLo, m.HeadHi)
+	}
+	// The requester's first token is not in the request; the order it
+	// chose must be one our side can use: block-major needs both sides
+	// head-outer and of one block size (the alignment of first tokens
+	// the requester checked; a wrong claim moves rows within the blocks
+	// we granted, never outside them).
+	order := kvlayout.Order(m.Order)
+	if order == kvlayout.BlockMajor && kvOrder(&c.layout, &m.Shape, 0, 0) != kvlayout.BlockMajor {
+		return nil, codeErr(wire.CodeMalformed, "KV request asks for block-major order, which needs both sides head-outer with one block size: here %v and %d, there %v and %d",
+			c.layout.HeadOuter(), c.layout.BlockSize, m.Shape.Flags&wire.KVHeadOuter != 0, m.Shape.BlockSize)
+	}
+	side, regions, err := t.side(c, m.Layers, want, m.Blocks, m.First, m.Tokens, lo, hi, cols, order)
+	if err != nil {
+		return nil, err
+	}
+	if side.Len() != m.Total {
+		region.ReleaseAll(regions)
+		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
+	}
+	return &kvSide{side: side, regions: regions}, nil
 }
 
 // kvSide is one side of a KV transfer here: its mapping and the regions

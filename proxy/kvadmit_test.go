@@ -52,7 +52,7 @@ func TestPeerKVTableRepeats(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &wire.KVRequest{Transfer: 2, Total: total, Name: "kv", Layers: []uint32{0}, Blocks: tc.table, Tokens: tokens,
 				HeadLo: 0, HeadHi: p.Heads, Order: uint8(kvOrder(&c.layout, &c.shape, 0, 0)), Shape: c.shape, PeerShape: c.shape}
-			ks, err := s.kvAdmit(ss, m, tc.want)
+			ks, err := s.kv.admit(ss, m, tc.want)
 			if tc.err == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)

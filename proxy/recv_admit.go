@@ -94,3 +94,18 @@ func (s *Server) incomingTimeout() time.Duration {
 	}
 	return t
 }
+
+// acceptKVPush answers a peer's KVAnnounce.
+func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
+	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
+	if err == nil {
+		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: ks.regions, total: m.Total,
+			dest: kvDest{ks.side, ks.regions, m.Total}, timeout: s.incomingTimeout(), kvn: newKVNote(&m.KVRequest)}
+		err = s.admitIn(ss, x)
+	}
+	if err != nil {
+		s.refusePush(ss, m.Transfer, err)
+		return
+	}
+	ss.send(&wire.Accept{Transfer: m.Transfer})
+}

@@ -9,7 +9,7 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// The receiving side of the latency path (inline.go sends): an inline
+// The receiving side of the latency path (send_inline.go sends): an inline
 // Announce admitted on the data stream that carries it, then its one
 // chunk landed synchronously and acked on that same stream. The receive
 // core counts it like any chunk, but it takes no credit and returns none.
@@ -50,7 +50,7 @@ func (ds *dataStream) readInlineAnnounce(h wire.Header, body *[]byte) error {
 func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, l *landing, x *inXfer) error {
 	s, ss := ds.ss.s, ds.ss
 	defer x.release()
-	pool := s.inlinePool
+	pool := s.inline.pool
 	slot, ok := -1, false
 	if pool != nil && int(ch.PayloadLen) <= pool.SlotSize() {
 		slot, ok = pool.TryAcquire()
@@ -80,7 +80,7 @@ func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, l *
 	ss.link.BytesIn.Add(uint64(ch.PayloadLen))
 	ss.link.ChunksIn.Add(1)
 	l.sync = x.dest.segs(ch, l, l.sync[:0])
-	err := s.lane.Scatter(l.sync, buf)
+	err := s.inline.lane.Scatter(l.sync, buf)
 	if err != nil {
 		s.log.Warn("inline scatter failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", ch.Transfer), zap.Error(err))
 	}

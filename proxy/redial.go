@@ -67,7 +67,7 @@ func (ss *session) redial(idx int) {
 			continue
 		}
 		ss.link.Redials.Add(1)
-		ss.s.mbox.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: idx, Now: time.Now()})
+		ss.s.sender.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: idx, Now: time.Now()})
 		log.Info("data stream redialed", zap.Int("attempt", attempt))
 		return
 	}

@@ -28,7 +28,7 @@ func (h routeHost) Dial(ctx context.Context, r *route, addr string) (*session, e
 		return nil, err
 	}
 	defer h.s.sessions.release(stripes)
-	return h.s.dial(ctx, r, addr)
+	return handshaker(h).dial(ctx, r, addr) // both are the server, seen from two sides
 }
 
 func (h routeHost) Room(stripes int) error { return h.s.sessions.room(stripes) }

@@ -22,7 +22,6 @@ import (
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/routing"
-	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -37,20 +36,11 @@ type Server struct {
 	hostID string
 	start  time.Time
 
-	sendPool *staging.Pool
+	sender   sender // the send side: core, mailbox, send slots, splice (send_loop.go)
 	recvPool *staging.Pool
-	// splice: data-stream writers send payloads with vmsplice+splice
-	// (staging.splice_send, plaintext only); spliceRefused: vmsplice
-	// refused a slot once and that was logged.
-	splice        bool
-	spliceRefused atomic.Bool
-	// spliceProbe replaces the start-up probe in tests (nil: the real one).
-	spliceProbe func(size int) (rawconn.SpliceProbe, error)
-	copiers     copierSet
+	copiers  copierSet
 
-	// The latency path (inline.go): small slots and synchronous copies.
-	inlinePool *staging.Pool // nil: our pushes never take the path
-	lane       *staging.Lane
+	inline inlinePath // the latency path: small slots and synchronous copies (send_inline.go)
 
 	regions *region.Table
 	kv      kvTable // KV caches and peers' shapes (kv.go)
@@ -70,12 +60,6 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	closers closerGroup // sessions closed on goroutines of their own (session.closeLater)
-
-	// sender loop
-	gather    gatherer // the core's copies into send slots (gather.go)
-	mbox      *mailbox
-	core      *staging.Sender
-	sendInUse atomic.Int64
 
 	// The tables, each behind its own lock (no lock is held while
 	// another table's is taken).
@@ -102,12 +86,13 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), mbox: newMailbox(),
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
 		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+	s.sender.s, s.inline.s = s, s
 	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
-	s.kv.init()
+	s.kv.init(s.regions, dev.Kind(), s.newID)
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
 	if cfg.Security.TLS.Enabled() {
@@ -128,22 +113,22 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	slot := int(cfg.Staging.SlotSize)
 	sendSlots := cfg.Staging.Slots / 2
 	recvSlots := cfg.Staging.Slots - sendSlots
-	if s.sendPool, err = s.newSendPool(slot, sendSlots); err != nil {
+	if s.sender.pool, err = s.sender.openPool(slot, sendSlots); err != nil {
 		return nil, err
 	}
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
 		return nil, err
 	}
-	s.gather = gatherer{pool: s.sendPool, copiers: &s.copiers, mbox: s.mbox, nanos: &s.metrics.copyNanos[copyGather]}
-	// After newSendPool: an auto depth follows whether chunks go by splice.
-	s.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.splice))
+	s.sender.gather = gatherer{pool: s.sender.pool, copiers: &s.copiers, mbox: s.sender.mbox, nanos: &s.metrics.copyNanos[copyGather]}
+	// After openPool: an auto depth follows whether chunks go by splice.
+	s.sender.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.sender.splice))
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
-	if s.lane, err = staging.NewLane(dev); err != nil {
+	if s.inline.lane, err = staging.NewLane(dev); err != nil {
 		return nil, err
 	}
 	if cfg.Staging.InlineMax > 0 {
-		if s.inlinePool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
+		if s.inline.pool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
 			return nil, err
 		}
 	}
@@ -190,15 +175,15 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.gcli = cli
 	s.wg.Add(2)
-	go s.loop()
-	go s.acceptPeers()
+	go s.sender.run()
+	go handshaker{s}.acceptLoop()
 	s.engines.Serve()
 	s.nodes.Serve(s.ctx)
 	s.routes.Start(s.ctx, s.cfg.Routes)
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
-		zap.Bool("splice_send", s.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.splice)))
+		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)))
 	return nil
 }
 
@@ -258,17 +243,17 @@ func (s *Server) closeResources() error {
 	for _, c := range s.copiers.all {
 		errs = append(errs, c.Close())
 	}
-	if s.sendPool != nil {
-		errs = append(errs, s.sendPool.Close())
+	if s.sender.pool != nil {
+		errs = append(errs, s.sender.pool.Close())
 	}
 	if s.recvPool != nil {
 		errs = append(errs, s.recvPool.Close())
 	}
-	if s.lane != nil {
-		errs = append(errs, s.lane.Close())
+	if s.inline.lane != nil {
+		errs = append(errs, s.inline.lane.Close())
 	}
-	if s.inlinePool != nil {
-		errs = append(errs, s.inlinePool.Close())
+	if s.inline.pool != nil {
+		errs = append(errs, s.inline.pool.Close())
 	}
 	if s.peerLn != nil {
 		_ = s.peerLn.Close()
@@ -292,11 +277,11 @@ func (s *Server) Leaks() string {
 	if n := s.recvPool.InUse(); n != 0 {
 		fmt.Fprintf(&b, "receive slots in use: %d; ", n)
 	}
-	if n := s.sendInUse.Load(); n != 0 {
+	if n := s.sender.inUse.Load(); n != 0 {
 		fmt.Fprintf(&b, "send slots in use: %d; ", n)
 	}
-	if s.inlinePool != nil && s.inlinePool.InUse() != 0 {
-		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inlinePool.InUse())
+	if s.inline.pool != nil && s.inline.pool.InUse() != 0 {
+		fmt.Fprintf(&b, "inline slots in use: %d; ", s.inline.pool.InUse())
 	}
 	if n := s.outs.len(); n != 0 {
 		fmt.Fprintf(&b, "outgoing transfers: %d; ", n)

@@ -158,7 +158,7 @@ func (ss *session) close(err error) {
 	s.kv.forgetSession(ss.id)
 	ss.performIn(&in)
 	ss.failInline(perr, nil)
-	s.mbox.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
+	s.sender.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)
 	s.log.Info("session down", zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Error(err))
 }

@@ -23,7 +23,7 @@ type (
 func (s *Server) Snapshot() Stats {
 	regions, maps := s.regions.Count()
 	st := Stats{Node: s.cfg.Node.Name, Device: s.dev.String(), Listen: s.PeerAddr(), UptimeS: time.Since(s.start).Seconds(),
-		SlotSize: s.sendPool.SlotSize(), SendSlots: s.sendPool.Cap(), SendInUse: int(s.sendInUse.Load()),
+		SlotSize: s.sender.pool.SlotSize(), SendSlots: s.sender.pool.Cap(), SendInUse: int(s.sender.inUse.Load()),
 		RecvSlots: s.recvPool.Cap(), RecvInUse: s.recvPool.InUse(), Regions: regions, Mappings: maps, Links: []LinkStats{},
 		Goroutines: runtime.NumGoroutine(), FDs: countFDs(), RSSBytes: rssBytes(), CPUSeconds: cpuSeconds(),
 		KVAccepts: s.metrics.kvAccepts.Load(), KVAcceptNanos: s.metrics.kvAcceptN.Load()}

@@ -27,6 +27,17 @@ const inlineSlots = 16
 // inline chunk: the body is read into memory before it is decoded.
 const maxInlineAnnounce = 256 << 10
 
+// inlinePath is the latency path's own: its small pinned slots (nil:
+// our pushes never take the path) and the lane of synchronous copies,
+// which also lands peers' inline pushes (recv_inline.go). It sends our
+// small pushes and takes the peer's answers to them; what they finish is
+// the server's engine-facing transfers.
+type inlinePath struct {
+	s    *Server
+	pool *staging.Pool
+	lane *staging.Lane
+}
+
 // inlineXfer is a small push sent on the latency path, waiting for the
 // peer's Ack or Nack.
 type inlineXfer struct {
@@ -35,14 +46,14 @@ type inlineXfer struct {
 	deadline time.Time // zero: none
 }
 
-// tryInline sends a small push on the latency path and reports true, or
+// send sends a small push on the latency path and reports true, or
 // does nothing and reports false when the push does not qualify (too
 // large, no free inline slot, no live data stream, more than one chunk)
 // and must take the pipeline, or the route names a same-node transport
 // (ipc, shm). regions are the push's source regions; it
 // lets go of them once their bytes are gathered.
-func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region, m *wire.Submit, chk *region.Checked, checksum bool) bool {
-	if s.inlinePool == nil || lx.total > uint64(s.inlinePool.SlotSize()) {
+func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region, m *wire.Submit, chk *region.Checked, checksum bool) bool {
+	if ip.pool == nil || lx.total > uint64(ip.pool.SlotSize()) {
 		return false
 	}
 	if ss.route != nil {
@@ -50,7 +61,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 			return false // the route asked for a same-node path by name
 		}
 	}
-	plan, err := staging.NewPlan(chk.Plan, s.inlinePool.SlotSize())
+	plan, err := staging.NewPlan(chk.Plan, ip.pool.SlotSize())
 	if err != nil || plan.Len() != 1 {
 		return false
 	}
@@ -58,17 +69,17 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 	if ds == nil {
 		return false
 	}
-	slot, ok := s.inlinePool.TryAcquire()
+	slot, ok := ip.pool.TryAcquire()
 	if !ok {
 		return false
 	}
-	defer s.inlinePool.Release(slot)
+	defer ip.pool.Release(slot)
 	c := plan.Chunk(0)
-	buf := s.inlinePool.Slot(slot).Slice(0, int(c.Len))
-	err = s.lane.Gather(buf, c.Src)
+	buf := ip.pool.Slot(slot).Slice(0, int(c.Len))
+	err = ip.lane.Gather(buf, c.Src)
 	region.ReleaseAll(regions)
 	if err != nil {
-		s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %w", c.Len, s.dev, lx.id, err))
+		ip.s.finishLocal(lx, codeErr(wire.CodeDevice, "gather %d B from %s for transfer %d: %w", c.Len, ip.s.dev, lx.id, err))
 		return true
 	}
 	lx.inline.Store(true)
@@ -83,7 +94,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 	}
 	ss.mu.Unlock()
 	if closed {
-		s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
+		ip.s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
 		return true
 	}
 	lx.setState(wire.StateRunning)
@@ -95,7 +106,7 @@ func (s *Server) tryInline(ss *session, lx *localXfer, regions []*region.Region,
 	head = wire.AppendChunkHead(head, &ch, buf.Host(), checksum, wire.FlagInline)
 	if err := ds.writeNow([][]byte{head, buf.Host()}); err != nil {
 		if ix := ss.takeInline(lx.wireID); ix != nil {
-			s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %w", c.Len, ss.peerName, ds.idx, err))
+			ip.s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %w", c.Len, ss.peerName, ds.idx, err))
 		}
 		return true
 	}
@@ -113,9 +124,9 @@ func (ss *session) takeInline(id uint64) *inlineXfer {
 	return ix
 }
 
-// inlineAnswered handles the peer's Ack (err nil) or Nack of one of our
+// answered handles the peer's Ack (err nil) or Nack of one of our
 // inline pushes; a late answer to one already ended is dropped.
-func (s *Server) inlineAnswered(ss *session, id uint64, err error) {
+func (ip *inlinePath) answered(ss *session, id uint64, err error) {
 	ix := ss.takeInline(id)
 	if ix == nil {
 		return
@@ -124,16 +135,16 @@ func (s *Server) inlineAnswered(ss *session, id uint64, err error) {
 		ix.lx.addDone(ix.lx.total)
 		ss.link.XfersInline.Add(1)
 	}
-	s.finishLocal(ix.lx, err)
+	ip.s.finishLocal(ix.lx, err)
 }
 
-// isInline reports whether our wire id id was an inline push: its Ack
+// sent reports whether our wire id id was an inline push: its Ack
 // carries no credit and must not reach the Sender core.
-func (s *Server) isInline(ss *session, id uint64) bool {
+func (ip *inlinePath) sent(ss *session, id uint64) bool {
 	if !ss.ours(id) {
 		return false
 	}
-	lx := s.xfers.get(id >> 1)
+	lx := ip.s.xfers.get(id >> 1)
 	return lx != nil && lx.inline.Load()
 }
 
@@ -213,13 +224,13 @@ func (ds *dataStream) readInlineAnswer(h wire.Header, body *[]byte) error {
 	s, ss := ds.ss.s, ds.ss
 	switch m := m.(type) {
 	case *wire.Ack:
-		if !s.isInline(ss, m.Transfer) {
+		if !s.inline.sent(ss, m.Transfer) {
 			return fmt.Errorf("data stream got an Ack for transfer %d, not one of our small pushes", m.Transfer)
 		}
-		s.inlineAnswered(ss, m.Transfer, nil)
+		s.inline.answered(ss, m.Transfer, nil)
 	case *wire.Nack:
-		if s.isInline(ss, m.Transfer) {
-			s.inlineAnswered(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message))
+		if s.inline.sent(ss, m.Transfer) {
+			s.inline.answered(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message))
 		}
 	}
 	return nil

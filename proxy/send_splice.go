@@ -18,53 +18,53 @@ import (
 // fresh pages (renewSlots) before the core may use them again. See
 // staging/splice.go for the rules and docs/OPERATIONS.md for the trade.
 
-// newSendPool makes the send pool: renewable slots when splice send is
+// openPool makes the send pool: renewable slots when splice send is
 // on, and decides whether it is. staging.splice_send (on by default)
 // applies where it can: a plaintext sidecar whose device renews slot pages
 // and whose slots are whole pages. Elsewhere chunks go by writev, and the
 // start log says why.
-func (s *Server) newSendPool(slot, n int) (*staging.Pool, error) {
+func (sd *sender) openPool(slot, n int) (*staging.Pool, error) {
 	why := ""
-	if _, ok := s.dev.(device.SlotRenewer); !ok {
-		why = fmt.Sprintf("device %s cannot give slots fresh pages", s.dev)
+	if _, ok := sd.s.dev.(device.SlotRenewer); !ok {
+		why = fmt.Sprintf("device %s cannot give slots fresh pages", sd.s.dev)
 	}
 	if slot%int(config.SplicePage) != 0 {
 		why = fmt.Sprintf("staging.slot_size %d B is not a multiple of %d B", slot, config.SplicePage)
 	}
-	if s.tls != nil {
+	if sd.s.tls != nil {
 		why = "security.tls encrypts into its own buffers"
 	}
-	s.splice = s.cfg.Staging.SpliceSend && why == ""
+	sd.splice = sd.s.cfg.Staging.SpliceSend && why == ""
 	switch {
-	case s.cfg.Staging.SpliceSend && why != "":
-		s.log.Info("staging.splice_send does not apply here; chunks are sent with writev", zap.String("why", why))
-	case s.splice && s.cfg.Staging.SpliceProbe:
-		s.splice = s.spliceFaster(slot)
+	case sd.s.cfg.Staging.SpliceSend && why != "":
+		sd.s.log.Info("staging.splice_send does not apply here; chunks are sent with writev", zap.String("why", why))
+	case sd.splice && sd.s.cfg.Staging.SpliceProbe:
+		sd.splice = sd.spliceFaster(slot)
 	}
-	if s.splice {
-		s.log.Info("splice send on: chunk payloads go by vmsplice+splice; a send slot is held until its chunk is acked")
+	if sd.splice {
+		sd.s.log.Info("splice send on: chunk payloads go by vmsplice+splice; a send slot is held until its chunk is acked")
 	}
-	if !s.splice {
-		return staging.NewPool(s.dev, slot, n)
+	if !sd.splice {
+		return staging.NewPool(sd.s.dev, slot, n)
 	}
-	return staging.NewRenewablePool(s.dev, slot, n)
+	return staging.NewRenewablePool(sd.s.dev, slot, n)
 }
 
 // renewSlots gives tainted send slots fresh pages off the core's goroutine
 // and hands each back to the core (EvRenewed). A slot that cannot be
 // renewed is never used again: the core leaves it out.
-func (s *Server) renewSlots(slots []staging.SendSlot) {
-	s.wg.Add(1)
+func (sd *sender) renewSlots(slots []staging.SendSlot) {
+	sd.s.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer sd.s.wg.Done()
 		for _, i := range slots {
-			err := s.sendPool.Renew(int(i))
+			err := sd.pool.Renew(int(i))
 			if err == nil {
-				s.metrics.renewals.Add(1)
+				sd.s.metrics.renewals.Add(1)
 			} else {
-				s.log.Error("send slot taken out of use: it could not get fresh pages after a spliced chunk was given up", zap.Int("slot", int(i)), zap.Error(err))
+				sd.s.log.Error("send slot taken out of use: it could not get fresh pages after a spliced chunk was given up", zap.Int("slot", int(i)), zap.Error(err))
 			}
-			s.mbox.post(staging.Event{Kind: staging.EvRenewed, Slot: i, Err: err, Now: time.Now()})
+			sd.mbox.post(staging.Event{Kind: staging.EvRenewed, Slot: i, Err: err, Now: time.Now()})
 		}
 	}()
 }
@@ -77,12 +77,12 @@ type splicer interface {
 
 // prepareSplice makes a new plaintext stream's splice pipe, sized for our
 // slots, when splice send is on; a stream that cannot have one is refused.
-func (s *Server) prepareSplice(rc streamConn) error {
+func (sd *sender) prepareSplice(rc streamConn) error {
 	sp, ok := rc.(splicer)
-	if !s.splice || !ok {
+	if !sd.splice || !ok {
 		return nil
 	}
-	if err := sp.PrepareSplice(s.sendPool.SlotSize()); err != nil {
+	if err := sp.PrepareSplice(sd.pool.SlotSize()); err != nil {
 		return fmt.Errorf("data stream for splice send: %w", err)
 	}
 	return nil
@@ -95,9 +95,9 @@ var _ splicer = (*rawconn.Conn)(nil)
 // spliced says whether the kernel took the payload's pages by reference.
 func (w *chunkWriter) writeChunk(head, payload []byte) (spliced bool, err error) {
 	ds := w.ds
-	if sp, ok := ds.rc.(splicer); ok && ds.ss.s.splice {
+	if sp, ok := ds.rc.(splicer); ok && ds.ss.s.sender.splice {
 		spliced, refused, err := sp.WriteSplice(head, payload)
-		if refused != nil && ds.ss.s.spliceRefused.CompareAndSwap(false, true) {
+		if refused != nil && ds.ss.s.sender.spliceRefused.CompareAndSwap(false, true) {
 			ds.ss.s.log.Warn("vmsplice refused a send slot; sending such payloads with writev (logged once)", zap.Error(refused))
 		}
 		return spliced, err
@@ -113,8 +113,8 @@ const probeSize = 4 << 20
 // spliceFaster runs the start-up probe (staging.splice_probe): splice send
 // stays on only if it moved at least as much as writev over loopback on
 // this machine. A probe that fails leaves it on (what was configured).
-func (s *Server) spliceFaster(slot int) bool {
-	probe := s.spliceProbe
+func (sd *sender) spliceFaster(slot int) bool {
+	probe := sd.spliceProbe
 	if probe == nil {
 		probe = func(size int) (rawconn.SpliceProbe, error) { return rawconn.ProbeSplice(size, 3) }
 	}
@@ -123,13 +123,13 @@ func (s *Server) spliceFaster(slot int) bool {
 	took := zap.Duration("took", time.Since(start).Round(time.Millisecond))
 	switch {
 	case err != nil:
-		s.log.Warn("splice send probe failed; keeping splice send on as configured", zap.Error(err), took)
+		sd.s.log.Warn("splice send probe failed; keeping splice send on as configured", zap.Error(err), took)
 		return true
 	case !p.Faster():
-		s.log.Info("splice send off: on this machine it moved less than writev over loopback (staging.splice_probe); chunks are sent with writev",
+		sd.s.log.Info("splice send off: on this machine it moved less than writev over loopback (staging.splice_probe); chunks are sent with writev",
 			zap.Stringer("probe", p), took)
 		return false
 	}
-	s.log.Info("splice send probe: splice moved at least as much as writev over loopback", zap.Stringer("probe", p), took)
+	sd.s.log.Info("splice send probe: splice moved at least as much as writev over loopback", zap.Stringer("probe", p), took)
 	return true
 }

@@ -30,7 +30,7 @@ func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer
 		}
 		// The core hears of the transfer before the peer does (a
 		// same-node attempt that fell back announced it already).
-		s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 		announce.ViaControl()
 	}
 	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}

@@ -76,5 +76,21 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 	}
 	s.outs.put(ox)
 	ss.send(&wire.Accept{Transfer: wireID})
-	s.mbox.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+	s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+}
+
+// serveKVPull answers a peer's KVPull: the rows go out in canonical order.
+func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
+	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
+	if err != nil {
+		s.refusePull(ss, m.Transfer, err)
+		return
+	}
+	plan, err := kvPlan(ks.side, ks.regions, ss.chunkSize)
+	if err != nil {
+		region.ReleaseAll(ks.regions)
+		s.refusePull(ss, m.Transfer, err)
+		return
+	}
+	s.serveOut(ss, m.Transfer, m.Tag, ks.regions, plan, newKVNote(&m.KVRequest))
 }

@@ -57,7 +57,8 @@ func TestSpliceSendApplies(t *testing.T) {
 			cfg.Staging.SpliceSend = tt.on
 			cfg.Staging.SpliceProbe = tt.probe != nil
 			probed := 0
-			s := &Server{cfg: cfg, dev: tt.dev, log: zap.New(core), spliceProbe: func(size int) (rawconn.SpliceProbe, error) {
+			s := &Server{cfg: cfg, dev: tt.dev, log: zap.New(core)}
+			s.sender = sender{s: s, spliceProbe: func(size int) (rawconn.SpliceProbe, error) {
 				probed++
 				if size != tt.slot {
 					t.Errorf("probe of %d B payloads, want the slot size %d", size, tt.slot)
@@ -70,13 +71,13 @@ func TestSpliceSendApplies(t *testing.T) {
 			if tt.tls {
 				s.tls = &peerTLS{}
 			}
-			p, err := s.newSendPool(tt.slot, 2)
+			p, err := s.sender.openPool(tt.slot, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer p.Close()
-			if s.splice != tt.splice {
-				t.Fatalf("splice %v, want %v", s.splice, tt.splice)
+			if s.sender.splice != tt.splice {
+				t.Fatalf("splice %v, want %v", s.sender.splice, tt.splice)
 			}
 			if want := map[bool]int{true: 1}[tt.runs]; probed != want {
 				t.Fatalf("probe ran %d times, want %d", probed, want)

@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/proxy/status"
+	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
 )
@@ -14,70 +16,95 @@ import (
 // tickEvery is how often deadlines are checked.
 const tickEvery = 100 * time.Millisecond
 
-// loop feeds the Sender core and performs what it returns. It is the only
-// goroutine that touches s.core.
-func (s *Server) loop() {
-	defer s.wg.Done()
-	defer s.gather.startMappers()()
+// sender is the send side's engine: the pure sender core
+// (staging.Sender), the mailbox that feeds it events, the send slots and
+// the copies that gather chunks into them (gatherer), and whether chunks
+// leave by splice (send_splice.go). One goroutine (run) steps the core and
+// performs its output; everyone else only posts. What the output touches
+// beyond that (the transfer tables, the engines' answers) is the server's.
+type sender struct {
+	s      *Server
+	mbox   *mailbox
+	core   *staging.Sender
+	gather gatherer      // the core's copies into send slots (send_gather.go)
+	pool   *staging.Pool // the send slots
+	inUse  atomic.Int64  // send slots the core holds, for stats and Leaks
+	// splice: data-stream writers send payloads with vmsplice+splice
+	// (staging.splice_send, plaintext only); spliceRefused: vmsplice
+	// refused a slot once and that was logged.
+	splice        bool
+	spliceRefused atomic.Bool
+	// spliceProbe replaces the start-up probe in tests (nil: the real one).
+	spliceProbe func(size int) (rawconn.SpliceProbe, error)
+}
+
+// post queues an event for the core; it never blocks.
+func (sd *sender) post(ev staging.Event) { sd.mbox.post(ev) }
+
+// run feeds the sender core and performs what it returns. It is the only
+// goroutine that touches sd.core.
+func (sd *sender) run() {
+	defer sd.s.wg.Done()
+	defer sd.gather.startMappers()()
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.mbox.signal:
+		case <-sd.mbox.signal:
 		case now := <-t.C:
-			s.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
-			for _, ss := range s.sessions.liveList() {
+			sd.mbox.post(staging.Event{Kind: staging.EvTick, Now: now})
+			for _, ss := range sd.s.sessions.liveList() {
 				ss.tick(now)
 			}
-			s.preauth.summarize(now, s.log)
-		case <-s.ctx.Done():
-			s.drainLoop()
+			sd.s.preauth.summarize(now, sd.s.log)
+		case <-sd.s.ctx.Done():
+			sd.drainLoop()
 			return
 		}
-		for _, ev := range s.mbox.take() {
-			s.perform(s.core.Step(ev))
+		for _, ev := range sd.mbox.take() {
+			sd.perform(sd.core.Step(ev))
 		}
-		s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
+		sd.inUse.Store(int64(sd.pool.Cap() - sd.core.FreeSlots()))
 	}
 }
 
 // idle reports whether the core holds no slot and no transfer (slots whose
 // renewal failed are gone for good and not waited for).
-func (s *Server) idle() bool {
-	return s.core.FreeSlots() == s.core.Slots() && s.core.Active() == 0
+func (sd *sender) idle() bool {
+	return sd.core.FreeSlots() == sd.core.Slots() && sd.core.Active() == 0
 }
 
 // drainLoop runs at shutdown: sessions are closed, so the core fails what
 // is left; copies in flight still report back and are absorbed here until
 // every slot is home.
-func (s *Server) drainLoop() {
+func (sd *sender) drainLoop() {
 	deadline := time.After(10 * time.Second)
-	for !s.idle() {
-		for _, ev := range s.mbox.take() {
-			s.perform(s.core.Step(ev))
+	for !sd.idle() {
+		for _, ev := range sd.mbox.take() {
+			sd.perform(sd.core.Step(ev))
 		}
-		if s.idle() {
+		if sd.idle() {
 			break
 		}
 		select {
-		case <-s.mbox.signal:
+		case <-sd.mbox.signal:
 		case <-time.After(tickEvery):
 			// Sessions already closed; make the core fail anything left.
-			s.perform(s.core.Step(staging.Event{Kind: staging.EvTick, Now: time.Now().Add(24 * time.Hour)}))
+			sd.perform(sd.core.Step(staging.Event{Kind: staging.EvTick, Now: time.Now().Add(24 * time.Hour)}))
 		case <-deadline:
-			s.log.Error("shutdown: send slots still busy after 10s")
+			sd.s.log.Error("shutdown: send slots still busy after 10s")
 			return
 		}
 	}
-	s.sendInUse.Store(int64(s.sendPool.Cap() - s.core.FreeSlots()))
+	sd.inUse.Store(int64(sd.pool.Cap() - sd.core.FreeSlots()))
 }
 
-func (s *Server) perform(r *staging.Ready) {
+func (sd *sender) perform(r *staging.Ready) {
 	for _, c := range r.Copies {
-		s.gather.start(c)
+		sd.gather.start(c)
 	}
 	for _, c := range r.Sends {
-		ox := s.outs.get(c.Transfer)
+		ox := sd.s.outs.get(c.Transfer)
 		var ds *dataStream
 		if ox != nil {
 			ox.ss.mu.Lock()
@@ -87,17 +114,17 @@ func (s *Server) perform(r *staging.Ready) {
 			ox.ss.mu.Unlock()
 		}
 		if ds == nil || !ds.enqueue(sendJob{cmd: c, wireID: ox.wireID, checksum: ox.checksum}) {
-			s.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: errStreamClosed, Now: time.Now()})
+			sd.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: errStreamClosed, Now: time.Now()})
 		}
 	}
 	for _, d := range r.Done {
-		ox := s.outs.get(d.Transfer)
+		ox := sd.s.outs.get(d.Transfer)
 		if ox == nil {
 			continue
 		}
 		if errors.Is(d.Err, staging.ErrTimeout) {
 			if n := ox.ss.unstick(time.Now()); n > 0 {
-				s.log.Warn("data streams stuck in a write shut down after a transfer missed its deadline",
+				sd.s.log.Warn("data streams stuck in a write shut down after a transfer missed its deadline",
 					zap.String("peer", ox.ss.peerName), zap.Int("streams", n))
 			}
 		}
@@ -110,7 +137,7 @@ func (s *Server) perform(r *staging.Ready) {
 				ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
 			}
 			ox.local.addDone(d.Bytes)
-			s.finishLocal(ox.local, err)
+			sd.s.finishLocal(ox.local, err)
 			continue
 		}
 		// A pull we served: tell subscribers, and the peer whenever it
@@ -131,16 +158,16 @@ func (s *Server) perform(r *staging.Ready) {
 		} else {
 			ox.ss.link.XfersOK.Add(1)
 		}
-		s.notify(n)
+		sd.s.notify(n)
 	}
 	if len(r.Progress) > 0 {
-		s.outs.progress(r.Progress)
+		sd.s.outs.progress(r.Progress)
 	}
 	for _, k := range r.Retired {
-		s.retire(k)
+		sd.s.retire(k)
 	}
 	if len(r.Taint) > 0 {
-		s.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
+		sd.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
 	}
 }
 

@@ -112,8 +112,9 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes. With wait false it does not
 // wait for a session to the peer: routing.ErrNoSession says it would have.
-func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
-	r, err := s.openRoute(m.Route)
+func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
+	s := h.s
+	r, err := h.openRoute(m.Route)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +157,7 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 	keep = true
 
 	if m.Dir == wire.Push {
-		if s.tryInline(ss, lx, regions, m, chk, checksum) {
+		if s.inline.send(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
@@ -197,7 +198,8 @@ func (s *Server) submit(ctx context.Context, m *wire.Submit, wait bool) (*localX
 
 // openRoute is the route an engine's transfer names, while the sidecar
 // takes transfers.
-func (s *Server) openRoute(name string) (*route, error) {
+func (h engineHost) openRoute(name string) (*route, error) {
+	s := h.s
 	if s.closing.Load() || s.draining.Load() {
 		return nil, codeErr(wire.CodeShutdown, "sidecar is shutting down (draining): submit to another sidecar or retry after it restarts")
 	}
@@ -246,8 +248,8 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		x.fail(err, false)
 		return
 	}
-	if s.isInline(ss, m.Transfer) {
-		s.inlineAnswered(ss, m.Transfer, err)
+	if s.inline.sent(ss, m.Transfer) {
+		s.inline.answered(ss, m.Transfer, err)
 		return
 	}
 	if ss.ours(m.Transfer) {
@@ -255,11 +257,11 @@ func (s *Server) nacked(ss *session, m *wire.Nack) {
 		if !s.carries(ss, key) {
 			s.stray(ss, "Nack", m.Transfer)
 		}
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
 		return
 	}
 	if key, ok := ss.coreKey(m.Transfer); ok {
-		s.mbox.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
 		return
 	}
 	s.stray(ss, "Nack", m.Transfer)
@@ -324,8 +326,9 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	s.xfers.finish(lx.id)
 }
 
-// cancel cancels an engine's transfer.
-func (s *Server) cancelXfer(id uint64) error {
+// Cancel cancels an engine's transfer.
+func (h engineHost) Cancel(id uint64) error {
+	s := h.s
 	lx := s.xfers.get(id)
 	if lx == nil {
 		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
@@ -344,7 +347,7 @@ func (s *Server) cancelXfer(id uint64) error {
 		return nil
 	}
 	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
-		s.mbox.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
+		s.sender.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
 	}
 	return nil
 }
@@ -359,8 +362,9 @@ func (s *Server) failAllLocal(err error) {
 	}
 }
 
-func (s *Server) lookupXfer(id uint64) (*localXfer, error) {
-	lx := s.xfers.get(id)
+// lookup is the engine's transfer id.
+func (h engineHost) lookup(id uint64) (*localXfer, error) {
+	lx := h.s.xfers.get(id)
 	if lx == nil {
 		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
 	}
