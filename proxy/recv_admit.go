@@ -50,7 +50,8 @@ func (s *Server) admitPush(ss *session, m *wire.Announce, ackOn *dataStream) err
 		}
 	}
 	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
-		dest: byteDest{regions}, timeout: s.incomingTimeout(), ackOn: ackOn}
+		timeout: s.incomingTimeout(), ackOn: ackOn}
+	x.dest = bytesInto(x)
 	return s.admitIn(ss, x)
 }
 

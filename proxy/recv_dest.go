@@ -35,16 +35,28 @@ type landing struct {
 }
 
 // byteDest: chunk segments name a region of the transfer's list and an
-// offset in it.
-type byteDest struct{ regions []*region.Region }
+// offset in it. It points at the list (inXfer.regions), so that it sits
+// in the interface without an allocation of its own.
+type byteDest struct{ list *[]*region.Region }
+
+// bytesInto is the destination of x's byte chunks: its regions.
+func bytesInto(x *inXfer) byteDest { return byteDest{&x.regions} }
+
+func (d byteDest) regions() []*region.Region {
+	if d.list == nil {
+		return nil
+	}
+	return *d.list
+}
 
 func (d byteDest) check(ch *wire.Chunk, l *landing) error {
+	regions := d.regions()
 	l.segs = l.segs[:0]
 	for i, cs := range ch.Segs {
-		if int(cs.Region) >= len(d.regions) {
-			return codeErr(wire.CodeUnknownRegion, "chunk %d segment %d names region #%d; the transfer has %d", ch.Index, i, cs.Region, len(d.regions))
+		if int(cs.Region) >= len(regions) {
+			return codeErr(wire.CodeUnknownRegion, "chunk %d segment %d names region #%d; the transfer has %d", ch.Index, i, cs.Region, len(regions))
 		}
-		s, err := d.regions[cs.Region].Seg(cs.Offset, uint64(cs.Len))
+		s, err := regions[cs.Region].Seg(cs.Offset, uint64(cs.Len))
 		if err != nil {
 			return codeErr(wire.CodeOutOfRange, "chunk %d segment %d: %w", ch.Index, i, err)
 		}

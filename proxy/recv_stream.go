@@ -44,6 +44,7 @@ type chunkReader struct {
 	land     landing // where the chunk goes (recv_dest.go)
 	scratch  []byte  // for draining refused payloads, made on first use
 	announce []byte  // inline Announce and answer bodies, made on first use
+	out      recvOut // the receive core's answer to the chunk (admit)
 }
 
 // read takes frames until the stream fails; only a stream-level failure
@@ -76,9 +77,9 @@ func (r *chunkReader) next() error {
 		return err
 	}
 	inline := h.Flags&wire.FlagInline != 0
-	x, o := r.admit(inline)
-	if !o.Hold {
-		return r.drain(&o)
+	x := r.admit(inline)
+	if !r.out.Hold {
+		return r.drain(&r.out)
 	}
 	if inline {
 		return ds.landInline(h, &r.ch, r.meta, &r.land, x)
@@ -124,10 +125,11 @@ func (r *chunkReader) readMeta(h wire.Header) error {
 
 // admit finds the chunk's transfer (waiting briefly for an Announce it
 // overtook), checks it against the destination and asks the receive
-// core. The core's answers are the caller's to perform: a drained
-// chunk's come after its payload is gone.
-func (r *chunkReader) admit(inline bool) (*inXfer, recvOut) {
-	ss, ch := r.ds.ss, &r.ch
+// core, whose answer it leaves in r.out. The core's answers are the
+// caller's to perform: a drained chunk's come after its payload is gone.
+func (r *chunkReader) admit(inline bool) *inXfer {
+	ss, ch, o := r.ds.ss, &r.ch, &r.out
+	o.reset()
 	for {
 		x := ss.incoming(ch.Transfer)
 		var serr error
@@ -135,7 +137,6 @@ func (r *chunkReader) admit(inline bool) (*inXfer, recvOut) {
 			serr = x.dest.check(ch, &r.land)
 		}
 		ev := staging.RecvEvent{Kind: staging.RxChunk, Transfer: ch.Transfer, Chunk: ch.Index, Count: ch.Count, Inline: inline, Err: serr}
-		var o recvOut
 		ss.mu.Lock()
 		if ss.in[ch.Transfer] != x {
 			// Opened or ended since incoming looked: look again (a
@@ -143,12 +144,12 @@ func (r *chunkReader) admit(inline bool) (*inXfer, recvOut) {
 			ss.mu.Unlock()
 			continue
 		}
-		ss.stepIn(ev, x, &o)
+		ss.stepIn(ev, x, o)
 		ss.mu.Unlock()
 		if o.Hold {
-			ss.performIn(&o)
+			ss.performIn(o)
 		}
-		return x, o
+		return x
 	}
 }
 

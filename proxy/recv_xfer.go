@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,6 +43,24 @@ type recvOut struct {
 	staging.RecvReady
 	x    *inXfer   // the transfer the event named, when the caller had it
 	done []*inXfer // the transfer of each Done, in order
+	// An inline push's Ack, framed here (performIn): reused with o.
+	ack   wire.Ack
+	frame []byte
+}
+
+// recvOuts recycles the outputs of session.recv: a warm one's slices
+// keep their arrays, so a step allocates nothing (a small push steps the
+// core three times).
+var recvOuts = sync.Pool{New: func() any { return new(recvOut) }}
+
+// reset empties o for reuse, keeping its slices' arrays but nothing they
+// pointed at.
+func (o *recvOut) reset() {
+	clear(o.done)
+	clear(o.Nacks)
+	clear(o.Done)
+	o.RecvReady.Reset()
+	o.x, o.done = nil, o.done[:0]
 }
 
 // find is the transfer id of an output names.
@@ -80,25 +99,29 @@ func (ss *session) stepIn(ev staging.RecvEvent, x *inXfer, o *recvOut) {
 }
 
 // recv steps the receive core with ev about x (nil when the caller has no
-// transfer) and performs what it returned.
-func (ss *session) recv(ev staging.RecvEvent, x *inXfer) recvOut {
-	var o recvOut
+// transfer) and performs what it returned. The error is the core's
+// refusal (RecvReady.Err).
+func (ss *session) recv(ev staging.RecvEvent, x *inXfer) error {
+	o := recvOuts.Get().(*recvOut)
 	ss.mu.Lock()
-	ss.stepIn(ev, x, &o)
+	ss.stepIn(ev, x, o)
 	ss.mu.Unlock()
-	ss.performIn(&o)
-	return o
+	ss.performIn(o)
+	err := o.Err
+	o.reset()
+	recvOuts.Put(o)
+	return err
 }
 
 // performIn does what the core decided, in its order (staging.RecvReady).
 func (ss *session) performIn(o *recvOut) {
 	for _, a := range o.Acks {
-		ack := &wire.Ack{Transfer: a.Transfer, Chunks: []uint32{a.Chunk}}
 		if x := o.find(a.Transfer); x != nil && x.ackOn != nil {
-			var b [64]byte
-			x.ackOn.sendCtl(wire.AppendFrame(b[:0], ack, false, 0))
+			o.ack = wire.Ack{Transfer: a.Transfer, Chunks: append(o.ack.Chunks[:0], a.Chunk)}
+			o.frame = wire.AppendFrame(o.frame[:0], &o.ack, false, 0)
+			x.ackOn.sendCtl(o.frame) // copies it
 		} else {
-			ss.send(ack)
+			ss.send(&wire.Ack{Transfer: a.Transfer, Chunks: []uint32{a.Chunk}})
 		}
 	}
 	if o.Credits > 0 {
@@ -154,9 +177,8 @@ func recvErr(err error) error {
 
 // open registers x, checked, with the session's receive core.
 func (ss *session) open(x *inXfer) error {
-	o := ss.recv(staging.RecvEvent{Kind: staging.RxOpen, Transfer: x.wireID, Total: x.total, Timeout: x.timeout,
-		Pull: x.local != nil, Inline: x.ackOn != nil}, x)
-	return recvErr(o.Err)
+	return recvErr(ss.recv(staging.RecvEvent{Kind: staging.RxOpen, Transfer: x.wireID, Total: x.total, Timeout: x.timeout,
+		Pull: x.local != nil, Inline: x.ackOn != nil}, x))
 }
 
 // finish tells whom it concerns that x ended: the engine of our pull, or
@@ -193,9 +215,8 @@ func (ss *session) lookupIn(wireID uint64) *inXfer {
 func (x *inXfer) resolve(ch *wire.Chunk, segs []device.Seg) ([]device.Seg, error) {
 	var l landing
 	serr := x.dest.check(ch, &l)
-	o := x.ss.recv(staging.RecvEvent{Kind: staging.RxCheck, Transfer: x.wireID, Chunk: ch.Index, Count: ch.Count, Err: serr}, x)
-	if o.Err != nil {
-		return segs, recvErr(o.Err)
+	if err := x.ss.recv(staging.RecvEvent{Kind: staging.RxCheck, Transfer: x.wireID, Chunk: ch.Index, Count: ch.Count, Err: serr}, x); err != nil {
+		return segs, recvErr(err)
 	}
 	return x.dest.segs(ch, &l, segs), nil
 }
@@ -233,8 +254,7 @@ func (x *inXfer) viaRing() {
 // directLanded completes a transfer whose n bytes the peer (push) or we
 // (pull) copied directly: no chunks, no acks.
 func (x *inXfer) directLanded(n uint64) error {
-	o := x.ss.recv(staging.RecvEvent{Kind: staging.RxDirect, Transfer: x.wireID, Bytes: n}, x)
-	return recvErr(o.Err)
+	return recvErr(x.ss.recv(staging.RecvEvent{Kind: staging.RxDirect, Transfer: x.wireID, Bytes: n}, x))
 }
 
 func routeName(ss *session) string {

@@ -181,7 +181,8 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 		rg.Ref()
 	}
 	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
-		dest: byteDest{regions}, local: lx, timeout: lx.timeout}
+		local: lx, timeout: lx.timeout}
+	x.dest = bytesInto(x)
 	ops := make([]wire.Op, len(m.Ops))
 	for i, op := range m.Ops {
 		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}

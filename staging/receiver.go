@@ -173,6 +173,7 @@ type rxfer struct {
 	progress time.Time
 	count    uint32
 	bits     []uint64
+	bit0     [1]uint64 // bits of a transfer of at most 64 chunks
 	nLanded  uint32
 	bytes    uint64
 	holds    int
@@ -194,9 +195,15 @@ type Receiver struct {
 	live    int               // open (not finished) transfers
 	closed  bool
 	gone    tombstones
+	spare   []*rxfer // retired records for the next opens (at most maxSpare)
 	out     *RecvReady
 	now     time.Time
 }
+
+// maxSpare is how many retired transfer records a Receiver keeps for
+// reuse: a session's small pushes, one after another, then open theirs
+// without allocating.
+const maxSpare = 8
 
 // NewReceiver makes the core of one session; it admits at most maxLive
 // open transfers (limits.max_transfers_per_peer) besides our pulls.

@@ -1,6 +1,9 @@
 package staging
 
-import "errors"
+import (
+	"errors"
+	"slices"
+)
 
 // The receive core's rules, one event each (receiver.go says who calls).
 
@@ -18,7 +21,13 @@ func (r *Receiver) open(ev RecvEvent) error {
 	if !ev.Pull && r.live >= r.maxLive {
 		return ruleErr(ErrBusy, "limits.max_transfers_per_peer (%d) reached", r.maxLive)
 	}
-	x := &rxfer{id: ev.Transfer, total: ev.Total, pull: ev.Pull, timeout: ev.Timeout, progress: r.now}
+	var x *rxfer
+	if n := len(r.spare); n > 0 {
+		x, r.spare = r.spare[n-1], r.spare[:n-1]
+	} else {
+		x = new(rxfer)
+	}
+	*x = rxfer{id: ev.Transfer, total: ev.Total, pull: ev.Pull, timeout: ev.Timeout, progress: r.now}
 	if ev.Inline {
 		x.path = pathInline
 	}
@@ -41,7 +50,11 @@ func (r *Receiver) check(x *rxfer, ev RecvEvent) error {
 			return ruleErr(ErrMalformed, "chunk count %d is impossible for %d B", ev.Count, x.total)
 		}
 		x.count = ev.Count
-		x.bits = make([]uint64, (ev.Count+63)/64)
+		if words := (ev.Count + 63) / 64; words == 1 {
+			x.bits = x.bit0[:]
+		} else {
+			x.bits = make([]uint64, words)
+		}
 	} else if ev.Count != x.count {
 		return ruleErr(ErrMalformed, "chunk %d says %d chunks, earlier chunks said %d", ev.Chunk, ev.Count, x.count)
 	}
@@ -187,18 +200,23 @@ func (r *Receiver) finish(x *rxfer, err error) {
 	if !x.pull || err == nil {
 		r.gone.bury(x.id, err == nil)
 		if err != nil && x.nLanded > 0 && x.path == pathPipeline {
-			r.gone.keepBits(x.id, x.bits) // no longer written: x is finished
+			r.gone.keepBits(x.id, slices.Clone(x.bits)) // x's own go with it (maybeRetire)
 		}
 	}
 	r.out.Done = append(r.out.Done, RecvDone{Transfer: x.id, Bytes: x.bytes, Err: err})
 	r.maybeRetire(x)
 }
 
-// maybeRetire forgets a finished transfer no chunk holds.
+// maybeRetire forgets a finished transfer no chunk holds, keeping its
+// record for reuse: nothing refers to it once it left r.xfers.
 func (r *Receiver) maybeRetire(x *rxfer) {
 	if x.finished && x.holds == 0 {
 		delete(r.xfers, x.id)
 		r.out.Released = append(r.out.Released, x.id)
+		if len(r.spare) < maxSpare {
+			*x = rxfer{}
+			r.spare = append(r.spare, x)
+		}
 	}
 }
 
