@@ -104,24 +104,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	now := time.Now()
 	switch m := m.(type) {
 	case *wire.Ack:
-		if s.inline.sent(ss, m.Transfer) {
-			s.inline.answered(ss, m.Transfer, nil)
-			return gnet.None
-		}
-		key, ok := ss.coreKey(m.Transfer)
-		if !ok {
-			// Unknown transfer: no credit (PROTOCOL 8.7). A late Ack of
-			// one that retired still maps to its key: the core returns
-			// the credits it still owes.
-			s.stray(ss, "Ack", m.Transfer)
-			return gnet.None
-		}
-		if ss.ours(m.Transfer) && !s.carries(ss, key) {
-			s.stray(ss, "Ack", m.Transfer) // the core ignores it too
-		}
-		s.sender.post(staging.Event{Kind: staging.EvAck, Session: ss.id, Transfer: key, Chunks: m.Chunks, Now: now})
+		ss.answererOf(m.Transfer).ack(ss, m, now)
 	case *wire.Resend:
-		s.resendAsked(ss, m, now)
+		// A chunk we sent arrived damaged.
+		ss.answererOf(m.Transfer).resend(ss, m, now)
 	case *wire.Credit:
 		s.sender.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
 	case *wire.Announce:
@@ -141,7 +127,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		// Accept; a pull's chunks simply start arriving): only a Nack
 		// changes anything.
 	case *wire.Nack:
-		s.nacked(ss, m)
+		// The peer refused or failed a transfer: ours, or one we serve
+		// or receive.
+		err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
+		ss.answererOf(m.Transfer).nack(ss, m.Transfer, err, time.Now())
 	case *wire.CatalogRequest:
 		ss.send(&wire.Catalog{Seq: m.Seq, Regions: s.regions.Infos(true)})
 	case *wire.Catalog:
@@ -171,8 +160,6 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	return gnet.None
 }
 
-// coreKey maps a wire id acked by the peer to the Sender core's key: our
-// pushes use our local id; pulls we serve were given a key when accepted.
 // stray logs, once per session and frame type, a peer's Ack or Nack that
 // names a transfer not in flight on its session. A late answer to a
 // transfer that already failed looks the same as a forged one; either way
@@ -188,22 +175,6 @@ func (s *Server) stray(ss *session, frame string, id uint64) {
 func (s *Server) carries(ss *session, key staging.Key) bool {
 	ox := s.outs.get(key)
 	return ox != nil && ox.ss == ss
-}
-
-// coreKey is the core's key of the transfer a peer's frame names by wire
-// id: ours carry our key shifted left by one; a pull we serve was given
-// its key when admitted.
-func (ss *session) coreKey(wireID uint64) (staging.Key, bool) {
-	if ss.ours(wireID) {
-		return staging.Key(wireID >> 1), true
-	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if k, ok := ss.served[wireID]; ok {
-		return k, true
-	}
-	k, ok := ss.retired[wireID]
-	return k, ok
 }
 
 // maxRetired bounds the retired served pulls a session remembers; the
@@ -223,24 +194,4 @@ func (ss *session) keepRetiredLocked(wireID uint64, key staging.Key) {
 		delete(ss.retired, ss.retRing[0])
 		ss.retRing = ss.retRing[1:]
 	}
-}
-
-// resendAsked handles the peer's Resend: a chunk we sent arrived damaged.
-// The core sends it again (and takes back the chunk's credit); a Resend
-// for a transfer we do not know returns nothing, and one for
-// a small push (which takes no credit and is never sent again) is
-// ignored: its receiver answers a damaged small push with a Nack.
-func (s *Server) resendAsked(ss *session, m *wire.Resend, now time.Time) {
-	if s.inline.sent(ss, m.Transfer) {
-		return
-	}
-	key, ok := ss.coreKey(m.Transfer)
-	if !ok {
-		s.stray(ss, "Resend", m.Transfer)
-		return
-	}
-	ss.link.Resends.Add(1)
-	s.log.Info("peer found a chunk damaged; sending it again", zap.String("peer", ss.peerName),
-		zap.Uint64("transfer", m.Transfer), zap.Uint32("chunk", m.Chunk))
-	s.sender.post(staging.Event{Kind: staging.EvResend, Session: ss.id, Transfer: key, Chunk: m.Chunk, Now: now})
 }

@@ -50,7 +50,12 @@ func (ss *session) Err() error {
 func (ss *session) inFlight() int {
 	n := ss.s.xfers.running(ss) + ss.s.outs.served(ss)
 	ss.mu.Lock()
-	n += len(ss.in) + len(ss.inline)
+	n += len(ss.in)
+	for _, a := range ss.answers {
+		if _, ok := a.(*inlineXfer); ok {
+			n++
+		}
+	}
 	ss.mu.Unlock()
 	return n
 }

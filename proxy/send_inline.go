@@ -90,7 +90,7 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 	ss.mu.Lock()
 	closed := ss.closed
 	if !closed {
-		ss.inline[lx.wireID] = ix
+		ss.expectLocked(lx.wireID, ix)
 	}
 	ss.mu.Unlock()
 	if closed {
@@ -119,8 +119,10 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 func (ss *session) takeInline(id uint64) *inlineXfer {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	ix := ss.inline[id]
-	delete(ss.inline, id)
+	ix, _ := ss.answers[id].(*inlineXfer)
+	if ix != nil {
+		delete(ss.answers, id)
+	}
 	return ix
 }
 
@@ -138,25 +140,15 @@ func (ip *inlinePath) answered(ss *session, id uint64, err error) {
 	ip.s.finishLocal(ix.lx, err)
 }
 
-// sent reports whether our wire id id was an inline push: its Ack
-// carries no credit and must not reach the Sender core.
-func (ip *inlinePath) sent(ss *session, id uint64) bool {
-	if !ss.ours(id) {
-		return false
-	}
-	lx := ip.s.xfers.get(id >> 1)
-	return lx != nil && lx.inline.Load()
-}
-
 // failInline fails the inline pushes of a session for which keep says
 // false (all of them when keep is nil).
 func (ss *session) failInline(err error, keep func(*inlineXfer) bool) {
 	ss.mu.Lock()
 	var failed []*inlineXfer
-	for id, ix := range ss.inline {
-		if keep == nil || !keep(ix) {
+	for id, a := range ss.answers {
+		if ix, ok := a.(*inlineXfer); ok && (keep == nil || !keep(ix)) {
 			failed = append(failed, ix)
-			delete(ss.inline, id)
+			delete(ss.answers, id)
 		}
 	}
 	ss.mu.Unlock()
@@ -221,16 +213,21 @@ func (ds *dataStream) readInlineAnswer(h wire.Header, body *[]byte) error {
 	if err != nil {
 		return err
 	}
-	s, ss := ds.ss.s, ds.ss
+	// Only our small pushes are answered here (send_answers.go): an Ack
+	// of another kind fails the stream, a Nack of another kind is dropped.
+	ss := ds.ss
 	switch m := m.(type) {
 	case *wire.Ack:
-		if !s.inline.sent(ss, m.Transfer) {
+		switch a := ss.answererOf(m.Transfer).(type) {
+		case *inlineXfer, inlineEnded:
+			a.ack(ss, m, time.Now())
+		default:
 			return fmt.Errorf("data stream got an Ack for transfer %d, not one of our small pushes", m.Transfer)
 		}
-		s.inline.answered(ss, m.Transfer, nil)
 	case *wire.Nack:
-		if s.inline.sent(ss, m.Transfer) {
-			s.inline.answered(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message))
+		switch a := ss.answererOf(m.Transfer).(type) {
+		case *inlineXfer, inlineEnded:
+			a.nack(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message), time.Now())
 		}
 	}
 	return nil

@@ -61,9 +61,9 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 	key := staging.Key(s.newID())
 	ox := &outXfer{key: key, wireID: wireID, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, kvn: kvn}
 	ss.mu.Lock()
-	_, dup := ss.served[wireID]
+	_, dup := ss.answers[wireID].(coreServed)
 	if !dup && !ss.closed {
-		ss.served[wireID] = key
+		ss.expectLocked(wireID, coreServed(key))
 	}
 	closed := ss.closed
 	ss.mu.Unlock()

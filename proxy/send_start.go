@@ -23,6 +23,7 @@ func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer
 		plan, err := ox.getPlan()
 		if err != nil {
 			ss.node.Unwatch(ox.wireID)
+			ss.forget(ox.wireID, corePush(ox.key))
 			s.outs.take(ox.key)
 			region.ReleaseAll(ox.regions)
 			s.finishLocal(ox.local, err)
@@ -57,6 +58,7 @@ func (ox *outXfer) finishDirect(t node.Transport, err error) {
 		}
 	}
 	ss.node.Unwatch(ox.wireID)
+	ss.forget(ox.wireID, corePush(ox.key))
 	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {

@@ -162,6 +162,7 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.outs.put(ox)
+		ss.expect(lx.wireID, corePush(ox.key))
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
 		// and holds any chunk that overtook it until then, so nothing lands
@@ -239,42 +240,6 @@ func (lx *localXfer) setState(st wire.State) {
 	lx.mu.Unlock()
 }
 
-// nacked: the peer refused or failed a transfer, ours or one we serve or receive.
-func (s *Server) nacked(ss *session, m *wire.Nack) {
-	err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
-	if ss.node.Nack(m.Transfer, err) { // a direct push (proxy/node)
-		return
-	}
-	if x := ss.lookupIn(m.Transfer); x != nil {
-		x.fail(err, false)
-		return
-	}
-	if s.inline.sent(ss, m.Transfer) {
-		s.inline.answered(ss, m.Transfer, err)
-		return
-	}
-	if ss.ours(m.Transfer) {
-		key, _ := ss.coreKey(m.Transfer)
-		if !s.carries(ss, key) {
-			s.stray(ss, "Nack", m.Transfer)
-		}
-		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: err, Now: time.Now()})
-		return
-	}
-	if key, ok := ss.coreKey(m.Transfer); ok {
-		s.sender.post(staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: key, Err: nackedByPeer{err}, Now: time.Now()})
-		return
-	}
-	s.stray(ss, "Nack", m.Transfer)
-}
-
-// nackedByPeer marks the failure of a pull we serve that the requester
-// itself reported (its Nack): it is not answered with a Nack of ours,
-// which the requester, done with the transfer, could only log as stray.
-type nackedByPeer struct{ error }
-
-func (e nackedByPeer) Unwrap() error { return e.error }
-
 // retire forgets an outgoing transfer and lets go of its regions.
 func (s *Server) retire(key staging.Key) {
 	ox := s.outs.take(key)
@@ -282,12 +247,16 @@ func (s *Server) retire(key staging.Key) {
 		return
 	}
 	region.ReleaseAll(ox.regions)
-	if ox.local == nil {
-		ox.ss.mu.Lock()
-		delete(ox.ss.served, ox.wireID)
-		ox.ss.keepRetiredLocked(ox.wireID, key)
-		ox.ss.mu.Unlock()
+	if ox.local != nil {
+		ox.ss.forget(ox.wireID, corePush(key))
+		return
 	}
+	ox.ss.mu.Lock()
+	if _, ok := ox.ss.answers[ox.wireID].(coreServed); ok {
+		delete(ox.ss.answers, ox.wireID)
+	}
+	ox.ss.keepRetiredLocked(ox.wireID, key)
+	ox.ss.mu.Unlock()
 }
 
 // finishLocal ends an engine's transfer once.
@@ -359,6 +328,9 @@ func (s *Server) failAllLocal(err error) {
 		s.finishLocal(lx, err)
 	}
 	for _, ox := range s.outs.takeAll() {
+		if ox.local != nil {
+			ox.ss.forget(ox.wireID, corePush(ox.key))
+		}
 		region.ReleaseAll(ox.regions)
 	}
 }

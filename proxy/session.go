@@ -53,10 +53,9 @@ type session struct {
 
 	mu       sync.Mutex
 	in       map[uint64]*inXfer     // chunks we receive, by wire id
-	served   map[uint64]staging.Key // wire id of a pull we serve -> core key
+	answers  map[uint64]answerer    // what the peer's Acks, Nacks, Resends may name, by wire id (send_answers.go)
 	retired  map[uint64]staging.Key // pulls we served that retired: their late Acks still reach the core
 	retRing  []uint64               // their wire ids, oldest first (bounded by maxRetired)
-	inline   map[uint64]*inlineXfer // our small pushes awaiting an answer, by wire id
 	rx       *staging.Receiver      // the receive core: rules and tombstones of ss.in (recv_xfer.go)
 	announce *sync.Cond             // signalled when ss.in or rx's tombstones change (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
@@ -70,7 +69,7 @@ type session struct {
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, served: map[uint64]staging.Key{}, retired: map[uint64]staging.Key{}, inline: map[uint64]*inlineXfer{},
+		in: map[uint64]*inXfer{}, answers: map[uint64]answerer{}, retired: map[uint64]staging.Key{},
 		rx:      staging.NewReceiver(s.cfg.Limits.MaxTransfersPerPeer),
 		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)

@@ -12,7 +12,8 @@ import (
 )
 
 func testSession(dialer bool) *session {
-	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, rx: staging.NewReceiver(16)}
+	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, answers: map[uint64]answerer{}, retired: map[uint64]staging.Key{},
+		rx: staging.NewReceiver(16)}
 	ss.announce = sync.NewCond(&ss.mu)
 	return ss
 }
