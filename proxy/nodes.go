@@ -53,7 +53,7 @@ func (n nodeSession) IncomingPush(id uint64, wait bool) node.Incoming {
 	} else {
 		x = n.ss.lookupIn(id)
 	}
-	if x == nil || x.dir != wire.Push || x.local != nil {
+	if x == nil || x.pull() {
 		return nil
 	}
 	return nodeIn{x}

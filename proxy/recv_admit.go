@@ -49,8 +49,8 @@ func (s *Server) admitPush(ss *session, m *wire.Announce, ackOn *dataStream) err
 			return codeErr(wire.CodeOutOfRange, "transfer writes up to offset %d of region %s, which has %d B", m.Ends[i], r.Name, r.Len)
 		}
 	}
-	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: regions, total: m.Total,
-		timeout: s.incomingTimeout(), ackOn: ackOn}
+	x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, regions: regions, total: m.Total,
+		end: peerPush{}, timeout: s.incomingTimeout(), ackOn: ackOn}
 	x.dest = bytesInto(x)
 	return s.admitIn(ss, x)
 }
@@ -100,8 +100,8 @@ func (s *Server) incomingTimeout() time.Duration {
 func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
 	if err == nil {
-		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, dir: wire.Push, regions: ks.regions, total: m.Total,
-			dest: kvDest{ks.side, ks.regions, m.Total}, timeout: s.incomingTimeout(), kvn: newKVNote(&m.KVRequest)}
+		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, regions: ks.regions, total: m.Total,
+			dest: kvDest{ks.side, ks.regions, m.Total}, end: peerPush{newKVNote(&m.KVRequest)}, timeout: s.incomingTimeout()}
 		err = s.admitIn(ss, x)
 	}
 	if err != nil {

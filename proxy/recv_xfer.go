@@ -27,14 +27,52 @@ type inXfer struct {
 	ss      *session
 	wireID  uint64
 	tag     string
-	dir     wire.Direction   // as the initiator sees it
 	regions []*region.Region // destination regions (references held)
 	total   uint64
-	dest    inDest     // where its chunks land: bytes or KV rows (recv_dest.go)
-	local   *localXfer // our pull; nil for a peer's push
+	dest    inDest // where its chunks land: bytes or KV rows (recv_dest.go)
+	end     inEnd  // whom its progress and end concern: ourPull or peerPush
 	timeout time.Duration
-	kvn     *kvNote     // a peer's KV push: what Notify says landed
 	ackOn   *dataStream // an inline push: acks go on this data stream, not the control session
+}
+
+// inEnd is whom an incoming transfer's progress and end concern: the
+// engine of our pull, or the subscribers of a peer's push.
+type inEnd interface {
+	progress(bytes uint64) // bytes landed so far
+	finish(x *inXfer, bytes uint64, err error)
+}
+
+// ourPull is the engine's transfer of our pull: its XferStatus.Done
+// counts landed bytes, and its end answers the engine.
+type ourPull struct{ lx *localXfer }
+
+func (p ourPull) progress(bytes uint64) { p.lx.addDone(bytes) }
+
+func (p ourPull) finish(x *inXfer, bytes uint64, err error) {
+	p.lx.addDone(bytes)
+	x.s.finishLocal(p.lx, err)
+}
+
+// peerPush is a peer's push: its end is told to the subscribers (Notify),
+// with what landed of a KV push (kvn; nil for bytes).
+type peerPush struct{ kvn *kvNote }
+
+func (peerPush) progress(uint64) {}
+
+func (p peerPush) finish(x *inXfer, bytes uint64, err error) {
+	ss, s := x.ss, x.s
+	if err == nil {
+		ss.link.XfersOK.Add(1)
+	} else {
+		ss.link.XfersFailed.Add(1)
+		s.log.Warn("incoming transfer failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", x.wireID), zap.String("tag", x.tag), zap.Error(err))
+	}
+	n := &wire.Notify{Transfer: x.wireID, Peer: ss.peerName, Route: routeName(ss), Tag: x.tag, Dir: wire.Push, Bytes: bytes}
+	p.kvn.fill(n)
+	if err != nil {
+		n.Code, n.Message = errCode(err), err.Error()
+	}
+	s.notify(n)
 }
 
 // recvOut is what one step of a session's receive core returned, with the
@@ -138,13 +176,13 @@ func (ss *session) performIn(o *recvOut) {
 		ss.link.Duplicates.Add(uint64(o.Duplicates))
 	}
 	for _, p := range o.Progress {
-		if x := o.find(p.Transfer); x != nil && x.local != nil {
-			x.local.addDone(p.Bytes) // our pull: XferStatus.Done counts landed bytes
+		if x := o.find(p.Transfer); x != nil {
+			x.end.progress(p.Bytes)
 		}
 	}
 	for i, d := range o.Done {
 		if x := o.done[i]; x != nil {
-			x.finish(d.Bytes, recvErr(d.Err))
+			x.end.finish(x, d.Bytes, recvErr(d.Err))
 		}
 	}
 	for _, id := range o.Released {
@@ -178,30 +216,13 @@ func recvErr(err error) error {
 // open registers x, checked, with the session's receive core.
 func (ss *session) open(x *inXfer) error {
 	return recvErr(ss.recv(staging.RecvEvent{Kind: staging.RxOpen, Transfer: x.wireID, Total: x.total, Timeout: x.timeout,
-		Pull: x.local != nil, Inline: x.ackOn != nil}, x))
+		Pull: x.pull(), Inline: x.ackOn != nil}, x))
 }
 
-// finish tells whom it concerns that x ended: the engine of our pull, or
-// the subscribers of a peer's push.
-func (x *inXfer) finish(bytes uint64, err error) {
-	ss, s := x.ss, x.s
-	if x.local != nil {
-		x.local.addDone(bytes)
-		s.finishLocal(x.local, err)
-		return
-	}
-	if err == nil {
-		ss.link.XfersOK.Add(1)
-	} else {
-		ss.link.XfersFailed.Add(1)
-		s.log.Warn("incoming transfer failed", zap.String("peer", ss.peerName), zap.Uint64("transfer", x.wireID), zap.String("tag", x.tag), zap.Error(err))
-	}
-	n := &wire.Notify{Transfer: x.wireID, Peer: ss.peerName, Route: routeName(ss), Tag: x.tag, Dir: x.dir, Bytes: bytes}
-	x.kvn.fill(n)
-	if err != nil {
-		n.Code, n.Message = errCode(err), err.Error()
-	}
-	s.notify(n)
+// pull reports whether x is our pull (else a peer's push).
+func (x *inXfer) pull() bool {
+	_, ok := x.end.(ourPull)
+	return ok
 }
 
 func (ss *session) lookupIn(wireID uint64) *inXfer {

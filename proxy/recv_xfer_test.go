@@ -25,7 +25,7 @@ func recvXfer(t *testing.T, count uint32) (*inXfer, *[]wire.Msg) {
 	var mu sync.Mutex
 	var sent []wire.Msg
 	ss.sent = func(m wire.Msg) { mu.Lock(); sent = append(sent, m); mu.Unlock() }
-	x := &inXfer{s: s, ss: ss, wireID: 4, dir: wire.Push, total: 8 * uint64(count), dest: byteDest{}}
+	x := &inXfer{s: s, ss: ss, wireID: 4, end: peerPush{}, total: 8 * uint64(count), dest: byteDest{}}
 	if err := ss.open(x); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestTickRacesChunks(t *testing.T) {
 	}()
 	const rounds = 200
 	for i := range rounds { // the sender loop
-		y := &inXfer{s: ss.s, ss: ss, wireID: uint64(10 + 2*i), dir: wire.Push, total: 16, dest: byteDest{}, timeout: time.Nanosecond}
+		y := &inXfer{s: ss.s, ss: ss, wireID: uint64(10 + 2*i), end: peerPush{}, total: 16, dest: byteDest{}, timeout: time.Nanosecond}
 		if err := ss.open(y); err != nil {
 			t.Fatal(err)
 		}

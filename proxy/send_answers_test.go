@@ -79,7 +79,7 @@ func TestAnswerDispatch(t *testing.T) {
 	}
 	pull := func(ss *session) *localXfer {
 		lx := answeredXfer(ss, 6, wire.Pull)
-		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, local: lx}); err != nil {
+		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, end: ourPull{lx}}); err != nil {
 			t.Fatal(err)
 		}
 		return lx
@@ -91,8 +91,8 @@ func TestAnswerDispatch(t *testing.T) {
 		ss.mu.Unlock()
 		return nil
 	}
-	peerPush := func(ss *session) *localXfer {
-		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idIncoming, dir: wire.Push, total: 8, dest: byteDest{}}); err != nil {
+	peersPush := func(ss *session) *localXfer {
+		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idIncoming, end: peerPush{}, total: 8, dest: byteDest{}}); err != nil {
 			t.Fatal(err)
 		}
 		return nil
@@ -128,8 +128,8 @@ func TestAnswerDispatch(t *testing.T) {
 		{"pull we serve: Resend", served, resend(idServed), "resend 100", false, 0},
 		{"pull we served, retired: late Ack returns credits", retiredServed, ack(idServed), "ack 100", false, 0},
 		{"pull we served, retired: late Nack", retiredServed, nack(idServed), "nack-by-peer 100", false, 0},
-		{"peer's push: Ack is stray", peerPush, ack(idIncoming), "", true, 0},
-		{"peer's push: Resend is stray", peerPush, resend(idIncoming), "", true, 0},
+		{"peer's push: Ack is stray", peersPush, ack(idIncoming), "", true, 0},
+		{"peer's push: Resend is stray", peersPush, resend(idIncoming), "", true, 0},
 		{"unknown: Ack is stray", nothing, ack(idUnknown), "", true, 0},
 		{"unknown: Nack is stray", nothing, nack(idUnknown), "", true, 0},
 		{"unknown: Resend is stray", nothing, resend(idUnknown), "", true, 0},
@@ -188,9 +188,9 @@ func TestAnswererOf(t *testing.T) {
 	ss.mu.Lock()
 	ss.keepRetiredLocked(10, 200)
 	ss.mu.Unlock()
-	pull := &inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, local: answeredXfer(ss, 6, wire.Pull)}
-	in := &inXfer{s: ss.s, ss: ss, wireID: idIncoming, dir: wire.Push, total: 8, dest: byteDest{}}
-	forged := &inXfer{s: ss.s, ss: ss, wireID: idServed, dir: wire.Push, total: 8, dest: byteDest{}} // a push under a served pull's id
+	pull := &inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, end: ourPull{answeredXfer(ss, 6, wire.Pull)}}
+	in := &inXfer{s: ss.s, ss: ss, wireID: idIncoming, end: peerPush{}, total: 8, dest: byteDest{}}
+	forged := &inXfer{s: ss.s, ss: ss, wireID: idServed, end: peerPush{}, total: 8, dest: byteDest{}} // a push under a served pull's id
 	for _, x := range []*inXfer{pull, in, forged} {
 		if err := ss.open(x); err != nil {
 			t.Fatal(err)

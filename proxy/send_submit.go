@@ -181,8 +181,8 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 	for _, rg := range regions {
 		rg.Ref()
 	}
-	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
-		local: lx, timeout: lx.timeout}
+	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, regions: regions, total: total,
+		end: ourPull{lx}, timeout: lx.timeout}
 	x.dest = bytesInto(x)
 	ops := make([]wire.Op, len(m.Ops))
 	for i, op := range m.Ops {
@@ -228,7 +228,7 @@ func (s *Server) expectPull(x *inXfer) bool {
 		return true
 	}
 	region.ReleaseAll(x.regions)
-	s.finishLocal(x.local, codeErr(wire.CodePeerUnavailable, "session with %s closed", x.ss.peerName))
+	x.end.finish(x, 0, codeErr(wire.CodePeerUnavailable, "session with %s closed", x.ss.peerName))
 	return false
 }
 

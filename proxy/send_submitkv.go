@@ -106,8 +106,8 @@ func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer,
 		ss.send(&wire.KVAnnounce{KVRequest: req})
 		return lx, nil
 	}
-	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, dir: wire.Pull, regions: regions, total: total,
-		dest: kvDest{side, regions, total}, local: lx, timeout: lx.timeout}
+	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, regions: regions, total: total,
+		dest: kvDest{side, regions, total}, end: ourPull{lx}, timeout: lx.timeout}
 	if s.expectPull(x) {
 		ss.send(&wire.KVPull{KVRequest: req})
 	}
