@@ -59,7 +59,7 @@ func TestAnswerDispatch(t *testing.T) {
 	// Set-ups; each returns the engine transfer the answer may end (nil: none).
 	push := func(ss *session) *localXfer { // live: in the out table and the answer table
 		lx := answeredXfer(ss, 5, wire.Push)
-		ss.s.outs.put(&outXfer{key: 5, wireID: idPush, ss: ss, local: lx})
+		ss.s.outs.put(&outXfer{key: 5, wireID: idPush, ss: ss, end: ourPush{lx}})
 		ss.expect(idPush, corePush(5))
 		return nil
 	}
@@ -222,5 +222,36 @@ func TestAnswererOf(t *testing.T) {
 	ss.mu.Unlock()
 	if !push || served {
 		t.Errorf("after forget: push listed %v (want true), served listed %v (want false)", push, served)
+	}
+}
+
+// Retiring a transfer takes its id out of the answer table; a served
+// pull's key stays reachable (session.retired), an id of ours resolves
+// as before.
+func TestRetireForgetsAnswers(t *testing.T) {
+	ss, _ := answerSession(t)
+	lx := answeredXfer(ss, 5, wire.Push)
+	ss.s.outs.put(&outXfer{key: 5, wireID: idPush, ss: ss, end: ourPush{lx}})
+	ss.expect(idPush, corePush(5))
+	ss.s.outs.put(&outXfer{key: 100, wireID: idServed, ss: ss, end: servedPull{}})
+	ss.expect(idServed, coreServed(100))
+	ss.s.retire(5)
+	ss.s.retire(100)
+	ss.mu.Lock()
+	n := len(ss.answers)
+	ss.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d ids still listed after retire, want 0", n)
+	}
+	for _, tc := range []struct {
+		id   uint64
+		want answerer
+	}{{idPush, corePush(5)}, {idServed, coreServed(100)}} {
+		if got := ss.answererOf(tc.id); got != tc.want {
+			t.Errorf("answererOf(%d) after retire = %#v, want %#v", tc.id, got, tc.want)
+		}
+	}
+	if ss.s.outs.len() != 0 {
+		t.Errorf("out table holds %d after retire, want 0", ss.s.outs.len())
 	}
 }

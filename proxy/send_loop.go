@@ -128,37 +128,7 @@ func (sd *sender) perform(r *staging.Ready) {
 					zap.String("peer", ox.ss.peerName), zap.Int("streams", n))
 			}
 		}
-		err := coreErr(d.Err)
-		if ox.local != nil {
-			// Our push failed here (chunks damaged past the resend bound,
-			// a copy failed, no progress): the receiver lets go of it at
-			// once rather than at its own deadline.
-			if err != nil && errCode(err) != wire.CodePeerUnavailable && errCode(err) != wire.CodeCancelled {
-				ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
-			}
-			ox.local.addDone(d.Bytes)
-			sd.s.finishLocal(ox.local, err)
-			continue
-		}
-		// A pull we served: tell subscribers, and the peer whenever it
-		// failed here, whatever the cause. A pull that failed for want of
-		// a data stream while its session lives (the stream broke, or none
-		// was up yet) was once left unanswered, and the requester waited
-		// for its chunks until its own deadline. On a closed session send
-		// drops the Nack: the requester hears of that from the session
-		// itself. A pull the requester ended with its own Nack needs none.
-		if err != nil && !errors.As(d.Err, new(nackedByPeer)) {
-			ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
-		}
-		n := &wire.Notify{Transfer: ox.wireID, Peer: ox.ss.peerName, Route: routeName(ox.ss), Tag: ox.tag, Dir: wire.Pull, Bytes: d.Bytes}
-		ox.kvn.fill(n)
-		if err != nil {
-			n.Code, n.Message = errCode(err), err.Error()
-			ox.ss.link.XfersFailed.Add(1)
-		} else {
-			ox.ss.link.XfersOK.Add(1)
-		}
-		sd.s.notify(n)
+		ox.end.done(ox, d.Bytes, d.Err)
 	}
 	if len(r.Progress) > 0 {
 		sd.s.outs.progress(r.Progress)
@@ -189,4 +159,77 @@ func coreErr(err error) error {
 		return err
 	}
 	return codeErr(errCode(err), "%w", err)
+}
+
+// outEnd is whom an outgoing transfer's progress and end concern: the
+// engine of our push, or the peer (and subscribers) of a pull we serve.
+type outEnd interface {
+	progress(bytes uint64) // bytes acked so far
+	// done: the core ended the transfer with bytes acked, err its
+	// error (nil: every chunk acked).
+	done(ox *outXfer, bytes uint64, err error)
+	// retired: the core let go of it; its wire id leaves the answer table.
+	retired(ox *outXfer)
+}
+
+// ourPush is the engine's transfer of our push: its XferStatus.Done
+// counts acked bytes, and its end answers the engine.
+type ourPush struct{ lx *localXfer }
+
+func (p ourPush) progress(bytes uint64) { p.lx.addDone(bytes) }
+
+func (p ourPush) done(ox *outXfer, bytes uint64, cerr error) {
+	// Our push failed here (chunks damaged past the resend bound, a copy
+	// failed, no progress): the receiver lets go of it at once rather
+	// than at its own deadline.
+	err := coreErr(cerr)
+	if err != nil && errCode(err) != wire.CodePeerUnavailable && errCode(err) != wire.CodeCancelled {
+		ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
+	}
+	p.lx.addDone(bytes)
+	ox.ss.s.finishLocal(p.lx, err)
+}
+
+func (ourPush) retired(ox *outXfer) { ox.ss.forget(ox.wireID, corePush(ox.key)) }
+
+// servedPull is a pull we serve; kvn says what a KV pull's Notify
+// reports was sent (nil for bytes).
+type servedPull struct{ kvn *kvNote }
+
+func (servedPull) progress(uint64) {}
+
+// done tells subscribers, and the peer whenever the pull failed here,
+// whatever the cause. A pull that failed for want of a data stream while
+// its session lives (the stream broke, or none was up yet) was once left
+// unanswered, and the requester waited for its chunks until its own
+// deadline. On a closed session send drops the Nack: the requester hears
+// of that from the session itself. A pull the requester ended with its
+// own Nack needs none.
+func (p servedPull) done(ox *outXfer, bytes uint64, cerr error) {
+	err := coreErr(cerr)
+	if err != nil && !errors.As(cerr, new(nackedByPeer)) {
+		ox.ss.send(&wire.Nack{Transfer: ox.wireID, Code: errCode(err), Message: err.Error()})
+	}
+	n := &wire.Notify{Transfer: ox.wireID, Peer: ox.ss.peerName, Route: routeName(ox.ss), Tag: ox.tag, Dir: wire.Pull, Bytes: bytes}
+	p.kvn.fill(n)
+	if err != nil {
+		n.Code, n.Message = errCode(err), err.Error()
+		ox.ss.link.XfersFailed.Add(1)
+	} else {
+		ox.ss.link.XfersOK.Add(1)
+	}
+	ox.ss.s.notify(n)
+}
+
+// retired keeps the pull's core key past its end (session.retired), so
+// that a late Ack still reaches the core, which returns the credits it
+// owes.
+func (servedPull) retired(ox *outXfer) {
+	ss := ox.ss
+	ss.mu.Lock()
+	if _, ok := ss.answers[ox.wireID].(coreServed); ok {
+		delete(ss.answers, ox.wireID)
+	}
+	ss.keepRetiredLocked(ox.wireID, ox.key)
+	ss.mu.Unlock()
 }

@@ -59,7 +59,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 // holds regions until the core retires it.
 func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote) {
 	key := staging.Key(s.newID())
-	ox := &outXfer{key: key, wireID: wireID, ss: ss, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, kvn: kvn}
+	ox := &outXfer{key: key, wireID: wireID, ss: ss, end: servedPull{kvn}, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag}
 	ss.mu.Lock()
 	_, dup := ss.answers[wireID].(coreServed)
 	if !dup && !ss.closed {

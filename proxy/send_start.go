@@ -15,8 +15,8 @@ import (
 // the peer allow it (proxy/node), else (or when that path cannot start)
 // over TCP, a push through the sender core, a pull with a PullRequest.
 
-// startPush announces and moves our push.
-func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer) {
+// startPush announces and moves our push, the engine's transfer lx.
+func (ox *outXfer) startPush(lx *localXfer, r *route, remote []string, announce *node.Announcer) {
 	ss := ox.ss
 	s := ss.s
 	tcp := func() {
@@ -26,7 +26,7 @@ func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer
 			ss.forget(ox.wireID, corePush(ox.key))
 			s.outs.take(ox.key)
 			region.ReleaseAll(ox.regions)
-			s.finishLocal(ox.local, err)
+			s.finishLocal(lx, err)
 			return
 		}
 		// The core hears of the transfer before the peer does (a
@@ -34,14 +34,15 @@ func (ox *outXfer) startPush(r *route, remote []string, announce *node.Announcer
 		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
 		announce.ViaControl()
 	}
-	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: ox.local.total, Plan: ox.getPlan, Announce: announce}
+	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: lx.total, Plan: ox.getPlan, Announce: announce}
 	run := func(t node.Transport) error { return ss.node.Push(px, t) }
-	finish := func(t node.Transport, err error) { ox.finishDirect(t, err) }
+	finish := func(t node.Transport, err error) { ox.finishDirect(lx, t, err) }
 	ss.node.Start(r.Conf().Transport, wire.Push, run, finish, tcp)
 }
 
-// finishDirect ends a push that moved (or failed) on a same-node path.
-func (ox *outXfer) finishDirect(t node.Transport, err error) {
+// finishDirect ends a push, the engine's transfer lx, that moved (or
+// failed) on a same-node path.
+func (ox *outXfer) finishDirect(lx *localXfer, t node.Transport, err error) {
 	ss := ox.ss
 	s := ss.s
 	if err != nil {
@@ -62,11 +63,11 @@ func (ox *outXfer) finishDirect(t node.Transport, err error) {
 	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {
-		ox.local.addDone(ox.local.total)
-		ss.link.BytesOut.Add(ox.local.total)
+		lx.addDone(lx.total)
+		ss.link.BytesOut.Add(lx.total)
 		ss.link.countDirect(t)
 	}
-	s.finishLocal(ox.local, err)
+	s.finishLocal(lx, err)
 }
 
 // startPull moves our pull, its incoming transfer x registered.

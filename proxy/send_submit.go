@@ -81,11 +81,10 @@ type outXfer struct {
 	wireID   uint64
 	ss       *session
 	checksum bool
-	local    *localXfer // nil for a pull we serve
+	end      outEnd // whom its progress and end concern: ourPush or servedPull (send_loop.go)
 	regions  []*region.Region
 	timeout  time.Duration
 	tag      string
-	kvn      *kvNote // a KV pull we serve: what Notify says was sent
 
 	// The chunk plan is made when the push goes to the sender core: a
 	// same-node push copies ops as they are and never needs one. Its
@@ -160,7 +159,7 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 		if s.inline.send(ss, lx, regions, m, chk, checksum) {
 			return lx, nil
 		}
-		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
+		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.outs.put(ox)
 		ss.expect(lx.wireID, corePush(ox.key))
 		// The chunks follow the Announce at once, without waiting for Accept:
@@ -172,7 +171,7 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 		// deadline.
 		lx.setState(wire.StateRunning)
 		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
-		ox.startPush(r, m.RemoteNames, announce)
+		ox.startPush(lx, r, m.RemoteNames, announce)
 		return lx, nil
 	}
 
@@ -247,16 +246,7 @@ func (s *Server) retire(key staging.Key) {
 		return
 	}
 	region.ReleaseAll(ox.regions)
-	if ox.local != nil {
-		ox.ss.forget(ox.wireID, corePush(key))
-		return
-	}
-	ox.ss.mu.Lock()
-	if _, ok := ox.ss.answers[ox.wireID].(coreServed); ok {
-		delete(ox.ss.answers, ox.wireID)
-	}
-	ox.ss.keepRetiredLocked(ox.wireID, key)
-	ox.ss.mu.Unlock()
+	ox.end.retired(ox)
 }
 
 // finishLocal ends an engine's transfer once.
@@ -328,9 +318,6 @@ func (s *Server) failAllLocal(err error) {
 		s.finishLocal(lx, err)
 	}
 	for _, ox := range s.outs.takeAll() {
-		if ox.local != nil {
-			ox.ss.forget(ox.wireID, corePush(ox.key))
-		}
 		region.ReleaseAll(ox.regions)
 	}
 }

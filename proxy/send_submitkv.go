@@ -95,7 +95,7 @@ func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer,
 			s.finishLocal(lx, err)
 			return lx, nil
 		}
-		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, local: lx, regions: regions,
+		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions,
 			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
 		ox.planOnce.Do(func() {}) // the plan is made
 		s.outs.put(ox)

@@ -132,7 +132,7 @@ func (t *outTable) served(ss *session) int {
 	defer t.mu.Unlock()
 	n := 0
 	for _, ox := range t.byKey {
-		if ox.ss == ss && ox.local == nil {
+		if _, served := ox.end.(servedPull); served && ox.ss == ss {
 			n++
 		}
 	}
@@ -144,8 +144,8 @@ func (t *outTable) progress(ps []staging.Progress) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range ps {
-		if ox := t.byKey[p.Transfer]; ox != nil && ox.local != nil {
-			ox.local.addDone(p.Bytes)
+		if ox := t.byKey[p.Transfer]; ox != nil {
+			ox.end.progress(p.Bytes)
 		}
 	}
 }

@@ -55,10 +55,10 @@ func TestOutTable(t *testing.T) {
 	a, b := &session{}, &session{}
 	push := &localXfer{id: 1, done: make(chan struct{})}
 	tab := newOutTable()
-	tab.put(&outXfer{key: 1, ss: a, local: push}) // our push
-	tab.put(&outXfer{key: 2, ss: a})              // pulls we serve
-	tab.put(&outXfer{key: 3, ss: a})
-	tab.put(&outXfer{key: 4, ss: b})
+	tab.put(&outXfer{key: 1, ss: a, end: ourPush{push}}) // our push
+	tab.put(&outXfer{key: 2, ss: a, end: servedPull{}})  // pulls we serve
+	tab.put(&outXfer{key: 3, ss: a, end: servedPull{}})
+	tab.put(&outXfer{key: 4, ss: b, end: servedPull{}})
 	if got := tab.served(a); got != 2 {
 		t.Errorf("served(a): got %d, want 2", got)
 	}
