@@ -5,8 +5,8 @@
 // goroutines and fds back to where they were.
 //
 // Only what needs a real process is here: a kill, a signal, a reload by
-// SIGHUP, stdout, an exit status, a per-process figure (fds, RSS), a fault
-// switch read from the environment, a GPU. Scenarios that need none run
-// in-process in proxy/proxytest/scenarios, where the race detector sees
-// both sidecars.
+// SIGHUP, stdout, an exit status, a per-process figure (fds, RSS), a GPU.
+// Scenarios that need none run in-process in proxy/proxytest/scenarios,
+// where the race detector sees both sidecars; the test fault switches reach
+// them as config (Config.SetKnobs), as staged reads them from STAGE_TEST_*.
 package e2e

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
@@ -51,14 +50,6 @@ func caches(t *testing.T, src, dst *node, layers int, layerBytes uint64) (S, D *
 		_ = D.Unregister(context.Background(), dst.cl)
 	})
 	return S, D
-}
-
-// run submits one transfer per layer at once and waits for all of them.
-func run(t *testing.T, cl *client.Client, dir wire.Direction, tag string, local, remote *kvsim.Cache, ms []kvsim.Move) {
-	t.Helper()
-	if _, err := kvsim.RunLayers(context.Background(), cl, "decode", dir, tag, local, remote, ms, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func scrape(t *testing.T, addr, path string) (int, string) {
