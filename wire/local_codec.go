@@ -1,10 +1,6 @@
 package wire
 
-import (
-	"math"
-	"runtime"
-	"sync"
-)
+import "math"
 
 // Local control-socket message codecs: fields in declaration order.
 
@@ -138,60 +134,9 @@ func (m *Submit) decodeOps(d *decoder) {
 	}
 	m.Ops = make([]LocalOp, n)
 	nl, nr := uint64(len(m.LocalNames)), uint64(len(m.RemoteNames))
-	bad := -1
-	if k := opSlices(n, runtime.GOMAXPROCS(0)); k > 1 {
-		// A push of 65,536 blocks is 2 MiB of ops on the path from the
-		// engine to the first chunk: decode slices of it in parallel where
-		// there are cores to spare; the first bad op in order still wins.
-		first := make([]int, k)
-		per := (n + k - 1) / k
-		var wg sync.WaitGroup
-		for j := range k {
-			lo, hi := j*per, min((j+1)*per, n)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				first[j] = decodeOpSlice(m.Ops[lo:hi], b[lo*localOpSize:hi*localOpSize], nl, nr, lo)
-			}()
-		}
-		wg.Wait()
-		for _, f := range first {
-			if f >= 0 {
-				bad = f
-				break
-			}
-		}
-	} else {
-		bad = decodeOpSlice(m.Ops, b, nl, nr, 0)
-	}
-	if bad >= 0 {
-		d.idx = bad
-		d.badLocalOp(&m.Ops[bad], nl, nr)
-		m.Ops = nil
-	}
-}
-
-// minOpSlice is the fewest ops a parallel decode slice gets: below it,
-// starting a goroutine costs more than decoding (a few ns an op).
-const minOpSlice = 8192
-
-// opSlices is how many slices decodeOps cuts n ops into on procs
-// processors: at most 8, and 1 (serial) where a slice would be under
-// minOpSlice or there are fewer than 4 processors.
-func opSlices(n, procs int) int {
-	if procs < 4 {
-		return 1
-	}
-	return max(1, min(8, procs/2, n/minOpSlice))
-}
-
-// decodeOpSlice decodes b into ops (one localOpSize record each) and
-// returns the index (plus base) of the first invalid op, or -1; the ops
-// after an invalid one are left undecoded.
-func decodeOpSlice(ops []LocalOp, b []byte, nl, nr uint64, base int) int {
-	for i := range ops {
+	for i := range m.Ops {
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
-		op := &ops[i]
+		op := &m.Ops[i]
 		op.Local = le.Uint32(p[0:])
 		op.Remote = le.Uint32(p[4:])
 		op.LocalOff = le.Uint64(p[8:])
@@ -199,10 +144,12 @@ func decodeOpSlice(ops []LocalOp, b []byte, nl, nr uint64, base int) int {
 		op.Len = le.Uint64(p[24:])
 		if uint64(op.Local) >= nl || uint64(op.Remote) >= nr || op.Len == 0 ||
 			op.LocalOff > math.MaxUint64-op.Len || op.RemoteOff > math.MaxUint64-op.Len {
-			return base + i
+			d.idx = i
+			d.badLocalOp(op, nl, nr)
+			m.Ops = nil
+			return
 		}
 	}
-	return -1
 }
 
 // badLocalOp records why op (Submit.Ops[d.idx]) is invalid.
