@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/stage-kv/stage/internal/spin"
@@ -84,10 +83,10 @@ func (p *Peer) drop(nc *nodeConn) {
 // microseconds (the exporter's wake-up and work), and the next request of
 // a busy session as fast. On a virtual machine each thread woken from
 // sleep costs 50-200 us on a same-node transfer's critical path, several
-// times per transfer. Polling needs spare cores: like the CUDA driver's
-// automatic scheduling, it is off on machines of fewer than 8.
+// times per transfer. Polling needs spare cores: it is off where the
+// readers' default polling is (spin.Default, fewer than spin.MinCPUs).
 var answerSpin = func() time.Duration {
-	if runtime.NumCPU() < 8 {
+	if spin.Default() == 0 {
 		return 0
 	}
 	return 400 * time.Microsecond
