@@ -1,16 +1,13 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
@@ -52,34 +49,18 @@ func caches(t *testing.T, src, dst *node, layers int, layerBytes uint64) (S, D *
 	return S, D
 }
 
+// scrape GETs path from a sidecar's metrics listener at addr.
 func scrape(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
-	// No keep-alive: an idle connection would count as a leak in the sidecar.
-	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + addr + path)
+	code, body, err := sidecars.Scrape("http://" + addr + path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return code, body
 }
 
 // metricValue finds one sample ("name{labels} value") in an exposition.
-func metricValue(body, series string) (float64, bool) {
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
+func metricValue(body, series string) (float64, bool) { return sidecars.MetricValue(body, series) }
 
 // routeYAML is a route named decode with these peers and extra keys.
 func routeYAML(peers []string, extra string) string {

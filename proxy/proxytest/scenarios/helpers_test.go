@@ -1,12 +1,8 @@
 package scenarios_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +11,7 @@ import (
 
 	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
@@ -147,31 +144,15 @@ func link(t *testing.T, sc *proxytest.Sidecar, name string) wire.LinkStats {
 // scrape GETs path from sc's metrics listener.
 func scrape(t *testing.T, sc *proxytest.Sidecar, path string) (int, string) {
 	t.Helper()
-	// No keep-alive: an idle connection would outlive the test.
-	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get(sc.MetricsURL(path))
+	code, body, err := sidecars.Scrape(sc.MetricsURL(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return code, body
 }
 
 // metricValue finds one sample ("name{labels} value") in an exposition.
-func metricValue(body, series string) (float64, bool) {
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
+func metricValue(body, series string) (float64, bool) { return sidecars.MetricValue(body, series) }
 
 // waitLogged waits until sc's log contains want.
 func waitLogged(t *testing.T, sc *proxytest.Sidecar, want string) {
