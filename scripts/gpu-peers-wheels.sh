@@ -110,4 +110,4 @@ for k in $(seq 1 "$PARTS"); do
   awk -v k="$k" -v s="$sz" -v t="$tot" -v f="$flag" \
     'BEGIN { printf "gpu-peers-wheels: .pw%d: %d bytes (%.1f MiB), with the tree %.1f MiB%s\n", k, s, s / 1048576, t / 1048576, f }' >&2
 done
-say "carry .pw1, .pw2, ... one per call to the same warm machine, then run scripts/gpu-peers.sh there"
+say "carry .pw1, .pw2, ... one per call to the same warm machine, each with \"bash scripts/gpu-peers.sh --stash\"; the last one with \"bash scripts/gpu-peers.sh\""

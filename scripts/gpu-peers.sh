@@ -9,7 +9,9 @@
 # network, no pip index and no Go:
 #
 #   bash scripts/gpu-peers-wheels.sh        # here: .pw1 .pw2 .pw3
-#   (carry .pw1, then .pw2, then .pw3, one per call to the same warm machine)
+#   bash scripts/gpu-peers.sh --stash       # there, one call per part carrying .pwK:
+#                                           # a carried folder is gone on the next call,
+#                                           # so each is copied to $GPU_PEERS_STASH
 #   bash scripts/gpu-peers.sh               # there, in the call that carries the last part
 #
 # It reassembles the parts (sha256 against their MANIFEST), installs the
@@ -47,6 +49,15 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
+# Parts carried on earlier calls wait here (GPU_PEERS_STASH): outside the
+# working tree, which the device tool replaces on every call.
+STASH=${GPU_PEERS_STASH:-/tmp/gpu-peers-parts}
+if [ "${1:-}" = --stash ]; then
+  mkdir -p "$STASH" && for d in "$ROOT"/.pw[0-9]; do [ -d "$d" ] && cp -r "$d" "$STASH/"; done
+  ls -l "$STASH"/.pw*; exit 0
+fi
+# partdir K: where part K is, carried on this call or stashed by an earlier one.
+partdir() { if [ -d "$ROOT/.pw$1" ]; then echo "$ROOT/.pw$1"; else echo "$STASH/.pw$1"; fi; }
 OUT=${OUT:-$ROOT/gpu-peers-out}
 mkdir -p "$OUT" || { echo "gpu-peers: cannot make $OUT" >&2; exit 1; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -129,9 +140,9 @@ main() {
 
   # --- the bundle: parts -> tar -> files, each sha256 checked against MANIFEST
   local man="" k BUNDLE_WHY="" BSHA="" NPARTS=0
-  for k in 1 2 3 4 5 6 7 8 9; do [ -f "$ROOT/.pw$k/MANIFEST" ] && { man=$ROOT/.pw$k/MANIFEST; break; }; done
+  for k in 1 2 3 4 5 6 7 8 9; do [ -f "$(partdir $k)/MANIFEST" ] && { man=$(partdir $k)/MANIFEST; break; }; done
   if [ -z "$man" ]; then
-    BUNDLE_WHY="no .pwN/MANIFEST in $ROOT: run scripts/gpu-peers-wheels.sh where pip works and carry .pw1 .pw2 .pw3"
+    BUNDLE_WHY="no .pwN/MANIFEST in $ROOT or $STASH: run scripts/gpu-peers-wheels.sh where pip works, carry .pw1 .pw2 with --stash, then .pw3"
   else
     read -r _ BSHA _ NPARTS < <(grep '^bundle ' "$man")
     log "manifest $man: $(head -1 "$man"); bundle $BSHA, $NPARTS parts"
@@ -141,8 +152,8 @@ main() {
       rm -rf "$WORK/bundle" "$WORK/bundle.tar" "$WORK/bundle.ok"
       local missing="" sha size
       while read -r _ k sha size; do
-        local f=$ROOT/.pw$k/bundle.tar.$k
-        if [ ! -f "$f" ]; then missing+=" .pw$k (not here: carry it on a call to this machine while it is warm)"
+        local f; f=$(partdir "$k")/bundle.tar.$k
+        if [ ! -f "$f" ]; then missing+=" .pw$k (neither here nor in $STASH: carry it with --stash on a call to this machine while it is warm)"
         elif [ "$(stat -c %s "$f")" != "$size" ] || [ "$(sha256sum <"$f" | cut -d' ' -f1)" != "$sha" ]; then
           missing+=" .pw$k (size or sha256 differs from MANIFEST: made by another gpu-peers-wheels.sh run?)"
         fi
@@ -150,7 +161,7 @@ main() {
       if [ -n "$missing" ]; then
         BUNDLE_WHY="wheel parts missing or damaged:$missing"
       else
-        for k in $(seq 1 "$NPARTS"); do cat "$ROOT/.pw$k/bundle.tar.$k"; done >"$WORK/bundle.tar"
+        for k in $(seq 1 "$NPARTS"); do cat "$(partdir "$k")/bundle.tar.$k"; done >"$WORK/bundle.tar"
         if [ "$(sha256sum <"$WORK/bundle.tar" | cut -d' ' -f1)" != "$BSHA" ]; then
           BUNDLE_WHY="the reassembled bundle's sha256 differs from MANIFEST"
         elif ! { mkdir -p "$WORK/bundle" && tar -xf "$WORK/bundle.tar" -C "$WORK/bundle" &&
