@@ -67,15 +67,17 @@ type Hostmem struct {
 
 // Staging sizes the pinned pool. Pool memory = Slots * SlotSize.
 type Staging struct {
-	SlotSize    ByteSize `mapstructure:"slot_size"`    // chunk payload size; "4MiB"
-	Slots       int      `mapstructure:"slots"`        // pinned slots in the pool
-	Window      int      `mapstructure:"window"`       // credits granted to each peer session
-	CopyStreams int      `mapstructure:"copy_streams"` // device streams for staging copies
-	InlineMax   ByteSize `mapstructure:"inline_max"`   // pushes up to this size take the latency path; 0: never
-	ReadSpin    Spin     `mapstructure:"read_spin"`    // data-stream and engine-connection readers poll this long before sleeping; auto: 100us on 8+ CPUs; 0: never
-	StreamDepth Depth    `mapstructure:"stream_depth"` // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
-	SpliceSend  bool     `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
-	SpliceProbe bool     `mapstructure:"splice_probe"` // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
+	SlotSize     ByteSize `mapstructure:"slot_size"`     // chunk payload size; "4MiB"
+	Slots        int      `mapstructure:"slots"`         // pinned slots in the pool
+	Window       int      `mapstructure:"window"`        // credits granted to each peer session
+	CopyStreams  int      `mapstructure:"copy_streams"`  // device streams for staging copies
+	InlineMax    ByteSize `mapstructure:"inline_max"`    // pushes up to this size take the latency path; 0: never
+	ReadSpin     Spin     `mapstructure:"read_spin"`     // data-stream and engine-connection readers poll this long before sleeping; auto: 100us on 8+ CPUs; 0: never
+	StreamDepth  Depth    `mapstructure:"stream_depth"`  // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
+	StreamQueue  int      `mapstructure:"stream_queue"`  // chunks handed to one data stream, unwritten; 0: no limit
+	SocketBuffer ByteSize `mapstructure:"socket_buffer"` // SO_SNDBUF/SO_RCVBUF of data streams; 0: the kernel's autotuning
+	SpliceSend   bool     `mapstructure:"splice_send"`   // send chunks with vmsplice+splice (no kernel copy); slots held until acked
+	SpliceProbe  bool     `mapstructure:"splice_probe"`  // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
 	// StallTimeout drops a data stream that moved no byte for this long
 	// while it had a chunk to write or half read (its peer stopped
 	// reading or sending); 0: never.

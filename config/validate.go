@@ -131,6 +131,12 @@ func Validate(c *Config) error {
 	if (s.StreamDepth < 0 && s.StreamDepth != DepthAuto) || s.StreamDepth > MaxStreamDepth {
 		v.add("staging.stream_depth", fmt.Sprintf("must be auto or 0..%d (got %d); 0: as slots and credits allow", MaxStreamDepth, s.StreamDepth))
 	}
+	if s.SocketBuffer > 1<<30 {
+		v.add("staging.socket_buffer", fmt.Sprintf("must be at most 1GiB (got %s); 0: the kernel's autotuning", s.SocketBuffer))
+	}
+	if s.StreamQueue < 0 || s.StreamQueue > MaxStreamDepth {
+		v.add("staging.stream_queue", fmt.Sprintf("must be 0..%d (got %d); 0: no limit", MaxStreamDepth, s.StreamQueue))
+	}
 	if (s.ReadSpin < 0 && s.ReadSpin != SpinAuto) || time.Duration(s.ReadSpin) > MaxReadSpin {
 		v.add("staging.read_spin", fmt.Sprintf("must be auto or 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}

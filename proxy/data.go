@@ -55,6 +55,22 @@ func newStreamConn(c net.Conn) (streamConn, error) {
 	return rc, nil
 }
 
+// setSocketBuffers asks the kernel for send and receive buffers of b bytes
+// on a data stream (staging.socket_buffer), which turns off its autotuning:
+// bytes queued in a socket are bytes the sender no longer balances across
+// streams, and a large backlog in one stream's socket is the tail of every
+// transfer. The kernel caps b at net.core.wmem_max/rmem_max (and doubles
+// it); a refusal leaves the defaults.
+func setSocketBuffers(c net.Conn, b int) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(b)
+		_ = tc.SetReadBuffer(b)
+	}
+}
+
 // dataStream is one TCP connection of a session carrying chunks both ways:
 // a writer goroutine sends what the Sender core schedules on it, a reader
 // goroutine lands what the peer sends.
@@ -113,6 +129,9 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	if old != nil {
 		old.stop()
 		old.wg.Wait()
+	}
+	if b := int(ss.s.cfg.Staging.SocketBuffer); b > 0 {
+		setSocketBuffers(c, b)
 	}
 	rc, err := newStreamConn(c)
 	if err == nil {

@@ -122,6 +122,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s.sender.gather = gatherer{pool: s.sender.pool, copiers: &s.copiers, mbox: s.sender.mbox, nanos: &s.metrics.copyNanos[copyGather]}
 	// After openPool: an auto depth follows whether chunks go by splice.
 	s.sender.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.sender.splice))
+	s.sender.core.SetStreamQueue(cfg.Staging.StreamQueue)
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.inline.lane, err = staging.NewLane(dev); err != nil {
@@ -183,7 +184,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
-		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)))
+		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)), zap.Int("stream_queue", s.cfg.Staging.StreamQueue))
 	return nil
 }
 

@@ -145,8 +145,9 @@ type ssess struct {
 	streams []sstream
 	active  []*sxfer // round robin
 	rr      int
-	ahead   int // chunks copying or queued on a stream, not yet written
-	held    int // send slots its transfers hold (fair.go)
+	ahead   int        // chunks copying, waiting for a stream or queued on one, not yet written
+	held    int        // send slots its transfers hold (fair.go)
+	waiting []gathered // gathered chunks no stream has room for yet (dispatch.go), oldest first
 }
 
 type sxfer struct {
@@ -176,6 +177,7 @@ type Sender struct {
 	renewing int // tainted slots handed out for renewal
 	broken   int // slots whose renewal failed: never used again
 	depth    int // chunks ahead of the socket per live stream; 0: no limit
+	queue    int // chunks handed to one stream and not yet written; 0: no limit (dispatch.go)
 	sessions map[uint64]*ssess
 	order    []*ssess
 	rr       int
@@ -274,6 +276,7 @@ func (s *Sender) Step(ev Event) *Ready {
 	case EvRenewed:
 		s.renewed(ev)
 	}
+	s.dispatchAll()
 	s.schedule()
 	return &s.ready
 }
@@ -345,27 +348,7 @@ func (s *Sender) copyDone(ev Event) {
 		}
 		return
 	}
-	ss := x.sess
-	best := -1
-	for i, st := range ss.streams {
-		if st.alive && (best < 0 || st.inflight < ss.streams[best].inflight) {
-			best = i
-		}
-	}
-	if best < 0 {
-		ss.ahead--
-		s.refund(ss)
-		s.release(x, ev.Slot)
-		s.fail(x, ErrNoStreams)
-		return
-	}
-	ss.streams[best].inflight++
-	if x.state[ev.Chunk] == chCopying {
-		x.state[ev.Chunk] = chSending
-	}
-	x.onStream[ev.Chunk] = uint16(best + 1)
-	s.ready.Sends = append(s.ready.Sends, SendCmd{Session: ss.id, Stream: best, Transfer: x.id, Chunk: ev.Chunk,
-		Count: uint32(x.plan.Len()), Slot: ev.Slot, C: x.plan.Chunk(int(ev.Chunk))})
+	s.enqueueGathered(x, ev.Chunk, ev.Slot)
 }
 
 func (s *Sender) written(ev Event) {
@@ -443,7 +426,8 @@ func (s *Sender) finish(x *sxfer, err error) {
 	if x.finished {
 		return
 	}
-	s.taintHeld(x) // before finished is set: letGo must not retire x here
+	s.taintHeld(x)   // before finished is set: letGo must not retire x here
+	s.dropWaiting(x) // likewise
 	x.finished = true
 	s.ready.Done = append(s.ready.Done, Completion{Transfer: x.id, Session: x.sess.id, Bytes: x.bytes, Err: err})
 	act := x.sess.active
