@@ -104,7 +104,8 @@ type Table struct {
 
 // NewTable makes an empty table of regions on dev; onUnregister (nil:
 // none) hears of every region unregistered, before its registration's
-// reference is dropped.
+// reference is dropped (UnregisterWait calls it again once the region is
+// released).
 func NewTable(dev device.Device, onUnregister func(r *Region)) *Table {
 	return &Table{dev: dev, byName: map[string]*Region{}, imports: map[string]*importEntry{}, onUnregister: onUnregister}
 }

@@ -29,9 +29,12 @@ func errClosing(name string) error {
 
 // UnregisterWait removes a region and returns only once nothing here uses
 // its memory: no transfer holds it, and when it was the last region of its
-// allocation, the import is closed. The engine may free the memory then
-// (same-node peers that were handed the region were told, through
-// onUnregister, to drop it; their unmapping is not waited for).
+// allocation, the import is closed. The engine may free the memory then.
+// Same-node peers that were handed the region are told to drop it through
+// onUnregister, called when the wait begins and again once the region is
+// released (for a handle a transfer still running handed out meanwhile);
+// their unmapping is not waited for, and a peer told so while the wait
+// gives up imports the region again on its next transfer.
 //
 // While it waits, the region stays in the table, marked: transfers naming
 // it are refused, as are another Unregister and a Register of its name.
@@ -89,6 +92,9 @@ func (t *Table) UnregisterWait(name string, wait time.Duration, cancel <-chan st
 		delete(t.byName, name)
 	}
 	t.mu.Unlock()
+	if t.onUnregister != nil {
+		t.onUnregister(r)
+	}
 	if g.err != nil {
 		return status.Errorf(wire.CodeDevice, "region %q: close the import of its %s allocation: %w; it may still be mapped: do not free the memory", name, r.Handle, g.err)
 	}

@@ -431,26 +431,28 @@ class Client(KVRequests):
                 self._ipc[name] = _IpcHold([ex.ipc_ref])
         return ex
 
-    def unregister(self, name: str, wait: Optional[float] = None) -> None:
+    def unregister(self, name: str, wait: Optional[float] = None, confirm: Optional[bool] = None) -> None:
         """Remove a region.
 
-        A region :meth:`register_tensor` made is unregistered confirmed
-        (PROTOCOL.md 9.4): the sidecar answers once no transfer holds it and,
-        with the last region of its allocation, its import is closed,
-        waiting up to ``wait`` seconds (default DEFAULT_UNREGISTER_WAIT) for
-        the transfers using it; then the client gives torch's IPC reference
-        back, so the tensor's memory returns to the caching allocator once
-        it is freed. If transfers still hold the region after ``wait``,
-        raises StageError(BUSY): the region stays registered and the memory
-        held; retry once they end (or cancel them).
+        A confirmed unregister (PROTOCOL.md 9.4) is answered once no transfer
+        holds the region and, with the last region of its allocation, the
+        sidecar closed its import, waiting up to ``wait`` seconds (default
+        DEFAULT_UNREGISTER_WAIT) for the transfers using it. If they still
+        hold it then, it raises StageError(BUSY) and the region stays
+        registered: retry once they end (or cancel them). An unconfirmed one
+        removes the region at once; transfers in flight keep it mapped until
+        they end.
 
-        Any other region is removed at once (transfers in flight keep it
-        mapped until they end), unless ``wait`` is given: then it is
-        unregistered confirmed too.
+        ``confirm`` None: confirmed for a region :meth:`register_tensor`
+        made, which then gives torch's IPC reference back after the OK (so
+        the tensor's memory returns to the caching allocator once freed),
+        unconfirmed for any other. True or False forces it; a tensor region
+        unregistered unconfirmed keeps torch's reference, and its memory
+        stays held until the process exits.
         """
         with self._lock:
             hold = self._ipc.get(name)
-        if wait is None and hold is None:
+        if not (hold is not None if confirm is None else confirm):
             self._call(lambda r: wire.Unregister(req=r, name=name))
             self._forget(name, hold)
             return

@@ -202,12 +202,39 @@ class TestIpcRelease(Base):
     def test_other_regions(self) -> None:
         c = self.sidecar()
         c.register_cuda_ipc("g", HANDLE, 1 << 21, 0, 4096, Access.ALL)
-        c.unregister("g")  # not a tensor: at once, as before
+        c.unregister("g", wait=5)  # not a tensor: at once, as before
         c.register_cuda_ipc("g", HANDLE, 1 << 21, 0, 4096, Access.ALL)
-        c.unregister("g", wait=0.25)  # asked for: confirmed
+        c.unregister("g", wait=0.25, confirm=True)  # asked for: confirmed
         self.assertEqual(self.unregisters(), [0, 250])
         with self.assertRaises(ValueError):
-            c.unregister("g", wait=-1)
+            c.unregister("g", wait=-1, confirm=True)
+
+    def test_unconfirmed_tensor_keeps_the_counter(self) -> None:
+        c = self.sidecar()
+        c.register_tensor("kv/0", FakeTensor(SharingStorage(1 << 20, 0), 0, 16), Access.ALL)
+        c.unregister("kv/0", confirm=False)
+        self.assertEqual(self.unregisters(), [0])
+        self.assertEqual((peek(0), self.released()), (1, []))
+        self.assertEqual((c._ipc, c._keep), ({}, {}))
+
+    def test_unregister_all_shares_one_wait(self) -> None:
+        # A transfer holds every region: the first unregister waits it out
+        # (here: is refused at once), the others do not wait again.
+        from stage_client.kvcache import unregister_all
+
+        c = self.sidecar()
+        st = SharingStorage(4 << 20, 0)
+        names = ["kv/%d" % i for i in range(4)]
+        for i, n in enumerate(names):
+            c.register_tensor(n, FakeTensor(st, i << 19, 1 << 19), Access.ALL)
+        busy = lambda m: [fail(m.req, Code.BUSY, "1 transfer(s) still use it")]  # noqa: E731
+        self.unregister_answers.extend([busy] * 4)
+        with mock.patch("stage_client.kvcache.time.monotonic", side_effect=[100.0, 100.0, 110.0, 120.0, 130.0]):
+            with self.assertRaises(StageError) as cm:
+                unregister_all(c, names, wait=20)
+        self.assertIs(cm.exception.code, Code.BUSY)
+        self.assertEqual(self.unregisters(), [20000, 10000, 1, 1])
+        self.assertEqual(self.released(), [])
 
     def test_fallback_through_the_counter_file(self) -> None:
         c = self.sidecar()
