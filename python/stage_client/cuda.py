@@ -52,8 +52,8 @@ holds the region and, with the last region of its allocation, the import
 is closed) and only after its OK calls :func:`release_ipc_ref`, once per
 share. What that relies on, and checks where it can:
 
-* one new counter per ``_share_cuda_`` call, at 1 (torch 1.x to 2.x:
-  ``GetNewRefCountedSentData`` then ``set_counter(1)``), so one decrement
+* one new counter per ``_share_cuda_`` call, at 1 (torch's source, 1.x to
+  2.x: ``GetNewRefCountedSentData``, ``set_counter(1)``), so one decrement
   per result; the client warns if two live registrations name the same
   counter, and before decrementing reads the counter (when its file has
   the layout below) and skips one that is not above 0;
@@ -66,10 +66,13 @@ share. What that relies on, and checks where it can:
   10 000 int64 counters, 80 064 bytes); otherwise the memory stays held and
   the client warns once.
 
-A registration the sidecar refuses gives its counter back at once. One
-whose unregister fails (BUSY: a transfer still holds it; the connection
-lost; a sidecar too old to confirm) keeps it, and the memory stays in
-torch's limbo after the tensor is dropped, as before: safe, never early.
+A registration the sidecar refuses, or one that fails before it is sent,
+gives its counter back at once. An unregister refused BUSY (a transfer
+still holds the region) leaves the region registered, the tensor kept and
+the counter held, for a later unregister to give back. One whose answer is
+lost (timeout, connection) or that a sidecar too old to confirm carried
+out plainly keeps the counter for good: the memory stays in torch's limbo
+after the tensor is dropped, as before. Safe, never early.
 Whether ``torch.cuda.memory_reserved()`` really comes back on a GPU is for
 ``tests/test_torch_limbo.py`` and ``examples/torch_ipc_counter_probe.py``
 to show.
