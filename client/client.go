@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -252,10 +253,27 @@ func (c *Client) Register(ctx context.Context, r Region) error {
 	return err
 }
 
-// Unregister removes a region.
+// Unregister removes a region. Transfers still using it keep it mapped
+// until they end; UnregisterWait says when the memory may be freed.
 func (c *Client) Unregister(ctx context.Context, name string) error {
 	req := c.next()
 	_, err := c.call(ctx, req, &wire.Unregister{Req: req, Name: name}, -1)
+	return err
+}
+
+// UnregisterWait removes a region and returns once the sidecar no longer
+// uses its memory: no transfer holds it and, when it was the last region
+// of its allocation, the sidecar closed its import. It waits up to wait
+// (at least 1 ms; the sidecar caps it at 10 minutes) for the transfers
+// holding the region; if they still do then, the error has code
+// wire.CodeBusy and the region stays registered: retry later.
+func (c *Client) UnregisterWait(ctx context.Context, name string, wait time.Duration) error {
+	ms := max(wait.Milliseconds(), 1)
+	if ms > math.MaxUint32 {
+		ms = math.MaxUint32
+	}
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Unregister{Req: req, Name: name, WaitMs: uint32(ms)}, -1)
 	return err
 }
 

@@ -22,6 +22,10 @@ var _ engine.Backend = engineHost{}
 
 func (h engineHost) Unregister(name string) error { return h.s.regions.Unregister(name) }
 
+func (h engineHost) UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error {
+	return h.s.regions.UnregisterWait(name, wait, cancel)
+}
+
 // RegisterKV registers a KV cache; when it replaced one of another shape,
 // peers that cached the old shape forget it (an unasked KVInfo, Seq 0), so
 // their next transfer asks again instead of being refused; one already on

@@ -31,6 +31,7 @@ func seedBodies() (ts []Type, bodies [][]byte) {
 	}{
 		{TypeSubmit, append(submitHead(nil, nil), body(nil).u32(5000000)...)},
 		{TypeAck, body(nil).u64(1).u32(1<<32 - 1).zeros(2)},
+		{TypeUnregister, body(nil).u64(1).str("kv").u32(0)}, // WaitMs present but 0: refused
 		{TypeChunk, fixed(1, 0, 1, 1, 1)},
 		{99, nil},
 	} {

@@ -20,9 +20,18 @@ type Register struct {
 }
 
 // Unregister removes a region; in-flight transfers keep their mapping until done.
+//
+// WaitMs, when not 0, asks for a confirmed unregister: the answer (OK) comes
+// only once no transfer uses the region any more, it is gone from the table
+// and, when it was the last region of its allocation, the sidecar's import
+// of that allocation is closed; the engine may then free the memory. If a
+// transfer still holds the region after WaitMs milliseconds, the answer is
+// Fail CodeBusy and the region stays registered. WaitMs is optional on the
+// wire: present only when not 0 (PROTOCOL.md 9.4).
 type Unregister struct {
-	Req  uint64
-	Name string
+	Req    uint64
+	Name   string
+	WaitMs uint32
 }
 
 // Direction of a transfer.

@@ -38,12 +38,24 @@ func (m *Register) decode(d *decoder) {
 // AppendBody appends the encoded Unregister body to dst.
 func (m *Unregister) AppendBody(dst []byte) []byte {
 	dst = appendU64(dst, m.Req)
-	return appendStr(dst, m.Name)
+	dst = appendStr(dst, m.Name)
+	if m.WaitMs != 0 {
+		dst = appendU32(dst, m.WaitMs)
+	}
+	return dst
 }
 
 func (m *Unregister) decode(d *decoder) {
 	m.Req = d.u64("Req")
 	m.Name = d.str("Name", MaxName)
+	if d.err == nil && d.rem() > 0 {
+		// The optional tail: present only for a confirmed unregister, so a
+		// zero one is not canonical.
+		m.WaitMs = d.u32("WaitMs")
+		if d.err == nil && m.WaitMs == 0 {
+			d.fail(ErrMalformed, "WaitMs", "present but 0 (leave it out for an unconfirmed unregister)")
+		}
+	}
 }
 
 // AppendBody appends the encoded Submit body to dst. It grows dst once to

@@ -69,6 +69,8 @@ func samples() []sample {
 			AllocSize: 1 << 32, Offset: 4096, Length: 1 << 20, Addr: 0x7f0000000000, HandleRaw: seq(64, 10)}},
 		{"RegisterNoHandle", &Register{Req: 2, Name: "h", Handle: 0, Access: AccessAll, Length: 10}},
 		{"Unregister", &Unregister{Req: 3, Name: "kv.layer0"}},
+		{"UnregisterWait", &Unregister{Req: 3, Name: "kv.layer0", WaitMs: 10000}},
+		{"UnregisterWaitMax", &Unregister{Req: 4, Name: "", WaitMs: math.MaxUint32}},
 		{"Submit", &Submit{Req: 4, Route: "decode", Dir: Pull, Checksum: ChecksumOff, Tag: "t1",
 			LocalNames: []string{"l0", "l1", "l2"}, RemoteNames: []string{"r0"},
 			Ops: []LocalOp{{Local: 2, Remote: 0, LocalOff: 1, RemoteOff: 2, Len: 3}, {Local: 0, Remote: 0, LocalOff: 1 << 40, RemoteOff: 0, Len: 1 << 20}}}},
@@ -298,6 +300,21 @@ func TestGolden(t *testing.T) {
 			),
 		},
 		{
+			name: "Unregister",
+			got:  AppendFrame(nil, &Unregister{Req: 0x100, Name: "kv"}, false, 0),
+			want: hexBytes("SG", 1, 129, 0, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2, 0, "kv"),
+		},
+		{
+			name: "UnregisterWait",
+			got:  AppendFrame(nil, &Unregister{Req: 0x100, Name: "kv", WaitMs: 10000}, false, 0),
+			want: hexBytes(
+				"SG", 1, 129, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, // header: length 16
+				0, 1, 0, 0, 0, 0, 0, 0, // req
+				2, 0, "kv", // name
+				0x10, 0x27, 0, 0, // wait 10000 ms
+			),
+		},
+		{
 			name: "Fail",
 			got:  AppendFrame(nil, &Fail{Req: 0x100, Code: CodeBusy, Message: "no"}, false, 0),
 			want: hexBytes("SG", 1, 141, 0, 0, 0, 0, 14, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 12, 0, 2, 0, "no"),
@@ -332,9 +349,10 @@ func TestDecodeTruncated(t *testing.T) {
 			for n := 0; n < len(body); n++ {
 				m, err := Decode(s.m.Type(), body[:n:n])
 				if n == tail {
-					// Cut just before the optional Peer: a Submit naming no peer.
-					if err != nil || peerOf(m) != "" {
-						t.Fatalf("prefix without the optional tail: got %#v, %v; want a Submit naming no peer", m, err)
+					// Cut just before the optional tail: a Submit naming no
+					// peer, an Unregister that waits for nothing.
+					if err != nil || hasTail(m) {
+						t.Fatalf("prefix without the optional tail: got %#v, %v; want one without it", m, err)
 					}
 					continue
 				}
@@ -361,21 +379,43 @@ func TestDecodeTrailing(t *testing.T) {
 				t.Fatalf("got %v, %v; want nil, ErrMalformed", m, err)
 			}
 			// A Submit naming no peer reads the extra byte as its optional
-			// Peer's length.
-			if !strings.Contains(err.Error(), "trailing") && !(optionalTail(s.m, len(body)-1) < 0 && (strings.Contains(err.Error(), "Submit.Peer:") || strings.Contains(err.Error(), "SubmitWait.Peer:"))) {
+			// Peer's length, an Unregister without WaitMs as its WaitMs.
+			if !strings.Contains(err.Error(), "trailing") && !(optionalTail(s.m, len(body)-1) < 0 && tailField(err)) {
 				t.Fatalf("got %q, want it to mention trailing bytes", err)
 			}
 		})
 	}
 }
 
-// optionalTail is where a Submit's optional Peer starts in its body of n
-// bytes: -1 when it names no peer, or m is not a Submit.
+// optionalTail is where the optional tail of a message (a Submit's Peer,
+// an Unregister's WaitMs) starts in its body of n bytes: -1 when it has
+// none.
 func optionalTail(m Msg, n int) int {
 	if p := peerOf(m); p != "" {
 		return n - strSize(p)
 	}
+	if u, ok := m.(*Unregister); ok && u.WaitMs != 0 {
+		return n - 4
+	}
 	return -1
+}
+
+// hasTail reports whether m carries its optional tail.
+func hasTail(m Msg) bool {
+	if u, ok := m.(*Unregister); ok {
+		return u.WaitMs != 0
+	}
+	return peerOf(m) != ""
+}
+
+// tailField reports whether err is about an optional tail's field.
+func tailField(err error) bool {
+	for _, f := range []string{"Submit.Peer:", "SubmitWait.Peer:", "Unregister.WaitMs:"} {
+		if strings.Contains(err.Error(), f) {
+			return true
+		}
+	}
+	return false
 }
 
 // peerOf is the Peer of a Submit or SubmitWait, "" for anything else.
@@ -446,6 +486,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"tag at limit ok, truncated after", TypeAnnounce, body(nil).u64(1).str(long(MaxTag)), ErrMalformed, "Announce.Total"},
 		{"name over limit", TypeUnregister, body(nil).u64(1).str(long(MaxName + 1)), ErrTooLarge, "Unregister.Name: length 256"},
 		{"name over bytes", TypeUnregister, body(nil).u64(1).u16(10).raw('a', 'b'), ErrMalformed, "Unregister.Name: need 10 bytes at offset 10, have 2"},
+		{"wait zero", TypeUnregister, body(nil).u64(1).str("kv").u32(0), ErrMalformed, "Unregister.WaitMs: present but 0"},
+		{"wait cut short", TypeUnregister, body(nil).u64(1).str("kv").u16(7), ErrMalformed, "Unregister.WaitMs: need 4 bytes"},
+		{"wait trailing", TypeUnregister, body(nil).u64(1).str("kv").u32(7).u8(0), ErrMalformed, "trailing"},
 		{"message over limit", TypeFail, body(nil).u64(1).u16(0).u16(MaxMessage + 1), ErrTooLarge, "Fail.Message"},
 		{"handle over limit", TypeRegister, body(nil).u64(1).str("n").u8(0).u8(0).u32(0).zeros(32).u16(MaxHandleBytes + 1), ErrTooLarge, "Register.HandleRaw: length 257 exceeds limit 256"},
 		{"json over limit", TypeQueryReply, body(nil).u64(1).u32(MaxJSON + 1), ErrTooLarge, "QueryReply.JSON: length 8388609 exceeds limit 8388608"},

@@ -50,6 +50,15 @@ var ErrWouldWait = errors.New("engine: the transfer would wait for its peer")
 // directMax is the largest answer written straight from the producer.
 const directMax = 64 << 10
 
+// MaxUnregisterWait bounds how long a confirmed Unregister waits for the
+// transfers holding its region, whatever its WaitMs asks (PROTOCOL.md 9.4).
+const MaxUnregisterWait = 10 * time.Minute
+
+// unregisterWait is the wait an Unregister's WaitMs asks for, capped.
+func unregisterWait(ms uint32) time.Duration {
+	return min(time.Duration(ms)*time.Millisecond, MaxUnregisterWait)
+}
+
 // clientQueue bounds answers and notifications queued for one client; a
 // client that lets it fill is not reading and is disconnected.
 const clientQueue = 8192
@@ -211,11 +220,25 @@ func (c *client) handle(m wire.Msg, fd int) {
 			c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
 		}()
 	case *wire.Unregister:
-		if err := b.Unregister(m.Name); err != nil {
-			c.fail(m.Req, err)
-		} else {
-			c.reply(&wire.OK{Req: m.Req})
+		if m.WaitMs == 0 {
+			if err := b.Unregister(m.Name); err != nil {
+				c.fail(m.Req, err)
+			} else {
+				c.reply(&wire.OK{Req: m.Req})
+			}
+			break
 		}
+		// A confirmed unregister waits for the region's transfers: answered
+		// aside, so the client's other requests go on.
+		c.waits.Add(1)
+		go func() {
+			defer c.waits.Done()
+			if err := b.UnregisterWait(m.Name, unregisterWait(m.WaitMs), c.dead); err != nil {
+				c.fail(m.Req, err)
+			} else {
+				c.reply(&wire.OK{Req: m.Req})
+			}
+		}()
 	case *wire.Submit:
 		c.submit(m, false)
 	case *wire.SubmitWait:

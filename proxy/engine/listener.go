@@ -24,6 +24,10 @@ type Backend interface {
 	Register(m *wire.Register, fd int) error // fd: the frame's SCM_RIGHTS fd, -1 when none; it stays the caller's
 	RegisterKV(m *wire.RegisterKV) error
 	Unregister(name string) error
+	// UnregisterWait removes a region once nothing uses it any more and
+	// its import is closed, waiting up to wait (or until cancel closes) for
+	// the transfers holding it; it blocks, so the connection calls it aside.
+	UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error
 	// Submit starts a transfer. With wait false it must not block: when
 	// the transfer has to wait (for a session to its peer), it returns
 	// ErrWouldWait and the connection calls it again, with wait true,

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"net"
 	"path/filepath"
 	"sync"
@@ -18,7 +19,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeBackend answers from a table: region "bad" is refused, transfer 7
-// exists and finishes when done is closed.
+// exists and finishes when done is closed, and so does the transfer that
+// holds region "held".
 type fakeBackend struct{ done chan struct{} }
 
 type fakeXfer struct{ done chan struct{} }
@@ -46,6 +48,21 @@ func (b fakeBackend) Register(m *wire.Register, fd int) error {
 }
 func (b fakeBackend) RegisterKV(*wire.RegisterKV) error { return nil }
 func (b fakeBackend) Unregister(string) error           { return nil }
+func (b fakeBackend) UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error {
+	if name != "held" {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return nil
+	case <-t.C:
+		return status.Errorf(wire.CodeBusy, "region %q: 1 transfer(s) still use it after %v", name, wait)
+	case <-cancel:
+		return status.Errorf(wire.CodeCancelled, "region %q: given up", name)
+	}
+}
 func (b fakeBackend) Submit(m *wire.Submit, wait bool) (Transfer, error) {
 	if m.Route == "slow" { // waits for its peer until done is closed
 		if !wait {
@@ -79,6 +96,17 @@ func serve(t *testing.T, max int) (l *Listener, path string, finish func()) {
 	finish = func() { once.Do(func() { close(done) }) }
 	t.Cleanup(func() { finish(); l.Close() })
 	return l, path, finish
+}
+
+// readMsg reads the next frame the listener sent on c.
+func readMsg(t *testing.T, c *net.UnixConn) wire.Msg {
+	t.Helper()
+	_, m, fd, _, err := unixsock.ReadFrame(c, nil)
+	unixsock.CloseFD(fd)
+	if err != nil {
+		t.Fatalf("read an answer: %v (a request not answered, or answered only behind one that waits?)", err)
+	}
+	return m
 }
 
 func dial(t *testing.T, path string) *net.UnixConn {
@@ -132,24 +160,16 @@ func TestNotifyAndSubmitWait(t *testing.T) {
 	if err := unixsock.WriteFrame(c, &wire.SubmitWait{Submit: wire.Submit{Req: 2, Dir: wire.Push}}, -1); err != nil {
 		t.Fatal(err)
 	}
-	read := func() wire.Msg {
-		_, m, fd, _, err := unixsock.ReadFrame(c, nil)
-		unixsock.CloseFD(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	if m, ok := read().(*wire.OK); !ok || m.Req != 1 {
+	if m, ok := readMsg(t, c).(*wire.OK); !ok || m.Req != 1 {
 		t.Fatalf("Subscribe answered %#v", m)
 	}
 	time.Sleep(50 * time.Millisecond) // the SubmitWait is in; nothing may answer it yet
 	l.Notify(&wire.Notify{Transfer: 9, Tag: "t", Dir: wire.Push})
-	if m, ok := read().(*wire.Notify); !ok || m.Transfer != 9 {
+	if m, ok := readMsg(t, c).(*wire.Notify); !ok || m.Transfer != 9 {
 		t.Fatalf("got %#v, want the Notify first: SubmitWait answered before its transfer finished", m)
 	}
 	finish()
-	if m, ok := read().(*wire.XferStatus); !ok || m.Req != 2 || m.State != wire.StateDone {
+	if m, ok := readMsg(t, c).(*wire.XferStatus); !ok || m.Req != 2 || m.State != wire.StateDone {
 		t.Fatalf("SubmitWait answered %#v, want a done XferStatus", m)
 	}
 }
@@ -164,20 +184,51 @@ func TestWaitingSubmitAside(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	read := func() wire.Msg {
-		_, m, fd, _, err := unixsock.ReadFrame(c, nil)
-		unixsock.CloseFD(fd)
-		if err != nil {
-			t.Fatalf("%v: the request behind a waiting submit was not answered", err)
-		}
-		return m
-	}
-	if m, ok := read().(*wire.XferStatus); !ok || m.Req != 2 {
+	if m, ok := readMsg(t, c).(*wire.XferStatus); !ok || m.Req != 2 {
 		t.Fatalf("got %#v first, want the Status answered while the submit waits", m)
 	}
 	finish()
-	if m, ok := read().(*wire.Submitted); !ok || m.Req != 1 || m.Transfer != 7 {
+	if m, ok := readMsg(t, c).(*wire.Submitted); !ok || m.Req != 1 || m.Transfer != 7 {
 		t.Fatalf("the waiting submit was answered %#v, want Submitted", m)
+	}
+}
+
+// A confirmed unregister is answered aside, once the region's transfer
+// ended; one that waits too long is refused busy.
+func TestUnregisterWaitAside(t *testing.T) {
+	_, path, finish := serve(t, 4)
+	c := dial(t, path)
+	for _, m := range []wire.Msg{&wire.Unregister{Req: 1, Name: "held", WaitMs: 20}, &wire.Unregister{Req: 2, Name: "held", WaitMs: 60000},
+		&wire.Status{Req: 3, Transfer: 7}} {
+		if err := unixsock.WriteFrame(c, m, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, ok := readMsg(t, c).(*wire.XferStatus); !ok || m.Req != 3 {
+		t.Fatalf("got %#v first, want the Status answered while the Unregisters wait", m)
+	}
+	if m, ok := readMsg(t, c).(*wire.Fail); !ok || m.Req != 1 || m.Code != wire.CodeBusy {
+		t.Fatalf("the Unregister waiting 20 ms was answered %#v, want Fail busy", m)
+	}
+	finish()
+	if m, ok := readMsg(t, c).(*wire.OK); !ok || m.Req != 2 {
+		t.Fatalf("the Unregister waiting a minute was answered %#v, want OK once the transfer ended", m)
+	}
+}
+
+func TestUnregisterWaitCapped(t *testing.T) {
+	for _, tc := range []struct {
+		ms   uint32
+		want time.Duration
+	}{
+		{1, time.Millisecond},
+		{10000, 10 * time.Second},
+		{600000, MaxUnregisterWait},
+		{math.MaxUint32, MaxUnregisterWait},
+	} {
+		if got := unregisterWait(tc.ms); got != tc.want {
+			t.Errorf("unregisterWait(%d) = %v, want %v", tc.ms, got, tc.want)
+		}
 	}
 }
 

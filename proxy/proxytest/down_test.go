@@ -88,32 +88,12 @@ func TestDeadPeerRefusedAtOnce(t *testing.T) {
 // to connect_timeout), and waits aside: the same engine connection's
 // other requests are answered meanwhile.
 func TestConnectingPeerWaitedAside(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			held <- c // never answered
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		for len(held) > 0 {
-			(<-held).Close()
-		}
-	})
 	o := proxytest.Options{Configure: func(name string, c *config.Config) {
 		for i := range c.Routes {
 			c.Routes[i].ConnectTimeout = time.Minute
 		}
 	}}
-	pre := proxytest.Start(t, "prefill", ln.Addr().String(), o)
+	pre := proxytest.Start(t, "prefill", silentPeer(t), o)
 	P := cache(t, pre, "p", wire.AccessLocalRead)
 	D, err := kvsim.New("d", layers, layerBytes, guard)
 	if err != nil {
@@ -142,4 +122,32 @@ func TestConnectingPeerWaitedAside(t *testing.T) {
 		t.Fatalf("the submit to a connecting peer ended (%v); want it waiting up to connect_timeout", err)
 	default:
 	}
+}
+
+// silentPeer is the address of a peer that accepts connections and never
+// answers the handshake: a route to it is connecting until its
+// connect_timeout, and a submit to it holds its regions that long.
+func silentPeer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held <- c // never answered
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		for len(held) > 0 {
+			(<-held).Close()
+		}
+	})
+	return ln.Addr().String()
 }

@@ -4,6 +4,11 @@
 // or an engine names checked against it (CheckOps), and what a same-node
 // peer needs to import an allocation itself (HandleFor). It knows nothing
 // of sessions or transfers.
+//
+// A region's memory stays mapped while anything holds a reference to it:
+// Unregister drops the registration's and returns at once, UnregisterWait
+// (unregister.go) returns only once the last reference is gone and the
+// import closed, so the engine may free the memory.
 package region
 
 import (
@@ -32,6 +37,12 @@ type Region struct {
 	imp    *importEntry
 	refs   atomic.Int64 // 1 for the registration + 1 per transfer using it
 	table  *Table
+	// closing is set while an UnregisterWait waits for the region's
+	// transfers: Acquire refuses it then (guarded by Table.mu).
+	closing bool
+	// gone, when set, hears of the last reference's release, after the
+	// import was let go (UnregisterWait waits on it).
+	gone atomic.Pointer[goneSignal]
 }
 
 // InRange reports whether [off, off+n) lies inside a region of size size,
@@ -63,7 +74,10 @@ func (r *Region) Ref() { r.refs.Add(1) }
 // other region uses it.
 func (r *Region) Release() {
 	if r.refs.Add(-1) == 0 {
-		r.table.dropImport(r.imp)
+		err := r.table.dropImport(r.imp)
+		if g := r.gone.Load(); g != nil {
+			g.fire(err)
+		}
 	}
 }
 
@@ -90,7 +104,8 @@ type Table struct {
 
 // NewTable makes an empty table of regions on dev; onUnregister (nil:
 // none) hears of every region unregistered, before its registration's
-// reference is dropped.
+// reference is dropped (UnregisterWait calls it again once the region is
+// released).
 func NewTable(dev device.Device, onUnregister func(r *Region)) *Table {
 	return &Table{dev: dev, byName: map[string]*Region{}, imports: map[string]*importEntry{}, onUnregister: onUnregister}
 }
@@ -158,6 +173,10 @@ func (t *Table) Register(name string, h device.Handle, access wire.Access, off, 
 func (t *Table) Unregister(name string) error {
 	t.mu.Lock()
 	r := t.byName[name]
+	if r != nil && r.closing {
+		t.mu.Unlock()
+		return errClosing(name)
+	}
 	delete(t.byName, name)
 	t.mu.Unlock()
 	if r == nil {
@@ -175,12 +194,16 @@ func (t *Table) Unregister(name string) error {
 func (t *Table) Acquire(name string, want wire.Access) (*Region, error) {
 	t.mu.RLock()
 	r := t.byName[name]
-	if r != nil {
+	closing := r != nil && r.closing
+	if r != nil && !closing {
 		r.refs.Add(1)
 	}
 	t.mu.RUnlock()
 	if r == nil {
 		return nil, status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
+	}
+	if closing {
+		return nil, status.Errorf(wire.CodeUnknownRegion, "region %q is being unregistered (an Unregister waits for its transfers to end)", name)
 	}
 	if r.Access&want != want {
 		r.Release()
@@ -210,7 +233,9 @@ func ReleaseAll(rs []*Region) {
 	}
 }
 
-func (t *Table) dropImport(imp *importEntry) {
+// dropImport lets go of one region's use of imp; the last closes it and
+// returns what closing the mapping said.
+func (t *Table) dropImport(imp *importEntry) error {
 	t.mu.Lock()
 	imp.refs--
 	last := imp.refs == 0
@@ -218,11 +243,13 @@ func (t *Table) dropImport(imp *importEntry) {
 		delete(t.imports, imp.key)
 	}
 	t.mu.Unlock()
-	if last {
-		_ = imp.mapping.Close()
-		closeExport(imp.exp)
-		t.mapped.Add(-1)
+	if !last {
+		return nil
 	}
+	err := imp.mapping.Close()
+	closeExport(imp.exp)
+	t.mapped.Add(-1)
+	return err
 }
 
 // Count returns regions registered and allocations mapped.
@@ -247,12 +274,16 @@ func (t *Table) Infos(remoteOnly bool) []wire.RegionInfo {
 	return out
 }
 
-// CloseAll unregisters everything (shutdown).
+// CloseAll unregisters everything (shutdown). A region an UnregisterWait
+// is waiting for is dropped from the table too; that waiter owns its
+// registration's reference.
 func (t *Table) CloseAll() {
 	t.mu.Lock()
 	rs := make([]*Region, 0, len(t.byName))
 	for _, r := range t.byName {
-		rs = append(rs, r)
+		if !r.closing {
+			rs = append(rs, r)
+		}
 	}
 	t.byName = map[string]*Region{}
 	t.mu.Unlock()

@@ -19,18 +19,25 @@ import math
 import queue
 import socket
 import threading
+import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import wire
-from .cuda import CudaExport, export_tensor
+from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref
 from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
-__all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "TransfersFailed"]
+__all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_UNREGISTER_WAIT",
+           "TransfersFailed"]
 
 #: Default limit, in seconds, for an answer to any request but Wait.
 DEFAULT_REQUEST_TIMEOUT = 60.0
+
+#: How long, in seconds, :meth:`Client.unregister` of a tensor region lets
+#: the sidecar wait for the transfers holding it (a route's default
+#: progress_timeout).
+DEFAULT_UNREGISTER_WAIT = 30.0
 
 _Future = concurrent.futures.Future
 
@@ -197,6 +204,8 @@ class Client(KVRequests):
         self._error: Optional[SidecarConnectionError] = None
         self._closing = False
         self._keep: Dict[str, Any] = {}  # objects kept alive while their region is registered
+        self._ipc: Dict[str, _IpcHold] = {}  # torch IPC counters held for registered tensor regions
+        self._ipc_live: Dict[Tuple[bytes, int], int] = {}  # how many holds name each counter
         self._reader = threading.Thread(target=self._read_loop, name="stage-client-reader", daemon=True)
         self._reader.start()
 
@@ -390,21 +399,114 @@ class Client(KVRequests):
         (UNSUPPORTED). The client keeps a reference to the tensor until
         :meth:`unregister`, so its memory is not freed under the sidecar.
 
+        ``_share_cuda_`` arms torch's IPC reference count, which keeps the
+        memory from the caching allocator after the tensor is freed; the
+        client gives it back after a confirmed :meth:`unregister` (or at
+        once when the sidecar refuses the registration). See
+        :mod:`stage_client.cuda`, "Lifetime".
+
         The sidecar copies on its own stream: before pushing bytes a kernel
         wrote, synchronize the stream that wrote them.
         """
         ex = export_tensor(tensor, alloc_size=alloc_size)
-        self.register_cuda_ipc(name, ex.handle, ex.alloc_size, ex.offset, ex.length, access,
-                               ordinal=ex.ordinal if ordinal is None else ordinal)
+        try:
+            self.register_cuda_ipc(name, ex.handle, ex.alloc_size, ex.offset, ex.length, access,
+                                   ordinal=ex.ordinal if ordinal is None else ordinal)
+        except (ValueError, StageError) as e:
+            # Refused before it was sent, or by the sidecar: it maps nothing
+            # of this registration. No answer (timeout, connection lost): it
+            # may, and the counter stays held.
+            if ex.ipc_ref is not None and not isinstance(e, (StageTimeout, SidecarConnectionError)):
+                release_ipc_ref(ex.ipc_ref)
+            raise
         with self._lock:
             self._keep[name] = tensor
+            if ex.ipc_ref is not None:
+                key = (ex.ipc_ref.handle, ex.ipc_ref.offset)
+                if self._ipc_live.get(key, 0):
+                    _warn_once("shared-counter", "stage_client: torch returned IPC counter %r[%d] for two live "
+                               "registrations; this client assumes a new counter per _share_cuda_ call and gives "
+                               "each result back once (stage_client/cuda.py, Lifetime)" % key)
+                self._ipc_live[key] = self._ipc_live.get(key, 0) + 1
+                self._ipc[name] = _IpcHold([ex.ipc_ref])
         return ex
 
-    def unregister(self, name: str) -> None:
-        """Remove a region (transfers in flight keep it until they end)."""
+    def unregister(self, name: str, wait: Optional[float] = None, confirm: Optional[bool] = None) -> None:
+        """Remove a region.
+
+        A confirmed unregister (PROTOCOL.md 9.4) is answered once no transfer
+        holds the region and, with the last region of its allocation, the
+        sidecar closed its import, waiting up to ``wait`` seconds (default
+        DEFAULT_UNREGISTER_WAIT) for the transfers using it. If they still
+        hold it then, it raises StageError(BUSY) and the region stays
+        registered: retry once they end (or cancel them). An unconfirmed one
+        removes the region at once; transfers in flight keep it mapped until
+        they end.
+
+        ``confirm`` None: confirmed for a region :meth:`register_tensor`
+        made, which then gives torch's IPC reference back after the OK (so
+        the tensor's memory returns to the caching allocator once freed),
+        unconfirmed for any other. True or False forces it; a tensor region
+        unregistered unconfirmed keeps torch's reference, and its memory
+        stays held until the process exits.
+        """
+        with self._lock:
+            hold = self._ipc.get(name)
+        if not (hold is not None if confirm is None else confirm):
+            self._call(lambda r: wire.Unregister(req=r, name=name))
+            self._forget(name, hold)
+            return
+        w = DEFAULT_UNREGISTER_WAIT if wait is None else float(wait)
+        ms = _timeout_ms(w)  # at least 1 ms; ValueError below 0
+        limit = None if self.request_timeout is None else max(self.request_timeout, w + max(5.0, w * 0.1))
+        try:
+            self._call(lambda r: wire.Unregister(req=r, name=name, wait_ms=ms), timeout=limit)
+        except (StageTimeout, SidecarConnectionError):
+            raise  # unknown whether it went: the counter stays held
+        except StageError as e:
+            if e.code == Code.MALFORMED:
+                self._unregister_unconfirmed(name, hold)
+                return
+            if e.code == Code.UNKNOWN_REGION:
+                self._forget(name, hold)  # gone (another client, a restarted sidecar): the counter stays held
+            if e.code == Code.BUSY and hold is not None:
+                raise StageError(Code.BUSY, "unregister %r: %s. Its tensor's memory stays held by torch (its IPC "
+                                            "reference is not given back) until an unregister succeeds: retry "
+                                            "once the transfers using the region end" % (name, e.message)) from None
+            raise
+        refs = self._forget(name, hold)
+        for ref in refs:
+            release_ipc_ref(ref)
+
+    def _unregister_unconfirmed(self, name: str, hold: "Optional[_IpcHold]") -> None:
+        """A sidecar that predates the confirmed Unregister refused one (as
+        malformed, leaving the region registered): unregister plainly, and
+        keep torch's counter."""
         self._call(lambda r: wire.Unregister(req=r, name=name))
+        self._forget(name, hold)
+        if hold is not None:
+            _warn_once("old-sidecar", "stage_client: the sidecar cannot confirm an Unregister (it predates PROTOCOL.md "
+                                      "9.4's WaitMs); torch keeps the memory of unregistered CUDA tensors until the "
+                                      "process exits: upgrade staged")
+
+    def _forget(self, name: str, hold: "Optional[_IpcHold]") -> List[IpcRef]:
+        """Drop the region's kept objects; return the IPC counters of
+        ``hold`` to give back, unless another call already took them."""
         with self._lock:
             self._keep.pop(name, None)
+            if hold is None:
+                return []
+            if self._ipc.get(name) is hold:
+                del self._ipc[name]
+            if hold.taken:
+                return []
+            hold.taken = True
+            for r in hold.refs:
+                key = (r.handle, r.offset)
+                n = self._ipc_live.pop(key, 0) - 1
+                if n > 0:
+                    self._ipc_live[key] = n
+            return list(hold.refs)
 
     # ------------------------------------------------------------------
     # transfers
@@ -604,6 +706,26 @@ class Client(KVRequests):
         ``peer`` names one of a route's several peers (node name or host:port).
         """
         return self.query(QueryKind.CATALOG, route + "@" + peer if peer else route) or []
+
+
+class _IpcHold:
+    """The torch IPC counters one tensor registration holds; ``taken`` once
+    a confirmed unregister took them to give back (guarded by Client._lock)."""
+
+    __slots__ = ("refs", "taken")
+
+    def __init__(self, refs: List[IpcRef]) -> None:
+        self.refs = refs
+        self.taken = False
+
+
+_warned: set = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 class TransfersFailed(StageError):

@@ -32,29 +32,95 @@ allocation with the same ``alloc_size`` (pass it explicitly), or the
 larger claims are refused.
 
 Lifetime. ``_share_cuda_`` also arms torch's producer-side IPC reference
-counting: when a shared storage is freed, torch keeps its block in "limbo"
-until consumers drop their references, and the sidecar takes no part in
-that protocol. So the memory of a registered tensor is not returned to the
-caching allocator before the process exits (torch then prints "Producer
-process has been terminated before all shared CUDA tensors released").
-That is what a KV cache allocated once wants (the sidecar may still have it
-mapped); do not register short-lived tensors.
+counting (torch/csrc/CudaIPCTypes.cpp): each call puts the storage's data
+behind a new ``CudaIPCSentData`` whose int64 counter, in a shared-memory
+file (``ref_counter_handle``, ``/dev/shm/torch_<pid>_...``) at index
+``ref_counter_offset``, starts at 1; the data it wraps (the previous one, or
+the caching-allocator block) goes with it. When the storage is freed while
+a counter is above 0, torch keeps the block in "limbo" instead of giving it
+back to the caching allocator, and checks again at each later free,
+``torch.cuda.ipc_collect()`` and an allocation that runs out of memory. A
+consumer gives a counter back once per ``_share_cuda_`` result it received
+(``rebuild_cuda_tensor`` calls ``_release_ipc_counter`` when it does not
+open the storage; ``_new_shared_cuda``'s deleter decrements when it does).
+
+The sidecar is that consumer here, but it is written in Go, so the client
+gives the counter back for it: :func:`export_tensor` records each share's
+counter (:class:`IpcRef`), and :meth:`Client.unregister` asks the sidecar
+for a confirmed unregister (PROTOCOL.md 9.4: answered only once no transfer
+holds the region and, with the last region of its allocation, the import
+is closed) and only after its OK calls :func:`release_ipc_ref`, once per
+share. What that relies on, and checks where it can:
+
+* one new counter per ``_share_cuda_`` call, at 1 (torch's source, 1.x to
+  2.x: ``GetNewRefCountedSentData``, ``set_counter(1)``), so one decrement
+  per result; the client warns if two live registrations name the same
+  counter, and before decrementing reads the counter (when its file has
+  the layout below) and skips one that is not above 0;
+* the release call: ``torch.UntypedStorage._release_ipc_counter_cuda(handle,
+  offset)`` (C, torch 1.13 to 2.x; ``UntypedStorage`` has no
+  ``_release_ipc_counter``, ``TypedStorage._release_ipc_counter(handle,
+  offset, device=)`` wraps it). Where neither exists, the counter is
+  decremented in its file directly, but only when the file has the layout
+  torch writes (aten ``RefcountedMapAllocator``: a 64-byte header, then
+  10 000 int64 counters, 80 064 bytes); otherwise the memory stays held and
+  the client warns once.
+
+A registration the sidecar refuses, or one that fails before it is sent,
+gives its counter back at once. An unregister refused BUSY (a transfer
+still holds the region) leaves the region registered, the tensor kept and
+the counter held, for a later unregister to give back. One whose answer is
+lost (timeout, connection) or that a sidecar too old to confirm carried
+out plainly keeps the counter for good: the memory stays in torch's limbo
+after the tensor is dropped, as before. Safe, never early.
+Whether ``torch.cuda.memory_reserved()`` really comes back on a GPU is for
+``tests/test_torch_limbo.py`` and ``examples/torch_ipc_counter_probe.py``
+to show.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
+import struct
 import threading
 import warnings
-from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple
 
 from .errors import StageError
 from .wire import Code
 
-__all__ = ["CudaExport", "export_tensor", "allocation_range", "split_share_handle"]
+__all__ = ["CudaExport", "IpcRef", "export_tensor", "allocation_range", "split_share_handle", "release_ipc_ref",
+           "ipc_counter_value"]
 
 IPC_HANDLE_SIZE = 64
+
+#: Where POSIX shared memory objects (torch's ref counter files) live.
+SHM_DIR = "/dev/shm"
+
+# torch's ref counter file: CUDA_IPC_REF_COUNTER_FILE_SIZE int64 counters
+# after the 64-byte header (map_alloc_alignment) of a RefcountedMapAllocator.
+_REF_COUNTERS = 10000
+_REF_HEADER = 64
+_REF_FILE_SIZE = _REF_HEADER + 8 * _REF_COUNTERS
+_COUNTER = struct.Struct("=q")
+
+Releaser = Callable[[bytes, int, int], None]
+
+
+@dataclass(frozen=True)
+class IpcRef:
+    """One ``_share_cuda_`` result's hold on torch's producer-side IPC
+    reference count: the counter a consumer gives back once (see the module
+    docstring). ``release`` is the storage class's own call for it, found
+    at export (None: none was found)."""
+
+    device: int  # the storage's CUDA device
+    handle: bytes  # ref_counter_handle: the counter file's shm name, b"/torch_..."
+    offset: int  # ref_counter_offset: the counter's index in that file
+    release: Optional[Releaser] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -68,6 +134,7 @@ class CudaExport:
     length: int  # the tensor's bytes
     exact_alloc_size: bool  # True: from the driver; False: torch's lower bound
     event_sync_required: bool  # torch says: wait on the producer's stream before reading
+    ipc_ref: Optional[IpcRef] = None  # the counter this export armed; None when torch gave none
 
 
 def split_share_handle(handle: bytes) -> bytes:
@@ -179,6 +246,17 @@ def export_tensor(t: Any, alloc_size: Optional[int] = None) -> CudaExport:
         raise ValueError("register_tensor needs a contiguous tensor: a region is one byte range")
     storage = t.untyped_storage()
     share = storage._share_cuda_()
+    ref = _ipc_ref(type(storage), share)
+    try:
+        return _export(t, storage, share, ref, alloc_size)
+    except BaseException:
+        if ref is not None:
+            release_ipc_ref(ref)  # nothing was registered with it
+        raise
+
+
+def _export(t: Any, storage: Any, share: Tuple[Any, ...], ref: Optional[IpcRef],
+            alloc_size: Optional[int]) -> CudaExport:
     handle = split_share_handle(share[1])
     storage_nbytes = int(share[2])
     storage_offset_bytes = int(share[3])
@@ -209,4 +287,118 @@ def export_tensor(t: Any, alloc_size: Optional[int] = None) -> CudaExport:
     if alloc_size < offset + length:
         raise ValueError("alloc_size %d is smaller than the tensor's end %d" % (alloc_size, offset + length))
     return CudaExport(handle=handle, ordinal=int(ordinal), alloc_size=int(alloc_size), offset=offset,
-                      length=length, exact_alloc_size=exact, event_sync_required=event_sync)
+                      length=length, exact_alloc_size=exact, event_sync_required=event_sync, ipc_ref=ref)
+
+
+# --------------------------------------------------------------------------
+# torch's producer-side IPC counter: giving it back for the sidecar.
+
+
+def _ipc_ref(storage_cls: Any, share: Tuple[Any, ...]) -> Optional[IpcRef]:
+    """The counter a ``_share_cuda_`` result armed; None for an empty
+    storage (torch arms none) or a result of another shape."""
+    if len(share) < 6 or not isinstance(share[4], (bytes, bytearray)) or not isinstance(share[5], int):
+        return None
+    return IpcRef(device=int(share[0]), handle=bytes(share[4]), offset=int(share[5]),
+                  release=_releaser(storage_cls))
+
+
+def _releaser(storage_cls: Any) -> Optional[Releaser]:
+    """The storage class's call that gives a counter back, or None."""
+    fn = getattr(storage_cls, "_release_ipc_counter_cuda", None)
+    if callable(fn):
+        return lambda handle, offset, device: fn(handle, offset)
+    fn = getattr(storage_cls, "_release_ipc_counter", None)  # TypedStorage's spelling
+    if callable(fn):
+        return lambda handle, offset, device: fn(handle, offset, device=device)
+    return None
+
+
+def _counter_pos(handle: bytes, offset: int, shm_dir: Optional[str]) -> Tuple[str, int]:
+    """The counter file's path and the counter's byte offset in it."""
+    name = handle.decode("ascii", "replace")
+    if not name.startswith("/") or "/" in name[1:] or name in ("/", "/.", "/.."):
+        raise ValueError("IPC counter handle %r is not a shared memory name" % (handle,))
+    if not 0 <= offset < _REF_COUNTERS:
+        raise ValueError("IPC counter offset %d outside torch's %d counters" % (offset, _REF_COUNTERS))
+    return os.path.join(SHM_DIR if shm_dir is None else shm_dir, name[1:]), _REF_HEADER + 8 * offset
+
+
+def _with_counter(handle: bytes, offset: int, shm_dir: Optional[str], f: Callable[[mmap.mmap, int], int]) -> int:
+    """Map torch's counter file, check its layout, and apply f to the counter's place."""
+    path, pos = _counter_pos(handle, offset, shm_dir)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size != _REF_FILE_SIZE:
+            raise ValueError("%s has %d bytes, not the %d of torch's IPC counter file (64-byte header, %d int64 "
+                             "counters)" % (path, size, _REF_FILE_SIZE, _REF_COUNTERS))
+        with mmap.mmap(fd, _REF_FILE_SIZE) as mm:
+            return f(mm, pos)
+    finally:
+        os.close(fd)
+
+
+def ipc_counter_value(ref: IpcRef, shm_dir: Optional[str] = None) -> int:
+    """The counter's value now, read from its file (``shm_dir``: SHM_DIR).
+
+    Raises OSError when the file cannot be opened, ValueError when it does
+    not have torch's layout.
+    """
+    return _with_counter(ref.handle, ref.offset, shm_dir, lambda mm, pos: _COUNTER.unpack_from(mm, pos)[0])
+
+
+def _decrement(mm: mmap.mmap, pos: int) -> int:
+    v = _COUNTER.unpack_from(mm, pos)[0]
+    if v > 0:
+        _COUNTER.pack_into(mm, pos, v - 1)
+    return v
+
+
+_held_warned = False
+
+
+def _warn_held(why: str) -> None:
+    global _held_warned
+    if not _held_warned:
+        _held_warned = True
+        warnings.warn("stage_client: cannot give torch's IPC reference back (%s); the memory of unregistered CUDA "
+                      "tensors stays reserved by torch until the process exits" % why, RuntimeWarning, stacklevel=3)
+
+
+def release_ipc_ref(ref: IpcRef, shm_dir: Optional[str] = None) -> bool:
+    """Give back the counter ``ref`` names, once the sidecar no longer maps
+    the memory (a confirmed unregister, or a refused register).
+
+    The counter is read first where its file has torch's layout, and left
+    alone (with a warning) when it is not above 0. Then the storage class's
+    call gives it back; without one, or when that call fails, the counter is
+    decremented in its file, only where the file has torch's layout. True
+    when it was given back; False (and a warning, once) when the memory
+    stays held.
+    """
+    try:
+        before: Optional[int] = ipc_counter_value(ref, shm_dir)
+    except (OSError, ValueError):
+        before = None  # torch's own call below still works; only the check is skipped
+    if before is not None and before < 1:
+        warnings.warn("stage_client: torch's IPC counter %r[%d] is already %d; not giving it back again"
+                      % (ref.handle, ref.offset, before), RuntimeWarning, stacklevel=2)
+        return False
+    why = []
+    if ref.release is not None:
+        try:
+            ref.release(ref.handle, ref.offset, ref.device)
+            return True
+        except (NotImplementedError, RuntimeError, TypeError) as e:
+            why.append("torch's release call: %s" % e)
+    else:
+        why.append("the storage class has no _release_ipc_counter_cuda or _release_ipc_counter")
+    try:
+        if _with_counter(ref.handle, ref.offset, shm_dir, _decrement) > 0:
+            return True
+        why.append("its counter is not above 0")
+    except (OSError, ValueError) as e:
+        why.append(str(e))
+    _warn_held("; ".join(why))
+    return False

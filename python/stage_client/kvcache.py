@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 import weakref
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
+from .client import DEFAULT_UNREGISTER_WAIT
 from .errors import StageError
 from .layout import Layout, LayoutError
 from .wire import Access, Code, Direction
@@ -204,12 +206,19 @@ class KVCache:
         self.close()
 
 
-def unregister_all(client: Any, names: Iterable[str]) -> None:
-    """Unregister every region of ``names``; then raise the first failure other than UNKNOWN_REGION."""
+def unregister_all(client: Any, names: Iterable[str], wait: Optional[float] = None) -> None:
+    """Unregister every region of ``names``; then raise the first failure other than UNKNOWN_REGION.
+
+    Confirmed unregisters (tensor regions: :meth:`Client.unregister`) share
+    one wait of ``wait`` seconds (default DEFAULT_UNREGISTER_WAIT) for the
+    transfers holding them, so a transfer that holds every layer does not
+    make each layer wait in turn.
+    """
     err: Optional[BaseException] = None
+    deadline = time.monotonic() + (DEFAULT_UNREGISTER_WAIT if wait is None else wait)
     for n in names:
         try:
-            client.unregister(n)
+            client.unregister(n, wait=max(0.0, deadline - time.monotonic()))
         except StageError as e:
             if e.code != Code.UNKNOWN_REGION and err is None:
                 err = e

@@ -50,7 +50,7 @@ class Recorder:
     def register_kv(self, name: str, layout: Any, layers: Any) -> None:
         self.calls.append(("kv", name, layout, [list(x) for x in layers]))
 
-    def unregister(self, name: str) -> None:
+    def unregister(self, name: str, wait: Any = None) -> None:
         self.regions.remove(name)
 
     def submit_kv(self, *args: Any, **kw: Any) -> int:

@@ -31,6 +31,7 @@ def samples() -> list:
         wire.Register(req=2, name="t", handle=HandleKind.CUDA_IPC, access=Access.LOCAL_READ | Access.REMOTE_READ,
                       ordinal=1, alloc_size=2 << 30, offset=512, length=4096, addr=7, handle_raw=bytes(range(64))),
         wire.Unregister(req=2**64 - 1, name="r\u00e9gion"),
+        wire.Unregister(req=3, name="kv/0", wait_ms=10000),
         wire.Submit(req=5, route="decode", direction=Direction.PULL, checksum=Checksum.OFF, tag="req-1",
                     local_names=["a", "b"], remote_names=["c"],
                     ops=[LocalOp(0, 0, 0, 16384, 16384), LocalOp(1, 0, 2**63, 2**64 - 2, 1)]),
@@ -148,6 +149,24 @@ class TestGolden(unittest.TestCase):
         self.assertEqual(wire.encode_frame(m), want)
         self.assertEqual(wire.decode_frame(want)[1], m)
 
+    def test_unregister_wait_golden(self) -> None:
+        # PROTOCOL.md 9.4's example.
+        want = hx("""
+            53 47 01 81 00 00 00 00 10 00 00 00 00 00 00 00   # header, type 129, length 16
+            00 01 00 00 00 00 00 00                           # Req 0x100
+            02 00 6b 76                                       # Name "kv"
+            10 27 00 00                                       # WaitMs 10000
+        """)
+        m = wire.Unregister(req=0x100, name="kv", wait_ms=10000)
+        self.assertEqual(wire.encode_frame(m), want)
+        self.assertEqual(wire.decode_frame(want)[1], m)
+        # Without WaitMs: the version-1 bytes, 4 fewer.
+        plain = wire.encode_frame(wire.Unregister(req=0x100, name="kv"))
+        self.assertEqual(plain, want[:8] + b"\x0c" + want[9:-4])
+        with self.assertRaises(ProtocolError) as cm:
+            wire.Unregister.decode(want[16:-4] + b"\x00\x00\x00\x00")
+        self.assertIn("WaitMs: present but 0", str(cm.exception))
+
     def test_fail_golden(self) -> None:
         # PROTOCOL.md 9.16's example.
         want = hx("""
@@ -255,6 +274,7 @@ class TestRoundTrip(unittest.TestCase):
         # The body sizes PROTOCOL.md section 9 gives.
         self.assertEqual(len(wire.Register(name="ab", handle_raw=b"xyz").encode()), 50 + 2 + 3)
         self.assertEqual(len(wire.Unregister(name="abc").encode()), 10 + 3)
+        self.assertEqual(len(wire.Unregister(name="abc", wait_ms=1).encode()), 14 + 3)
         self.assertEqual(len(wire.Submitted().encode()), 16)
         self.assertEqual(len(wire.Wait().encode()), 20)
         self.assertEqual(len(wire.Status().encode()), 16)
@@ -287,12 +307,18 @@ class TestMalformed(unittest.TestCase):
     def test_truncated(self) -> None:
         for m in samples():
             body = m.encode()
-            # A Submit cut just before its optional Peer is one naming no peer.
-            tail = len(body) - 2 - len(m.peer.encode()) if isinstance(m, wire.Submit) and m.peer else -1
+            # A Submit cut just before its optional Peer is one naming no
+            # peer; an Unregister cut before its WaitMs waits for nothing.
+            tail = -1
+            if isinstance(m, wire.Submit) and m.peer:
+                tail = len(body) - 2 - len(m.peer.encode())
+            elif isinstance(m, wire.Unregister) and m.wait_ms:
+                tail = len(body) - 4
             for n in range(len(body)):
                 with self.subTest(m=type(m).__name__, n=n):
                     if n == tail:
-                        self.assertEqual(wire.decode_body(m.TYPE, body[:n]).peer, "")
+                        cut = wire.decode_body(m.TYPE, body[:n])
+                        self.assertFalse(cut.wait_ms if isinstance(cut, wire.Unregister) else cut.peer)
                         continue
                     self.assertProto("malformed", wire.decode_body, m.TYPE, body[:n])
 
@@ -303,6 +329,8 @@ class TestMalformed(unittest.TestCase):
                 if isinstance(m, wire.Submit) and not m.peer:
                     # Read as the start of the optional Peer.
                     self.assertIn("Submit.Peer", str(e))
+                elif isinstance(m, wire.Unregister) and not m.wait_ms:
+                    self.assertIn("Unregister.WaitMs", str(e))
                 else:
                     self.assertIn("trailing", str(e))
 
@@ -442,6 +470,10 @@ class TestEncoderChecks(unittest.TestCase):
             wire.Register(name="x", handle_raw=b"h" * 257).encode()
         with self.assertRaises(ValueError):
             wire.Wait(timeout_ms=2**32).encode()
+        with self.assertRaises(ValueError):
+            wire.Unregister(name="x", wait_ms=2**32).encode()
+        with self.assertRaises(ValueError):
+            wire.Unregister(name="x", wait_ms=-1).encode()
         with self.assertRaises(ValueError):
             wire.OK(req=-1).encode()
         with self.assertRaises(ValueError):

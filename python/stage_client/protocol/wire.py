@@ -647,22 +647,37 @@ def to_handle(v: int) -> int:
 
 @dataclass
 class Unregister(Message):
-    """Unregister (129): remove a region; transfers in flight keep it mapped."""
+    """Unregister (129): remove a region; transfers in flight keep it mapped.
+
+    ``wait_ms`` > 0 asks for a confirmed unregister (PROTOCOL.md 9.4): the
+    OK comes only once no transfer holds the region and, with the last
+    region of its allocation, the sidecar closed its import; transfers that
+    still hold it after ``wait_ms`` get Fail BUSY, and the region stays
+    registered. It is encoded only when set, so an Unregister without it
+    has the bytes of earlier versions.
+    """
 
     TYPE = FrameType.UNREGISTER
     req: int = 0
     name: str = ""
+    wait_ms: int = 0
 
     def encode(self) -> bytes:
         e = _Enc("Unregister")
         e.u64(self.req, "Req")
         e.str16(self.name, MAX_NAME, "Name")
+        if self.wait_ms:
+            e.u32(self.wait_ms, "WaitMs")
         return e.done()
 
     @classmethod
     def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "Unregister":
         d = _Dec(body, "Unregister")
         m = cls(req=d.u64("Req"), name=d.str16(MAX_NAME, "Name"))
+        if d.rem():
+            m.wait_ms = d.u32("WaitMs")
+            if m.wait_ms == 0:
+                raise d.fail("malformed", "WaitMs", "present but 0 (leave it out for an unconfirmed unregister)")
         d.finish()
         return m
 
