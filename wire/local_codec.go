@@ -1,10 +1,6 @@
 package wire
 
-import (
-	"math"
-
-	"github.com/stage-kv/stage/internal/fanout"
-)
+import "math"
 
 // Local control-socket message codecs: fields in declaration order.
 
@@ -81,12 +77,14 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	start := len(dst)
 	dst = dst[:start+n*localOpSize]
 	b := dst[start:]
-	if k := fanout.Auto(n, minOpSlice); k > 1 {
-		// The engine's side of the same path as decodeOps: encode slices
-		// of a large Submit in parallel.
-		fanout.Run(n, k, func(_, lo, hi int) { encodeOpSlice(b[lo*localOpSize:hi*localOpSize], m.Ops[lo:hi]) })
-	} else {
-		encodeOpSlice(b, m.Ops[:n])
+	for i := range m.Ops[:n] {
+		op := &m.Ops[i]
+		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
+		le.PutUint32(p[0:], op.Local)
+		le.PutUint32(p[4:], op.Remote)
+		le.PutUint64(p[8:], op.LocalOff)
+		le.PutUint64(p[16:], op.RemoteOff)
+		le.PutUint64(p[24:], op.Len)
 	}
 	if m.Peer != "" {
 		dst = appendStr(dst, m.Peer)
@@ -148,55 +146,9 @@ func (m *Submit) decodeOps(d *decoder) {
 	}
 	m.Ops = make([]LocalOp, n)
 	nl, nr := uint64(len(m.LocalNames)), uint64(len(m.RemoteNames))
-	bad := -1
-	if k := fanout.Auto(n, minOpSlice); k > 1 {
-		// A push of 65,536 blocks is 2 MiB of ops on the path from the
-		// engine to the first chunk: decode slices of it in parallel where
-		// there are cores to spare; the first bad op in order still wins.
-		first := make([]int, k)
-		fanout.Run(n, k, func(j, lo, hi int) {
-			first[j] = decodeOpSlice(m.Ops[lo:hi], b[lo*localOpSize:hi*localOpSize], nl, nr, lo)
-		})
-		for _, f := range first {
-			if f >= 0 {
-				bad = f
-				break
-			}
-		}
-	} else {
-		bad = decodeOpSlice(m.Ops, b, nl, nr, 0)
-	}
-	if bad >= 0 {
-		d.idx = bad
-		d.badLocalOp(&m.Ops[bad], nl, nr)
-		m.Ops = nil
-	}
-}
-
-// encodeOpSlice writes ops into b, one localOpSize record each.
-func encodeOpSlice(b []byte, ops []LocalOp) {
-	for i := range ops {
-		op := &ops[i]
+	for i := range m.Ops {
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
-		le.PutUint32(p[0:], op.Local)
-		le.PutUint32(p[4:], op.Remote)
-		le.PutUint64(p[8:], op.LocalOff)
-		le.PutUint64(p[16:], op.RemoteOff)
-		le.PutUint64(p[24:], op.Len)
-	}
-}
-
-// minOpSlice is the fewest ops a parallel decode slice gets: below it,
-// starting a goroutine costs more than decoding (a few ns an op).
-const minOpSlice = 8192
-
-// decodeOpSlice decodes b into ops (one localOpSize record each) and
-// returns the index (plus base) of the first invalid op, or -1; the ops
-// after an invalid one are left undecoded.
-func decodeOpSlice(ops []LocalOp, b []byte, nl, nr uint64, base int) int {
-	for i := range ops {
-		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
-		op := &ops[i]
+		op := &m.Ops[i]
 		op.Local = le.Uint32(p[0:])
 		op.Remote = le.Uint32(p[4:])
 		op.LocalOff = le.Uint64(p[8:])
@@ -204,10 +156,12 @@ func decodeOpSlice(ops []LocalOp, b []byte, nl, nr uint64, base int) int {
 		op.Len = le.Uint64(p[24:])
 		if uint64(op.Local) >= nl || uint64(op.Remote) >= nr || op.Len == 0 ||
 			op.LocalOff > math.MaxUint64-op.Len || op.RemoteOff > math.MaxUint64-op.Len {
-			return base + i
+			d.idx = i
+			d.badLocalOp(op, nl, nr)
+			m.Ops = nil
+			return
 		}
 	}
-	return -1
 }
 
 // badLocalOp records why op (Submit.Ops[d.idx]) is invalid.

@@ -3,14 +3,11 @@ package wire
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"math"
 	"reflect"
 	"runtime"
 	"strings"
 	"testing"
-
-	"github.com/stage-kv/stage/internal/fanout"
 )
 
 func seq(n int, from byte) []byte {
@@ -769,33 +766,5 @@ func TestSubmitManyOpsRoundTrip(t *testing.T) {
 				t.Fatalf("got %v, %v; want nil and %v naming %q", got, err, tc.kind, tc.want)
 			}
 		})
-	}
-}
-
-// TestSubmitParallelDecode: with processors to spare a large Submit's ops
-// decode in slices; the result is the serial decode's, and of two bad ops
-// in different slices the first is named.
-func TestSubmitParallelDecode(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
-	const n = 65536 + 77
-	if k := fanout.Auto(n, minOpSlice); k < 2 {
-		t.Fatalf("the test needs the parallel path, got %d slices", k)
-	}
-	m := scatteredSubmit(n)
-	got, err := Decode(TypeSubmit, m.AppendBody(nil))
-	if err != nil || !reflect.DeepEqual(got, m) {
-		t.Fatalf("decoded Submit differs from the one encoded (%v)", err)
-	}
-	for _, at := range [][2]int{{5, n - 1}, {n / 2, n - 3}, {n - 1, -1}, {n / 8, n / 8 * 7}} {
-		b := scatteredSubmit(n)
-		b.Ops[at[0]].Len = 0
-		if at[1] >= 0 {
-			b.Ops[at[1]].Local = 9
-		}
-		got, err := Decode(TypeSubmit, b.AppendBody(nil))
-		want := fmt.Sprintf("Submit.Ops[%d].Len: zero length", at[0])
-		if got != nil || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), want) {
-			t.Fatalf("bad ops at %v: got %v, %v; want %q", at, got, err, want)
-		}
 	}
 }

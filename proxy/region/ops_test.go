@@ -2,13 +2,10 @@ package region
 
 import (
 	"math"
-	"runtime"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/fanout"
 	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/wire"
 )
@@ -115,61 +112,5 @@ func BenchmarkCheckOps65536Blocks(b *testing.B) {
 		if _, err := CheckOps(m, regions, true); err != nil {
 			b.Fatal(err)
 		}
-	}
-}
-
-// TestCheckOpsParallel: with processors to spare, a large push is checked
-// in slices; it must give what the serial check gives, the same plan and
-// totals, and for a bad op anywhere the serial check's error.
-func TestCheckOpsParallel(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
-	const block, n = 4096, 65536 + 123
-	regions := []*Region{testRegion("a", 1<<40, 0, n*block), testRegion("b", 1<<41, 64, n*block)}
-	base := make([]wire.LocalOp, n)
-	for i := range base {
-		base[i] = wire.LocalOp{Local: uint32(i % 2), Remote: uint32(i % 3), LocalOff: uint64(i) * block, RemoteOff: uint64((i*40503)%n) * block, Len: block}
-	}
-	if k := fanout.Auto(n, minSlice); k < 2 {
-		t.Fatalf("the test needs the parallel path, got %d slices", k)
-	}
-	bad := []struct {
-		name string
-		at   int
-		op   wire.LocalOp
-	}{
-		{"none", -1, wire.LocalOp{}},
-		{"local index late", n - 1, wire.LocalOp{Local: 2, Len: 1}},
-		{"past the end early", 3, wire.LocalOp{Local: 1, LocalOff: n * block, Len: 1}},
-		{"empty in the middle", n / 2, wire.LocalOp{Len: 0}},
-		{"remote wraps at a slice edge", n / 8, wire.LocalOp{RemoteOff: math.MaxUint64 - 1, Len: 4}},
-		{"two bad, the first wins", 100, wire.LocalOp{Remote: 9, Len: 1}},
-	}
-	for _, tc := range bad {
-		t.Run(tc.name, func(t *testing.T) {
-			ops := append([]wire.LocalOp(nil), base...)
-			if tc.at >= 0 {
-				ops[tc.at] = tc.op
-				if tc.name == "two bad, the first wins" {
-					ops[n-5] = wire.LocalOp{Len: 0}
-				}
-			}
-			m := &wire.Submit{RemoteNames: []string{"x", "y", "z"}, Ops: ops}
-			for _, push := range []bool{false, true} {
-				got, gerr := CheckOps(m, regions, push)
-				want, werr := checkOps(m, regions, push)
-				if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
-					t.Fatalf("push=%v: parallel error %v, serial %v", push, gerr, werr)
-				}
-				if tc.at >= 0 && gerr == nil {
-					t.Fatalf("push=%v: a bad op at %d passed", push, tc.at)
-				}
-				if werr != nil {
-					continue
-				}
-				if got.Total != want.Total || !slices.Equal(got.Ends, want.Ends) || !slices.Equal(got.Plan, want.Plan) {
-					t.Fatalf("push=%v: parallel total %d ends %v (%d plan ops), serial %d %v (%d)", push, got.Total, got.Ends, len(got.Plan), want.Total, want.Ends, len(want.Plan))
-				}
-			}
-		})
 	}
 }
