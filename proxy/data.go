@@ -58,17 +58,23 @@ func newStreamConn(c net.Conn) (streamConn, error) {
 // setSocketBuffers asks the kernel for send and receive buffers of b bytes
 // on a data stream (staging.socket_buffer), which turns off its autotuning:
 // bytes queued in a socket are bytes the sender no longer balances across
-// streams, and a large backlog in one stream's socket is the tail of every
-// transfer. The kernel caps b at net.core.wmem_max/rmem_max (and doubles
-// it); a refusal leaves the defaults.
-func setSocketBuffers(c net.Conn, b int) {
+// streams. The kernel caps b at net.core.wmem_max/rmem_max (and doubles
+// it). A refusal leaves the kernel's sizes, and the caller says so.
+func setSocketBuffers(c net.Conn, b int) error {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(b)
-		_ = tc.SetReadBuffer(b)
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return fmt.Errorf("%T is not a TCP connection", c)
 	}
+	if err := tc.SetWriteBuffer(b); err != nil {
+		return fmt.Errorf("SO_SNDBUF %d: %w", b, err)
+	}
+	if err := tc.SetReadBuffer(b); err != nil {
+		return fmt.Errorf("SO_RCVBUF %d: %w", b, err)
+	}
+	return nil
 }
 
 // dataStream is one TCP connection of a session carrying chunks both ways:
@@ -131,7 +137,10 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		old.wg.Wait()
 	}
 	if b := int(ss.s.cfg.Staging.SocketBuffer); b > 0 {
-		setSocketBuffers(c, b)
+		if err := setSocketBuffers(c, b); err != nil {
+			ss.s.log.Warn("staging.socket_buffer not applied; the kernel sizes this data stream's buffers",
+				zap.String("peer", ss.peerName), zap.Int("stream", i), zap.Error(err))
+		}
 	}
 	rc, err := newStreamConn(c)
 	if err == nil {

@@ -50,20 +50,28 @@ func (s *Sender) enqueueGathered(x *sxfer, c uint32, slot SendSlot) {
 
 // dispatchAll hands waiting chunks to streams that have room (a write
 // completed, a stream came back).
+// Without a queue nothing ever waits (enqueueGathered hands every chunk
+// over), so the default costs one test per Step.
 func (s *Sender) dispatchAll() {
+	if s.queue == 0 {
+		return
+	}
 	for _, ss := range s.order {
-		for len(ss.waiting) > 0 {
+		sent := 0
+		for _, g := range ss.waiting {
 			st, _ := s.roomyStream(ss)
 			if st < 0 {
 				break
 			}
-			g := ss.waiting[0]
-			ss.waiting[0] = gathered{}
-			ss.waiting = ss.waiting[1:]
-			if len(ss.waiting) == 0 {
-				ss.waiting = nil // let the backing array go; the next burst grows a fresh one
-			}
 			s.sendOn(g.x, g.chunk, g.slot, st)
+			sent++
+		}
+		if sent > 0 {
+			// Shift the rest to the front: the array stays, no allocation
+			// per burst (at most depth x streams chunks wait).
+			n := copy(ss.waiting, ss.waiting[sent:])
+			clear(ss.waiting[n:])
+			ss.waiting = ss.waiting[:n]
 		}
 	}
 }

@@ -8,6 +8,19 @@ import (
 // queue2 is the queue the tests set: the one being written and one behind.
 const queue2 = 2
 
+// queueHarness is a core of 13 send slots (12 usable by one session: the
+// reserve is 0 below 16), no stream_depth, the given queue, one session of
+// streams data streams and 12 credits, and transfer 1 of chunks chunks
+// submitted.
+func queueHarness(t *testing.T, queue, streams, chunks int) *harness {
+	h := newHarness(t, 13)
+	h.s = NewSenderDepth(13, 0)
+	h.s.SetStreamQueue(queue)
+	h.step(Event{Kind: EvSessionUp, Session: 1, N: streams, Credits: 12})
+	h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, chunks)})
+	return h
+}
+
 // streamsOf counts the pending sends per stream.
 func streamsOf(sends []SendCmd) map[int]int {
 	n := map[int]int{}
@@ -35,11 +48,7 @@ func TestSenderStreamQueue(t *testing.T) {
 		{"no limit, 2 streams", 0, 2, 12, 6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, 13) // 12 usable by one session (the reserve is 0 below 16)
-			h.s = NewSenderDepth(13, 0)
-			h.s.SetStreamQueue(tc.queue)
-			h.step(Event{Kind: EvSessionUp, Session: 1, N: tc.streams, Credits: 12})
-			h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, 40)})
+			h := queueHarness(t, tc.queue, tc.streams, 40)
 			if len(h.copies) != 12 {
 				t.Fatalf("%d copies started, want 12", len(h.copies))
 			}
@@ -66,20 +75,9 @@ func TestSenderStreamQueue(t *testing.T) {
 // writes, in the order they were gathered; the stalled one keeps only what
 // it was handed.
 func TestSenderWaitingGoToTheFreeStream(t *testing.T) {
-	h := newHarness(t, 13)
-	h.s = NewSenderDepth(13, 0)
-	h.s.SetStreamQueue(queue2)
-	h.step(Event{Kind: EvSessionUp, Session: 1, N: 2, Credits: 12})
-	h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, 10)})
+	h := queueHarness(t, queue2, 2, 10)
 	h.finishCopies(nil)
-	stalled := 0
-	for _, s := range h.sends {
-		if s.Stream == stalled {
-			continue
-		}
-		stalled = 1 - s.Stream
-		break
-	}
+	const stalled = 0 // stream 0 never reports a write
 	var order []uint32
 	for i := 0; i < 20; i++ {
 		i := slices.IndexFunc(h.sends, func(s SendCmd) bool { return s.Stream != stalled })
@@ -109,11 +107,7 @@ func TestSenderWaitingGoToTheFreeStream(t *testing.T) {
 // slots and credits back at once; it retires once the chunks it handed
 // over are written, and a transfer behind it still completes.
 func TestSenderWaitingDroppedOnFailure(t *testing.T) {
-	h := newHarness(t, 13)
-	h.s = NewSenderDepth(13, 0)
-	h.s.SetStreamQueue(queue2)
-	h.step(Event{Kind: EvSessionUp, Session: 1, N: 1, Credits: 12})
-	h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 1, Plan: plan(t, 30)})
+	h := queueHarness(t, queue2, 1, 30)
 	h.finishCopies(nil)
 	if len(h.sends) != queue2 {
 		t.Fatalf("%d sends, want %d", len(h.sends), queue2)

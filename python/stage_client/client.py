@@ -19,11 +19,10 @@ import math
 import queue
 import socket
 import threading
-import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import wire
-from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref
+from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref, warn_once
 from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
@@ -424,7 +423,7 @@ class Client(KVRequests):
             if ex.ipc_ref is not None:
                 key = (ex.ipc_ref.handle, ex.ipc_ref.offset)
                 if self._ipc_live.get(key, 0):
-                    _warn_once("shared-counter", "stage_client: torch returned IPC counter %r[%d] for two live "
+                    warn_once("shared-counter", "stage_client: torch returned IPC counter %r[%d] for two live "
                                "registrations; this client assumes a new counter per _share_cuda_ call and gives "
                                "each result back once (stage_client/cuda.py, Lifetime)" % key)
                 self._ipc_live[key] = self._ipc_live.get(key, 0) + 1
@@ -485,7 +484,7 @@ class Client(KVRequests):
         self._call(lambda r: wire.Unregister(req=r, name=name))
         self._forget(name, hold)
         if hold is not None:
-            _warn_once("old-sidecar", "stage_client: the sidecar cannot confirm an Unregister (it predates PROTOCOL.md "
+            warn_once("old-sidecar", "stage_client: the sidecar cannot confirm an Unregister (it predates PROTOCOL.md "
                                       "9.4's WaitMs); torch keeps the memory of unregistered CUDA tensors until the "
                                       "process exits: upgrade staged")
 
@@ -717,15 +716,6 @@ class _IpcHold:
     def __init__(self, refs: List[IpcRef]) -> None:
         self.refs = refs
         self.taken = False
-
-
-_warned: set = set()
-
-
-def _warn_once(key: str, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 class TransfersFailed(StageError):

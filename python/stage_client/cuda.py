@@ -355,15 +355,20 @@ def _decrement(mm: mmap.mmap, pos: int) -> int:
     return v
 
 
-_held_warned = False
+_warned: set = set()  # keys of the warnings given (warn_once)
+
+
+def warn_once(key: str, msg: str, stacklevel: int = 3) -> None:
+    """A RuntimeWarning given once per process for ``key`` (the client's
+    warnings about torch's IPC counters share it)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
 
 
 def _warn_held(why: str) -> None:
-    global _held_warned
-    if not _held_warned:
-        _held_warned = True
-        warnings.warn("stage_client: cannot give torch's IPC reference back (%s); the memory of unregistered CUDA "
-                      "tensors stays reserved by torch until the process exits" % why, RuntimeWarning, stacklevel=3)
+    warn_once("held", "stage_client: cannot give torch's IPC reference back (%s); the memory of unregistered CUDA "
+                      "tensors stays reserved by torch until the process exits" % why, stacklevel=4)
 
 
 def release_ipc_ref(ref: IpcRef, shm_dir: Optional[str] = None) -> bool:

@@ -95,10 +95,9 @@ class TestIpcRelease(Base):
             p.start()
             self.addCleanup(p.stop)
         # Warnings given once per process are given again in each test.
-        for target, value in (("stage_client.cuda._held_warned", False), ("stage_client.client._warned", set())):
-            p = mock.patch(target, value)
-            p.start()
-            self.addCleanup(p.stop)
+        p = mock.patch("stage_client.cuda._warned", set())
+        p.start()
+        self.addCleanup(p.stop)
         self.unregister_answers: List[Callable[[Any], List[bytes]]] = []
 
     def sidecar(self, register: Callable[[Any], List[bytes]] = lambda m: [ok(m.req)], **kw: Any) -> Any:
