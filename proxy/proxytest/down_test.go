@@ -79,6 +79,15 @@ func TestDeadPeerRefusedAtOnce(t *testing.T) {
 	if err := dec.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// A push sent before the prefill side saw the session end may still
+	// pick it and fail with "session closed" (CI's loaded 2-core machine
+	// did): wait until the session is gone, then every push must be
+	// refused as down.
+	for deadline := time.Now().Add(5 * time.Second); pre.Snapshot().Sessions > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill side still has a session 5 s after its peer closed")
+		}
+	}
 	refused("peer closed under an open session")
 	refused("and again")
 }
