@@ -9,6 +9,7 @@ package proxy
 
 import (
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -75,7 +76,7 @@ func (s *Server) failHolders(rs []*region.Region) int {
 		case ourPush:
 			s.abortLocal(end.lx, err, err.Error(), false)
 		default: // a pull we serve: the core fails it, its end Nacks the peer
-			s.sender.post(staging.Event{Kind: staging.EvNack, Session: ox.ss.id, Transfer: ox.key, Err: err})
+			s.sender.post(staging.Event{Kind: staging.EvNack, Session: ox.ss.id, Transfer: ox.key, Err: err, Now: time.Now()})
 		}
 		n++
 	}
