@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
@@ -293,5 +294,55 @@ func TestGroupShares(t *testing.T) {
 	}
 	if err := pusher.Unregister(ctx, P.Region(1)); err != nil {
 		t.Fatalf("a group's connection unregistering another's region: %v", err)
+	}
+}
+
+// TestKVOwnership: a KV cache is its connection's: another connection
+// cannot lay one over its regions, take its name or transfer from it;
+// when the owner's connection closes, the cache goes with its regions,
+// and its name is free.
+func TestKVOwnership(t *testing.T) {
+	pre, dec := proxytest.Pair(t, e2eOpts())
+	ctx := context.Background()
+	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 8, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+	newKV := func(name string) *kvsim.KV {
+		k, err := kvsim.NewKV(name, "vllm-flash", p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k.Close() })
+		return k
+	}
+	a, b := engineConn(t, pre), engineConn(t, pre)
+	A := newKV("kv-a")
+	if err := A.Register(ctx, a, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, "RegisterKV over another's regions", b.RegisterKV(ctx, "kv-b", kvsim.WireLayout(&A.Layout), [][]string{{A.Region(0, 0)}}),
+		wire.CodeAccessDenied, "belongs to another engine connection")
+	B := newKV("kv-b")
+	if err := B.Register(ctx, b, wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, "RegisterKV of another's cache name", b.RegisterKV(ctx, "kv-a", kvsim.WireLayout(&B.Layout), [][]string{{B.Region(0, 0)}}),
+		wire.CodeExists, "another engine connection")
+	D := newKV("kv-d")
+	if err := D.Register(ctx, engineConn(t, dec), wire.AccessAll); err != nil {
+		t.Fatal(err)
+	}
+	move := kvsim.KVMove{Layers: []int{0}, SrcTable: []uint32{1}, DstTable: []uint32{2}, Tokens: 16}
+	_, err := b.SubmitKV(ctx, move.Submit(route, "kv", wire.Push, A, D))
+	wantRefused(t, "SubmitKV from another's cache", err, wire.CodeAccessDenied, "belongs to another engine connection")
+	id, err := a.SubmitKV(ctx, move.Submit(route, "kv", wire.Push, A, D))
+	if err != nil {
+		t.Fatalf("the owner's SubmitKV: %v", err)
+	}
+	if _, err := a.Wait(ctx, id, 30*time.Second); err != nil {
+		t.Fatalf("the owner's KV push: %v", err)
+	}
+	_ = a.Close()
+	waitRegions(t, pre, 1, 1) // b's region
+	if err := newKV("kv-a").Register(ctx, b, wire.AccessAll); err != nil {
+		t.Fatalf("the closed connection's KV cache name and regions, registered again: %v", err)
 	}
 }
