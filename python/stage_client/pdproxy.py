@@ -21,14 +21,9 @@ balancing) on aiohttp, the package's ``proxy`` extra
 (``pip install 'stage-client[proxy]'``; Debian: ``python3-aiohttp``).
 
 Every failure is answered with a status and a JSON body ``{"error": ...}``
-(plus ``"engine"`` when an engine failed): 400 for a request that is not a
-JSON object (or is nested deeper than ``MAX_DEPTH``, or is not HTTP), 413
-for a body over ``--max-body``, 404/405 for other paths and methods, 502
-for an engine that cannot be reached or answers something that is not a
-JSON object (or no kv_transfer_params from the prefill), the engine's own
-status and body for an engine's error, and 504 when the whole request
-(both engines, the streaming included) outlives ``--timeout``. A stream
-that fails after it began ends with one ``data: {"error": ...}`` event.
+(plus ``"engine"`` when an engine failed); the whole request has one
+deadline (``--timeout``, 504). docs/ENGINES.md, "The router", has the
+flags, limits and statuses.
 """
 
 from __future__ import annotations
@@ -176,11 +171,13 @@ class _Router:
         if request.method != "POST":
             return _json(405, Failure(405, "%s takes POST" % request.path).body(), allow="POST")
         ex = _Exchange()
+        work = asyncio.ensure_future(asyncio.wait_for(self._exchange(request, ex), self.cfg.timeout))
+        watch = None if _CANCELS else asyncio.ensure_future(_watch(request, work))
         try:
-            return await asyncio.wait_for(self._exchange(request, ex), self.cfg.timeout)
+            return await work
         except asyncio.TimeoutError:
             if ex.waiting == "client":
-                fail = Failure(408, "the request did not arrive within the deadline of %g s (--timeout)"
+                fail = Failure(408, "the request's body did not arrive within the deadline of %g s (--timeout)"
                                % self.cfg.timeout)
             else:
                 fail = Failure(504, "%s engine: no answer within the deadline of %g s for the whole request "
@@ -192,6 +189,9 @@ class _Router:
                 raise
             _log.info("pdproxy: %s %s: the client left mid-stream: %s", request.method, request.path, e)
             return ex.out
+        finally:
+            if watch is not None:
+                watch.cancel()
         return await _fail(request, ex, fail)
 
     async def _exchange(self, request: Any, ex: _Exchange) -> Any:
@@ -322,6 +322,14 @@ class _Router:
             resp.close()
 
 
+async def _watch(request: Any, work: "asyncio.Future[Any]") -> None:
+    """Cancels ``work`` once the client's connection is gone (aiohttp 3.8; later ones cancel the handler)."""
+    while not work.done():
+        await asyncio.sleep(0.25)
+        if request.transport is None or request.transport.is_closing():
+            work.cancel()
+
+
 def _unusable(resp: Any, e: ValueError) -> str:
     return "%s: its answer (status %d) is %s" % (resp.url, resp.status, e)
 
@@ -358,6 +366,9 @@ async def _fail(request: Any, ex: _Exchange, fail: Failure) -> Any:
     return ex.out
 
 
+# aiohttp >= 3.9 cancels a handler whose client left when asked to; 3.8 does not (_watch does it there)
+_CANCELS = web is not None and "handler_cancellation" in inspect.signature(web.Server.__init__).parameters
+
 if web is not None:
 
     class _Protocol(web.RequestHandler):
@@ -365,17 +376,23 @@ if web is not None:
 
         def handle_error(self, request: Any, status: int = 500, exc: Optional[BaseException] = None,
                          message: Optional[str] = None) -> Any:
-            super().handle_error(request, status, exc, message)  # logs it; raises if an answer was under way
             if status >= 500:
+                super().handle_error(request, status, exc, message)  # logs the traceback; raises if answering
                 text = "internal error in the router (its log has the details)"
-            else:
+            else:  # a client's bad request: one line in the log, not a traceback
+                if request.writer is not None and request.writer.output_size > 0:
+                    raise ConnectionError("an answer was under way: cannot answer %d as well" % status)
                 said = str(message or exc or HTTPStatus(status).phrase).splitlines()
                 text = "bad HTTP request: %s" % (said[0] if said else HTTPStatus(status).phrase)
+                _log.info("pdproxy: %s from %s", text, request.remote)
             resp = web.Response(status=status, body=Failure(status, text).body(), content_type="application/json")
             resp.force_close()
             return resp
 
     class _Server(web.Server):
+        """Makes each connection's handler a _Protocol: aiohttp has no hook for its parser's answers, and its
+        Server builds a RequestHandler from ``_loop`` and ``_kwargs`` alike in 3.8 to 3.14."""
+
         def __call__(self) -> Any:
             return _Protocol(self, loop=self._loop, **self._kwargs)
 
@@ -430,9 +447,7 @@ class PDProxy:
 
     async def _serve(self) -> None:
         router = _Router(self)
-        kw: Dict[str, Any] = {}
-        if "handler_cancellation" in inspect.signature(web.Server.__init__).parameters:  # aiohttp >= 3.9
-            kw["handler_cancellation"] = True  # a client that leaves ends its engines' requests too
+        kw = {"handler_cancellation": True} if _CANCELS else {}  # a client that leaves ends its engines' requests
         runner_kw, site_kw = _shutdown_kw()
         runner = web.ServerRunner(_Server(router.handle, **kw), **runner_kw)
         await runner.setup()

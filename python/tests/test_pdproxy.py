@@ -52,6 +52,7 @@ TRICKLE_S = 0.5  # a trickling engine's pause between bytes
 EVENTS = 5  # the decode's SSE events per streamed answer
 EVENT_GAP_S = 0.3
 RENDEZVOUS = "10.0.0.9:7100"
+TRICKLES_ENDED: List[float] = []  # when each trickling answer ended
 
 
 def params_for(prompt: str) -> Dict[str, Any]:
@@ -74,6 +75,7 @@ class Engines:
         ("prefill", "boom"): lambda r: web.json_response({"error": "boom"}, status=500),
         ("prefill", "noparams"): lambda r: web.json_response({"choices": [{"text": "!"}]}),
         ("prefill", "trickle"): lambda r: Engines._trickle(r),
+        ("prefill", "left"): lambda r: Engines._trickle(r),
         ("decode", "declist"): lambda r: web.json_response(["not", "an", "object"]),
         ("decode", "dtrickle"): lambda r: Engines._trickle(r),
     }
@@ -152,9 +154,12 @@ class Engines:
     async def _trickle(request: Any, n: int = 40) -> Any:
         out = web.StreamResponse(headers={"Content-Type": "application/json"})
         await out.prepare(request)
-        for c in (b'{"x": "' + b"y" * n)[:n]:
-            await out.write(bytes([c]))
-            await asyncio.sleep(TRICKLE_S)
+        try:
+            for c in (b'{"x": "' + b"y" * n)[:n]:
+                await out.write(bytes([c]))
+                await asyncio.sleep(TRICKLE_S)
+        finally:  # the router closed the connection (aiohttp 3.8 cancels, later ones fail the write)
+            TRICKLES_ENDED.append(time.monotonic())
         return out
 
 
@@ -344,8 +349,29 @@ class TestPDProxy(unittest.TestCase):
                     self.error(got, 504, "deadline", engine)
                     # a correctness bound, not a benchmark: the engine would trickle for 20 s
                     self.assertLess(took, timeout + 2.0)
+            with self.subTest("client"):  # a body that stops short of its Content-Length
+                t0 = time.monotonic()
+                got = raw(p.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                self.error(got, 408, "did not arrive within the deadline")
+                self.assertLess(time.monotonic() - t0, timeout + 2.0)
         finally:
             stop(p)
+
+    def test_client_that_leaves_ends_the_engines_request(self) -> None:
+        host, port = self.proxy.url.split("//")[1].split(":")
+        before = len(TRICKLES_ENDED)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            body = json.dumps({"prompt": "left"}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 10
+            while not self.seen("prefill", "left") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(self.seen("prefill", "left"), "the prefill never got the request")
+        left = time.monotonic()
+        while len(TRICKLES_ENDED) == before and time.monotonic() < left + 5:
+            time.sleep(0.05)
+        self.assertGreater(len(TRICKLES_ENDED), before, "the prefill's request outlived its client by 5 s")
+        self.assertLess(TRICKLES_ENDED[-1] - left, 2 * TRICKLE_S + 1.0)
 
     def test_streaming_passed_through_in_order(self) -> None:
         prompt = "stream-me"
