@@ -57,6 +57,7 @@ MAX_DEPTH = 128  # nesting of JSON arrays and objects, in a request and in an en
 BACKLOG = 1024  # the listen queue (the kernel caps it at net.core.somaxconn)
 MAX_CONNECTIONS = 1024  # open connections to the two engines together; more requests wait for one
 SHUTDOWN_S = 3.0  # what requests in flight get at shutdown
+IDLE_S = 3.0  # how long a connection to an engine is kept idle for the next request
 PATHS = ("/v1/completions", "/v1/chat/completions")
 _IN_THREAD = 1 << 20  # bodies this big are parsed off the event loop
 _log = logging.getLogger("stage_client.pdproxy")
@@ -154,7 +155,9 @@ class _Router:
     def __init__(self, cfg: "PDProxy") -> None:
         self.cfg = cfg
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS),
+            # idle connections closed before vLLM's server closes them (uvicorn: 5 s), so that no request
+            # goes out on a connection the engine is closing
+            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=IDLE_S),
             timeout=aiohttp.ClientTimeout(total=None))  # the whole request's deadline is ours
 
     async def close(self) -> None:
