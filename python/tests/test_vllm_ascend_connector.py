@@ -35,7 +35,9 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchenv import torch, TORCH_WHY as WHY  # noqa: E402
 
+from stage_client.kvcache import HostArena, register_kv_cache  # noqa: E402
 from stage_client.vllm import KVConnectorRole, PushChunk, StageConnector, StageConnectorMetadata  # noqa: E402
+from test_e2e import HAVE_STAGED, SKIP_WHY, pair, stop_all  # noqa: E402
 import vllm_replay  # noqa: E402
 from vllm_replay import KVTransferConfig, layer_name  # noqa: E402
 
@@ -421,6 +423,40 @@ class TestVLLMAscend(unittest.TestCase):
         self.push_step({layer_name(1): types.SimpleNamespace(reshape_cache_event=ev)})
         self.assertEqual(FakeEvent.made, before, "vllm-ascend's own event is used, no new one")
         self.assertEqual(LOG, [("synchronize", ev.id), ("submit", (1,))])
+
+
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestAscendMLAThroughSidecars(unittest.TestCase):
+    """vllm-ascend's MLA pair, 4-D (blocks, 128, 1, 512) + (blocks, 128, 1, 64), pushed by two real hostmem
+    sidecars into vLLM's (blocks, 16, 576): every token's latent|rope row lands where the decode's table says."""
+
+    def test_ascend_mla_to_vllm_mla(self) -> None:
+        pre, dec = pair()
+        self.addCleanup(lambda: self.assertIsNone(stop_all([pre, dec])))
+        layers, n = 2, 200
+        ptab, dtab = [2, 0], [17, 3, 9, 0, 12, 5, 14, 1, 8, 11, 2, 16, 6]  # 2 blocks of 128, 13 of 16
+        pa, da = HostArena(8 << 20, "mla-pre"), HostArena(8 << 20, "mla-dec")
+        self.addCleanup(pa.close)
+        self.addCleanup(da.close)
+        g = torch.Generator().manual_seed(5)
+        lat, rope = pa.empty((layers, 3, 128, 1, 512), torch.float16), pa.empty((layers, 3, 128, 1, 64), torch.float16)
+        lat.copy_(torch.randn(lat.shape, generator=g))
+        rope.copy_(torch.randn(rope.shape, generator=g))
+        out = da.empty((layers, 18, 16, 576), torch.float16)
+        out.zero_()
+        src = register_kv_cache(pre.client, "mla-pre", [[lat[i], rope[i]] for i in range(layers)], "ascend-mla",
+                                heads=1, arena=pa, access="prefill")
+        self.addCleanup(src.close)
+        dst = register_kv_cache(dec.client, "mla-dec", [[out[i]] for i in range(layers)], "vllm-mla", heads=1,
+                                arena=da, access="decode")
+        self.addCleanup(dst.close)
+        st = pre.client.wait(src.push("decode", "mla-dec", ptab, dtab, n), timeout=60)
+        self.assertTrue(st.ok, st)
+        t = torch.arange(n)
+        want = torch.cat([lat[:, torch.tensor(ptab)[t // 128], t % 128, 0],
+                          rope[:, torch.tensor(ptab)[t // 128], t % 128, 0]], -1)
+        self.assertTrue(torch.equal(out[:, torch.tensor(dtab)[t // 16], t % 16], want))
 
 
 def spec_sparse() -> Any:
