@@ -157,6 +157,10 @@ class FakeACL:
     made: List["FakeACL"] = []
 
     def __init__(self, path: Optional[str] = None, device: int = 0) -> None:
+        if path == "/missing/libascendcl.so":
+            from stage_client.errors import StageError
+            from stage_client.wire import Code
+            raise StageError(Code.UNSUPPORTED, "acl: load %s: cannot open shared object file" % path)
         self.path, self.device, self.closed = path, device, False
         FakeACL.made.append(self)
 
@@ -324,6 +328,13 @@ class TestVLLMAscend(unittest.TestCase):
         w = self.worker(config({"acl_library": "/usr/local/Ascend/lib64/libascendcl.so"}))
         w.register_kv_caches(mha_caches())
         self.assertEqual(FakeACL.made[0].path, "/usr/local/Ascend/lib64/libascendcl.so")
+
+    def test_acl_library_missing(self) -> None:
+        from stage_client.errors import StageError
+        w = self.worker(config({"acl_library": "/missing/libascendcl.so"}))
+        with self.assertRaisesRegex(StageError, "acl_library"):
+            w.register_kv_caches(mha_caches())
+        self.assertEqual(REGISTERED, [])
 
     def test_mla_one_head_ascend_mla(self) -> None:
         from stage_client.kvderive import preset

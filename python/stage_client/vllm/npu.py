@@ -31,6 +31,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, List, Optional, Sequence
 
+from ..errors import StageError
+
 __all__ = ["ACL_FORMAT_ND", "flat", "format_refusal", "layer_event", "npu_event", "nz_refusal", "open_acl",
            "under_vllm_ascend"]
 
@@ -105,7 +107,11 @@ def open_acl(path: str, tensors: Sequence[Any]) -> Any:
         raise ValueError("stage connector: the KV cache spans NPUs %s; a worker's cache lives on one NPU"
                          % sorted(idx, key=str))
     dev = idx.pop()
-    return ascend.ACL(path or "libascendcl.so", 0 if dev is None else int(dev))
+    try:
+        return ascend.ACL(path or "libascendcl.so", 0 if dev is None else int(dev))
+    except StageError as e:
+        raise StageError(e.code, "stage connector: the NPU KV cache needs the Ascend runtime to export it: %s "
+                         "(acl_library in kv_connector_extra_config names the library)" % e.message) from e
 
 
 def layer_event(attn_metadata: Any, layer: str) -> Any:

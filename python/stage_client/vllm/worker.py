@@ -4,9 +4,10 @@ Each rank registers its own KV cache (``<kv_name>-tp<rank>``) with the
 sidecar and moves the heads :func:`~stage_client.engines.plan` gives it.
 Transfers start on a :class:`~stage_client.engines.Mover` thread (a CUDA
 or NPU event recorded in ``save_kv_layer`` is waited for there, not on the
-forward thread; :mod:`.npu` says which event under vllm-ascend); notifications are read on another thread. vLLM's calls
-only read and update state under one lock, and never wait longer than
-the configured timeout.
+forward thread; :mod:`.npu` says which event under vllm-ascend);
+notifications are read on another thread. vLLM's calls only read and
+update state under one lock, and never wait longer than the configured
+timeout.
 """
 
 from __future__ import annotations
