@@ -55,6 +55,9 @@ except Exception:  # noqa: BLE001 - stand-ins with the same names and hierarchy
     class MLAAttentionSpec(FullAttentionSpec):  # type: ignore[no-redef]
         pass
 
+    class HiddenStateCacheSpec(MLAAttentionSpec):  # type: ignore[no-redef]
+        pass
+
     class SlidingWindowSpec:  # type: ignore[no-redef]
         def __init__(self, **kw: Any) -> None:
             self.__dict__.update(kw)
@@ -80,9 +83,18 @@ def spec(cls: Any, **kw: Any) -> Any:
 if HAVE_SPECS:
     from dataclasses import dataclass as _dc
 
+    import vllm.v1.kv_cache_interface as _kvi  # type: ignore
+
     @_dc(frozen=True, kw_only=True)
     class AscendMLAAttentionSpec(MLAAttentionSpec):  # vllm_ascend/core/kv_cache_interface.py's shape of it
         sparse_head_dim: Optional[tuple] = None
+
+    if hasattr(_kvi, "HiddenStateCacheSpec"):
+        HiddenStateCacheSpec = _kvi.HiddenStateCacheSpec
+    else:  # an older vLLM: a class of that name (the connector then asks the names)
+        @_dc(frozen=True, kw_only=True)
+        class HiddenStateCacheSpec(MLAAttentionSpec):  # type: ignore[no-redef]
+            pass
 else:
     class AscendMLAAttentionSpec(MLAAttentionSpec):  # type: ignore[no-redef]
         sparse_head_dim: Optional[tuple] = None
@@ -383,6 +395,20 @@ class TestVLLMAscend(unittest.TestCase):
                 w = self.worker(config(mla=True))
                 with self.assertRaisesRegex(ValueError, "sparse MLA"):
                     w.register_kv_caches(mla_caches(extra=extra))
+
+    def test_sparse_model_refused_at_start(self) -> None:
+        cfg = config(mla=True)
+        cfg.model_config.hf_text_config = types.SimpleNamespace(index_topk=2048)  # DeepSeek-V3.2's indexer
+        for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            with self.subTest(role=role), self.assertRaisesRegex(ValueError, "sparse MLA"):
+                StageConnector(cfg, role, groups(spec(AscendMLAAttentionSpec)))
+
+    def test_other_mla_caches_refused(self) -> None:
+        v4 = spec(AscendMLAAttentionSpec)
+        object.__setattr__(v4, "compress_ratio", 4)
+        for s, want in ((v4, "compressed MLA"), (spec(HiddenStateCacheSpec), "hidden-state cache")):
+            with self.subTest(want=want), self.assertRaisesRegex(ValueError, want):
+                StageConnector(config(mla=True), KVConnectorRole.SCHEDULER, groups(s))
 
     def test_hybrid_and_mamba_refused(self) -> None:
         full = spec(FullAttentionSpec, num_kv_heads=4, head_size=16)

@@ -77,7 +77,7 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.cfg = StageConfig.from_vllm(vllm_config)
-        check_groups(kv_cache_config)
+        check_groups(kv_cache_config, vllm_config)
         self.scheduler: Any = None
         self.worker: Any = None
         if role == KVConnectorRole.SCHEDULER:
@@ -157,7 +157,7 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
         return m if isinstance(m, StageConnectorMetadata) else None
 
 
-def check_groups(kv_cache_config: Any) -> None:
+def check_groups(kv_cache_config: Any, vllm_config: Any = None) -> None:
     """Refuse, at start, a KV cache stage cannot move, naming the model feature (:func:`.specs.refusal`).
 
     stage moves one paged full-attention (or dense MLA) cache per layer;
@@ -166,6 +166,6 @@ def check_groups(kv_cache_config: Any) -> None:
     stale state."""
     from .specs import refusal
 
-    why = refusal(kv_cache_config)
+    why = refusal(kv_cache_config, vllm_config)
     if why is not None:
         raise ValueError("stage connector: refused: " + why)

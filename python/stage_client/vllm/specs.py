@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-__all__ = ["is_a", "refusal", "specs_of"]
+__all__ = ["SPARSE_MLA", "is_a", "refusal", "sparse_model", "specs_of"]
 
 
 def _vllm_class(name: str) -> Any:
@@ -49,8 +49,15 @@ def _feature(spec: Any) -> Optional[str]:
         return "sliding-window attention"
     if is_a(spec, "ChunkedLocalAttentionSpec"):
         return "chunked local attention"
+    if is_a(spec, "HiddenStateCacheSpec"):
+        return "hidden-state cache layers (extract_hidden_states)"
     if is_a(spec, "MLAAttentionSpec") and getattr(spec, "sparse_head_dim", None):
         return "sparse MLA"
+    if is_a(spec, "MLAAttentionSpec") and (getattr(spec, "compress_ratio", 1) != 1 or getattr(spec, "model_version",
+                                                                                             None)):
+        return "compressed MLA (DeepSeek-V4's cache layout)"
+    if getattr(spec, "tq_slot_size", 0):
+        return "a TQ-quantized KV cache (TQFullAttentionSpec)"
     if is_a(spec, "FullAttentionSpec"):
         return None
     return type(spec).__name__
@@ -61,8 +68,19 @@ SPARSE_MLA = ("a sparse MLA model (DSA: each layer keeps an indexer cache beside
               "attend without the indexer's keys. Serve a dense MLA or an attention model")
 
 
-def refusal(kv_cache_config: Any) -> Optional[str]:
+def sparse_model(vllm_config: Any) -> bool:
+    """A DSA model, as vllm-ascend tells one (utils.model_uses_sfa_sparse): an indexer (``index_topk``), no
+    DeepSeek-V4 compression (``compress_ratios``)."""
+    mc = getattr(vllm_config, "model_config", None)
+    text, hf = getattr(mc, "hf_text_config", None), getattr(mc, "hf_config", None)
+    return (text is not None and hasattr(text, "index_topk") and not hasattr(text, "compress_ratios")
+            and not hasattr(hf, "compress_ratios"))
+
+
+def refusal(kv_cache_config: Any, vllm_config: Any = None) -> Optional[str]:
     """Why stage cannot move this KV cache config (the feature, what to change), or None."""
+    if sparse_model(vllm_config):
+        return SPARSE_MLA
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
     feats = []
     for g in groups:
