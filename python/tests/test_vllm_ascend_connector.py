@@ -160,7 +160,8 @@ class FakeEvent:
         note("synchronize", self.id)
 
 
-FAKE_TORCH_NPU = types.SimpleNamespace(Event=FakeEvent, is_available=lambda: True)
+FAKE_TORCH_NPU = types.SimpleNamespace(Event=FakeEvent, is_available=lambda: True,
+                                       set_device=lambda d: note("set_device", d, threading.current_thread().name))
 
 
 class FakeACL:
@@ -436,7 +437,7 @@ class TestVLLMAscend(unittest.TestCase):
 
     def push_step(self, attn_metadata: Any) -> StageConnector:
         w = self.worker(config(role="kv_producer"))
-        caches = mha_caches()
+        caches = mha_caches(index=2)
         w.register_kv_caches(caches)
         meta = StageConnectorMetadata()
         meta.push.append(PushChunk("r1", "x1", [0, 1], 0, 200,
@@ -449,17 +450,26 @@ class TestVLLMAscend(unittest.TestCase):
         self.assertTrue(w.worker.mover.drain(5))
         return w
 
+    def waited(self) -> List[tuple]:
+        """LOG with the mover thread's binding to the NPU checked and taken out."""
+        binds = [e for e in LOG if e[0] == "set_device"]
+        self.assertEqual(len(binds), 1, LOG)
+        self.assertEqual(binds[0][1], 2, "the mover thread is bound to the cache's NPU")
+        self.assertTrue(binds[0][2].startswith("stage-mover"), binds)
+        self.assertLess(LOG.index(binds[0]), [e[0] for e in LOG].index("synchronize"))
+        return [e for e in LOG if e[0] != "set_device"]
+
     def test_layerwise_push_waits_for_npu_event(self) -> None:
         self.push_step({layer_name(1): types.SimpleNamespace(reshape_cache_event=None)})
         ev = FakeEvent.made
-        self.assertEqual(LOG, [("record", ev), ("synchronize", ev), ("submit", (1,))])
+        self.assertEqual(self.waited(), [("record", ev), ("synchronize", ev), ("submit", (1,))])
 
     def test_layerwise_push_waits_for_reshape_cache_event(self) -> None:
         ev = FakeEvent()
         before = FakeEvent.made
         self.push_step({layer_name(1): types.SimpleNamespace(reshape_cache_event=ev)})
         self.assertEqual(FakeEvent.made, before, "vllm-ascend's own event is used, no new one")
-        self.assertEqual(LOG, [("synchronize", ev.id), ("submit", (1,))])
+        self.assertEqual(self.waited(), [("synchronize", ev.id), ("submit", (1,))])
 
 
 @unittest.skipIf(torch is None, WHY)

@@ -17,8 +17,9 @@
   wrote them: :func:`layer_event` takes vllm-ascend's
   ``attn_metadata[layer].reshape_cache_event`` where the attention backend
   recorded one (sfa_v1), else records a ``torch.npu.Event`` on the current
-  stream; the connector's mover thread waits for it (``synchronize``)
-  before it submits the push, as vllm-ascend's own layer-wise connector
+  stream; the connector's mover thread, bound to the cache's NPU
+  (:class:`NPUWait`), waits for it (``synchronize``) before it submits the
+  push, as vllm-ascend's own layer-wise connector
   does (mooncake_layerwise_connector.py:1704-1720).
 * **The cache name.** vllm-ascend rewrites ``kv_transfer_config.engine_id``
   to ``<engine_id>-<uuid>`` at every start (platform.py:483-487), so a
@@ -29,11 +30,12 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from typing import Any, List, Optional, Sequence
 
 from ..errors import StageError
 
-__all__ = ["ACL_FORMAT_ND", "flat", "format_refusal", "layer_event", "npu_event", "nz_refusal", "open_acl",
+__all__ = ["ACL_FORMAT_ND", "NPUWait", "flat", "format_refusal", "layer_event", "npu_event", "nz_refusal", "open_acl",
            "under_vllm_ascend"]
 
 #: CANN's aclFormat values torch_npu.get_npu_format answers (vllm_ascend/utils.py names ND and FRACTAL_NZ)
@@ -118,6 +120,28 @@ def layer_event(attn_metadata: Any, layer: str) -> Any:
     """vllm-ascend's ``reshape_cache_event`` for ``layer`` (metadata by layer name, or one for all), or None."""
     m = attn_metadata.get(layer) if isinstance(attn_metadata, dict) else attn_metadata
     return getattr(m, "reshape_cache_event", None)
+
+
+_bound = threading.local()  # the NPU a thread of ours was bound to
+
+
+class NPUWait:
+    """``event`` (a torch.npu.Event) to wait for on another thread, that thread bound to ``device`` first.
+
+    torch_npu, like CANN, keeps the current device per thread: the mover's
+    threads set it once (``torch.npu.set_device``) before their first
+    ``synchronize``, as vllm-ascend's own sending thread does."""
+
+    def __init__(self, event: Any, device: int) -> None:
+        self.event, self.device = event, device
+
+    def synchronize(self) -> None:
+        if getattr(_bound, "device", None) != self.device:
+            import torch
+
+            torch.npu.set_device(self.device)
+            _bound.device = self.device
+        self.event.synchronize()
 
 
 def npu_event() -> Any:

@@ -68,6 +68,7 @@ class StageWorker:
         self.kv: Any = None
         self.device = ""  # the registered cache's device type ("cuda", "npu", "cpu")
         self._acl: Any = None  # NPU caches: the stage_client.ascend.ACL they were exported with
+        self._npu = 0  # NPU caches: the NPU they live on
         self.layers: Dict[str, int] = {}
         self.lock = threading.Lock()
         self._recv: Dict[str, _Recv] = {}
@@ -106,6 +107,7 @@ class StageWorker:
         lo, hi, heads = self._heads(preset)
         if self.device == "npu":
             self._acl = npu.open_acl(self.cfg.acl_library, flat)  # vllm-ascend: NPU memory, an acl sidecar
+            self._npu = self._acl.device
         try:
             self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo,
                                         head_hi=hi, access=self.cfg.kv_role, acl=self._acl)
@@ -138,10 +140,12 @@ class StageWorker:
             except (StageError, OSError) as e:
                 log.warning("stage: %s %s: %s", what, self.name, e)
 
-    def _event(self) -> Any:
-        """An event on the cache's device after what the engine queued so far (None on the CPU)."""
+    def _event(self, npu_event: Any = None) -> Any:
+        """An event on the cache's device after what the engine queued so far (None on the CPU); on the NPU
+        ``npu_event`` (vllm-ascend's) where given, else one recorded now."""
         if self.device == "npu":
-            return npu.npu_event()
+            ev = npu_event or npu.npu_event()
+            return None if ev is None else npu.NPUWait(ev, self._npu)
         return _event() if self.device == "cuda" else None
 
     # ------------------------------------------------------------------
@@ -164,7 +168,7 @@ class StageWorker:
             return
         # the push waits (on a mover thread) for this layer's cache write: vllm-ascend's own event where its
         # backend recorded one, else one recorded now on the current stream
-        ev = (npu.layer_event(attn_metadata, layer_name) if self.device == "npu" else None) or self._event()
+        ev = self._event(npu.layer_event(attn_metadata, layer_name) if self.device == "npu" else None)
         for ch in meta.push:
             self._push(ch, [layer], ev)
         self._saving = True
