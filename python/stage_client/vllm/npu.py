@@ -83,7 +83,8 @@ def _npu_format(t: Any) -> Optional[int]:
         import torch_npu  # type: ignore
     except ImportError:
         return None
-    return int(torch_npu.get_npu_format(t))
+    get = getattr(torch_npu, "get_npu_format", None)
+    return None if get is None else int(get(t))
 
 
 def format_refusal(tensors: Sequence[Any]) -> Optional[str]:
