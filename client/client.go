@@ -407,7 +407,8 @@ func (c *Client) Routes(ctx context.Context) ([]wire.RouteInfo, error) {
 	return r, c.query(ctx, wire.QueryRoutes, "", &r)
 }
 
-// Regions lists the sidecar's registered regions.
+// Regions lists the regions of this connection and its group (Join);
+// other engines' are not listed.
 func (c *Client) Regions(ctx context.Context) ([]wire.RegionInfo, error) {
 	var r []wire.RegionInfo
 	return r, c.query(ctx, wire.QueryRegions, "", &r)

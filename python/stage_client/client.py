@@ -713,8 +713,8 @@ class Client(KVRequests):
         return rs
 
     def regions(self) -> List[Dict[str, Any]]:
-        """This sidecar's registered regions (``wire.RegionInfo``: name, size,
-        access, device)."""
+        """The regions of this connection and its group (``wire.RegionInfo``:
+        name, size, access, device); other engines' are not listed."""
         return self.query(QueryKind.REGIONS) or []
 
     def catalog(self, route: str, peer: str = "") -> List[Dict[str, Any]]:
