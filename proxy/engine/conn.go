@@ -3,6 +3,9 @@
 // SCM_RIGHTS) and a writer fed by a bounded queue, with small answers
 // written at once by whoever produced them when that queue is empty. What
 // a request does is the Backend's business: the sidecar implements it.
+// Each connection is an Owner, a group of its own until its first request
+// joins one (Join); every request names it, Notify reaches the groups it
+// is given, and the Backend hears when a connection ended (Closed).
 package engine
 
 import (
