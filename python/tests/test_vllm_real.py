@@ -210,8 +210,10 @@ class RealPair(unittest.TestCase):
             cls.pre = Engine("prefill", cls.model, "kv_producer", cls.pre_sc.socket, "decode", cls.pre_block,
                              cls.policy, {"rendezvous_listen": cls.rdv}, core=0)
             cls.engines.append(cls.pre)
+            # a name of its own that outlives a restart (kv_name; else vLLM's engine_id, new at each start)
             cls.dec = Engine("decode", cls.model, "kv_consumer", cls.dec_sc.socket, "prefill", cls.dec_block,
-                             cls.policy, prefix_caching=False, core=min(1, (os.cpu_count() or 1) - 1))
+                             cls.policy, {"kv_name": "decode-0"}, prefix_caching=False,
+                             core=min(1, (os.cpu_count() or 1) - 1))
             cls.engines.append(cls.dec)
             deadline = time.monotonic() + START_S
             for e in cls.engines:
