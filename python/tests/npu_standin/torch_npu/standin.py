@@ -118,6 +118,9 @@ def is_available() -> bool:
 
 
 npu.is_available = is_available
+# torch.manual_seed seeds every registered device module: nothing to seed here
+npu._is_in_bad_fork = lambda: False
+npu.manual_seed_all = lambda seed: None
 
 
 def _absent(qualname: str, kind: str = "class") -> Any:
