@@ -89,6 +89,12 @@ func (h engineHost) Query(q *wire.Query) ([]byte, error) {
 			return nil, err
 		}
 		return ss.askCatalog(s.newID())
+	case wire.QueryDevice:
+		info, err := deviceInfo(s.dev)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(info)
 	}
 	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
 }
