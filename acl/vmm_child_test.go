@@ -244,9 +244,18 @@ func setVMMEnv(t *testing.T) {
 func TestVMMImport(t *testing.T) {
 	setVMMEnv(t)
 	so := buildFake(t)
-	l := openFakeSO(t, so, true)
+	vmmImportCase(t, so, openFakeSO(t, so, true))
+}
+
+// vmmImportCase is TestVMMImport over the library so (fakeacl or, in the
+// gpu tests, fakeacl_cuda), chunks of the runtime's granularity.
+func vmmImportCase(t *testing.T, so string, l *Library) {
 	d := openDev(t, l, Config{})
-	const g = vmmGranularity
+	g, err := d.VMMGranularity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gi := int(g)
 	seed := uint64(time.Now().UnixNano())
 	base := vmmEngine(t, d, seed, g, g, g, g, g)
 	other := vmmEngine(t, d, seed+1, g)
@@ -258,8 +267,8 @@ func TestVMMImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const off, n = g/2 + 3, 3*g + 100
-	many, err := d.ExportVMM(base+off, n, child)
+	off, n := g/2+3, 3*g+100
+	many, err := d.ExportVMM(base+device.Addr(off), n, child)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,11 +281,11 @@ func TestVMMImport(t *testing.T) {
 	}
 	// The first import scattered over the region's start; the engine puts
 	// the bytes back for the second to check.
-	got := make([]byte, 5*g)
+	got := make([]byte, 5*gi)
 	if err := d.CopyDtoH(got, base); err != nil {
 		t.Fatal(err)
 	}
-	want := devicetest.RandBytes(seed, 5*g)
+	want := devicetest.RandBytes(seed, 5*gi)
 	if i := devicetest.Mismatch(got[:vmmScatterLen], devicetest.RandBytes(seed^1, vmmScatterLen)); i >= 0 {
 		t.Fatalf("one chunk: engine byte %d is not what the child scattered", i)
 	}
