@@ -6,10 +6,11 @@
  * copies from pinned memory, events, IPC across processes) against a real
  * accelerator. Build on a CUDA machine:
  *
- *   nvcc -shared -Xcompiler -fPIC -o libascendcl.so fakeacl_cuda.c -lpthread
+ *   nvcc -shared -Xcompiler -fPIC -o libascendcl.so fakeacl_cuda.c -lpthread -lcuda
  *
- * CUDA runtime prototypes are declared here by hand (no CUDA header needed
- * to compile; link with cudart).
+ * CUDA runtime and driver prototypes are declared here by hand (no CUDA
+ * header needed to compile; link with cudart and, for the VMM calls, the
+ * driver: -lcuda; -DFAKEACL_NO_VMM leaves them out).
  *
  * IPC: an export key (at most 64 characters) cannot carry the 64-byte
  * cudaIpcMemHandle in hex, so it names a one-page memfd of the exporter,
