@@ -56,7 +56,9 @@
 //     on) on a handle from aclrtMemRetainAllocationHandle, and whether a
 //     handle torch_npu exported already (one shareable handle per handle)
 //     makes it fail; releasing that retain with aclrtFreePhysical right after
-//     the export, the memory staying; aclrtMemImportFromShareableHandle with
+//     the export, the memory staying; that a retain returns the same handle
+//     for the same mapping each time (stage_client exports a chunk again
+//     when its handle changed: torch_npu mapped another page there); aclrtMemImportFromShareableHandle with
 //     the sidecar's device id; aclrtReserveMemAddress(alignment 0, expectPtr
 //     NULL, flags 0); aclrtMapMem(offset 0, flags 0) of each chunk at its
 //     physical size, several imported chunks in one reservation; that one

@@ -259,6 +259,10 @@ class TestAscendVMM(unittest.TestCase):
         self.assertIn("physical NPU 1", msg)
         self.assertIn("one acl sidecar per NPU", msg)
         self.assertEqual(self.pre.client.stats()["mappings"], before, "the refused import left a mapping")
+        # Said as the engine numbers it, the device is refused before any import, with the same advice.
+        with self.assertRaises(StageError) as cm:
+            register_npu_tensor(self.pre.client, acl1, "vmm-npu1", _Span(vbase + 10, G), Access.ALL)
+        self.assertIn("ASCEND_RT_VISIBLE_DEVICES", str(cm.exception))
 
 
 if __name__ == "__main__":
