@@ -199,7 +199,8 @@ func vmmChildImport(d *Device, f []string) (device.Mapping, error) {
 	}
 	defer d.FreePinned(p)
 	copy(p.Host(), devicetest.RandBytes(seed^1, int(n)))
-	if err := s.Scatter([]device.Seg{{Addr: m.Base(), Len: n}}, p); err == nil {
+	err = s.Scatter([]device.Seg{{Addr: m.Base(), Len: n}}, p)
+	if err == nil {
 		err = s.Synchronize()
 	}
 	if err != nil {
