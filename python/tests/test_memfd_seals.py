@@ -70,7 +70,7 @@ class TestSealed(unittest.TestCase):
     def test_shared_pages(self) -> None:
         from stage_client.hostmap import share_in_place
 
-        buf = torch.zeros(8 << 20, dtype=torch.uint8)  # 8 MiB: malloc's own mapping
+        buf = torch.zeros(40 << 20, dtype=torch.uint8)  # 40 MiB: above malloc's mmap threshold, however far it rose
         shared = share_in_place([buf], "seal-hostmap")
         self.addCleanup(lambda: [s.close() for s in shared])
         for sp in shared:
