@@ -18,7 +18,7 @@
 //     ACL_STREAM_FAST_LAUNCH 0x1 / FAST_SYNC 0x2, ACL_EVENT_SYNC 0x1,
 //     aclrtMemLocation (8 bytes: id, type; HOST 0, DEVICE 1),
 //     aclrtMemcpyBatchAttr (32 bytes: dstLoc, srcLoc, rsv[16]);
-//   - aclrtMemcpyBatchAsync: exported by the installed CANN (8.3+), accepted
+//   - aclrtMemcpyBatchAsync: exported by the installed CANN (8.5+), accepted
 //     by the device (else the 207000 fallback to pack mode runs), the attr
 //     layout, one attribute for the whole batch, and that D2H batches from
 //     aclrtMallocHost memory are asynchronous;

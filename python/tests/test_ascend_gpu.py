@@ -178,8 +178,9 @@ class TestAscendToCUDA(unittest.TestCase):
         lens, ptab, dtab, pb, db = self.requests(5)
         g = torch.Generator(device=self.dev).manual_seed(12)
         arena = self.npu(LAYERS * pb * PRE_BS * (512 + 64) * 2 + 4096)
-        latent = arena.empty((LAYERS, pb, PRE_BS, 512), torch.bfloat16)
-        rope = arena.empty((LAYERS, pb, PRE_BS, 64), torch.bfloat16)
+        # vllm-ascend's MLA caches: (blocks, block_size, 1, 512) and (blocks, block_size, 1, 64)
+        latent = arena.empty((LAYERS, pb, PRE_BS, 1, 512), torch.bfloat16)
+        rope = arena.empty((LAYERS, pb, PRE_BS, 1, 64), torch.bfloat16)
         latent.copy_(torch.randn(latent.shape, generator=g, device=self.dev))
         rope.copy_(torch.randn(rope.shape, generator=g, device=self.dev))
         ts = [[latent[i], rope[i]] for i in range(LAYERS)]
