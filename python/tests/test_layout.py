@@ -139,8 +139,10 @@ def native(name: str, ts: List[Any], block_size: int) -> List[Any]:
         return [t[..., :d], t[..., d:]]
     if name == "ascend":
         return [ts[0], ts[1]]
-    if name in ("vllm-mla", "ascend-mla"):
+    if name == "vllm-mla":
         return [t[:, :, None] for t in ts]
+    if name == "ascend-mla":
+        return [ts[0], ts[1]]
     # sglang: (tokens, heads, width) pools; a page is block_size tokens
     return [t.reshape(t.shape[0] // block_size, block_size, *t.shape[1:]) for t in ts]
 
@@ -154,8 +156,8 @@ def engine_tensors(name: str, blocks: int, bs: int, held: int, d: int, dtype: An
               "vllm-packed": (blocks, held, bs, 2 * d), "vllm-mla": (blocks, bs, 576),
               "ascend": (2, blocks, bs, held, d), "sglang": (2, blocks * bs, held, d), "sglang-mla": (blocks * bs, 1, 576)}
     if name == "ascend-mla":
-        lat = torch.randn((layers, blocks, bs, 512), generator=g).to(dtype)
-        rope = torch.randn((layers, blocks, bs, 64), generator=g).to(dtype)
+        lat = torch.randn((layers, blocks, bs, 1, 512), generator=g).to(dtype)
+        rope = torch.randn((layers, blocks, bs, 1, 64), generator=g).to(dtype)
         return (lat, rope), [[lat[i], rope[i]] for i in range(layers)]
     big = torch.randn((layers,) + shapes[name], generator=g).to(dtype)
     if name == "vllm-hnd":

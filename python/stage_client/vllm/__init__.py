@@ -52,6 +52,11 @@ Layouts: each worker registers its KV caches with the layout its attention
 backend gives them (``kv_layout`` preset, detected when not given), so
 a vllm-ascend prefill (K and V apart, 128-token blocks) and a vLLM GPU
 decode (HND, 16-token blocks) exchange rows; the sidecars convert.
+Under vllm-ascend the caches are NPU memory, registered with an ``acl``
+sidecar without further settings; what differs there (NZ settings
+refused, NPU events ordering layer-wise pushes, the engine id that changes
+every start) is in :mod:`.npu`, which model features are refused in
+:mod:`.specs`.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.cfg = StageConfig.from_vllm(vllm_config)
-        check_groups(kv_cache_config)
+        check_groups(kv_cache_config, vllm_config)
         self.scheduler: Any = None
         self.worker: Any = None
         if role == KVConnectorRole.SCHEDULER:
@@ -127,7 +132,7 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
         """Loads are asynchronous (vLLM waits for get_finished), so no layer waits."""
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-        self.worker.save_kv_layer(self._meta(), layer_name, kv_layer)
+        self.worker.save_kv_layer(self._meta(), layer_name, kv_layer, attn_metadata)
 
     def wait_for_save(self) -> None:
         self.worker.wait_for_save()
@@ -152,21 +157,15 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
         return m if isinstance(m, StageConnectorMetadata) else None
 
 
-def check_groups(kv_cache_config: Any) -> None:
-    """Refuse, at start, a KV cache of several groups or of another kind than full attention.
+def check_groups(kv_cache_config: Any, vllm_config: Any = None) -> None:
+    """Refuse, at start, a KV cache stage cannot move, naming the model feature (:func:`.specs.refusal`).
 
-    stage moves one paged full-attention cache per layer; sliding-window,
-    Mamba or other groups the hybrid KV-cache manager keeps apart would be
-    left behind, and the decode would read stale state."""
-    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
-    if len(groups) > 1:
-        kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups})
-        raise ValueError("stage connector: the KV cache has %d groups (%s); stage moves one full-attention group. "
-                         "Run a model whose layers all use full attention, or start vLLM with "
-                         "--disable-hybrid-kv-cache-manager" % (len(groups), ", ".join(kinds)))
-    for g in groups:
-        spec = getattr(g, "kv_cache_spec", None)
-        name = type(spec).__name__
-        if spec is not None and name not in ("FullAttentionSpec", "MLAAttentionSpec"):
-            raise ValueError("stage connector: KV-cache group of %s; stage moves full-attention (or MLA) caches only"
-                             % name)
+    stage moves one paged full-attention (or dense MLA) cache per layer;
+    sliding-window, Mamba, sparse-MLA or other groups the hybrid KV-cache
+    manager keeps apart would be left behind, and the decode would read
+    stale state."""
+    from .specs import refusal
+
+    why = refusal(kv_cache_config, vllm_config)
+    if why is not None:
+        raise ValueError("stage connector: refused: " + why)

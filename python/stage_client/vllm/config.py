@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .compat import LOGGER
+
 __all__ = ["StageConfig"]
+
+log = logging.getLogger(LOGGER)
 
 
 @dataclass
@@ -26,7 +31,8 @@ class StageConfig:
     rendezvous_listen: str = ""  # push, prefill scheduler: where to listen ("" : in-process only)
     rendezvous_secret: str = ""  # push: the secret both sides sign tickets with (else the file's, else the env's)
     rendezvous_secret_file: str = ""  # push: a file whose first line is that secret (a k8s Secret mount)
-    kv_heads: int = 0  # total kv heads (0: from the model config)
+    kv_heads: int = 0  # total kv heads (0: from the model config; 1 for MLA)
+    acl_library: str = ""  # NPU caches: libascendcl's path ("" : libascendcl.so from the loader path)
     tp_rank: int = -1  # -1: from vLLM's parallel state
     tp_size: int = 0  # 0: from the parallel config
     kv_role: str = "kv_both"
@@ -44,11 +50,17 @@ class StageConfig:
         cfg.socket = os.environ.get("STAGE_SOCKET", cfg.socket) if "socket" not in extra else cfg.socket
         if "kv_name" not in extra and getattr(ktc, "engine_id", None):
             cfg.kv_name = str(ktc.engine_id)
+            _warn_unstable_name(vllm_config, cfg.kv_name)
         cfg.kv_role = str(getattr(ktc, "kv_role", cfg.kv_role) or cfg.kv_role)
         if cfg.mode not in ("pull", "push"):
             raise ValueError("stage connector: mode %r (pull or push)" % cfg.mode)
+        mc = getattr(vllm_config, "model_config", None)
+        if bool(getattr(mc, "use_mla", False)):
+            if cfg.kv_heads not in (0, 1):
+                raise ValueError("stage connector: kv_heads %d for an MLA model; MLA caches hold one latent row per "
+                                 "token (one head, on every rank): leave kv_heads unset" % cfg.kv_heads)
+            cfg.kv_heads = 1
         if not cfg.kv_heads:
-            mc = getattr(vllm_config, "model_config", None)
             cfg.kv_heads = int(mc.get_total_num_kv_heads()) if mc is not None else 0
         if not cfg.tp_size:
             pc = getattr(vllm_config, "parallel_config", None)
@@ -74,3 +86,14 @@ class StageConfig:
     def cache_name(self, rank: int, prefix: Optional[str] = None) -> str:
         """The KV cache a rank registers: ``<kv_name>-tp<rank>``."""
         return "%s-tp%d" % (self.kv_name if prefix is None else prefix, rank)
+
+
+def _warn_unstable_name(vllm_config: Any, name: str) -> None:
+    """vllm-ascend makes engine_id ``<engine_id>-<uuid>`` at every start: a cache named after it changes each time."""
+    from .npu import under_vllm_ascend
+
+    if under_vllm_ascend(vllm_config):
+        log.warning("stage: kv_name is not set, so the KV cache is named after engine_id %r, which vllm-ascend "
+                    "rewrites to <engine_id>-<uuid> at every start: the cache's name (%s-tp<rank>) changes with "
+                    "each restart, and push tickets, routers and stagectl that name it go stale. Set kv_name in "
+                    "kv_connector_extra_config", name, name)

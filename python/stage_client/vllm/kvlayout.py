@@ -23,8 +23,10 @@ convention, so it is looked up here by the backend's name:
   vec peer and an amx peer never meet.
 
 An unknown backend is refused with the key to set (``kv_layout``) rather
-than guessed. Older vLLM's 5-D tensors and vllm-ascend's (K, V) pairs are
-recognised by shape as before. A registered block must be the
+than guessed. Older vLLM's 5-D tensors and vllm-ascend's tuples are
+recognised by shape: (K, V) each ``(blocks, block_size, heads, head_size)``
+is ``ascend``, MLA's (latent, rope) each ``(blocks, block_size, 1, width)``
+``ascend-mla``; sparse MLA's 3- and 4-tuples are refused. A registered block must be the
 scheduler's block: when vLLM splits its blocks into smaller kernel blocks
 the block ids it hands the connector no longer index the tensor, and
 that is refused with the block size to start vLLM with.
@@ -43,7 +45,7 @@ PER_TOKEN_PACKED = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER", "FLEX_A
 #: backends that keep a (block, head)'s K rows, then its V rows
 BLOCK_SPLIT = frozenset({"CPU_ATTN"})
 
-_PRESETS = "vllm-packed, vllm-packed-nhd, vllm-cpu, vllm-flash, vllm-hnd, vllm-flashinfer, vllm-mla"
+_PRESETS = "vllm-packed, vllm-packed-nhd, vllm-cpu, vllm-flash, vllm-hnd, vllm-flashinfer, vllm-mla, ascend, ascend-mla"
 
 
 def backend_name(vllm_config: Any, layer: str) -> Optional[str]:
@@ -66,7 +68,7 @@ def _is_mla(vllm_config: Any) -> bool:
 def detect(t: Any, backend: Optional[str] = None, mla: bool = False) -> str:
     """The stage_client preset of one layer's KV cache as vLLM or vllm-ascend hands it over."""
     if isinstance(t, (list, tuple)):
-        return "ascend-mla" if len(t) == 2 and t[0].dim() == 3 else "ascend"
+        return _detect_ascend(t, mla)
     shape = tuple(t.shape)
     if len(shape) == 3 or (mla and len(shape) == 4 and shape[1] == 1):
         return "vllm-mla"
@@ -85,6 +87,25 @@ def detect(t: Any, backend: Optional[str] = None, mla: bool = False) -> str:
                          "kv_connector_extra_config (one of %s)" % (shape, backend or "(unknown)", _PRESETS))
     raise ValueError("stage connector: cannot tell the KV layout of a tensor of shape %s; set kv_layout (one of %s)"
                      % (shape, _PRESETS))
+
+
+def _detect_ascend(t: Sequence[Any], mla: bool) -> str:
+    """vllm-ascend's per-layer tuple: (K, V) is ``ascend``, MLA's (latent, rope) ``ascend-mla`` (4-D, one head)."""
+    if len(t) != 2:
+        from .specs import SPARSE_MLA
+        raise ValueError("stage connector: refused: a layer's KV cache is %d tensors of shapes %s: %s"
+                         % (len(t), [tuple(x.shape) for x in t], SPARSE_MLA))
+    k, v = t
+    if k.dim() != 4 or v.dim() != 4:
+        raise ValueError("stage connector: a (K, V) KV cache of shapes %s and %s; vllm-ascend's are 4-D "
+                         "(blocks, block_size, heads, head_size); set kv_layout (one of %s)"
+                         % (tuple(k.shape), tuple(v.shape), _PRESETS))
+    if mla or k.shape[-1] != v.shape[-1]:
+        if k.shape[2] != 1 or v.shape[2] != 1:
+            raise ValueError("stage connector: an MLA KV cache of shapes %s and %s; vllm-ascend's latent and rope "
+                             "caches hold one head each" % (tuple(k.shape), tuple(v.shape)))
+        return "ascend-mla"
+    return "ascend"
 
 
 def view_for(preset: str, t: Any) -> Any:

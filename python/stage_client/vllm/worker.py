@@ -3,10 +3,11 @@
 Each rank registers its own KV cache (``<kv_name>-tp<rank>``) with the
 sidecar and moves the heads :func:`~stage_client.engines.plan` gives it.
 Transfers start on a :class:`~stage_client.engines.Mover` thread (a CUDA
-event recorded in ``save_kv_layer`` is waited for there, not on the
-forward thread); notifications are read on another thread. vLLM's calls
-only read and update state under one lock, and never wait longer than
-the configured timeout.
+or NPU event recorded in ``save_kv_layer`` is waited for there, not on the
+forward thread; :mod:`.npu` says which event under vllm-ascend);
+notifications are read on another thread. vLLM's calls only read and
+update state under one lock, and never wait longer than the configured
+timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..wire import Code
-from . import kvlayout
+from . import kvlayout, npu
 from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
@@ -65,6 +66,9 @@ class StageWorker:
         self.name = cfg.cache_name(self.rank)
         self.mover = Mover(self.client, cfg.timeout_s, "stage-mover-tp%d" % self.rank)
         self.kv: Any = None
+        self.device = ""  # the registered cache's device type ("cuda", "npu", "cpu")
+        self._acl: Any = None  # NPU caches: the stage_client.ascend.ACL they were exported with
+        self._npu = 0  # NPU caches: the NPU they live on
         self.layers: Dict[str, int] = {}
         self.lock = threading.Lock()
         self._recv: Dict[str, _Recv] = {}
@@ -92,26 +96,57 @@ class StageWorker:
         self.gran = kvlayout.granule(preset, first)
         self.fmt = kvlayout.cache_format(preset, self.vllm_config, names[0])
         self.name = self.cfg.cache_name(self.rank, self.cfg.kv_name + self.fmt)
-        flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
-        if flat and flat[0].device.type == "cpu":
+        flat = npu.flat(tensors)
+        why = npu.nz_refusal(self.vllm_config) or npu.format_refusal(flat)
+        if why is not None:
+            raise ValueError("stage connector: refused: " + why)
+        self.device = flat[0].device.type if flat else ""
+        if self.device == "cpu":
             from ..hostmap import share_in_place
             self._shared = share_in_place(flat, self.name)  # a CPU engine: the hostmem sidecar maps its cache
-        lo, hi = head_slice(self.cfg.kv_heads, self.tp, self.rank)
-        if preset in ("vllm-mla", "ascend-mla", "sglang-mla"):
-            lo, hi, heads = 0, 1, 1
-        else:
-            heads = self.cfg.kv_heads
-        self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
-                                    access=self.cfg.kv_role)
-        self.block_tokens = self.kv.layout.block_size * self.gran
+        lo, hi, heads = self._heads(preset)
+        if self.device == "npu":
+            self._acl = npu.open_acl(self.cfg.acl_library, flat)  # vllm-ascend: NPU memory, an acl sidecar
+            self._npu = self._acl.device
         try:
+            self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo,
+                                        head_hi=hi, access=self.cfg.kv_role, acl=self._acl)
+            self.block_tokens = self.kv.layout.block_size * self.gran
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
-        except ValueError:
-            self.kv.close()
-            self.kv = None
+        except BaseException:
+            self._release()
             raise
         log.info("stage: registered KV cache %s (%s, attention backend %s, %d layers, block %d, %s)", self.name,
                  preset, backend or "not asked", len(names), self.kv.layout.block_size, self.cfg.kv_role)
+
+    def _heads(self, preset: str) -> Tuple[int, int, int]:
+        """(head_lo, head_hi, heads) this rank registers: one latent "head" on every rank for MLA."""
+        if preset not in ("vllm-mla", "ascend-mla", "sglang-mla"):
+            lo, hi = head_slice(self.cfg.kv_heads, self.tp, self.rank)
+            return lo, hi, self.cfg.kv_heads
+        if self.cfg.kv_heads != 1:
+            raise ValueError("stage connector: an MLA KV cache (%s) but kv_heads is %d; MLA keeps one latent row per "
+                             "token on every rank: set kv_heads 1" % (preset, self.cfg.kv_heads))
+        return 0, 1, 1
+
+    def _release(self) -> None:
+        """Unregister the cache and close the ACL keys it was exported with (the sidecar let go of them first)."""
+        kv, acl, self.kv, self._acl = self.kv, self._acl, None, None
+        for what, obj in (("unregistering", kv), ("closing the ACL export keys of", acl)):
+            if obj is None:
+                continue
+            try:
+                obj.close()
+            except (StageError, OSError) as e:
+                log.warning("stage: %s %s: %s", what, self.name, e)
+
+    def _event(self, npu_event: Any = None) -> Any:
+        """An event on the cache's device after what the engine queued so far (None on the CPU); on the NPU
+        ``npu_event`` (vllm-ascend's) where given, else one recorded now."""
+        if self.device == "npu":
+            ev = npu_event or npu.npu_event()
+            return None if ev is None else npu.NPUWait(ev, self._npu)
+        return _event() if self.device == "cuda" else None
 
     # ------------------------------------------------------------------
     # each step
@@ -121,16 +156,19 @@ class StageWorker:
             return
         self._absorb(meta)
         for ch in meta.catchup:
-            self._push(ch, list(range(self.kv.layers)), _event())
+            self._push(ch, list(range(self.kv.layers)), self._event())
             self._saving = True
 
-    def save_kv_layer(self, meta: Optional[StageConnectorMetadata], layer_name: str, kv_layer: Any) -> None:
+    def save_kv_layer(self, meta: Optional[StageConnectorMetadata], layer_name: str, kv_layer: Any,
+                      attn_metadata: Any = None) -> None:
         if meta is None or not meta.push:
             return
         layer = self.layers.get(layer_name)
         if layer is None:
             return
-        ev = _event() if getattr(kv_layer, "is_cuda", False) else None
+        # the push waits (on a mover thread) for this layer's cache write: vllm-ascend's own event where its
+        # backend recorded one, else one recorded now on the current stream
+        ev = self._event(npu.layer_event(attn_metadata, layer_name) if self.device == "npu" else None)
         for ch in meta.push:
             self._push(ch, [layer], ev)
         self._saving = True
@@ -215,11 +253,7 @@ class StageWorker:
     def shutdown(self) -> None:
         self.mover.close()
         self._sub.close()
-        if self.kv is not None:
-            try:
-                self.kv.close()
-            except (StageError, OSError) as e:
-                log.info("stage: unregistering %s: %s", self.name, e)
+        self._release()
         self.client.close()
         self._notes.join(5)
         for sp in self._shared:
