@@ -87,10 +87,12 @@ def where(tab: List[int], block: int, n: int) -> Tuple[Any, Any]:
     return torch.tensor(tab)[pos // block], pos % block
 
 
-def fakeacl_live() -> int:
-    fn = torch_npu.standin.runtime().lib.fakeacl_live
-    fn.restype = ctypes.c_long
-    return int(fn())
+def fakeacl_held() -> int:
+    """What the emulated runtime holds (memory, handles, streams, events), less device references: every
+    stage_client.ascend.ACL sets its device and keeps it set until the process ends."""
+    lib = torch_npu.standin.runtime().lib
+    lib.fakeacl_live.restype = lib.fakeacl_device_refs.restype = ctypes.c_long
+    return int(lib.fakeacl_live()) - int(lib.fakeacl_device_refs())
 
 
 @unittest.skipIf(WHY, WHY)
@@ -137,7 +139,8 @@ class TestVLLMAscend(unittest.TestCase):
         heads = M.kv_heads(m)
         per_rank = heads if kind == "mla" else heads // TP  # MLA's one latent head is on every rank
         out = []
-        for _ in range(TP):
+        for _ in range(TP):  # each rank its own engine process: its own allocator
+            torch_npu.standin.new_process(mode)
             kv, runner = R.make_caches(kind, LAYERS, PRE_BLOCKS, PRE_BLOCK, per_rank, M.head_size(m), torch.float32)
             self.assertEqual(len(runner.kv_caches), LAYERS)  # bind_kv_cache filled the runner's list
             out.append(kv)
@@ -163,10 +166,9 @@ class TestVLLMAscend(unittest.TestCase):
     def register(self, name: str, kv: Dict[str, Any], kind: str, rank: int) -> Any:
         """Register one prefill rank's caches with the acl sidecar, by ACL export key."""
         names = sorted(kv, key=lambda n: int(n.split(".")[2]))
-        if kind == "mla":  # the ascend-mla preset's tensors are (block, slot, chan): the one head dropped
-            tensors = [[kv[n][0][:, :, 0], kv[n][1][:, :, 0]] for n in names]
-            return register_kv_cache(self.pre.client, name, tensors, "ascend-mla", heads=1, acl=self.acl,
-                                     access="prefill")
+        if kind == "mla":
+            return register_kv_cache(self.pre.client, name, [list(kv[n]) for n in names], "ascend-mla", heads=1,
+                                     acl=self.acl, access="prefill")
         heads = M.kv_heads(self.models[kind])
         lo, hi = rank * heads // TP, (rank + 1) * heads // TP
         return register_kv_cache(self.pre.client, name, [list(kv[n]) for n in names], "ascend", heads=heads,
@@ -196,9 +198,8 @@ class TestVLLMAscend(unittest.TestCase):
     def prepare(self, kind: str, mode: str) -> Tuple[str, List[Dict[str, Any]], List[List[int]], List[List[int]]]:
         """(name, each rank's caches from vllm-ascend's runner in ``mode``, prefill and decode block tables)."""
         torch_npu.standin.close()
-        live = fakeacl_live()
-        torch_npu.standin.reset(mode)
-        self.addCleanup(self.freed, live)  # runs last: after the regions are unregistered and the keys closed
+        held = fakeacl_held()
+        self.addCleanup(self.freed, held)  # runs last: after the regions are unregistered and the keys closed
         self.addCleanup(self.acl.close)
         src = self.caches(kind, mode)
         # vLLM's ranks share one block table; the decode has its own
@@ -209,10 +210,10 @@ class TestVLLMAscend(unittest.TestCase):
         dec_tabs = [ids[s * n_dec:(s + 1) * n_dec] for s in range(PROMPTS)]
         return "%s-%s" % (kind, mode.split(":")[1].lower()), src, pre_tabs, dec_tabs
 
-    def freed(self, live: int) -> None:
+    def freed(self, held: int) -> None:
         """Every allocation of the stand-in goes back to the emulated runtime."""
         torch_npu.standin.close()
-        self.assertEqual(fakeacl_live(), live, "fakeacl resources still live after the caches were freed")
+        self.assertEqual(fakeacl_held(), held, "fakeacl resources still held after the caches were freed")
 
     def write_rows(self, kind: str, src: List[Dict[str, Any]], pre_tabs: List[List[int]], i: int, a: Any,
                    b: Any) -> None:
@@ -288,8 +289,8 @@ class TestVLLMAscend(unittest.TestCase):
         self.addCleanup(arena.close)
         dst = self.decode_layers(arena, kind)
         common = dict(mode="push", kv_heads=heads, timeout_s=30, layerwise=True)
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
-                    heads, src, "%s-pre" % name, "kv_producer")
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0",
+                                          acl_library=LIB), heads, src, "%s-pre" % name, "kv_producer")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode",
                                           kv_layout="vllm-mla" if kind == "mla" else "vllm-packed"),
@@ -319,12 +320,17 @@ class TestVLLMAscend(unittest.TestCase):
                 after_layer(i)  # the connector's save_kv_layer: this layer's push starts now
             return M.prefill(self.models[kind], self.prompts, on_layer)[0]
 
+        ev = torch_npu.npu.Event
+        recorded, waited = ev.recorded, ev.waited
         logits = pe.step(so, forward)
+        # save_kv_layer ordered each layer's pushes after the cache write by an NPU event, per rank
+        self.assertGreaterEqual(ev.recorded - recorded, LAYERS * TP)
         for s, r in enumerate(preqs):
             self.assertEqual(pe.finish(r, pre_tabs[s]), (True, None))
         pe.until(lambda: len(pe.sent) == len(preqs), 30)
         de.until(lambda: len(de.recvd) == len(dreqs), 30)
         self.assertEqual(de.load_errors, set())
+        self.assertGreater(ev.waited - waited, 0, "no push waited on its layer's NPU event")
         self.check_decode(kind, name, logits, dst, dec_tabs)
 
 

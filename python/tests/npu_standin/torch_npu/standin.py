@@ -34,7 +34,7 @@ class NPUTensor(torch.Tensor):
         return True
 
 
-_state: Dict[str, Any] = {"rt": None, "alloc": None}
+_state: Dict[str, Any] = {"rt": None, "alloc": None, "pools": []}
 
 
 def runtime() -> "_acl.ACLRuntime":
@@ -49,18 +49,31 @@ def runtime() -> "_acl.ACLRuntime":
 
 
 def reset(conf: Optional[str] = None) -> "_acl.Allocator":
-    """Free what the allocator holds and start one for ``conf`` (default: PYTORCH_NPU_ALLOC_CONF)."""
+    """Free what every allocator holds and start one for ``conf`` (default: PYTORCH_NPU_ALLOC_CONF)."""
     close()
+    return new_process(conf)
+
+
+def new_process(conf: Optional[str] = None) -> "_acl.Allocator":
+    """Start another allocator and allocate from it from now on, keeping the others' memory: what another
+    engine process (a tensor-parallel rank) would have, whose segments no other rank's tensors share."""
     a = _acl.allocator(runtime(), conf if conf is not None else os.environ.get("PYTORCH_NPU_ALLOC_CONF"))
+    _state["pools"].append(a)
     _state["alloc"] = a
     return a
 
 
 def close() -> None:
     """Free every allocation (the sidecar must have let go of it)."""
-    a, _state["alloc"] = _state["alloc"], None
-    if a is not None:
-        a.close()
+    pools, _state["pools"], _state["alloc"] = _state["pools"], [], None
+    errs = []
+    for a in reversed(pools):
+        try:
+            a.close()
+        except _acl.ACLCallError as e:
+            errs.append(e)
+    if errs:
+        raise errs[0]
 
 
 def wrap(ptr: int, nbytes: int, dtype: Any, shape: Any) -> NPUTensor:
@@ -142,13 +155,49 @@ def _absent(qualname: str, kind: str = "class") -> Any:
 npu.NPUGraph = _absent("torch.npu.NPUGraph")  # compilation/acl_graph.py:57, an annotation
 npu.ExternalEvent = _absent("torch.npu.ExternalEvent")  # compilation/acl_graph.py:294, an annotation
 npu.Stream = _absent("torch.npu.Stream")  # ops/fused_moe/prepare_finalize.py:52, an annotation
-npu.Event = _absent("torch.npu.Event")  # ops/fused_moe/fused_moe.py:73, an annotation
+npu.Event = None  # ops/fused_moe/fused_moe.py:73, an annotation; the class below
 # patch/platform/patch_torch_accelerator.py:14-16 puts these in torch.accelerator's place
 npu.memory_stats = _absent("torch.npu.memory_stats", "fn")
 npu.memory_reserved = _absent("torch.npu.memory_reserved", "fn")
 npu.reset_peak_memory_stats = _absent("torch.npu.reset_peak_memory_stats", "fn")
 # worker/model_runner_v1.py:201 sets torch.npu.config.allow_internal_format = True
 npu.config = types.SimpleNamespace(allow_internal_format=False)
+
+
+
+class Event:
+    """torch.npu.Event for the stage connector's save_kv_layer (stage_client/vllm/npu.py): the stand-in's device
+    work is torch on CPU tensors, done when the call returns, so an event recorded after it is complete at once.
+    Records and waits are counted, for the test to see the connector order its pushes by them."""
+
+    recorded = 0
+    waited = 0
+
+    def __init__(self, *_a: Any, **_k: Any) -> None:
+        self.is_recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.is_recorded = True
+        Event.recorded += 1
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        if not self.is_recorded:
+            raise RuntimeError("torch_npu stand-in: synchronize on an event never recorded")
+        Event.waited += 1
+
+
+def set_device(device: Any) -> None:
+    """torch.npu.set_device (the connector's mover thread binds to the cache's NPU): the one emulated NPU."""
+    idx = device.index if isinstance(device, torch.device) else int(device)
+    if idx not in (None, 0):
+        raise RuntimeError("torch_npu stand-in: NPU %s does not exist (one NPU: 0)" % idx)
+
+
+npu.Event = Event
+npu.set_device = set_device
 
 _C = types.ModuleType("torch_npu._C")
 sys.modules[_C.__name__] = _C
