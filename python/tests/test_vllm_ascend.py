@@ -39,7 +39,7 @@ import os
 import random
 import sys
 import unittest
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -87,10 +87,13 @@ def where(tab: List[int], block: int, n: int) -> Tuple[Any, Any]:
     return torch.tensor(tab)[pos // block], pos % block
 
 
-def fakeacl_held() -> int:
+def fakeacl_held() -> Optional[int]:
     """What the emulated runtime holds (memory, handles, streams, events), less device references: every
-    stage_client.ascend.ACL sets its device and keeps it set until the process ends."""
+    stage_client.ascend.ACL sets its device and keeps it set until the process ends. None where the
+    library does not count device references apart (fakeacl_cuda)."""
     lib = torch_npu.standin.runtime().lib
+    if not hasattr(lib, "fakeacl_device_refs"):
+        return None
     lib.fakeacl_live.restype = lib.fakeacl_device_refs.restype = ctypes.c_long
     return int(lib.fakeacl_live()) - int(lib.fakeacl_device_refs())
 
@@ -100,10 +103,12 @@ class TestVLLMAscend(unittest.TestCase):
     """Both allocator modes x MHA, GQA, MLA: TP 2 vllm-ascend prefill -> TP 1 vLLM-layout decode."""
 
     dec_sidecar = ""  # hostmem
-    dec_device = "cpu"
+    gpu = False  # TestVLLMAscendGPU: the runtime is fakeacl_cuda, the decode a cuda sidecar
 
     @classmethod
     def setUpClass(cls) -> None:
+        if os.environ.get("STAGE_TEST_ACL_CUDA") == "1" and not cls.gpu:
+            raise unittest.SkipTest("the library is fakeacl_cuda: TestVLLMAscendGPU runs over it")
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
         cls.prompts = prompts()
         cls.models = {k: M.make(k, seed=11) for k in M.KINDS}
@@ -174,21 +179,29 @@ class TestVLLMAscend(unittest.TestCase):
         return register_kv_cache(self.pre.client, name, [list(kv[n]) for n in names], "ascend", heads=heads,
                                  head_lo=lo, head_hi=hi, acl=self.acl, access="prefill")
 
-    def decode_layers(self, arena: Any, kind: str) -> List[Any]:
-        """The decode's per-layer caches (vLLM layout, block 16, every head) in ``arena``, filled with noise."""
+    def dec_alloc(self, name: str) -> Tuple[Any, Any]:
+        """(empty(shape, dtype) for the decode's caches, the HostArena they live in or None)."""
+        arena = HostArena(64 << 20, name)
+        self.addCleanup(arena.close)
+        return arena.empty, arena
+
+    def sync(self) -> None:
+        """The rows written are in memory before a sidecar reads them (torch on the CPU: at once)."""
+
+    def decode_layers(self, empty: Any, kind: str) -> List[Any]:
+        """The decode's per-layer caches (vLLM layout, block 16, every head), filled with noise."""
         m = self.models[kind]
         if kind == "mla":
             shape: Tuple[int, ...] = (DEC_BLOCKS, DEC_BLOCK, R.KV_LORA_RANK + R.QK_ROPE_HEAD_DIM)
         else:  # vLLM's (blocks, kv heads, block size, 2 * head size): a token's K then its V
             shape = (DEC_BLOCKS, M.kv_heads(m), DEC_BLOCK, 2 * M.head_size(m))
         # noise: a row the move forgot shows in the tokens
-        return [arena.empty(shape, torch.float32).normal_() for _ in range(LAYERS)]
+        return [empty(shape, torch.float32).normal_() for _ in range(LAYERS)]
 
     def decode_cache(self, name: str, kind: str) -> Tuple[List[Any], Any]:
         """The decode's caches in a memfd, registered with the hostmem sidecar."""
-        arena = HostArena(64 << 20, name)
-        self.addCleanup(arena.close)
-        layers = self.decode_layers(arena, kind)
+        empty, arena = self.dec_alloc(name)
+        layers = self.decode_layers(empty, kind)
         preset, heads = ("vllm-mla", 1) if kind == "mla" else ("vllm-packed", M.kv_heads(self.models[kind]))
         kv = register_kv_cache(self.dec.client, name, [[x] for x in layers], preset, heads=heads, arena=arena,
                                access="decode")
@@ -210,10 +223,11 @@ class TestVLLMAscend(unittest.TestCase):
         dec_tabs = [ids[s * n_dec:(s + 1) * n_dec] for s in range(PROMPTS)]
         return "%s-%s" % (kind, mode.split(":")[1].lower()), src, pre_tabs, dec_tabs
 
-    def freed(self, held: int) -> None:
-        """Every allocation of the stand-in goes back to the emulated runtime."""
+    def freed(self, held: Optional[int]) -> None:
+        """Every allocation of the stand-in goes back to the emulated runtime (every free call succeeds)."""
         torch_npu.standin.close()
-        self.assertEqual(fakeacl_held(), held, "fakeacl resources still held after the caches were freed")
+        if held is not None:
+            self.assertEqual(fakeacl_held(), held, "fakeacl resources still held after the caches were freed")
 
     def write_rows(self, kind: str, src: List[Dict[str, Any]], pre_tabs: List[List[int]], i: int, a: Any,
                    b: Any) -> None:
@@ -222,6 +236,7 @@ class TestVLLMAscend(unittest.TestCase):
         name = R.layer_name(i)
         for r, kv in enumerate(src):
             kc, vc = kv[name]
+            a, b = a.to(torch_npu.standin.real_device(kc)), b.to(torch_npu.standin.real_device(kc))
             lo, hi = r * heads // TP, (r + 1) * heads // TP
             for s in range(PROMPTS):
                 blk, slot = where(pre_tabs[s], PRE_BLOCK, PROMPT_LEN)
@@ -249,7 +264,7 @@ class TestVLLMAscend(unittest.TestCase):
                     d = M.head_size(m)
                     a.append(x[..., :d])
                     b.append(x[..., d:])
-            rows.append((torch.stack(a).clone(), torch.stack(b).clone()))
+            rows.append((torch.stack(a).cpu().clone(), torch.stack(b).cpu().clone()))
         ref_logits, ref_tokens = self.ref[kind]
         self.assertTrue(torch.equal(logits, ref_logits))
         tokens = M.decode(m, logits, M.rebuild(m, rows), STEPS)
@@ -273,6 +288,8 @@ class TestVLLMAscend(unittest.TestCase):
                     continue  # the latent is on both ranks: layer i comes from rank i % 2
                 lo, hi = (0, 1) if kind == "mla" else (r * heads // TP, (r + 1) * heads // TP)
                 for s in range(PROMPTS):
+                    if not tids:
+                        self.sync()
                     tids.append(kv.push("decode", "dec-" + name, pre_tabs[s], dec_tabs[s], PROMPT_LEN, layers=[i],
                                         heads=(lo, hi), tag="%s/%d/%d/%d" % (name, i, r, s)))
 
@@ -285,14 +302,13 @@ class TestVLLMAscend(unittest.TestCase):
         """StageConnector: vLLM's calls replayed (tests/vllm_replay.py), push mode, layer by layer, decode first."""
         name, src, pre_tabs, dec_tabs = self.prepare(kind, mode)
         heads = M.kv_heads(self.models[kind])
-        arena = HostArena(64 << 20, "dec-" + name)
-        self.addCleanup(arena.close)
-        dst = self.decode_layers(arena, kind)
+        dst = self.decode_layers(self.dec_alloc("dec-" + name)[0], kind)
         common = dict(mode="push", kv_heads=heads, timeout_s=30, layerwise=True)
         pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0",
-                                          acl_library=LIB), heads, src, "%s-pre" % name, "kv_producer")
+                                          acl_library=LIB, kv_name="%s-pre" % name),
+                    heads, src, "%s-pre" % name, "kv_producer")
         self.addCleanup(pe.shutdown)
-        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode",
+        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode", kv_name="%s-dec" % name,
                                           kv_layout="vllm-mla" if kind == "mla" else "vllm-packed"),
                     heads, [{R.layer_name(i): t for i, t in enumerate(dst)}], "%s-dec" % name, "kv_consumer")
         self.addCleanup(de.shutdown)
@@ -332,6 +348,29 @@ class TestVLLMAscend(unittest.TestCase):
         self.assertEqual(de.load_errors, set())
         self.assertGreater(ev.waited - waited, 0, "no push waited on its layer's NPU event")
         self.check_decode(kind, name, logits, dst, dec_tabs)
+
+
+@unittest.skipIf(WHY, WHY)
+@unittest.skipUnless(os.environ.get("STAGE_TEST_ACL_CUDA") == "1", "STAGE_TEST_ACL_CUDA=1 (the library is "
+                     "fakeacl_cuda, on a GPU machine) is not set")
+class TestVLLMAscendGPU(TestVLLMAscend):
+    """The same over fakeacl_cuda on GPU 0: vllm-ascend's caches in CUDA memory from the emulated runtime (VMM over
+    CUDA's VMM API, or cudaMalloc segments), the acl sidecar over the same library, the decode a cuda sidecar with
+    torch CUDA caches (vllm-packed / vllm-mla, block 16) registered by IPC handle. The model runs on the CPU."""
+
+    dec_sidecar = "device: {kind: cuda, ordinal: 0}\n"
+    gpu = True
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch_npu.standin.over_cuda(0)
+        super().setUpClass()
+
+    def dec_alloc(self, name: str) -> Tuple[Any, Any]:
+        return (lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda:0")), None
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(0)
 
 
 def _case(kind: str, mode: str, via: str) -> Any:

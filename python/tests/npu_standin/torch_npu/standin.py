@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _acl
 
-__all__ = ["NPUTensor", "allocating", "runtime", "reset", "wrap"]
+__all__ = ["NPUTensor", "allocating", "runtime", "reset", "new_process", "close", "wrap", "over_cuda", "real_device"]
 
 if torch._C._get_privateuse1_backend_name() != "npu":
     torch.utils.rename_privateuse1_backend("npu")
@@ -44,7 +44,7 @@ def runtime() -> "_acl.ACLRuntime":
         if not path:
             raise RuntimeError("torch_npu stand-in: STAGE_TEST_ACL_LIBRARY is not set (build acl/testdata/fakeacl.c "
                                "as a shared library and point it there)")
-        _state["rt"] = _acl.ACLRuntime(path, 0)
+        _state["rt"] = _acl.ACLRuntime(path, 0 if _state.get("cuda") is None else int(_state["cuda"].index))
     return _state["rt"]
 
 
@@ -76,11 +76,34 @@ def close() -> None:
         raise errs[0]
 
 
+def over_cuda(gpu: int) -> None:
+    """The runtime is fakeacl_cuda (its device memory is CUDA memory of GPU ``gpu``): tensors are CUDA tensors
+    over it, and events are CUDA events. Call before the first allocation."""
+    _state["cuda"] = torch.device("cuda", gpu)
+
+
+class _Span:
+    """A CUDA array interface over ``n`` bytes at ``ptr`` (what torch.as_tensor wraps)."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "strides": None}
+
+
 def wrap(ptr: int, nbytes: int, dtype: Any, shape: Any) -> NPUTensor:
     """A tensor of ``shape`` and ``dtype`` over ``nbytes`` of device memory at ``ptr``."""
-    buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-    t = torch.frombuffer(buf, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+    if not nbytes:
+        t = torch.empty(0, dtype=torch.uint8)
+    elif _state.get("cuda") is not None:
+        t = torch.as_tensor(_Span(ptr, nbytes), device=_state["cuda"])
+    else:
+        t = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=torch.uint8)
     return t.view(dtype).view(tuple(shape)).as_subclass(NPUTensor)
+
+
+def real_device(t: Any) -> torch.device:
+    """Where an NPUTensor's bytes are for torch (cpu, or cuda over fakeacl_cuda), not the npu it reports."""
+    return torch._C.TensorBase.device.__get__(t)
 
 
 def _npu(device: Any) -> bool:
@@ -175,10 +198,14 @@ class Event:
 
     def __init__(self, *_a: Any, **_k: Any) -> None:
         self.is_recorded = False
+        self.cuda = None  # over fakeacl_cuda the device work is on CUDA's current stream: a CUDA event orders it
 
     def record(self, stream: Any = None) -> None:
         self.is_recorded = True
         Event.recorded += 1
+        if _state.get("cuda") is not None:
+            self.cuda = torch.cuda.Event()
+            self.cuda.record()
 
     def query(self) -> bool:
         return True
@@ -187,6 +214,8 @@ class Event:
         if not self.is_recorded:
             raise RuntimeError("torch_npu stand-in: synchronize on an event never recorded")
         Event.waited += 1
+        if self.cuda is not None:
+            self.cuda.synchronize()
 
 
 def set_device(device: Any) -> None:
