@@ -99,6 +99,53 @@ def fakeacl_held() -> Optional[int]:
 
 
 @unittest.skipIf(WHY, WHY)
+class TestStandin(unittest.TestCase):
+    """The torch_npu stand-in gets memory as torch_npu's allocator does, in both modes, and gives all of it back."""
+
+    def setUp(self) -> None:
+        if os.environ.get("STAGE_TEST_ACL_CUDA") == "1":
+            self.skipTest("over fakeacl_cuda the memory is not host memory")
+        torch_npu.standin.close()
+        held = fakeacl_held()
+        self.addCleanup(lambda: self.assertEqual(fakeacl_held(), held, "the stand-in kept memory after close"))
+        self.addCleanup(torch_npu.standin.close)
+
+    def zeros(self, n: int) -> Any:
+        with torch_npu.standin.allocating():
+            return torch.zeros(n, dtype=torch.int8, device=torch.device("npu:0"))
+
+    def test_segments(self) -> None:
+        pool = torch_npu.standin.reset("expandable_segments:False")
+        small, small2 = self.zeros(1000), self.zeros(3000)  # both in one 2 MiB segment of the small pool
+        mid = self.zeros(3 << 20)  # under 10 MiB: a 20 MiB segment
+        also = self.zeros(12 << 20)  # fits the 17 MiB left of the 20 MiB segment: split from it
+        big = self.zeros((21 << 20) + 1)  # fits nowhere: a segment of its size rounded up to 2 MiB, 22 MiB
+        self.assertEqual([n for _, n, _ in pool.segments], [2 << 20, 20 << 20, 22 << 20])
+        self.assertEqual(also.data_ptr(), mid.data_ptr() + (3 << 20))
+        self.assertEqual(small2.data_ptr() - small.data_ptr(), 1024)  # blocks are multiples of 512 B
+        rt = torch_npu.standin.runtime()
+        for t, seg in ((small2, 0), (mid, 1), (big, 2)):
+            self.assertEqual(rt.address_range(t.data_ptr()), tuple(pool.segments[seg][:2]))
+            self.assertEqual(t.device, torch.device("npu", 0))
+            self.assertEqual(int(t.abs().sum()), 0)
+
+    def test_expandable(self) -> None:
+        pool = torch_npu.standin.reset("expandable_segments:True")
+        a = self.zeros(1 << 20)
+        self.assertEqual(len(pool.pages), 1)
+        b = self.zeros(5 << 20)  # from 1 MiB to 6 MiB: two more pages, mapped where the range goes on
+        self.assertEqual([at - pool.base for at, _ in pool.pages], [0, 2 << 20, 4 << 20])
+        self.assertEqual(b.data_ptr(), a.data_ptr() + (1 << 20))
+        rt = torch_npu.standin.runtime()
+        for at, _ in pool.pages:
+            self.assertEqual(rt.address_range(at + 5), (at, 2 << 20))
+        view = b[(1 << 20) - 8:(1 << 20) + 8]  # across a page boundary, through a view
+        view.copy_(torch.arange(16, dtype=torch.int8))
+        self.assertEqual(b[(1 << 20) - 8:(1 << 20) + 8].tolist(), list(range(16)))
+        self.assertEqual(view.device, torch.device("npu", 0))
+
+
+@unittest.skipIf(WHY, WHY)
 class TestVLLMAscend(unittest.TestCase):
     """Both allocator modes x MHA, GQA, MLA: TP 2 vllm-ascend prefill -> TP 1 vLLM-layout decode."""
 
@@ -145,12 +192,12 @@ class TestVLLMAscend(unittest.TestCase):
         per_rank = heads if kind == "mla" else heads // TP  # MLA's one latent head is on every rank
         out = []
         for _ in range(TP):  # each rank its own engine process: its own allocator
-            torch_npu.standin.new_process(mode)
+            pool = torch_npu.standin.new_process(mode)
             kv, runner = R.make_caches(kind, LAYERS, PRE_BLOCKS, PRE_BLOCK, per_rank, M.head_size(m), torch.float32)
             self.assertEqual(len(runner.kv_caches), LAYERS)  # bind_kv_cache filled the runner's list
-            out.append(kv)
+            out.append((kv, pool))
         rt = torch_npu.standin.runtime()
-        for kv in out:
+        for kv, pool in out:
             for name, (k, v) in kv.items():
                 if kind == "mla":  # model_runner_v1.py:4607-4627: 4-D nope and rope caches
                     want = [(PRE_BLOCKS, PRE_BLOCK, 1, R.KV_LORA_RANK), (PRE_BLOCKS, PRE_BLOCK, 1, R.QK_ROPE_HEAD_DIM)]
@@ -161,15 +208,18 @@ class TestVLLMAscend(unittest.TestCase):
                     self.assertEqual(t.device, torch.device("npu", 0))
                     self.assertEqual(t.data_ptr() % (2 << 20), 0, "vllm-ascend aligns K and V to 2 MiB")
                     base, size = rt.address_range(t.data_ptr())
-                    if mode.endswith("True"):  # a 2 MiB page mapped into the pool's reserved range
-                        self.assertEqual(size, 2 << 20, "%s: not a VMM page" % name)
-                    else:  # inside one aclrtMalloc segment, at the segment's base or past it
-                        nbytes = t.numel() * t.element_size()
+                    nbytes = t.numel() * t.element_size()
+                    if pool.expandable:  # the runtime says: one of the rank's 2 MiB pages, mapped into its range
+                        self.assertIn((base, size), [(at, 2 << 20) for at, _ in pool.pages], name)
+                        self.assertLessEqual(t.data_ptr() + nbytes, pool.base + len(pool.pages) * (2 << 20), name)
+                    else:  # one of the rank's aclrtMalloc segments holds all of it
+                        self.assertIn((base, size), [(b, n) for b, n, _ in pool.segments], name)
                         self.assertLessEqual(t.data_ptr() + nbytes, base + size, name)
-        return out
+        return [kv for kv, _ in out]
 
     def register(self, name: str, kv: Dict[str, Any], kind: str, rank: int) -> Any:
-        """Register one prefill rank's caches with the acl sidecar, by ACL export key."""
+        """Register one prefill rank's caches with the acl sidecar (stage_client.ascend picks how: an aclrtMalloc
+        segment by export key, VMM memory by its chunks' shareable handles)."""
         names = sorted(kv, key=lambda n: int(n.split(".")[2]))
         if kind == "mla":
             return register_kv_cache(self.pre.client, name, [list(kv[n]) for n in names], "ascend-mla", heads=1,

@@ -7,14 +7,15 @@ import ctypes
 import os
 import sys
 import types
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _acl
 
-__all__ = ["NPUTensor", "allocating", "runtime", "reset", "new_process", "close", "wrap", "over_cuda", "real_device"]
+__all__ = ["NPUTensor", "allocating", "runtime", "reset", "new_process", "close", "wrap", "over_cuda", "real_device",
+           "pools"]
 
 if torch._C._get_privateuse1_backend_name() != "npu":
     torch.utils.rename_privateuse1_backend("npu")
@@ -61,6 +62,11 @@ def new_process(conf: Optional[str] = None) -> "_acl.Allocator":
     _state["pools"].append(a)
     _state["alloc"] = a
     return a
+
+
+def pools() -> List["_acl.Allocator"]:
+    """The allocators started since the last :func:`reset` / :func:`close`, oldest first."""
+    return list(_state["pools"])
 
 
 def close() -> None:
