@@ -19,9 +19,24 @@ into a vLLM-layout decode cache on a ``hostmem`` sidecar (CPU, block 16:
 model's cache, must give the greedy tokens of the model run that moved
 nothing. No NPU and no GPU run.
 
-The caches register by ``register_kv_cache(..., acl=ACL(...))`` (the
-connector's own NPU path, issue 32 items 1 and 6, lands apart; see
-TestVLLMAscend.register).
+Each case runs two ways: ``register``: each rank's caches registered by
+``register_kv_cache(..., acl=ACL(...))`` and each layer pushed by
+``KVCache.push``; ``connector``: ``StageConnector`` as vLLM drives it
+(tests/vllm_replay.py: push mode, decode scheduled first, ``save_kv_layer``
+after each layer, the stand-in's ``torch.npu.Event`` ordering the push).
+TestStandin checks the stand-in's two allocator modes on their own.
+
+The GPU variant (TestVLLMAscendGPU, skipped unless STAGE_TEST_ACL_CUDA=1):
+the library is fakeacl_cuda, so vllm-ascend's caches are CUDA memory from
+the emulated runtime (VMM over CUDA's VMM API, or cudaMalloc segments), and
+the decode is a cuda sidecar with torch CUDA caches (``vllm-packed`` /
+``vllm-mla``, block 16). It needs vllm 0.23.0 and transformers importable
+by the GPU machine's python3. From the repository root there::
+
+    nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread -lcuda
+    cd python && STAGED=$PWD/../.dev/staged STAGE_TEST_ACL_LIBRARY=$PWD/../.dev/libascendcl.so \\
+    STAGE_TEST_ACL_CUDA=1 STAGE_VLLM_ASCEND_SRC=$PWD/../.dev/vllm_ascend-0.23.0.post1 \\
+    python3 -m unittest -v tests.test_vllm_ascend.TestVLLMAscendGPU
 
 Run it as CI does: ``make test-vllm-ascend`` (venv, sdist, fakeacl.so,
 then this with STAGE_ENGINES_REQUIRED=1: anything missing fails, not
@@ -333,13 +348,12 @@ class TestVLLMAscend(unittest.TestCase):
 
         def on_layer(i: int, a: Any, b: Any) -> None:
             self.write_rows(kind, src, pre_tabs, i, a, b)
+            self.sync()  # this layer's rows are written before its pushes read them
             for r, kv in enumerate(kvs):
                 if kind == "mla" and r != i % TP:
                     continue  # the latent is on both ranks: layer i comes from rank i % 2
                 lo, hi = (0, 1) if kind == "mla" else (r * heads // TP, (r + 1) * heads // TP)
                 for s in range(PROMPTS):
-                    if not tids:
-                        self.sync()
                     tids.append(kv.push("decode", "dec-" + name, pre_tabs[s], dec_tabs[s], PROMPT_LEN, layers=[i],
                                         heads=(lo, hi), tag="%s/%d/%d/%d" % (name, i, r, s)))
 

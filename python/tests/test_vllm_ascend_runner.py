@@ -21,7 +21,7 @@ Fixtures stand where vllm-ascend cannot run here, each with its source:
 * the layer objects of ``static_forward_context`` are vLLM's own
   ``Attention`` / ``MLAAttention`` classes made without their ``__init__``
   (which builds kernels); the runner reads ``kv_lora_rank`` and
-  ``qk_rope_head_dim`` of an MLA layer (model_runner_v1.py:3986-3988),
+  ``qk_rope_head_dim`` of an MLA layer (model_runner_v1.py:3987-3989),
   given here as DeepSeek-V3's (512, 64: its config.json);
 * the KV cache config is vLLM's own ``get_kv_cache_config_from_groups``
   (v1/core/kv_cache_utils.py:1247) over the specs vLLM's attention
