@@ -417,6 +417,7 @@ class TestVLLMAscend(unittest.TestCase):
 @unittest.skipIf(WHY, WHY)
 @unittest.skipUnless(os.environ.get("STAGE_TEST_ACL_CUDA") == "1", "STAGE_TEST_ACL_CUDA=1 (the library is "
                      "fakeacl_cuda, on a GPU machine) is not set")
+@unittest.skipUnless(not WHY and torch.cuda.is_available(), "CUDA is not available to torch")
 class TestVLLMAscendGPU(TestVLLMAscend):
     """The same over fakeacl_cuda on GPU 0: vllm-ascend's caches in CUDA memory from the emulated runtime (VMM over
     CUDA's VMM API, or cudaMalloc segments), the acl sidecar over the same library, the decode a cuda sidecar with
