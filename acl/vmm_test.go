@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -108,5 +109,22 @@ func TestImportVMMAbsent(t *testing.T) {
 	_, err := d.Import(device.Handle{Kind: device.HandleACLVMM, Bytes: vmmBytes(-1, 0, VMMChunk{1, 4096}), Size: 1, FD: -1})
 	if !errors.Is(err, device.ErrNotSupported) || !strings.Contains(err.Error(), "aclrtMemImportFromShareableHandle") {
 		t.Errorf("Import without the VMM calls: %v", err)
+	}
+}
+
+// TestBareTgid: the sidecar reports the driver's id for itself, and where a
+// library lacks aclrtDeviceGetBareTgid it says that getpid() stands in and
+// why that may be wrong.
+func TestBareTgid(t *testing.T) {
+	t.Setenv("FAKEACL_TGID_OFFSET", "7")
+	d := openDev(t, fakeLibrary(t), Config{})
+	pid, src, err := d.BareTgid()
+	if err != nil || pid != int32(os.Getpid()+7) || src != "aclrtDeviceGetBareTgid" {
+		t.Errorf("BareTgid = %d (%q), %v; want getpid()+7 from aclrtDeviceGetBareTgid", pid, src, err)
+	}
+	d = openDev(t, fakeLibrary(t, "-DFAKEACL_NO_BARE_TGID"), Config{})
+	pid, src, err = d.BareTgid()
+	if err != nil || pid != int32(os.Getpid()) || !strings.Contains(src, "lacks aclrtDeviceGetBareTgid") || !strings.Contains(src, "pid namespaces") {
+		t.Errorf("BareTgid without the call = %d (%q), %v; want getpid() and why it may be wrong", pid, src, err)
 	}
 }

@@ -46,6 +46,7 @@
  *   -DFAKEACL_NO_STREAM_CONFIG  do not export aclrtCreateStreamWithConfig
  *   -DFAKEACL_NO_IPC            do not export the aclrtIpcMem* calls
  *   -DFAKEACL_NO_VMM            do not export the VMM calls
+ *   -DFAKEACL_NO_BARE_TGID      do not export aclrtDeviceGetBareTgid
  * Environment (read at aclInit):
  *   FAKEACL_INIT_ERR=N            aclInit returns N
  *   FAKEACL_DEVICES=N             number of devices (default 1)
@@ -227,11 +228,13 @@ aclError aclrtSetCurrentContext(void *c) {
  * emulates a pid namespace, where it is not getpid()). */
 static int32_t bare_tgid(void) { return (int32_t)(getpid() + envl("FAKEACL_TGID_OFFSET", 0)); }
 
+#ifndef FAKEACL_NO_BARE_TGID
 aclError aclrtDeviceGetBareTgid(int32_t *pid) {
 	if (!pid) return fail(E_RT_PARAM, "fakeacl: aclrtDeviceGetBareTgid(NULL)");
 	*pid = bare_tgid();
 	return OK;
 }
+#endif
 
 aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logic, int32_t *const phys) {
 	if (!initialized) return fail(100001, "fakeacl: aclInit first");
