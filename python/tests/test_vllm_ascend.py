@@ -77,10 +77,11 @@ if not WHY:
     from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput
 
 LIB = os.environ.get("STAGE_TEST_ACL_LIBRARY", "")
+# torch_npu's allocator modes: vllm-ascend sets the first unless sleep mode is on (platform.py:772-790)
 MODES = ("expandable_segments:True", "expandable_segments:False")
 LAYERS = 2
 PROMPTS, PROMPT_LEN, STEPS = 3, 150, 16
-PRE_BLOCK, PRE_BLOCKS, TP = 128, 10, 2  # vllm-ascend's default block size; two ranks
+PRE_BLOCK, PRE_BLOCKS, TP = 128, 10, 2  # vllm-ascend's default block size (utils.py:1380-1381); two ranks
 DEC_BLOCK, DEC_BLOCKS = 16, 40
 
 

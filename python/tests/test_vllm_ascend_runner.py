@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "npu_standin")
 SRC = os.environ.get("STAGE_VLLM_ASCEND_SRC", "")
 VERSION = "0.23.0.post1"
-KV_LORA_RANK, QK_ROPE_HEAD_DIM = 512, 64  # DeepSeek-V3's config.json: the MLA cache's two widths
+KV_LORA_RANK, QK_ROPE_HEAD_DIM = 512, 64  # DeepSeek-V3's config.json; the widths model_runner_v1.py:4607-4627 reads
 
 _mods: Dict[str, Any] = {}
 
