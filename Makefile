@@ -5,7 +5,7 @@ BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
 
-.PHONY: build test test-race test-engines test-engines-real demo bench peer-compare lint fuzz gpu-build clean
+.PHONY: build test test-race test-engines test-engines-real test-vllm-ascend demo bench peer-compare lint fuzz gpu-build clean
 
 build:
 	@mkdir -p $(BIN)
@@ -46,6 +46,19 @@ test-engines-real: build
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/sglang python/requirements/sglang.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/sglang/bin/python \
 		-m unittest -v tests.test_sglang_plugin tests.test_sglang
+	$(MAKE) test-vllm-ascend
+
+# vllm-ascend 0.23.0.post1's own model runner (its source, checksum-pinned: scripts/vllm-ascend-src.sh)
+# allocates and shapes the prefill's KV caches over the emulated Ascend runtime (fakeacl.c built as
+# libascendcl) through our torch_npu stand-in, in a venv of vllm 0.23.0; an acl sidecar moves them to a
+# hostmem decode (tests/test_vllm_ascend.py). No NPU runs.
+test-vllm-ascend: build
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-ascend python/requirements/vllm-ascend.txt
+	bash scripts/vllm-ascend-src.sh $(ENGINES_VENVS)/src > $(BIN)/vllm-ascend-src.path
+	gcc -shared -fPIC -O1 -Wall -Werror -o $(BIN)/libascendcl-fake.so acl/testdata/fakeacl.c -lpthread
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 \
+		STAGE_TEST_ACL_LIBRARY=$(CURDIR)/$(BIN)/libascendcl-fake.so STAGE_VLLM_ASCEND_SRC=$$(cat $(CURDIR)/$(BIN)/vllm-ascend-src.path) \
+		$(ENGINES_VENVS)/vllm-ascend/bin/python -m unittest -v tests.test_vllm_ascend
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build
