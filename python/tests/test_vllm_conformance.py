@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 try:
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1 import base as vbase
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
     WHY = ""
 except Exception as e:  # noqa: BLE001 - no vLLM (or one without the V1 connector interface)
     WHY = "vLLM's V1 KV connector interface is not importable here: %s" % e
@@ -130,22 +130,26 @@ class TestLayouts(unittest.TestCase):
 
     B, N, H, D = 6, 16, 4, 64  # sizes all different and none 2: each dim of an engine's shape is known by its size
 
-    def spec(self) -> Any:
+    MLA = 576  # DeepSeek's latent row: 512 + 64 channels, one "head"
+
+    def spec(self, mla: bool = False) -> Any:
+        if mla:
+            return MLAAttentionSpec(block_size=self.N, num_kv_heads=1, head_size=self.MLA, dtype=torch.float32)
         return FullAttentionSpec(block_size=self.N, num_kv_heads=self.H, head_size=self.D, dtype=torch.float32)
 
-    def views(self, order: str) -> List[Any]:
+    def views(self, order: str, mla: bool = False) -> List[Any]:
         """Two layers' tensors as create_kv_cache_views makes them (RFC #42082) in stride order ``order``."""
-        spec = self.spec()
+        spec = self.spec(mla)
         page = spec.page_size_bytes
         kt = KVCacheTensor(size=2 * page * self.B, layers=["l0", "l1"], layer_stride=page * self.B, block_stride=page)
         self.raw = torch.zeros(kt.size, dtype=torch.int8)
         return create_kv_cache_views(self.raw, spec, self.B, KVCacheLayout[order], kt)
 
-    def runner_tensor(self, backend: str, order: str) -> Any:
+    def runner_tensor(self, backend: str, order: str, mla: bool = False) -> Any:
         """One layer's tensor as the GPU model runner of vLLM 0.23-0.26 makes it for ``backend``, cache layout
         ``order`` (NHD or HND): its own _reshape_kv_cache_tensors (and whatever it calls) on a runner that has
         only the KV-cache state that method reads (no device, no model)."""
-        spec = self.spec()
+        spec = self.spec(mla)
         group = SimpleNamespace(kv_cache_spec=spec, backend=AttentionBackendEnum[backend].get_class(),
                                 kv_cache_group_id=0, layer_names=["l0"])
         runner = object.__new__(GPUModelRunner)
@@ -176,11 +180,11 @@ class TestLayouts(unittest.TestCase):
             if want_first > 0:
                 self.assertTrue(torch.equal(got, torch.arange(self.D, dtype=torch.float32) + 7), what)
 
-    def engine_tensor(self, backend: str, order: str) -> Any:
+    def engine_tensor(self, backend: str, order: str, mla: bool = False) -> Any:
         """One layer's tensor as the installed vLLM allocates it for ``backend`` in cache layout NHD or HND."""
         if VIEWS:  # the stride order is the allocator's, the same for every backend
-            return self.views({"HND": "LBHNC", "NHD": "LBNHC"}[order])[1]
-        return self.runner_tensor(backend, order)
+            return self.views({"HND": "LBHNC", "NHD": "LBNHC"}[order], mla)[1]
+        return self.runner_tensor(backend, order, mla)
 
     def test_gpu_backends(self) -> None:
         """Each GPU backend's tensor in both cache layouts: one 4-D tensor with K|V in each token's row
@@ -218,6 +222,23 @@ class TestLayouts(unittest.TestCase):
         for size, i in ((2, kv), (self.B, 3), (self.N, 5), (self.H, 1), (self.D, slice(None))):
             idx[dim[size]] = i
         return tuple(idx)
+
+    def test_mla(self) -> None:
+        """An MLA layer (TRITON_MLA, FLASHMLA: no CUDA needed to ask their shapes): one latent row per token."""
+        for backend in ("TRITON_MLA", "FLASHMLA"):
+            with self.subTest(backend=backend):
+                t = self.engine_tensor(backend, "HND", mla=True)
+                name = kvlayout.detect(t, backend, mla=True)
+                self.assertEqual(name, "vllm-mla")
+                v = kvlayout.view_for(name, t)
+                self.assertEqual(tuple(v.shape), (self.B, self.N, self.MLA))
+                v[3, 5] = torch.arange(self.MLA, dtype=torch.float32) + 7
+                lay = Layout.from_tensor([v], name, 0, 1, 1)
+                (p,) = lay.parts
+                self.assertEqual(p.width, self.MLA)
+                off = v.data_ptr() - self.raw.data_ptr() + p.offset + 3 * p.block_stride + 5 * p.slot_stride
+                got = self.raw[off:off + 4 * self.MLA].view(torch.float32)
+                self.assertTrue(torch.equal(got, torch.arange(self.MLA, dtype=torch.float32) + 7), backend)
 
     def test_cpu_block_granular(self) -> None:
         t = self.engine_tensor("CPU_ATTN", "HND")
