@@ -73,6 +73,17 @@ class TestConformance(unittest.TestCase):
         self.assertEqual(getattr(StageConnector, "__abstractmethods__", frozenset()), frozenset(),
                          "StageConnector leaves abstract methods unimplemented")
 
+    def test_factory(self) -> None:
+        """vLLM's own factory finds the connector by module path, as the README's kv-transfer config names it,
+        accepts its constructor (it refuses one without kv_cache_config) and finds it HMA-capable."""
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        c = KVTransferConfig(kv_connector="StageConnector", kv_connector_module_path="stage_client.vllm",
+                             kv_role="kv_both", kv_connector_extra_config={"socket": "/run/stage/staged.sock"})
+        self.assertIs(KVConnectorFactory.get_connector_class(c), StageConnector)
+        self.assertTrue(KVConnectorFactory.supports_hma_config(c))
+
     def test_abstract_methods(self) -> None:
         checked = 0
         for cls in (vbase.KVConnectorBase_V1, vbase.SupportsHMA):
