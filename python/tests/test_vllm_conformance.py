@@ -56,7 +56,7 @@ if os.environ.get("STAGE_ENGINES_REQUIRED") == "1" and WHY:  # make test-engines
 if not WHY:
     from stage_client.kvderive import preset as make_preset
     from stage_client.layout import Layout
-    from stage_client.vllm import StageConnector, kvlayout
+    from stage_client.vllm import StageConnector, compat, kvlayout
 
 
 def params(fn: Any) -> List[tuple]:
@@ -83,6 +83,27 @@ class TestConformance(unittest.TestCase):
                              kv_role="kv_both", kv_connector_extra_config={"socket": "/run/stage/staged.sock"})
         self.assertIs(KVConnectorFactory.get_connector_class(c), StageConnector)
         self.assertTrue(KVConnectorFactory.supports_hma_config(c))
+
+    def test_stand_ins(self) -> None:
+        """The stand-ins the replay tests run on where vLLM is absent (stage_client.vllm.compat) have the
+        installed vLLM's roles and, for every method they define, its parameters (the constructor's
+        kv_cache_config keeps a default there, for callers of two arguments)."""
+        self.assertEqual({m.name: m.value for m in compat.StandInRole},
+                         {m.name: m.value for m in vbase.KVConnectorRole})
+        for ours, theirs in ((compat.StandInBase, vbase.KVConnectorBase_V1), (compat.StandInHMA, vbase.SupportsHMA)):
+            for name, fn in vars(ours).items():
+                if name.startswith("__") and name != "__init__":
+                    continue
+                with self.subTest(cls=theirs.__name__, method=name):
+                    self.assertTrue(hasattr(theirs, name), "vLLM's %s has no %s" % (theirs.__name__, name))
+                    real = inspect.getattr_static(theirs, name)
+                    if isinstance(fn, property):
+                        self.assertIsInstance(real, property)
+                        continue
+                    want, got = params(real), params(fn)
+                    if name == "__init__":
+                        want, got = [w[:2] for w in want], [g[:2] for g in got]
+                    self.assertEqual(got, want)
 
     def test_abstract_methods(self) -> None:
         checked = 0
