@@ -116,8 +116,9 @@ class TestConformance(unittest.TestCase):
         self.assertGreaterEqual(checked, 8)
 
     #: the optional methods every vLLM of the matrix has and calls, which the connector must override
-    OVERRIDDEN = frozenset({"register_kv_caches", "handle_preemptions", "get_finished", "get_block_ids_with_load_errors",
-                            "shutdown", "request_finished", "requires_piecewise_for_cudagraph"})
+    OVERRIDDEN = frozenset({"register_kv_caches", "handle_preemptions", "get_finished",
+                            "get_block_ids_with_load_errors", "shutdown", "request_finished",
+                            "requires_piecewise_for_cudagraph"})
 
     def test_overrides(self) -> None:
         """Every method StageConnector defines that vLLM's base has takes the base's parameters."""
