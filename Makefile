@@ -60,12 +60,12 @@ test-engines-real: build
 # libascendcl) through our torch_npu stand-in, in a venv of vllm 0.23.0; an acl sidecar moves them to a
 # hostmem decode (tests/test_vllm_ascend.py). No NPU runs.
 test-vllm-ascend: build
-	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-ascend python/requirements/vllm-ascend.txt
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.23 python/requirements/vllm-0.23.txt
 	bash scripts/vllm-ascend-src.sh $(ENGINES_VENVS)/src > $(BIN)/vllm-ascend-src.path
 	gcc -shared -fPIC -O1 -Wall -Werror -o $(BIN)/libascendcl-fake.so acl/testdata/fakeacl.c -lpthread
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 \
 		STAGE_TEST_ACL_LIBRARY=$(CURDIR)/$(BIN)/libascendcl-fake.so STAGE_VLLM_ASCEND_SRC=$$(cat $(CURDIR)/$(BIN)/vllm-ascend-src.path) \
-		$(ENGINES_VENVS)/vllm-ascend/bin/python -m unittest -v tests.test_vllm_ascend
+		$(ENGINES_VENVS)/vllm-0.23/bin/python -m unittest -v tests.test_vllm_ascend
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build

@@ -44,7 +44,7 @@ skips). By hand, from python/::
 
     STAGED=$PWD/../bin/staged STAGE_TEST_ACL_LIBRARY=/tmp/libascendcl-fake.so \\
     STAGE_VLLM_ASCEND_SRC=$(bash ../scripts/vllm-ascend-src.sh ~/.cache/stage/venvs/src) \\
-    ~/.cache/stage/venvs/vllm-ascend/bin/python -m unittest -v tests.test_vllm_ascend
+    ~/.cache/stage/venvs/vllm-0.23/bin/python -m unittest -v tests.test_vllm_ascend
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def load() -> str:
         import torch  # noqa: F401
         import vllm
     except ImportError as e:
-        return "torch and vllm are not importable here (%s): use the venv of python/requirements/vllm-ascend.txt" % e
+        return "torch and vllm are not importable here (%s): use the venv of python/requirements/vllm-0.23.txt" % e
     if vllm.__version__ != "0.23.0":
         return "vllm %s is installed; vllm-ascend %s pairs with vllm 0.23.0" % (vllm.__version__, VERSION)
     for p in (SRC, STANDIN):
