@@ -71,11 +71,13 @@ bundle_pack() {
 bundle_partdir() { if [ -d "$1/$2$4" ]; then echo "$1/$2$4"; else echo "$3/$2$4"; fi; }
 
 bundle_stash() {
-  local root=$1 prefix=$2 stash=$3 d man k sha size f
+  local root=$1 prefix=$2 stash=$3 only=${4:-} d man k sha size f n=0
   mkdir -p "$stash" || return 1
   for d in "$root/$prefix"[0-9]; do
     [ -d "$d" ] || continue
-    cp -r "$d" "$stash/" || return 1
+    [ -n "$only" ] && [ "$d" != "$root/$prefix$only" ] && continue
+    rm -rf "${stash:?}/${d##*/}" && cp -rL "$d" "$stash/" || return 1
+    n=$((n + 1))
     man=$d/MANIFEST; k=${d##*"$prefix"}
     read -r _ _ sha size < <(grep "^part $k " "$man")
     f=$stash/$prefix$k/bundle.tar.$k
@@ -84,6 +86,7 @@ bundle_stash() {
     fi
     echo "stash: $prefix$k checked ($size bytes) in $stash"
   done
+  [ "$n" -gt 0 ] || { echo "stash: no $prefix${only:-N} was carried on this call" >&2; return 1; }
   ls -l "$stash"
 }
 

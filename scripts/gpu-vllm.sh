@@ -27,7 +27,9 @@
 #
 # Optional, off by default (items 3 and 4 of issue 34 are not prepared here):
 # GPU_VLLM_ARGS adds words to the driver's `pair` (e.g. "--eager", "--modes pull",
-# "--transports tcp", "--no-fault", "--prompts 24").
+# "--transports tcp", "--no-fault", "--prompts 24"); GPU_VLLM_ENGINE_ARGS adds words
+# to both vLLM command lines (e.g. "--attention-backend TRITON_ATTN" should
+# FlashAttention 3, the only FlashAttention carried, not serve).
 #
 # Files back ($OUT, 7): gpu-vllm.log (this script: machine, install, imports),
 # phases.jsonl (one JSON line per phase), summary.txt, vllm-prefill.log,
@@ -127,13 +129,7 @@ pair() {
 
 main() {
   case ${1:-} in
-    stash)
-      if [ -n "${2:-}" ]; then
-        [ -d "$ROOT/.vw$2" ] || { echo "stash: .vw$2 was not carried on this call" >&2; return 1; }
-        local tmp; tmp=$(mktemp -d) && ln -s "$ROOT/.vw$2" "$tmp/.vw$2" && bundle_stash "$tmp" .vw "$STASH"; local rc=$?
-        rm -rf "$tmp"; return $rc
-      fi
-      bundle_stash "$ROOT" .vw "$STASH" ;;
+    stash) bundle_stash "$ROOT" .vw "$STASH" "${2:-}" ;;
     install) machine; install ;;
     run)
       machine

@@ -185,7 +185,7 @@ def engine_class() -> Any:
             self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                          "--port", str(self.port), "--host", "127.0.0.1", "--seed", "0",
                          "--max-model-len", str(args.max_model_len), "--max-num-seqs", "32",
-                         "--block-size", str(block), "--kv-transfer-config", json.dumps(ktc)]
+                         "--block-size", str(block), "--kv-transfer-config", json.dumps(ktc)] + args.engine_args.split()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
                 VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1",
@@ -274,12 +274,19 @@ def batch(url: str, prompts: Sequence[List[int]], model: str, args: argparse.Nam
 
 
 def reset_prefix_cache(url: str) -> str:
-    try:
-        req = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return "ok %d" % r.status
-    except OSError as e:
-        return "failed: %s" % e
+    """vLLM's dev route (VLLM_SERVER_DEV_MODE=1): {"success": false} while blocks are held, so a few tries."""
+    last = ""
+    for _ in range(10):
+        try:
+            req = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
+            with urllib.request.urlopen(req, timeout=30) as r:
+                last = r.read().decode("utf-8", "replace")[:200]
+                if json.loads(last).get("success") is not False:
+                    return "ok"
+        except (OSError, ValueError) as e:
+            last = "%s: %s" % (type(e).__name__, e)
+        time.sleep(0.5)
+    return "failed: %s" % last
 
 
 class Pair:
@@ -578,6 +585,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--transports", default="tcp,auto")
     p.add_argument("--modes", default="pull,push")
     p.add_argument("--no-fault", dest="fault", action="store_false")
+    p.add_argument("--engine-args", default=os.environ.get("GPU_VLLM_ENGINE_ARGS", ""),
+                   help="more words for both api_server command lines (e.g. --attention-backend TRITON_ATTN)")
     a = ap.parse_args(argv)
     if a.cmd == "imports":
         return imports()
