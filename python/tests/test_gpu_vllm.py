@@ -17,6 +17,7 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, HERE)
 
 import gpu_vllm_parts as parts  # noqa: E402
 import gpu_vllm_wheel as wheel  # noqa: E402
@@ -111,7 +112,10 @@ class TestSidecarConfig(unittest.TestCase):
         with open(cfg, "w") as f:
             f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p.sock"), "127.0.0.1:0",
                                          "hostmem", 0, [("decode", "127.0.0.1:9")], "auto"))
-        p = subprocess.Popen([staged, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        from test_e2e import sidecar_env  # the token the driver's sidecars get too
+
+        p = subprocess.Popen([staged, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=sidecar_env())
         try:
             line = p.stdout.readline().decode()  # type: ignore[union-attr]
         finally:
