@@ -487,8 +487,31 @@ def run_pair(args: argparse.Namespace) -> int:
             with open(os.path.join(args.out, "staged-%s.log" % sc.name), "w") as f:
                 f.write(sc.tail(400))
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
-        f.write(summary(os.path.join(args.out, "phases.jsonl"), args))
+        f.write(header(args) + summary(os.path.join(args.out, "phases.jsonl"), args))
     return 0
+
+
+def header(args: argparse.Namespace) -> str:
+    """Machine, versions and tree of the run, for the summary's first lines."""
+    def out(cmd: List[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+
+    gpus = "CPU (--cpu)" if args.cpu else out(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).replace(
+        "\n", ", ")
+    try:
+        import vllm
+        import torch
+
+        vers = "vllm %s, torch %s" % (vllm.__version__, torch.__version__)
+    except Exception as e:  # noqa: BLE001 - the header says so rather than failing the summary
+        vers = "versions unknown: %s" % e
+    return ("gpu-vllm pair, %s, %s, %s, tree %s; prompts %d (%d-%d tokens), %d concurrent, %d tokens each,"
+            " timeout_s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gpus, vers,
+                                   out(["git", "describe", "--always", "--dirty"]) or "?", args.prompts, args.min_len,
+                                   args.max_len, args.concurrency, args.max_tokens, args.timeout_s))
 
 
 def summary(path: str, args: Optional[argparse.Namespace] = None) -> str:
