@@ -84,8 +84,11 @@ def log(msg: str) -> None:
 class Sidecar:
     """One staged with a fixed socket, port and config file, so that a restart comes back the same."""
 
-    def __init__(self, staged: str, name: str, workdir: str, device: str, ordinal: int, pids: str) -> None:
-        self.staged, self.name, self.device, self.ordinal, self.pids = staged, name, device, ordinal, pids
+    def __init__(self, staged: str, name: str, workdir: str, device: str, gpu: int, pids: str) -> None:
+        # The connector registers its cache with the tensor's device index, which is the engine's own
+        # numbering (vLLM runs with CUDA_VISIBLE_DEVICES=<gpu>: index 0); so the sidecar sees the same one
+        # GPU as its engine and serves ordinal 0, as a sidecar in the engine's pod would.
+        self.staged, self.name, self.device, self.gpu, self.pids = staged, name, device, gpu, pids
         self.dir = os.path.join(workdir, name)
         os.makedirs(os.path.join(self.dir, "s"), exist_ok=True)
         self.socket = os.path.join(self.dir, "s", name + ".sock")
@@ -100,15 +103,18 @@ class Sidecar:
 
     def write(self) -> None:
         with open(self.config, "w") as f:
-            f.write(sidecar_config(self.name, self.addr, self.socket, self.metrics, self.device, self.ordinal,
+            f.write(sidecar_config(self.name, self.addr, self.socket, self.metrics, self.device, 0,
                                    self.routes, self.transport))
 
     def start(self, timeout: float = 60) -> None:
         self.write()
         self.starts += 1
         logf = open(self.log, "ab")
+        env = sidecar_env()
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         self.proc = subprocess.Popen([self.staged, "--config", self.config], stdout=logf, stderr=subprocess.STDOUT,
-                                     env=sidecar_env(), start_new_session=True)
+                                     env=env, start_new_session=True)
         logf.close()
         note_pid(self.pids, self.proc.pid)
         deadline = time.monotonic() + timeout
