@@ -441,7 +441,7 @@ class Pair:
             self.record("fault-restart", restarted=False, error=str(e)[-800:])
             return
         time.sleep(3.0)
-        ps2 = make_prompts([200, 900], a.vocab, seed + 1)
+        ps2 = make_prompts([a.max_len // 4 + 1, a.max_len // 2 + 1], a.vocab, seed + 1)
         reset_prefix_cache(self.dec.url)
         alone2, _ = batch(self.dec.url, ps2, a.model, a)
         reset_prefix_cache(self.dec.url)
