@@ -19,7 +19,11 @@
 # pip download), GPU_VLLM_MIRROR_PYTHON (default /tmp/gv-mirror/venv/bin/python
 # where it exists: a python3.12 venv holding torch 2.11.0 and the machine's
 # other packages, none of the carried ones; unset or missing: the check is
-# skipped, and says so), GPU_VLLM_PARTS (auto).
+# skipped, and says so), GPU_VLLM_PARTS (auto). The mirror used on 2026-11-28
+# was a hard-linked copy of a vllm 0.23 venv (torch 2.11.0+cu130), every
+# distribution not on KINDS.md's list of the machine's packages removed (by
+# its RECORD), then transformers 5.17.0, huggingface_hub 1.33.0 and tokenizers
+# 0.23.2 installed as the machine has them; no script makes it yet.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 CACHE=${GPU_VLLM_CACHE:-$HOME/.cache/stage/gpu-vllm}
