@@ -117,8 +117,10 @@ def _kv_line(kv: Dict[str, Dict[str, float]]) -> str:
         b_in = sum(v for k, v in d.items() if k.startswith("stage_bytes_total") and "direction=in" in k)
         ts = sum(v for k, v in d.items() if k.startswith("stage_transfer_duration_seconds_sum"))
         tn = sum(v for k, v in d.items() if k.startswith("stage_transfer_duration_seconds_count"))
-        parts.append("%s: out %.1f MiB, in %.1f MiB, %d transfers, %.3f s mean" % (
-            side, b_out / MIB, b_in / MIB, tn, ts / tn if tn else 0.0))
+        fb = sum(v for k, v in d.items() if k.startswith("stage_transport_fallbacks_total"))
+        parts.append("%s: out %.1f MiB, in %.1f MiB, %d transfers, %.3f s mean%s" % (
+            side, b_out / MIB, b_in / MIB, tn, ts / tn if tn else 0.0,
+            ", %d same-node fallbacks to TCP" % fb if fb else ""))
     return "; ".join(parts)
 
 

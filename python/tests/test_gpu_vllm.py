@@ -89,6 +89,9 @@ class TestMetrics(unittest.TestCase):
                          "stage_transfer_duration_seconds_sum{direction=pull,result=ok}": 1.0,
                          "stage_transfer_duration_seconds_count{direction=pull,result=ok}": 4.0}}
         self.assertIn("decode: out 0.0 MiB, in 2.0 MiB, 4 transfers, 0.250 s mean", parts._kv_line(kv))
+        kv["prefill"] = {"stage_transport_fallbacks_total{reason=ipc_open}": 3.0}
+        self.assertIn("prefill: out 0.0 MiB, in 0.0 MiB, 0 transfers, 0.000 s mean, 3 same-node fallbacks to TCP",
+                      parts._kv_line(kv))
 
 
 class TestSidecarConfig(unittest.TestCase):
