@@ -125,6 +125,14 @@ gpu-build:
 gpu-peers-wheels:
 	GO=$(GO) bash scripts/gpu-peers-wheels.sh
 
+# vLLM 0.26.0 (stripped), the packages python/requirements/gpu-vllm.txt pins,
+# stage_client's wheel and stage's binaries for scripts/gpu-vllm.sh, in carry
+# folders .vw1 .. .vwN of at most 58 MiB (one per device call), checked here
+# by import over a mirror of the GPU machine's Python (the script's header).
+.PHONY: gpu-vllm-wheels
+gpu-vllm-wheels:
+	GO=$(GO) bash scripts/gpu-vllm-wheels.sh
+
 clean:
 	rm -rf $(BIN) .dev
 
