@@ -279,6 +279,18 @@ func (c *Client) Register(ctx context.Context, r Region) error {
 	return err
 }
 
+// Join puts the connection into the group named by token, a secret the
+// group's connections share (at least wire.MinGroup bytes, at most
+// wire.MaxGroup): they may then use, unregister, check and cancel each
+// other's regions, KV caches and transfers, and each subscriber hears of
+// the group's transfers. It must be the connection's first request
+// (PROTOCOL.md 9.18); without it a connection is a group of its own.
+func (c *Client) Join(ctx context.Context, token []byte) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Join{Req: req, Group: token}, -1)
+	return err
+}
+
 // Unregister removes a region. Transfers still using it keep it mapped
 // until they end; UnregisterWait says when the memory may be freed.
 func (c *Client) Unregister(ctx context.Context, name string) error {
@@ -421,7 +433,8 @@ func (c *Client) Routes(ctx context.Context) ([]wire.RouteInfo, error) {
 	return r, c.query(ctx, wire.QueryRoutes, "", &r)
 }
 
-// Regions lists the sidecar's registered regions.
+// Regions lists the regions of this connection and its group (Join);
+// other engines' are not listed.
 func (c *Client) Regions(ctx context.Context) ([]wire.RegionInfo, error) {
 	var r []wire.RegionInfo
 	return r, c.query(ctx, wire.QueryRegions, "", &r)

@@ -19,6 +19,9 @@ import (
 var stagedBin string
 
 func TestMain(m *testing.M) {
+	if sock := os.Getenv(engineEnv); sock != "" { // this binary run as an engine (restart_test.go)
+		os.Exit(runEngine(sock))
+	}
 	// On a machine without Go (the GPU machine), STAGED_BIN names a
 	// prebuilt staged.
 	bin, cleanup, err := sidecars.Binary(raceBuild)

@@ -132,7 +132,7 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
 		ss.answererOf(m.Transfer).nack(ss, m.Transfer, err, time.Now())
 	case *wire.CatalogRequest:
-		ss.send(&wire.Catalog{Seq: m.Seq, Regions: s.regions.Infos(true)})
+		ss.send(&wire.Catalog{Seq: m.Seq, Regions: s.regions.Infos()})
 	case *wire.Catalog:
 		ss.mu.Lock()
 		ch := ss.catalog[m.Seq]

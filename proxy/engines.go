@@ -8,6 +8,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/engine"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/routing"
 	"github.com/stage-kv/stage/wire"
 )
@@ -20,18 +21,20 @@ type engineHost struct{ s *Server }
 
 var _ engine.Backend = engineHost{}
 
-func (h engineHost) Unregister(name string) error { return h.s.regions.Unregister(name) }
+func (h engineHost) Unregister(o engine.Owner, name string) error {
+	return h.s.regions.Unregister(o.Group, name)
+}
 
-func (h engineHost) UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error {
-	return h.s.regions.UnregisterWait(name, wait, cancel)
+func (h engineHost) UnregisterWait(o engine.Owner, name string, wait time.Duration, cancel <-chan struct{}) error {
+	return h.s.regions.UnregisterWait(o.Group, name, wait, cancel)
 }
 
 // RegisterKV registers a KV cache; when it replaced one of another shape,
 // peers that cached the old shape forget it (an unasked KVInfo, Seq 0), so
 // their next transfer asks again instead of being refused; one already on
 // its way is refused and may be retried.
-func (h engineHost) RegisterKV(m *wire.RegisterKV) error {
-	reshaped, err := h.s.kv.register(m)
+func (h engineHost) RegisterKV(o engine.Owner, m *wire.RegisterKV) error {
+	reshaped, err := h.s.kv.register(region.Owner(o), m)
 	if err != nil {
 		return err
 	}
@@ -43,8 +46,8 @@ func (h engineHost) RegisterKV(m *wire.RegisterKV) error {
 	return nil
 }
 
-func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
-	lx, err := h.submit(h.s.ctx, m, wait)
+func (h engineHost) Submit(o engine.Owner, m *wire.Submit, wait bool) (engine.Transfer, error) {
+	lx, err := h.submit(h.s.ctx, o.Group, m, wait)
 	if errors.Is(err, routing.ErrNoSession) {
 		return nil, engine.ErrWouldWait
 	}
@@ -53,9 +56,9 @@ func (h engineHost) Submit(m *wire.Submit, wait bool) (engine.Transfer, error) {
 
 // SubmitKV also counts the time to accept (the first KV transfer to a
 // peer's cache waits for its shape).
-func (h engineHost) SubmitKV(m *wire.SubmitKV) (engine.Transfer, error) {
+func (h engineHost) SubmitKV(o engine.Owner, m *wire.SubmitKV) (engine.Transfer, error) {
 	t0 := time.Now()
-	lx, err := h.submitKV(h.s.ctx, m)
+	lx, err := h.submitKV(h.s.ctx, o.Group, m)
 	if err == nil {
 		h.s.metrics.kvAccepts.Add(1)
 		h.s.metrics.kvAcceptN.Add(uint64(time.Since(t0)))
@@ -63,12 +66,13 @@ func (h engineHost) SubmitKV(m *wire.SubmitKV) (engine.Transfer, error) {
 	return engineXfer(lx, err)
 }
 
-func (h engineHost) Lookup(id uint64) (engine.Transfer, error) {
-	return engineXfer(h.lookup(id))
+func (h engineHost) Lookup(o engine.Owner, id uint64) (engine.Transfer, error) {
+	return engineXfer(h.lookup(o.Group, id))
 }
 
-// Query answers stagectl's stats, routes, regions and catalog queries.
-func (h engineHost) Query(q *wire.Query) ([]byte, error) {
+// Query answers stagectl's stats, routes, regions and catalog queries;
+// an engine's regions query lists its group's regions only.
+func (h engineHost) Query(o engine.Owner, q *wire.Query) ([]byte, error) {
 	s := h.s
 	switch q.What {
 	case wire.QueryStats:
@@ -76,7 +80,7 @@ func (h engineHost) Query(q *wire.Query) ([]byte, error) {
 	case wire.QueryRoutes:
 		return json.Marshal(s.Routes())
 	case wire.QueryRegions:
-		return json.Marshal(s.regions.Infos(false))
+		return json.Marshal(s.regions.InfosOf(o.Group))
 	case wire.QueryCatalog:
 		// Arg is the route's name, or route@peer on a route of several.
 		routeName, peerName, _ := strings.Cut(q.Arg, "@")
@@ -115,7 +119,7 @@ func (t engineTransfer) Done() <-chan struct{}              { return t.lx.done }
 func (t engineTransfer) WhenDone(f func())                  { t.lx.whenDone(f) }
 
 // Register validates a Register and imports the memory.
-func (h engineHost) Register(m *wire.Register, fd int) error {
+func (h engineHost) Register(o engine.Owner, m *wire.Register, fd int) error {
 	s := h.s
 	if m.Name == "" {
 		return codeErr(wire.CodeBadRequest, "region name is empty")
@@ -137,13 +141,5 @@ func (h engineHost) Register(m *wire.Register, fd int) error {
 		return codeErr(wire.CodeBadRequest, "region %q: a %s handle needs its fd sent with the frame (SCM_RIGHTS)", m.Name, hk)
 	}
 	dh := device.Handle{Kind: hk, Bytes: m.HandleRaw, FD: fd, Size: m.AllocSize}
-	return s.regions.Register(m.Name, dh, m.Access, m.Offset, m.Length)
-}
-
-// notify tells every engine that subscribed about a transfer that
-// finished here.
-func (s *Server) notify(n *wire.Notify) {
-	if s.engines != nil {
-		s.engines.Notify(n)
-	}
+	return s.regions.Register(region.Owner(o), m.Name, dh, m.Access, m.Offset, m.Length)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/proxy/engine"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/wire"
 )
@@ -29,13 +30,13 @@ func TestErrorsIsThroughLayers(t *testing.T) {
 	s := &Server{dev: dev, regions: region.NewTable(dev, nil)}
 	reg := &wire.Register{Name: "kv", Access: wire.AccessLocalRead, Handle: uint8(device.HandleCUDAIPC),
 		HandleRaw: []byte{1, 2, 3}, AllocSize: 4096, Length: 4096}
-	registerErr := engineHost{s}.Register(reg, -1)
+	registerErr := engineHost{s}.Register(engine.Owner{Conn: 1, Group: "c:1"}, reg, -1)
 	for _, tc := range []struct {
 		layer string
 		err   error
 		code  wire.Code
 	}{
-		{"region table", s.regions.Register("kv2", device.Handle{Kind: device.HandleCUDAIPC, Bytes: []byte{4}, FD: -1, Size: 64}, wire.AccessLocalRead, 0, 64), wire.CodeDevice},
+		{"region table", s.regions.Register(region.Owner{}, "kv2", device.Handle{Kind: device.HandleCUDAIPC, Bytes: []byte{4}, FD: -1, Size: 64}, wire.AccessLocalRead, 0, 64), wire.CodeDevice},
 		{"control socket's Register", registerErr, wire.CodeDevice},
 		{"an op of a transfer", codeErr(errCode(registerErr), "op %d: %w", 3, registerErr), wire.CodeDevice},
 		{"the sender core's verdict", coreErr(fmt.Errorf("chunk 2: %w", registerErr)), wire.CodeDevice},

@@ -26,6 +26,7 @@ const kvInfoTimeout = 5 * time.Second
 // and per layer the regions that hold its tensors.
 type kvCache struct {
 	name   string
+	owner  region.Owner // who registered it; its regions are its group's
 	layout kvlayout.Layout
 	layers [][]string
 	shape  wire.KVShape
@@ -150,7 +151,7 @@ func sameShape(a, b *wire.KVShape) bool {
 // transfer uses them: a region may be registered anew meanwhile). A name
 // registered again is replaced; reshaped says it had another shape, which
 // peers that cached it must forget (engineHost.RegisterKV tells them).
-func (t *kvTable) register(m *wire.RegisterKV) (reshaped bool, err error) {
+func (t *kvTable) register(o region.Owner, m *wire.RegisterKV) (reshaped bool, err error) {
 	if m.Name == "" {
 		return false, codeErr(wire.CodeBadRequest, "KV cache needs a name")
 	}
@@ -159,7 +160,7 @@ func (t *kvTable) register(m *wire.RegisterKV) (reshaped bool, err error) {
 		return false, codeErr(wire.CodeBadRequest, "KV cache %q has no layers", m.Name)
 	}
 	for i, names := range m.Layers {
-		rs, err := t.regionsOf(&l, names, 0)
+		rs, err := t.regionsOf(&l, o.Group, names, 0)
 		if err != nil {
 			return false, codeErr(errCode(err), "KV cache %q layer %d: %w", m.Name, i, err)
 		}
@@ -171,21 +172,25 @@ func (t *kvTable) register(m *wire.RegisterKV) (reshaped bool, err error) {
 		return false, codeErr(wire.CodeUnsupported, "KV cache %q: the %s backend moves KV rows with plain copies, and this layout keeps a token's heads apart (HND-like: head stride %d B, row %d B); register a layout with a token's heads together (NHD, as vllm-ascend's), and let a CUDA peer convert",
 			m.Name, k, l.Parts[0].HeadStride, uint64(l.Parts[0].Width)*l.DType.Size())
 	}
-	c := &kvCache{name: m.Name, layout: l, layers: m.Layers, shape: shapeOf(&l)}
+	c := &kvCache{name: m.Name, owner: o, layout: l, layers: m.Layers, shape: shapeOf(&l)}
 	t.mu.Lock()
 	old := t.caches[m.Name]
+	if old != nil && old.owner.Group != o.Group {
+		t.mu.Unlock()
+		return false, codeErr(wire.CodeExists, "KV cache %q is registered by another engine connection; choose another name, or wait until its owner closes its connection", m.Name)
+	}
 	t.caches[m.Name] = c
 	t.mu.Unlock()
 	return old != nil && !sameShape(&old.shape, &c.shape), nil
 }
 
-// regionsOf acquires one layer's regions with rights want and checks the
-// layout against their lengths.
-func (t *kvTable) regionsOf(l *kvlayout.Layout, names []string, want wire.Access) ([]*region.Region, error) {
+// regionsOf acquires one layer's regions, which must be group's, with
+// rights want and checks the layout against their lengths.
+func (t *kvTable) regionsOf(l *kvlayout.Layout, group string, names []string, want wire.Access) ([]*region.Region, error) {
 	if n := l.NumTensors(); len(names) != n {
 		return nil, codeErr(wire.CodeBadRequest, "%d regions for a layout of %d tensors", len(names), n)
 	}
-	rs, err := t.regions.AcquireAll(names, want)
+	rs, err := t.regions.AcquireOwn(group, names, want)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +220,7 @@ func (t *kvTable) side(c *kvCache, layers []uint32, want wire.Access, table []ui
 			region.ReleaseAll(regions)
 			return nil, nil, codeErr(wire.CodeOutOfRange, "KV cache %q has %d layers; the transfer names layer %d", c.name, len(c.layers), layer)
 		}
-		rs, err := t.regionsOf(&c.layout, c.layers[layer], want)
+		rs, err := t.regionsOf(&c.layout, c.owner.Group, c.layers[layer], want)
 		if err != nil {
 			region.ReleaseAll(regions)
 			return nil, nil, codeErr(errCode(err), "KV cache %q layer %d: %w", c.name, layer, err)

@@ -59,12 +59,12 @@ func (n nodeSession) IncomingPush(id uint64, wait bool) node.Incoming {
 	return nodeIn{x}
 }
 
-func (n nodeSession) ServedPull(id uint64, tag string, bytes uint64) {
+func (n nodeSession) ServedPull(id uint64, tag string, bytes uint64, regions []*region.Region) {
 	ss := n.ss
 	ss.link.XfersOK.Add(1)
 	ss.link.XfersIPC.Add(1)
 	ss.link.BytesOut.Add(bytes)
-	ss.s.notify(&wire.Notify{Transfer: id, Peer: ss.peerName, Route: routeName(ss), Tag: tag, Dir: wire.Pull, Bytes: bytes})
+	ss.s.notify(&wire.Notify{Transfer: id, Peer: ss.peerName, Route: routeName(ss), Tag: tag, Dir: wire.Pull, Bytes: bytes}, regions)
 }
 
 type nodeIn struct{ x *inXfer }

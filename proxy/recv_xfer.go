@@ -72,7 +72,7 @@ func (p peerPush) finish(x *inXfer, bytes uint64, err error) {
 	if err != nil {
 		n.Code, n.Message = errCode(err), err.Error()
 	}
-	s.notify(n)
+	s.notify(n, x.regions)
 }
 
 // recvOut is what one step of a session's receive core returned, with the

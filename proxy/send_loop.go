@@ -218,7 +218,7 @@ func (p servedPull) done(ox *outXfer, bytes uint64, cerr error) {
 	} else {
 		ox.ss.link.XfersOK.Add(1)
 	}
-	ox.ss.s.notify(n)
+	ox.ss.s.notify(n, ox.regions)
 }
 
 // retired keeps the pull's core key past its end (session.retired), so

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/engine"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
@@ -25,6 +26,7 @@ type localXfer struct {
 	total   uint64
 	ss      *session
 	timeout time.Duration
+	group   string // the owner's group: who may check, wait for and cancel it (owner.go)
 
 	mu      sync.Mutex
 	state   wire.State
@@ -111,7 +113,7 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 // submit validates and starts an engine's transfer. Nothing moves and no
 // state changes unless every check passes. With wait false it does not
 // wait for a session to the peer: routing.ErrNoSession says it would have.
-func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*localXfer, error) {
+func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wait bool) (*localXfer, error) {
 	s := h.s
 	r, err := h.openRoute(m.Route)
 	if err != nil {
@@ -124,7 +126,7 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 	if m.Dir == wire.Pull {
 		want = wire.AccessLocalWrite
 	}
-	regions, err := s.regions.AcquireAll(m.LocalNames, want)
+	regions, err := s.regions.AcquireOwn(group, m.LocalNames, want)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +152,7 @@ func (h engineHost) submit(ctx context.Context, m *wire.Submit, wait bool) (*loc
 	}
 	checksum := checksumFor(r, m.Checksum)
 	id := s.newID()
-	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
+	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss, group: group,
 		timeout: r.Conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
 	s.xfers.add(lx)
 	keep = true
@@ -286,30 +288,40 @@ func (s *Server) finishLocal(lx *localXfer, err error) {
 	s.xfers.finish(lx.id)
 }
 
-// Cancel cancels an engine's transfer.
-func (h engineHost) Cancel(id uint64) error {
-	s := h.s
-	lx := s.xfers.get(id)
-	if lx == nil {
-		return codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
+// Cancel cancels an engine's transfer of group g.
+func (h engineHost) Cancel(o engine.Owner, id uint64) error {
+	lx, err := h.lookup(o.Group, id)
+	if err != nil {
+		return err
 	}
-	err := codeErr(wire.CodeCancelled, "cancelled by the engine")
+	h.s.abortLocal(lx, codeErr(wire.CodeCancelled, "cancelled by the engine"), "cancelled by the peer's engine", true)
+	return nil
+}
+
+// abortLocal ends an engine's transfer with err and tells the peer why
+// (peerMsg); cancel: the sender core ends a push as cancelled, else with
+// err.
+func (s *Server) abortLocal(lx *localXfer, err error, peerMsg string, cancel bool) {
 	ss := lx.ss
-	ss.send(&wire.Nack{Transfer: lx.wireID, Code: wire.CodeCancelled, Message: "cancelled by the peer's engine"})
+	ss.send(&wire.Nack{Transfer: lx.wireID, Code: errCode(err), Message: peerMsg})
 	if lx.dir == wire.Pull {
 		if x := ss.lookupIn(lx.wireID); x != nil {
 			x.fail(err, false)
 		}
-		return nil
+		return
 	}
 	if ss.takeInline(lx.wireID) != nil {
 		s.finishLocal(lx, err)
-		return nil
+		return
 	}
-	if !ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
-		s.sender.post(staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()})
+	if ss.node.Nack(lx.wireID, err) { // a direct push stops at its next step
+		return
 	}
-	return nil
+	ev := staging.Event{Kind: staging.EvNack, Session: ss.id, Transfer: staging.Key(lx.id), Err: err, Now: time.Now()}
+	if cancel {
+		ev = staging.Event{Kind: staging.EvCancel, Transfer: staging.Key(lx.id), Now: time.Now()}
+	}
+	s.sender.post(ev)
 }
 
 // failAllLocal fails every unfinished engine transfer (shutdown).
@@ -322,11 +334,14 @@ func (s *Server) failAllLocal(err error) {
 	}
 }
 
-// lookup is the engine's transfer id.
-func (h engineHost) lookup(id uint64) (*localXfer, error) {
+// lookup is the transfer id of an engine of group g.
+func (h engineHost) lookup(g string, id uint64) (*localXfer, error) {
 	lx := h.s.xfers.get(id)
 	if lx == nil {
 		return nil, codeErr(wire.CodeUnknownTransfer, "transfer %d is unknown (finished long ago, or never submitted here)", id)
+	}
+	if lx.group != g {
+		return nil, codeErr(wire.CodeAccessDenied, "transfer %d belongs to another engine connection; a connection may check, wait for and cancel only its own transfers and those of its group (Join, PROTOCOL.md 9.18)", id)
 	}
 	return lx, nil
 }

@@ -21,15 +21,15 @@ import (
 // submitKV validates and starts an engine's KV transfer. Nothing moves
 // unless every check passes on this side; the peer checks its side when
 // the request arrives and refuses with a Nack naming what is wrong.
-func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer, error) {
+func (h engineHost) submitKV(ctx context.Context, group string, m *wire.SubmitKV) (*localXfer, error) {
 	s := h.s
 	r, err := h.openRoute(m.Route)
 	if err != nil {
 		return nil, err
 	}
-	c := s.kv.get(m.Local)
-	if c == nil {
-		return nil, codeErr(wire.CodeUnknownRegion, "KV cache %q is not registered here", m.Local)
+	c, err := s.kv.own(group, m.Local)
+	if err != nil {
+		return nil, err
 	}
 	if m.Tokens == 0 {
 		return nil, codeErr(wire.CodeBadRequest, "KV transfer of 0 tokens")
@@ -75,7 +75,7 @@ func (h engineHost) submitKV(ctx context.Context, m *wire.SubmitKV) (*localXfer,
 	}
 	total := side.Len()
 	id := s.newID()
-	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss,
+	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss, group: group,
 		timeout: r.Conf().ProgressTimeout, state: wire.StateRunning, started: time.Now(), done: make(chan struct{})}
 	req := wire.KVRequest{Transfer: lx.wireID, Tag: m.Tag, Total: total, Name: m.Remote, Layers: remoteLayers,
 		Blocks: m.RemoteBlocks, First: m.RemoteFirst, Tokens: m.Tokens, HeadLo: headLo, HeadHi: headHi,

@@ -285,7 +285,7 @@ func (m *KVInfo) decode(d *decoder) {
 	d.kvShape("Shape", &m.Shape)
 }
 
-// decodeKVMsg is decodeMsg for the KV frames; nil for any other type.
+// decodeKVMsg is decodeMsg for the KV frames, then Join (decodeJoin).
 func decodeKVMsg(t Type, d *decoder) Msg {
 	switch t {
 	case TypeRegisterKV:
@@ -313,5 +313,5 @@ func decodeKVMsg(t Type, d *decoder) Msg {
 		m.decode(d)
 		return m
 	}
-	return nil
+	return decodeJoin(t, d)
 }

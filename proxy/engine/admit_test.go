@@ -21,7 +21,7 @@ import (
 func serveAdmit(t *testing.T, max int, firstReq time.Duration) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "s", "c.sock")
-	l, err := Listen(path, fakeBackend{make(chan struct{})}, zap.NewNop(), Options{MaxClients: max, FirstRequestTimeout: firstReq})
+	l, err := Listen(path, fakeBackend{done: make(chan struct{})}, zap.NewNop(), Options{MaxClients: max, FirstRequestTimeout: firstReq})
 	if err != nil {
 		t.Fatal(err)
 	}

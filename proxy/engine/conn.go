@@ -3,6 +3,9 @@
 // SCM_RIGHTS) and a writer fed by a bounded queue, with small answers
 // written at once by whoever produced them when that queue is empty. What
 // a request does is the Backend's business: the sidecar implements it.
+// Each connection is an Owner, a group of its own until its first request
+// joins one (Join); every request names it, Notify reaches the groups it
+// is given, and the Backend hears when a connection ended (Closed).
 package engine
 
 import (
@@ -10,7 +13,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,7 +46,20 @@ type client struct {
 	// latency path saves a goroutine hand-off.
 	wmu     sync.Mutex
 	pending int
+
+	// owner is the connection and its group: set when the reader starts,
+	// changed only by Join (its first request), under l.mu (Notify reads
+	// the group there). started: a request other than Join came (reader
+	// only).
+	owner   Owner
+	started bool
 }
+
+// conns numbers the control-socket connections of the process.
+var conns atomic.Uint64
+
+// ownGroup is the group of a connection that joined none: itself.
+func ownGroup(conn uint64) string { return "c:" + strconv.FormatUint(conn, 10) }
 
 // ErrWouldWait is what Backend.Submit returns, with wait false, for a
 // transfer that would block.
@@ -154,8 +172,14 @@ func (c *client) writeLoop() {
 }
 
 func (c *client) readLoop() {
+	n := conns.Add(1)
+	c.l.mu.Lock()
+	c.owner = Owner{Conn: n, Group: ownGroup(n)}
+	c.l.mu.Unlock()
 	defer c.l.wg.Done()
 	defer c.wg.Done()
+	// Once every request is answered: what the connection registered goes.
+	defer func() { c.l.b.Closed(c.owner) }()
 	defer c.waits.Wait()
 	defer c.close()
 	var buf []byte
@@ -189,10 +213,16 @@ func (c *client) readLoop() {
 }
 
 func (c *client) handle(m wire.Msg, fd int) {
-	b := c.l.b
+	b, o := c.l.b, c.owner
+	if j, ok := m.(*wire.Join); ok {
+		unixsock.CloseFD(fd)
+		c.join(j)
+		return
+	}
+	c.started = true
 	switch m := m.(type) {
 	case *wire.Register:
-		err := b.Register(m, fd)
+		err := b.Register(o, m, fd)
 		unixsock.CloseFD(fd) // the import keeps what it needs
 		if err != nil {
 			c.fail(m.Req, err)
@@ -201,7 +231,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.reply(&wire.OK{Req: m.Req})
 		return
 	case *wire.RegisterKV:
-		if err := b.RegisterKV(m); err != nil {
+		if err := b.RegisterKV(o, m); err != nil {
 			c.fail(m.Req, err)
 		} else {
 			c.reply(&wire.OK{Req: m.Req})
@@ -212,7 +242,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.waits.Add(1)
 		go func() {
 			defer c.waits.Done()
-			x, err := b.SubmitKV(m)
+			x, err := b.SubmitKV(o, m)
 			if err != nil {
 				c.fail(m.Req, err)
 				return
@@ -221,7 +251,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		}()
 	case *wire.Unregister:
 		if m.WaitMs == 0 {
-			if err := b.Unregister(m.Name); err != nil {
+			if err := b.Unregister(o, m.Name); err != nil {
 				c.fail(m.Req, err)
 			} else {
 				c.reply(&wire.OK{Req: m.Req})
@@ -233,7 +263,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.waits.Add(1)
 		go func() {
 			defer c.waits.Done()
-			if err := b.UnregisterWait(m.Name, unregisterWait(m.WaitMs), c.dead); err != nil {
+			if err := b.UnregisterWait(o, m.Name, unregisterWait(m.WaitMs), c.dead); err != nil {
 				c.fail(m.Req, err)
 			} else {
 				c.reply(&wire.OK{Req: m.Req})
@@ -244,14 +274,14 @@ func (c *client) handle(m wire.Msg, fd int) {
 	case *wire.SubmitWait:
 		c.submit(&m.Submit, true)
 	case *wire.Status:
-		x, err := b.Lookup(m.Transfer)
+		x, err := b.Lookup(o, m.Transfer)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
 		}
 		c.reply(x.Status(m.Req))
 	case *wire.Wait:
-		x, err := b.Lookup(m.Transfer)
+		x, err := b.Lookup(o, m.Transfer)
 		if err != nil {
 			c.fail(m.Req, err)
 			return
@@ -274,7 +304,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 			c.reply(x.Status(m.Req))
 		}()
 	case *wire.Cancel:
-		if err := b.Cancel(m.Transfer); err != nil {
+		if err := b.Cancel(o, m.Transfer); err != nil {
 			c.fail(m.Req, err)
 		} else {
 			c.reply(&wire.OK{Req: m.Req})
@@ -286,7 +316,7 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.reply(&wire.OK{Req: m.Req})
 	case *wire.Query:
 		answer := func() {
-			js, err := b.Query(m)
+			js, err := b.Query(o, m)
 			if err != nil {
 				c.fail(m.Req, err)
 				return
@@ -328,7 +358,7 @@ func (c *client) submit(m *wire.Submit, untilDone bool) {
 			c.reply(&wire.Submitted{Req: m.Req, Transfer: x.ID()})
 		}
 	}
-	x, err := c.l.b.Submit(m, false)
+	x, err := c.l.b.Submit(c.owner, m, false)
 	if !errors.Is(err, ErrWouldWait) {
 		answer(x, err)
 		return
@@ -336,8 +366,26 @@ func (c *client) submit(m *wire.Submit, untilDone bool) {
 	c.waits.Add(1)
 	go func() {
 		defer c.waits.Done()
-		answer(c.l.b.Submit(m, true))
+		answer(c.l.b.Submit(c.owner, m, true))
 	}()
+}
+
+// join puts the connection into a group: only as its first request, with
+// a token long enough not to be guessed.
+func (c *client) join(m *wire.Join) {
+	switch {
+	case c.started:
+		c.fail(m.Req, status.Errorf(wire.CodeBadRequest, "Join must be the connection's first request (before any Register, Submit, Subscribe or Query): open a new connection and join first"))
+		return
+	case len(m.Group) < wire.MinGroup:
+		c.fail(m.Req, status.Errorf(wire.CodeBadRequest, "group token of %d bytes: it needs at least %d (a secret the group's processes share, such as 16 random bytes)", len(m.Group), wire.MinGroup))
+		return
+	}
+	c.started = true
+	c.l.mu.Lock()
+	c.owner.Group = "g:" + string(m.Group)
+	c.l.mu.Unlock()
+	c.reply(&wire.OK{Req: m.Req})
 }
 
 // reqOf finds the request id of any local message (they all start with it).

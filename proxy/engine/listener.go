@@ -18,40 +18,6 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// Backend is what engines' requests do; the sidecar implements it. Its
-// methods answer at once, except SubmitKV and a catalog Query, which may
-// wait for a peer (the connection answers those aside).
-type Backend interface {
-	Register(m *wire.Register, fd int) error // fd: the frame's SCM_RIGHTS fd, -1 when none; it stays the caller's
-	RegisterKV(m *wire.RegisterKV) error
-	Unregister(name string) error
-	// UnregisterWait removes a region once nothing uses it any more and
-	// its import is closed, waiting up to wait (or until cancel closes) for
-	// the transfers holding it; it blocks, so the connection calls it aside.
-	UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error
-	// Submit starts a transfer. With wait false it must not block: when
-	// the transfer has to wait (for a session to its peer), it returns
-	// ErrWouldWait and the connection calls it again, with wait true,
-	// aside, so the engine's other requests are not held up.
-	Submit(m *wire.Submit, wait bool) (Transfer, error)
-	SubmitKV(m *wire.SubmitKV) (Transfer, error)
-	Lookup(id uint64) (Transfer, error)
-	Cancel(id uint64) error
-	Query(m *wire.Query) ([]byte, error)
-}
-
-// Transfer is an engine's transfer as its connection sees it.
-type Transfer interface {
-	ID() uint64
-	// Status is the transfer's XferStatus answering request req.
-	Status(req uint64) *wire.XferStatus
-	// Done is closed when the transfer finished.
-	Done() <-chan struct{}
-	// WhenDone runs f once the transfer finished (at once if it has); f
-	// must not block.
-	WhenDone(f func())
-}
-
 // Options are the control socket's limits.
 type Options struct {
 	MaxClients int           // connections at once, admitted or not; one more is refused at once
@@ -159,11 +125,17 @@ func (l *Listener) start(c *net.UnixConn) {
 	go cl.readLoop()
 }
 
-// Notify tells every subscriber about a transfer that finished here; it
+// Notify tells the subscribers of groups about a transfer that finished
+// here (the groups owning its regions: nobody else hears of it); it
 // never blocks.
-func (l *Listener) Notify(n *wire.Notify) {
+func (l *Listener) Notify(n *wire.Notify, groups []string) {
 	l.mu.Lock()
-	subs := slices.Collect(maps.Keys(l.subs))
+	var subs []*client
+	for c := range l.subs {
+		if slices.Contains(groups, c.owner.Group) {
+			subs = append(subs, c)
+		}
+	}
 	l.mu.Unlock()
 	for _, c := range subs {
 		c.reply(n)

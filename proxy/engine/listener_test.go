@@ -21,7 +21,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fakeBackend answers from a table: region "bad" is refused, transfer 7
 // exists and finishes when done is closed, and so does the transfer that
 // holds region "held".
-type fakeBackend struct{ done chan struct{} }
+// Register and Closed report their owner on regs and closed, when set.
+type fakeBackend struct {
+	done         chan struct{}
+	regs, closed chan Owner
+}
 
 type fakeXfer struct{ done chan struct{} }
 
@@ -40,15 +44,23 @@ func (x fakeXfer) WhenDone(f func()) {
 	go func() { <-x.done; f() }()
 }
 
-func (b fakeBackend) Register(m *wire.Register, fd int) error {
+func (b fakeBackend) Register(o Owner, m *wire.Register, fd int) error {
+	if b.regs != nil {
+		b.regs <- o
+	}
 	if m.Name == "bad" {
 		return status.Errorf(wire.CodeExists, "region %q is already registered", m.Name)
 	}
 	return nil
 }
-func (b fakeBackend) RegisterKV(*wire.RegisterKV) error { return nil }
-func (b fakeBackend) Unregister(string) error           { return nil }
-func (b fakeBackend) UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error {
+func (b fakeBackend) RegisterKV(Owner, *wire.RegisterKV) error { return nil }
+func (b fakeBackend) Unregister(Owner, string) error           { return nil }
+func (b fakeBackend) Closed(o Owner) {
+	if b.closed != nil {
+		b.closed <- o
+	}
+}
+func (b fakeBackend) UnregisterWait(_ Owner, name string, wait time.Duration, cancel <-chan struct{}) error {
 	if name != "held" {
 		return nil
 	}
@@ -63,31 +75,31 @@ func (b fakeBackend) UnregisterWait(name string, wait time.Duration, cancel <-ch
 		return status.Errorf(wire.CodeCancelled, "region %q: given up", name)
 	}
 }
-func (b fakeBackend) Submit(m *wire.Submit, wait bool) (Transfer, error) {
+func (b fakeBackend) Submit(_ Owner, m *wire.Submit, wait bool) (Transfer, error) {
 	if m.Route == "slow" { // waits for its peer until done is closed
 		if !wait {
 			return nil, ErrWouldWait
 		}
 		<-b.done
 	}
-	return fakeXfer(b), nil
+	return fakeXfer{b.done}, nil
 }
-func (b fakeBackend) SubmitKV(*wire.SubmitKV) (Transfer, error) { return fakeXfer(b), nil }
-func (b fakeBackend) Lookup(id uint64) (Transfer, error) {
+func (b fakeBackend) SubmitKV(Owner, *wire.SubmitKV) (Transfer, error) { return fakeXfer{b.done}, nil }
+func (b fakeBackend) Lookup(_ Owner, id uint64) (Transfer, error) {
 	if id != 7 {
 		return nil, status.Errorf(wire.CodeUnknownTransfer, "transfer %d is unknown", id)
 	}
-	return fakeXfer(b), nil
+	return fakeXfer{b.done}, nil
 }
-func (b fakeBackend) Cancel(uint64) error               { return nil }
-func (b fakeBackend) Query(*wire.Query) ([]byte, error) { return []byte(`{}`), nil }
+func (b fakeBackend) Cancel(Owner, uint64) error               { return nil }
+func (b fakeBackend) Query(Owner, *wire.Query) ([]byte, error) { return []byte(`{}`), nil }
 
 // serve runs a listener on a fake backend; finish ends its transfer.
 func serve(t *testing.T, max int) (l *Listener, path string, finish func()) {
 	t.Helper()
 	path = filepath.Join(t.TempDir(), "s", "c.sock")
 	done := make(chan struct{})
-	l, err := Listen(path, fakeBackend{done}, zap.NewNop(), Options{MaxClients: max})
+	l, err := Listen(path, fakeBackend{done: done}, zap.NewNop(), Options{MaxClients: max})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +166,12 @@ func TestRequests(t *testing.T) {
 func TestNotifyAndSubmitWait(t *testing.T) {
 	l, path, finish := serve(t, 4)
 	c := dial(t, path)
+	if err := unixsock.WriteFrame(c, &wire.Join{Req: 3, Group: []byte(token)}, -1); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := readMsg(t, c).(*wire.OK); !ok || m.Req != 3 {
+		t.Fatalf("Join answered %#v", m)
+	}
 	if err := unixsock.WriteFrame(c, &wire.Subscribe{Req: 1}, -1); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +182,7 @@ func TestNotifyAndSubmitWait(t *testing.T) {
 		t.Fatalf("Subscribe answered %#v", m)
 	}
 	time.Sleep(50 * time.Millisecond) // the SubmitWait is in; nothing may answer it yet
-	l.Notify(&wire.Notify{Transfer: 9, Tag: "t", Dir: wire.Push})
+	l.Notify(&wire.Notify{Transfer: 9, Tag: "t", Dir: wire.Push}, []string{"g:" + token})
 	if m, ok := readMsg(t, c).(*wire.Notify); !ok || m.Transfer != 9 {
 		t.Fatalf("got %#v, want the Notify first: SubmitWait answered before its transfer finished", m)
 	}

@@ -35,8 +35,8 @@ type Session interface {
 	// that names it.
 	IncomingPush(id uint64, wait bool) Incoming
 	// ServedPull counts a pull of ours the peer copied directly out of
-	// our regions and notifies our engines of it.
-	ServedPull(id uint64, tag string, bytes uint64)
+	// our regions and notifies the engines owning regions of it.
+	ServedPull(id uint64, tag string, bytes uint64, regions []*region.Region)
 	// Fallback counts a transfer of the session that fell back to TCP.
 	Fallback(reason string)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/device/hostmem"
+	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -57,11 +58,11 @@ func (s *fakeSession) Proof() (p [wire.ProofSize]byte) {
 	}
 	return p
 }
-func (s *fakeSession) Send(wire.Msg)                      {}
-func (s *fakeSession) AcceptPush(*wire.Announce)          {}
-func (s *fakeSession) IncomingPush(uint64, bool) Incoming { return nil }
-func (s *fakeSession) ServedPull(uint64, string, uint64)  {}
-func (s *fakeSession) Fallback(reason string)             { s.fellBack = append(s.fellBack, reason) }
+func (s *fakeSession) Send(wire.Msg)                                       {}
+func (s *fakeSession) AcceptPush(*wire.Announce)                           {}
+func (s *fakeSession) IncomingPush(uint64, bool) Incoming                  { return nil }
+func (s *fakeSession) ServedPull(uint64, string, uint64, []*region.Region) {}
+func (s *fakeSession) Fallback(reason string)                              { s.fellBack = append(s.fellBack, reason) }
 
 // room serves a node socket in a fresh directory (dir: that directory,
 // or a path where none can be made) for one session.

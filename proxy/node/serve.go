@@ -185,11 +185,11 @@ func (p *Peer) directRegions(m *wire.HandleRequest) ([]*region.Region, func(), e
 // regions are let go, a push waits for its chunks.
 func (p *Peer) directDone(m *wire.DirectDone) error {
 	if sv := p.unserve(m.Transfer); sv != nil {
-		region.ReleaseAll(sv.regions)
+		defer region.ReleaseAll(sv.regions)
 		if m.Bytes == 0 {
 			return nil
 		}
-		p.s.ServedPull(m.Transfer, sv.tag, m.Bytes)
+		p.s.ServedPull(m.Transfer, sv.tag, m.Bytes, sv.regions) // its Notify goes to the regions' owners
 		return nil
 	}
 	if m.Bytes == 0 {

@@ -53,7 +53,10 @@ type Sidecar struct {
 	*proxy.Server
 	Name   string
 	Config *config.Config
+	// Client joined Group, a token of its own: Dial's connections share
+	// its regions, KV caches, transfers and notifications.
 	Client *client.Client
+	Group  []byte
 	Logs   *observer.ObservedLogs // what the sidecar logged, from info up
 }
 
@@ -77,12 +80,31 @@ func Start(t testing.TB, name, peer string, o Options) *Sidecar {
 			t.Errorf("proxytest: close sidecar %s: %v", name, err)
 		}
 	})
+	sc.Group = []byte(fmt.Sprintf("proxytest-group-%s-%p", name, sc))
 	if sc.Client, err = client.Dial(s.SocketPath()); err != nil {
 		t.Fatalf("proxytest: dial sidecar %s: %v", name, err)
 	}
 	// Registered after the server's Close, so it runs first.
 	t.Cleanup(func() { sc.Client.Close() })
+	if err := sc.Client.Join(context.Background(), sc.Group); err != nil {
+		t.Fatalf("proxytest: join sidecar %s's group: %v", name, err)
+	}
 	return sc
+}
+
+// Dial opens another connection to the sidecar in Client's group; the
+// test's cleanup closes it.
+func (s *Sidecar) Dial(t testing.TB, opts ...client.Option) *client.Client {
+	t.Helper()
+	cl, err := client.Dial(s.SocketPath(), opts...)
+	if err != nil {
+		t.Fatalf("proxytest: dial sidecar %s: %v", s.Name, err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	if err := cl.Join(context.Background(), s.Group); err != nil {
+		t.Fatalf("proxytest: join sidecar %s's group: %v", s.Name, err)
+	}
+	return cl
 }
 
 // config builds the sidecar's config from the defaults and o.

@@ -25,10 +25,21 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
+// Owner is who registered a region: the control-socket connection (Conn,
+// unique in the sidecar) and its group (Group: the connections that may
+// use, unregister and hear of each other's regions; a connection that
+// joined no group is a group of its own). Regions go when their Conn
+// closes (ReleaseConn).
+type Owner struct {
+	Conn  uint64
+	Group string
+}
+
 // Region is a range of device memory a local engine registered: a window
 // [Off, Off+Len) of an imported allocation. Peers name it, never an address.
 type Region struct {
 	Name   string
+	Owner  Owner
 	Access wire.Access
 	Off    uint64 // offset of the region inside the allocation
 	Len    uint64
@@ -127,8 +138,9 @@ func handleKey(h device.Handle) (string, error) {
 	}
 }
 
-// Register imports (or reuses) the allocation behind h and adds a region.
-func (t *Table) Register(name string, h device.Handle, access wire.Access, off, length uint64) error {
+// Register imports (or reuses) the allocation behind h and adds a region
+// owned by o.
+func (t *Table) Register(o Owner, name string, h device.Handle, access wire.Access, off, length uint64) error {
 	if length == 0 {
 		return status.Errorf(wire.CodeBadRequest, "region %q: length is 0", name)
 	}
@@ -141,7 +153,10 @@ func (t *Table) Register(name string, h device.Handle, access wire.Access, off, 
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, dup := t.byName[name]; dup {
+	if old, dup := t.byName[name]; dup {
+		if old.Owner.Group != o.Group {
+			return status.Errorf(wire.CodeExists, "region %q is already registered by another engine connection; choose another name, or wait until its owner unregisters it or closes its connection", name)
+		}
 		return status.Errorf(wire.CodeExists, "region %q is already registered; unregister it first", name)
 	}
 	imp := t.imports[key]
@@ -162,26 +177,27 @@ func (t *Table) Register(name string, h device.Handle, access wire.Access, off, 
 		return status.Errorf(wire.CodeBadRequest, "region %q: allocation already imported with %d B, now claimed %d B", name, imp.mapping.Size(), h.Size)
 	}
 	imp.refs++
-	r := &Region{Name: name, Access: access, Off: off, Len: length, Handle: h.Kind, ID: t.nextID.Add(1), imp: imp, table: t}
+	r := &Region{Name: name, Owner: o, Access: access, Off: off, Len: length, Handle: h.Kind, ID: t.nextID.Add(1), imp: imp, table: t}
 	r.refs.Store(1)
 	t.byName[name] = r
 	return nil
 }
 
-// Unregister removes a region. Transfers still using it keep it mapped
-// until they finish.
-func (t *Table) Unregister(name string) error {
+// Unregister removes a region of group g. Transfers still using it keep
+// it mapped until they finish.
+func (t *Table) Unregister(g, name string) error {
 	t.mu.Lock()
 	r := t.byName[name]
-	if r != nil && r.closing {
+	if err := checkOwn(r, g, name); err != nil {
+		t.mu.Unlock()
+		return err
+	}
+	if r.closing {
 		t.mu.Unlock()
 		return errClosing(name)
 	}
 	delete(t.byName, name)
 	t.mu.Unlock()
-	if r == nil {
-		return status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
-	}
 	if t.onUnregister != nil {
 		t.onUnregister(r)
 	}
@@ -213,10 +229,26 @@ func (t *Table) Acquire(name string, want wire.Access) (*Region, error) {
 }
 
 // AcquireAll acquires every name, releasing what it took on failure.
+// It is for peers' requests, which may name any region; an engine's go
+// through AcquireOwn.
 func (t *Table) AcquireAll(names []string, want wire.Access) ([]*Region, error) {
+	return t.acquireAll(names, want, nil)
+}
+
+// AcquireOwn is AcquireAll for an engine of group g: a region of another
+// group is refused (AccessDenied), whatever its rights.
+func (t *Table) AcquireOwn(g string, names []string, want wire.Access) ([]*Region, error) {
+	return t.acquireAll(names, want, &g)
+}
+
+func (t *Table) acquireAll(names []string, want wire.Access, g *string) ([]*Region, error) {
 	rs := make([]*Region, 0, len(names))
 	for _, n := range names {
 		r, err := t.Acquire(n, want)
+		if err == nil && g != nil && r.Owner.Group != *g {
+			r.Release()
+			err = errNotOwn(n)
+		}
 		if err != nil {
 			ReleaseAll(rs)
 			return nil, err
@@ -224,6 +256,21 @@ func (t *Table) AcquireAll(names []string, want wire.Access) ([]*Region, error) 
 		rs = append(rs, r)
 	}
 	return rs, nil
+}
+
+// checkOwn refuses r (named name) unless it exists and group g owns it.
+func checkOwn(r *Region, g, name string) error {
+	if r == nil {
+		return status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
+	}
+	if r.Owner.Group != g {
+		return errNotOwn(name)
+	}
+	return nil
+}
+
+func errNotOwn(name string) error {
+	return status.Errorf(wire.CodeAccessDenied, "region %q belongs to another engine connection; a connection may use only its own regions and those of its group (Join, PROTOCOL.md 9.18)", name)
 }
 
 // ReleaseAll releases one reference of every region of rs.
@@ -259,13 +306,23 @@ func (t *Table) Count() (regions, mappings int) {
 	return len(t.byName), int(t.mapped.Load())
 }
 
-// Infos lists regions for catalogs and queries, sorted by name.
-func (t *Table) Infos(remoteOnly bool) []wire.RegionInfo {
+// Infos lists the regions peers may use, for catalogs, sorted by name.
+func (t *Table) Infos() []wire.RegionInfo {
+	return t.infos(func(r *Region) bool { return r.Access&(wire.AccessRemoteRead|wire.AccessRemoteWrite) != 0 })
+}
+
+// InfosOf lists group g's regions (an engine's QueryRegions), sorted by
+// name.
+func (t *Table) InfosOf(g string) []wire.RegionInfo {
+	return t.infos(func(r *Region) bool { return r.Owner.Group == g })
+}
+
+func (t *Table) infos(keep func(*Region) bool) []wire.RegionInfo {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	out := make([]wire.RegionInfo, 0, len(t.byName))
 	for _, r := range t.byName {
-		if remoteOnly && r.Access&(wire.AccessRemoteRead|wire.AccessRemoteWrite) == 0 {
+		if !keep(r) {
 			continue
 		}
 		out = append(out, wire.RegionInfo{Name: r.Name, Size: r.Len, Access: r.Access, Device: t.dev.String()})

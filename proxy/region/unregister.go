@@ -27,7 +27,7 @@ func errClosing(name string) error {
 	return status.Errorf(wire.CodeBusy, "region %q: another Unregister is already waiting for its transfers to end; wait for its answer", name)
 }
 
-// UnregisterWait removes a region and returns only once nothing here uses
+// UnregisterWait removes a region of group and returns only once nothing here uses
 // its memory: no transfer holds it, and when it was the last region of its
 // allocation, the import is closed. The engine may free the memory then.
 // Same-node peers that were handed the region are told to drop it through
@@ -42,12 +42,12 @@ func errClosing(name string) error {
 // put back as it was (usable again) and the error says so: CodeBusy, or
 // CodeCancelled. CodeDevice: closing the import failed, and the memory may
 // still be mapped.
-func (t *Table) UnregisterWait(name string, wait time.Duration, cancel <-chan struct{}) error {
+func (t *Table) UnregisterWait(group, name string, wait time.Duration, cancel <-chan struct{}) error {
 	t.mu.Lock()
 	r := t.byName[name]
-	if r == nil {
+	if err := checkOwn(r, group, name); err != nil {
 		t.mu.Unlock()
-		return status.Errorf(wire.CodeUnknownRegion, "region %q is not registered", name)
+		return err
 	}
 	if r.closing {
 		t.mu.Unlock()
@@ -82,7 +82,7 @@ func (t *Table) UnregisterWait(name string, wait time.Duration, cancel <-chan st
 			}
 			return status.Errorf(wire.CodeBusy, "region %q: %d transfer(s) still use it after %v; it stays registered and its memory mapped: retry the Unregister once they end (wait for or cancel them)", name, holders, wait)
 		case dropped:
-			return status.Errorf(wire.CodeShutdown, "region %q: the sidecar is shutting down while %d transfer(s) still use it; its mapping closes with them", name, holders)
+			return status.Errorf(wire.CodeShutdown, "region %q: dropped (the sidecar is shutting down, or the connection that registered it closed) while %d transfer(s) still use it; its mapping closes with them", name, holders)
 		}
 		// released: the last reference went meanwhile; its close is on its way.
 	}
@@ -107,7 +107,7 @@ type takeBackResult int
 const (
 	keptBack takeBackResult = iota // registered again, with its registration's reference
 	released                       // its last reference went first: the import is being let go
-	dropped                        // CloseAll took it off the table
+	dropped                        // CloseAll or ReleaseConn took it off the table
 )
 
 // takeBack puts a region an UnregisterWait gave up on back in service,

@@ -79,7 +79,7 @@ func newTable(t *testing.T) (*Table, *fakeDev, *[]string) {
 		h    device.Handle
 		off  uint64
 	}{{"a", alloc, 0}, {"b", alloc, 4096}, {"c", other, 0}} {
-		if err := tb.Register(r.name, r.h, wire.AccessAll, r.off, 4096); err != nil {
+		if err := tb.Register(eng, r.name, r.h, wire.AccessAll, r.off, 4096); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -107,7 +107,7 @@ func TestUnregisterWaitUnheld(t *testing.T) {
 		{"b", 1, 1, 1}, // the last region of it: closed
 		{"c", 0, 0, 2},
 	} {
-		if err := tb.UnregisterWait(step.name, time.Second, nil); err != nil {
+		if err := tb.UnregisterWait(eng.Group, step.name, time.Second, nil); err != nil {
 			t.Fatalf("UnregisterWait(%s): got %v, want nil", step.name, err)
 		}
 		regions, mappings := tb.Count()
@@ -121,7 +121,7 @@ func TestUnregisterWaitUnheld(t *testing.T) {
 	if got := strings.Join(*revoked, ","); got != "a,a,b,b,c,c" {
 		t.Fatalf("onUnregister heard %q, want a,a,b,b,c,c", got)
 	}
-	wantCode(t, "again", tb.UnregisterWait("a", time.Second, nil), wire.CodeUnknownRegion, `region "a" is not registered`)
+	wantCode(t, "again", tb.UnregisterWait(eng.Group, "a", time.Second, nil), wire.CodeUnknownRegion, `region "a" is not registered`)
 }
 
 // TestUnregisterWaitAnswersAfterRelease: the answer comes once the last
@@ -129,7 +129,7 @@ func TestUnregisterWaitUnheld(t *testing.T) {
 // refuses new transfers, a second Unregister and its name's Register.
 func TestUnregisterWaitAnswersAfterRelease(t *testing.T) {
 	tb, d, _ := newTable(t)
-	if err := tb.Unregister("a"); err != nil { // b is now the allocation's only region
+	if err := tb.Unregister(eng.Group, "a"); err != nil { // b is now the allocation's only region
 		t.Fatal(err)
 	}
 	held, err := tb.Acquire("b", wire.AccessLocalRead)
@@ -142,7 +142,7 @@ func TestUnregisterWaitAnswersAfterRelease(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		err := tb.UnregisterWait("b", 10*time.Second, nil)
+		err := tb.UnregisterWait(eng.Group, "b", 10*time.Second, nil)
 		_, closed := d.counts()
 		done <- answer{err, closed}
 	}()
@@ -153,9 +153,9 @@ func TestUnregisterWaitAnswersAfterRelease(t *testing.T) {
 	})
 	_, err = tb.Acquire("b", wire.AccessLocalRead)
 	wantCode(t, "Acquire while closing", err, wire.CodeUnknownRegion, "is being unregistered")
-	wantCode(t, "Unregister while closing", tb.Unregister("b"), wire.CodeBusy, "already waiting")
-	wantCode(t, "UnregisterWait while closing", tb.UnregisterWait("b", time.Second, nil), wire.CodeBusy, "already waiting")
-	wantCode(t, "Register while closing", tb.Register("b", alloc, wire.AccessAll, 0, 1), wire.CodeExists, "already registered")
+	wantCode(t, "Unregister while closing", tb.Unregister(eng.Group, "b"), wire.CodeBusy, "already waiting")
+	wantCode(t, "UnregisterWait while closing", tb.UnregisterWait(eng.Group, "b", time.Second, nil), wire.CodeBusy, "already waiting")
+	wantCode(t, "Register while closing", tb.Register(eng, "b", alloc, wire.AccessAll, 0, 1), wire.CodeExists, "already registered")
 	select {
 	case a := <-done:
 		t.Fatalf("UnregisterWait answered %v while a transfer held the region", a.err)
@@ -172,7 +172,7 @@ func TestUnregisterWaitAnswersAfterRelease(t *testing.T) {
 	if regions, mappings := tb.Count(); regions != 1 || mappings != 1 {
 		t.Fatalf("got %d regions, %d mappings; want c left: 1, 1", regions, mappings)
 	}
-	if err := tb.Register("b", alloc, wire.AccessAll, 0, 1); err != nil {
+	if err := tb.Register(eng, "b", alloc, wire.AccessAll, 0, 1); err != nil {
 		t.Fatalf("Register of the name again: %v", err)
 	}
 }
@@ -204,7 +204,7 @@ func TestUnregisterWaitGivesUp(t *testing.T) {
 				wait = 10 * time.Second
 			}
 			done := make(chan error, 1)
-			go func() { done <- tb.UnregisterWait("b", wait, cancel) }()
+			go func() { done <- tb.UnregisterWait(eng.Group, "b", wait, cancel) }()
 			waitFor(t, func() bool {
 				tb.mu.RLock()
 				defer tb.mu.RUnlock()
@@ -237,7 +237,7 @@ func TestUnregisterWaitGivesUp(t *testing.T) {
 				t.Fatalf("import closed %d times, want 0 (a still uses it)", closed)
 			}
 			for _, n := range []string{"a", "b"} {
-				if err := tb.UnregisterWait(n, time.Second, nil); err != nil {
+				if err := tb.UnregisterWait(eng.Group, n, time.Second, nil); err != nil {
 					t.Fatalf("UnregisterWait(%s) later: %v", n, err)
 				}
 			}
@@ -252,7 +252,7 @@ func TestUnregisterWaitGivesUp(t *testing.T) {
 func TestUnregisterWaitCloseError(t *testing.T) {
 	tb, d, _ := newTable(t)
 	d.closeErr = errors.New("cuIpcCloseMemHandle: CUDA_ERROR_INVALID_VALUE")
-	err := tb.UnregisterWait("c", time.Second, nil)
+	err := tb.UnregisterWait(eng.Group, "c", time.Second, nil)
 	wantCode(t, "UnregisterWait", err, wire.CodeDevice, "do not free the memory")
 	if !errors.Is(err, d.closeErr) {
 		t.Fatalf("got %v, want it to wrap the close error", err)
@@ -268,7 +268,7 @@ func TestUnregisterWaitCloseError(t *testing.T) {
 // import closed, never in between (run with -race).
 func TestUnregisterWaitRace(t *testing.T) {
 	tb, d, _ := newTable(t)
-	if err := tb.Unregister("a"); err != nil {
+	if err := tb.Unregister(eng.Group, "a"); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -292,7 +292,7 @@ func TestUnregisterWaitRace(t *testing.T) {
 	}
 	var err error
 	for range 200 {
-		err = tb.UnregisterWait("b", 200*time.Microsecond, nil)
+		err = tb.UnregisterWait(eng.Group, "b", 200*time.Microsecond, nil)
 		if err == nil {
 			break
 		}

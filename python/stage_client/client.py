@@ -25,6 +25,7 @@ from . import wire
 from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref, warn_once
 from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
+from .protocol.group import Join
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 __all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_UNREGISTER_WAIT",
@@ -186,9 +187,18 @@ class Client(KVRequests):
     Region names, route names and tags are ``str`` (UTF-8 on the wire).
     KV caches and KV transfers: :meth:`register_kv`, :meth:`submit_kv`
     (from :class:`~stage_client.kvclient.KVRequests`).
+
+    What a connection registers and submits is its own (PROTOCOL.md 9.18):
+    another connection cannot use, unregister, check or cancel it, nor hear
+    of its transfers, and it goes when the connection closes. Processes of
+    one engine that must share (a worker that registers, another process
+    that subscribes or waits) pass the same ``group``: a secret token of
+    16 to 64 bytes (str: UTF-8) they all know and nobody else can guess;
+    the connection joins that group first thing.
     """
 
-    def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+    def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+                 group: Optional[Union[str, bytes]] = None) -> None:
         self.path = path
         self.request_timeout = request_timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -211,6 +221,13 @@ class Client(KVRequests):
         self._ipc_live: Dict[Tuple[bytes, int], int] = {}  # how many holds name each counter
         self._reader = threading.Thread(target=self._read_loop, name="stage-client-reader", daemon=True)
         self._reader.start()
+        if group is not None:
+            token = group.encode("utf-8") if isinstance(group, str) else bytes(group)
+            try:
+                self._call(lambda req: Join(req=req, group=token))
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------------
     # lifecycle
@@ -224,8 +241,9 @@ class Client(KVRequests):
     def close(self) -> None:
         """Close the connection; calls in flight fail with SidecarConnectionError.
 
-        Regions stay registered with the sidecar (they belong to it, not to
-        the connection); unregister them first if they should go.
+        The sidecar then lets go of every region and KV cache this
+        connection registered (at once; a transfer still holding one fails
+        and keeps it mapped until it ends), and frees their names.
         """
         with self._lock:
             self._closing = True
@@ -708,8 +726,8 @@ class Client(KVRequests):
         return rs
 
     def regions(self) -> List[Dict[str, Any]]:
-        """This sidecar's registered regions (``wire.RegionInfo``: name, size,
-        access, device)."""
+        """The regions of this connection and its group (``wire.RegionInfo``:
+        name, size, access, device); other engines' are not listed."""
         return self.query(QueryKind.REGIONS) or []
 
     def catalog(self, route: str, peer: str = "") -> List[Dict[str, Any]]:

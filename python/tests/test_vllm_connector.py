@@ -201,7 +201,8 @@ class TestVLLMConnector(unittest.TestCase):
                            "role-" + role, role)
                 try:
                     name = e.workers[0].worker.kv.name
-                    got = {r["name"]: r["access"] for r in self.dec.client.regions()
+                    # the worker's own connection: a connection lists its own regions only
+                    got = {r["name"]: r["access"] for r in e.workers[0].worker.client.regions()
                            if r["name"].startswith(name + "/")}
                 finally:
                     e.shutdown()

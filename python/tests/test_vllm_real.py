@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -108,7 +109,26 @@ class Engine:
                    # a small machine starve each other (and the sidecars) into timeouts
                    VLLM_CPU_OMP_THREADS_BIND=str(core), OMP_NUM_THREADS="1")
         env.pop("STAGE_SOCKET", None)
+        self.env = env
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def restart(self, sig: int) -> None:
+        """Send sig to the server and its engine processes, then start it again on the same port.
+
+        The sidecar beside it keeps running, as in a pod whose engine container restarts.
+        """
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, 9)  # the engine core, if the server left it behind
+        except ProcessLookupError:
+            pass
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
 
     def wait_ready(self, deadline: float) -> None:
@@ -190,8 +210,10 @@ class RealPair(unittest.TestCase):
             cls.pre = Engine("prefill", cls.model, "kv_producer", cls.pre_sc.socket, "decode", cls.pre_block,
                              cls.policy, {"rendezvous_listen": cls.rdv}, core=0)
             cls.engines.append(cls.pre)
+            # a name of its own that outlives a restart (kv_name; else vLLM's engine_id, new at each start)
             cls.dec = Engine("decode", cls.model, "kv_consumer", cls.dec_sc.socket, "prefill", cls.dec_block,
-                             cls.policy, prefix_caching=False, core=min(1, (os.cpu_count() or 1) - 1))
+                             cls.policy, {"kv_name": "decode-0"}, prefix_caching=False,
+                             core=min(1, (os.cpu_count() or 1) - 1))
             cls.engines.append(cls.dec)
             deadline = time.monotonic() + START_S
             for e in cls.engines:
@@ -316,6 +338,19 @@ class TestSameBlocks(RealPair):
     """32-token blocks on both sides; kv_load_failure_policy recompute."""
 
     pre_block, dec_block, policy = 32, 32, "recompute"
+
+    def test_zy_decode_engine_restarted(self) -> None:
+        """The decode vLLM killed (SIGKILL), then stopped (SIGTERM), beside its running staged, starts again each
+        time: it registers its KV cache under the same names (the dead engine's went with its connection) and KV
+        moves into it again, the tokens right."""
+        for i, sig in enumerate((signal.SIGKILL, signal.SIGTERM)):
+            self.dec.restart(sig)
+            try:
+                self.dec.wait_ready(time.monotonic() + START_S)
+            except RuntimeError as e:
+                self.fail("the decode vLLM did not start again after %s beside its running staged: %s"
+                          % (sig.name, e))
+            self.check_mode("pull", 10 + i)
 
 
 class TestFailPolicy(RealPair):

@@ -160,11 +160,7 @@ func TestPollingClient(t *testing.T) {
 	o.Configure = func(_ string, c *config.Config) { c.Staging.ReadSpin = config.Spin(50 * time.Microsecond) }
 	pre, dec := proxytest.Pair(t, o)
 	S, D := caches(t, pre, dec, 2, 1<<20)
-	cl, err := client.Dial(pre.SocketPath(), client.WithSpin(50*time.Microsecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := pre.Dial(t, client.WithSpin(50*time.Microsecond)) // in the group that registered S
 	ctx := context.Background()
 	errs := make(chan error, 4)
 	for g := 0; g < 4; g++ {

@@ -91,7 +91,7 @@ LOCAL_OP_SIZE = 32
 
 
 class FrameType(enum.IntEnum):
-    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..152 local."""
+    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..153 local."""
 
     HELLO = 1
     CHALLENGE = 2
@@ -127,6 +127,7 @@ class FrameType(enum.IntEnum):
     FAIL = 141
     REGISTER_KV = 151  # PROTOCOL.md 12.5; the message lives in kvwire
     SUBMIT_KV = 152  # 12.6
+    JOIN = 153  # 9.18; the message lives in group
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)
