@@ -185,17 +185,42 @@ func (h engineHost) PostTicket(o engine.Owner, m *wire.PostTicket) error {
 	if m.Key == "" {
 		return codeErr(wire.CodeBadRequest, "a ticket needs a key (the transfer it is for)")
 	}
-	r, err := s.routes.Lookup(m.Route)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(s.ctx, ticketWait)
 	defer cancel()
-	ss, err := r.Pick(ctx, m.Peer)
+	ss, err := s.ticketSession(ctx, m.Route, m.Peer)
 	if err != nil {
 		return err
 	}
 	return ss.askTicket(ctx, &wire.Ticket{Seq: s.newID(), Kind: m.Kind, To: m.To, Key: m.Key, Body: m.Body})
+}
+
+// ticketSession is the session a ticket goes on: to peer of route, as a
+// Submit's; with no route, the live session (either side dialed it) whose
+// peer has node name peer, or the only one when peer is empty, so a decode
+// with no route to its prefill answers the prefill on its session.
+func (s *Server) ticketSession(ctx context.Context, route, peer string) (*session, error) {
+	if route != "" {
+		r, err := s.routes.Lookup(route)
+		if err != nil {
+			return nil, err
+		}
+		return r.Pick(ctx, peer)
+	}
+	var found []*session
+	for _, ss := range s.sessions.liveList() {
+		if peer == "" || ss.peerName == peer {
+			found = append(found, ss)
+		}
+	}
+	switch {
+	case len(found) == 1:
+		return found[0], nil
+	case len(found) == 0:
+		return nil, codeErr(wire.CodeUnknownPeer, "no session with a peer named %q: name a route, or wait until the peer connected", peer)
+	case peer == "":
+		return nil, codeErr(wire.CodeBadRequest, "a ticket with no route and no peer, and %d peer sessions: name the peer", len(found))
+	}
+	return found[0], nil // several sessions to one peer (a route each way): any carries it
 }
 
 // askTicket sends t to the peer and waits for its TicketAnswer.

@@ -61,6 +61,7 @@ _TICKET_KEYS = {"peer": str, "kv": str, "tp": int, "block_ids": list, "first": i
 #: optional, together: an SGLang decode's metadata slot and its buffers' bytes per slot
 _AUX_KEYS = {"aux_index": int, "aux_items": list}
 MAX_AUX = 64  # aux buffers per ticket
+MAX_GRANT = 256  # bytes of a ticket's optional grant (a capability for the decode's blocks; carried, not checked)
 MAX_AUX_ITEM = 1 << 26  # bytes of one aux buffer's slot
 
 
@@ -68,8 +69,10 @@ def check_ticket(t: Any) -> Dict[str, Any]:
     """``t`` if it is a well-formed ticket; else ValueError saying what is wrong."""
     if not isinstance(t, dict):
         raise ValueError("a ticket is an object")
+    if "grant" in t and (type(t["grant"]) is not str or len(t["grant"].encode()) > MAX_GRANT):
+        raise ValueError("ticket grant: a string of at most %d bytes" % MAX_GRANT)
     keys = dict(_TICKET_KEYS, **_AUX_KEYS) if "aux_index" in t or "aux_items" in t else _TICKET_KEYS
-    if set(t) != set(keys):
+    if set(t) - {"grant"} != set(keys):
         raise ValueError("ticket keys %s, want %s (aux_index and aux_items go together)" % (
             sorted(map(str, t))[:10], sorted(keys)))
     for k, typ in keys.items():

@@ -212,6 +212,11 @@ class TestRendezvous(unittest.TestCase):
             loc.post("d", ticket(tp=0))
         with self.assertRaises(ValueError):
             loc.post("", ticket())
+        # an optional grant (a capability for the decode's blocks) is carried; only its type and size are checked
+        rdv.check_ticket(dict(ticket(), grant="g" * rdv.MAX_GRANT))
+        for bad in (1, "g" * (rdv.MAX_GRANT + 1)):
+            with self.assertRaises(ValueError):
+                rdv.check_ticket(dict(ticket(), grant=bad))
 
     def test_load_secret(self) -> None:
         with mock.patch.dict(os.environ, {"STAGE_RENDEZVOUS_SECRET": "from-env"}):

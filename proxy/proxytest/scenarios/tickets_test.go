@@ -72,6 +72,21 @@ func TestTicketDelivered(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("took %v, want %v", got, want)
 	}
+	// with no route: the session with the peer of that node name, whichever side dialed it (the decode
+	// answers a prefill it has no route to)
+	back := engineConn(t, pre)
+	if err := back.OpenInbox(ctx, "pre-engine"); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.PostTicket(ctx, wire.PostTicket{Peer: "prefill", Kind: wire.TicketFailure, To: "pre-engine", Key: "x4", Body: []byte("no")}); err != nil {
+		t.Fatalf("a ticket back over the session the prefill dialed: %v", err)
+	}
+	if got, err := back.TakeTickets(ctx, 10, time.Second); err != nil || len(got) != 1 || got[0].From != "decode" || got[0].Key != "x4" {
+		t.Fatalf("took %v, %v; want the decode's x4", got, err)
+	}
+	if err := owner.PostTicket(ctx, wire.PostTicket{Peer: "nobody", Kind: wire.TicketPush, Key: "x5"}); codeOf(err) != wire.CodeUnknownPeer {
+		t.Fatalf("a ticket with no route to a peer with no session: got %v, want %s", err, wire.CodeUnknownPeer)
+	}
 	if err := post(ctx, poster, "nobody", "x3", "{}"); codeOf(err) != wire.CodeUnknownRegion || !strings.Contains(err.Error(), `"nobody"`) {
 		t.Fatalf("a ticket for an inbox nobody opened: got %v, want %s naming it", err, wire.CodeUnknownRegion)
 	}

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ..client import Client
 from ..errors import SidecarConnectionError, StageError
+from ..wire import Code
 from ..ticketclient import TICKET_FAILURE, TICKET_PUSH, TicketItem
 from .compat import LOGGER
 from .config import StageConfig
@@ -61,7 +62,13 @@ class TicketLink:
             cl = self._client
         if cl is None:
             raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets" % self.cfg.socket)
-        cl.post_ticket(self.cfg.route, key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
+        try:
+            cl.post_ticket(self.cfg.route, key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
+        except StageError as e:
+            if e.code != Code.UNKNOWN_ROUTE:
+                raise
+            # no route to that side (a decode that only receives pushes): the session its peer dialed
+            cl.post_ticket("", key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
 
     def post_ticket(self, key: str, ticket: Dict[str, Any], peer: str = "", to: str = "", timeout: float = 5.0) -> None:
         """:meth:`post` of a push ticket (a JSON object)."""
