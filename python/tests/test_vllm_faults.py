@@ -152,6 +152,36 @@ class TestVLLMFaults(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 1.5)  # timeout_s is 10
         self.assertEqual(de.load_errors, {5, 9, 3})
 
+    def test_push_refused_by_the_decode_sidecar(self) -> None:
+        # the decode's ticket names a block its cache does not have: its sidecar refuses the prefill's push; the
+        # prefill's worker says so over the link and the decode's blocks are load errors at once
+        pe = self.engine(self.pre, "pre", "push", "decode", 32, 1, peer_name="prefill", timeout_s=10.0,
+                         layerwise=False)
+        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2, peer_name="decode", timeout_s=10.0)
+        for e in (pe, de):
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
+        prompt = list(range(40))
+        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0"})
+        self.assertEqual(de.admit(dr, lambda n: [5, 9, 1 << 20]), (40, True))
+        t0 = time.monotonic()
+        de.step()
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))
+        deadline = time.monotonic() + 5
+        while pe.sched.scheduler.rendezvous.get("x0") is None:
+            self.assertLess(time.monotonic(), deadline, "the decode's ticket never reached the prefill")
+            time.sleep(0.005)
+        pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "x0"})
+        pe.admit(pr, lambda n: [1, 2])
+        pe.step(SchedulerOutput([NewRequestData("p0", prompt, ([1, 2],), 0)], num_scheduled_tokens={"p0": 40}))
+        self.assertEqual(pe.finish(pr, [1, 2]), (True, None))
+        done = time.monotonic() + 3 * TIMEOUT
+        while "r0" not in de.recvd and time.monotonic() < done:
+            pe.step()
+            de.step()
+            time.sleep(0.01)
+        self.assertLess(time.monotonic() - t0, 2.5)  # timeout_s is 10
+        self.assertEqual(de.load_errors, {5, 9, 1 << 20})
+
     def prefill_done(self) -> tuple:
         """A prefill engine whose request p0 finished; its kv_transfer_params for the decode."""
         pe = self.engine(self.pre, "pre", "pull", "decode", 32, 1, lease_s=3 * TIMEOUT, peer_name="prefill")

@@ -27,11 +27,27 @@ from ..ticketclient import TICKET_FAILURE, TICKET_PUSH, TicketItem
 from .compat import LOGGER
 from .config import StageConfig
 
-__all__ = ["TicketLink", "TICKET_PUSH", "TICKET_FAILURE"]
+__all__ = ["TicketLink", "TICKET_PUSH", "TICKET_FAILURE", "post_on", "failure_body"]
 
 log = logging.getLogger(LOGGER)
 
 MAX_FAILURE_TEXT = 1024  # bytes of a failure notice's reason
+
+
+def post_on(cl: Any, route: str, kind: int, key: str, body: bytes, peer: str, to: str, timeout: float) -> None:
+    """Post a ticket with client ``cl`` on ``route``; where this sidecar has no such route (a decode that only
+    receives pushes), on the session the peer dialed."""
+    try:
+        cl.post_ticket(route, key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
+    except StageError as e:
+        if e.code != Code.UNKNOWN_ROUTE:
+            raise
+        cl.post_ticket("", key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
+
+
+def failure_body(why: str) -> bytes:
+    """A failure notice's body: the reason, cut to MAX_FAILURE_TEXT bytes."""
+    return why.encode("utf-8", "replace")[:MAX_FAILURE_TEXT]
 
 
 class TicketLink:
@@ -62,13 +78,7 @@ class TicketLink:
             cl = self._client
         if cl is None:
             raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets" % self.cfg.socket)
-        try:
-            cl.post_ticket(self.cfg.route, key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
-        except StageError as e:
-            if e.code != Code.UNKNOWN_ROUTE:
-                raise
-            # no route to that side (a decode that only receives pushes): the session its peer dialed
-            cl.post_ticket("", key, body, peer=peer, to=to, kind=kind, timeout=timeout + 1.0)
+        post_on(cl, self.cfg.route, kind, key, body, peer, to, timeout)
 
     def post_ticket(self, key: str, ticket: Dict[str, Any], peer: str = "", to: str = "", timeout: float = 5.0) -> None:
         """:meth:`post` of a push ticket (a JSON object)."""
@@ -76,8 +86,7 @@ class TicketLink:
 
     def post_failure(self, key: str, why: str, peer: str, to: str, timeout: float = 5.0) -> None:
         """:meth:`post` of a failure notice for transfer ``key``."""
-        body = why.encode("utf-8", "replace")[:MAX_FAILURE_TEXT]
-        self.post(TICKET_FAILURE, key, body, peer, to, timeout)
+        self.post(TICKET_FAILURE, key, failure_body(why), peer, to, timeout)
 
     def _run(self) -> None:
         warned = False
