@@ -20,10 +20,12 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// Bounds of one inbox: tickets waiting, and their bytes together.
+// Bounds of one inbox (tickets waiting, and their bytes together) and of
+// every inbox's bytes together.
 const (
 	inboxTickets = 1024
 	inboxBytes   = 16 << 20
+	inboxesBytes = 64 << 20
 )
 
 // ticketWait bounds how long a PostTicket waits for the peer's session and
@@ -41,7 +43,25 @@ type inbox struct {
 type inboxTable struct {
 	mu     sync.Mutex
 	byName map[string]*inbox
+	total  int           // bytes of every inbox's tickets
 	wake   chan struct{} // closed (and replaced) when a ticket arrives
+	// limits: inboxTickets, inboxBytes, inboxesBytes when zero (tests set them)
+	maxTickets, maxBytes, maxTotal int
+}
+
+// limits are the table's bounds, the defaults where unset.
+func (t *inboxTable) limits() (tickets, bytes, total int) {
+	tickets, bytes, total = inboxTickets, inboxBytes, inboxesBytes
+	if t.maxTickets > 0 {
+		tickets = t.maxTickets
+	}
+	if t.maxBytes > 0 {
+		bytes = t.maxBytes
+	}
+	if t.maxTotal > 0 {
+		total = t.maxTotal
+	}
+	return tickets, bytes, total
 }
 
 // wakeLocked is the channel closed at the next arrival (t.mu held).
@@ -81,6 +101,7 @@ func (t *inboxTable) releaseConn(conn uint64) int {
 	n := 0
 	for name, b := range t.byName {
 		if b.owner.Conn == conn {
+			t.total -= b.bytes
 			delete(t.byName, name)
 			n++
 		}
@@ -109,11 +130,16 @@ func (t *inboxTable) deliver(from string, m *wire.Ticket) error {
 	if b == nil {
 		return codeErr(wire.CodeUnknownRegion, "no engine here takes tickets for inbox %q (is the prefill's connector running, in push mode?)", name)
 	}
-	if len(b.items) >= inboxTickets || b.bytes+len(m.Body) > inboxBytes {
-		return codeErr(wire.CodeBusy, "inbox %q is full (%d tickets, %d bytes waiting; at most %d and %d): its engine is not taking them", name, len(b.items), b.bytes, inboxTickets, inboxBytes)
+	maxN, maxB, maxT := t.limits()
+	if len(b.items) >= maxN || b.bytes+len(m.Body) > maxB {
+		return codeErr(wire.CodeBusy, "inbox %q is full (%d tickets, %d bytes waiting; at most %d and %d): its engine is not taking them", name, len(b.items), b.bytes, maxN, maxB)
+	}
+	if t.total+len(m.Body) > maxT {
+		return codeErr(wire.CodeBusy, "this sidecar holds %d bytes of tickets, at most %d: its engines are not taking them", t.total, maxT)
 	}
 	b.items = append(b.items, wire.TicketItem{From: from, Kind: m.Kind, To: name, Key: m.Key, Body: m.Body})
 	b.bytes += len(m.Body)
+	t.total += len(m.Body)
 	if t.wake != nil {
 		close(t.wake)
 		t.wake = nil
@@ -138,6 +164,7 @@ func (t *inboxTable) takeNow(o engine.Owner, max int) (out []wire.TicketItem, wa
 		k := min(max-len(out), len(b.items))
 		for _, it := range b.items[:k] {
 			b.bytes -= len(it.Body)
+			t.total -= len(it.Body)
 		}
 		out = append(out, b.items[:k]...)
 		b.items = slices.Delete(b.items, 0, k)

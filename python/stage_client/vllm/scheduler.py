@@ -267,11 +267,15 @@ class StageScheduler:
                 log.warning("stage: the prefill (%s) cannot push %s (%s): %s", it.sender, rid, it.key, why)
                 self._poster.fail(rid, "the prefill %s cannot push: %s" % (it.sender, why))
             return
+        t: Any = None
         try:
             t = json.loads(it.body)
             self.rendezvous.post(it.key, t)
-        except (ValueError, RecursionError) as e:
-            log.warning("stage: a push ticket from %s for %s is malformed: %s", it.sender, it.key, e)
+        except (ValueError, RecursionError) as e:  # malformed, or too many tickets waiting: tell the decode
+            log.warning("stage: a push ticket from %s for %s is refused: %s", it.sender, it.key, e)
+            if isinstance(t, dict) and isinstance(t.get("kv"), str) and t["kv"]:
+                why, peer, kv = "its ticket is refused: %s" % e, str(t.get("peer") or ""), t["kv"]
+                self._poster.send("", "the decode %s" % kv, lambda: self.link.post_failure(it.key, why, peer, kv))
 
     def build_connector_meta(self, scheduler_output: Any) -> StageConnectorMetadata:
         meta = StageConnectorMetadata()
