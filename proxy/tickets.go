@@ -28,6 +28,10 @@ const (
 	inboxesBytes = 64 << 20
 )
 
+// takeBytes bounds the bodies of one Tickets answer (a frame is at most
+// wire.MaxControlBody); a ticket larger alone still goes, by itself.
+const takeBytes = 8 << 20
+
 // ticketWait bounds how long a PostTicket waits for the peer's session and
 // then for its answer.
 const ticketWait = 5 * time.Second
@@ -159,14 +163,21 @@ func (t *inboxTable) takeNow(o engine.Owner, max int) (out []wire.TicketItem, wa
 		}
 	}
 	slices.Sort(names)
+	size := 0
 	for _, name := range names {
 		b := t.byName[name]
-		k := min(max-len(out), len(b.items))
-		for _, it := range b.items[:k] {
-			b.bytes -= len(it.Body)
-			t.total -= len(it.Body)
+		k := 0
+		for k < len(b.items) && len(out) < max {
+			n := len(b.items[k].Body)
+			if len(out) > 0 && size+n > takeBytes {
+				break
+			}
+			size += n
+			b.bytes -= n
+			t.total -= n
+			out = append(out, b.items[k])
+			k++
 		}
-		out = append(out, b.items[:k]...)
 		b.items = slices.Delete(b.items, 0, k)
 	}
 	return out, t.wakeLocked()

@@ -97,6 +97,22 @@ func TestInboxTable(t *testing.T) {
 	if tb.total != 0 {
 		t.Fatalf("%d bytes counted after every ticket was taken or released", tb.total)
 	}
+	// one answer carries at most takeBytes of bodies, so its frame stays under wire.MaxControlBody
+	tb.maxTickets, tb.maxBytes, tb.maxTotal = 100, 64<<20, 64<<20
+	for i := range 40 {
+		if err := tb.deliver("p", tk("ia", fmt.Sprint("big", i), wire.MaxTicketBody)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []int{takeBytes / wire.MaxTicketBody, 40 - takeBytes/wire.MaxTicketBody} {
+		got := tb.take(b, 100, 0, nil)
+		if len(got) != want {
+			t.Fatalf("took %d tickets of %d bytes, want %d", len(got), wire.MaxTicketBody, want)
+		}
+		if n := len((&wire.Tickets{Items: got}).AppendBody(nil)); n > wire.MaxControlBody {
+			t.Fatalf("a Tickets of %d bytes, over the frame limit", n)
+		}
+	}
 	if err := tb.open(a, ""); code(err) != wire.CodeBadRequest {
 		t.Fatalf("an empty name: got %v", err)
 	}
