@@ -125,7 +125,11 @@ type Security struct {
 	Token         string `mapstructure:"token"`
 	TokenFile     string `mapstructure:"token_file"`
 	AllowInsecure bool   `mapstructure:"allow_insecure"` // no token at all (tests only)
-	TLS           TLS    `mapstructure:"tls"`
+	// RequireGrants: every peer KVPull and KVAnnounce must name a live
+	// grant, on every KV cache; off, only caches whose engine made a
+	// grant are guarded (PROTOCOL.md 9.19).
+	RequireGrants bool `mapstructure:"require_grants"`
+	TLS           TLS  `mapstructure:"tls"`
 }
 
 // TLS turns on mutual TLS 1.3 for every peer connection (control sessions
