@@ -91,7 +91,7 @@ LOCAL_OP_SIZE = 32
 
 
 class FrameType(enum.IntEnum):
-    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..153 local."""
+    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..155 local."""
 
     HELLO = 1
     CHALLENGE = 2
@@ -128,6 +128,8 @@ class FrameType(enum.IntEnum):
     REGISTER_KV = 151  # PROTOCOL.md 12.5; the message lives in kvwire
     SUBMIT_KV = 152  # 12.6
     JOIN = 153  # 9.18; the message lives in group
+    GRANT = 154  # 9.19; the messages live in grants
+    REVOKE_GRANT = 155
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)
