@@ -130,6 +130,11 @@ class KVRequests:
         self._call(lambda r: Grant(req=r, cache=cache, key=bytes(key), write=write, ttl_ms=ms, uses=n,
                                    blocks=_listed(blocks)))
 
+    def guard_kv(self, cache: str) -> None:
+        """Guard this connection's KV cache ``cache`` now, before any grant: from then on every peer pull or push
+        must name a grant (a Grant of no blocks, which grants nothing)."""
+        self.grant(cache, grant_key(), [], 0.001)
+
     def revoke_grant(self, cache: str, key: bytes) -> None:
         """End the grant ``key`` on ``cache`` (nothing when it ended already: spent, expired, or revoked)."""
         self._call(lambda r: RevokeGrant(req=r, cache=cache, key=bytes(key)))

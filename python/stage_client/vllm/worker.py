@@ -35,12 +35,19 @@ log = logging.getLogger(LOGGER)
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 
 
+#: Pulls one grant of a prefill rank allows: one per decode rank reading it (a decode of more ranks than the
+#: prefill reads one rank's blocks once per decode rank); the worker revokes the grant once the pulls it
+#: expects were served, or when its lease ends.
+GRANT_USES = 8
+
+
 @dataclass
 class _Recv:
     rr: RecvReq
     deadline: float
     cov: Optional[Coverage] = None
     error: str = ""
+    granted: bool = False  # push: we granted the prefill's writes with rr.key
 
 
 @dataclass
@@ -49,6 +56,7 @@ class _Hold:
     deadline: float
     expect: Optional[Set[int]] = None
     got: Set[int] = field(default_factory=set)
+    key: bytes = b""  # the grant the decode's pulls name; revoked when the blocks go back to vLLM
 
 
 class StageWorker:
@@ -76,6 +84,7 @@ class StageWorker:
         self._sealed: Dict[str, str] = {}
         self._held: Dict[str, _Hold] = {}
         self._held_by_xfer: Dict[str, str] = {}
+        self._granted: Dict[str, bytes] = {}  # req -> the key its blocks are granted under, until held
         self._early: Dict[str, List[Any]] = {}
         self._seen: Set[str] = set()  # request ids vLLM said finished
         self._errors: Set[int] = set()
@@ -113,6 +122,7 @@ class StageWorker:
                                         head_hi=hi, access=self.cfg.kv_role, acl=self._acl)
             self.block_tokens = self.kv.layout.block_size * self.gran
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
+            self.client.guard_kv(self.name)  # peers reach it only with a grant, from the first request on
         except BaseException:
             self._release()
             raise
@@ -214,6 +224,7 @@ class StageWorker:
         now = time.monotonic()
         sending: Set[str] = set()
         recving: Set[str] = set()
+        revoke: List[bytes] = []
         with self.lock:
             self._seen |= finished
             for rid in [r for r in self._sealed if r in self._seen and self.mover.ledger.idle(r)]:
@@ -230,6 +241,8 @@ class StageWorker:
                     sending.add(rid)
                     del self._held[rid]
                     self._held_by_xfer.pop(h.xfer, None)
+                    if h.key:
+                        revoke.append(h.key)
             for rid, st in list(self._recv.items()):
                 why = self._recv_state(rid, st, now)
                 if why is None:
@@ -240,9 +253,13 @@ class StageWorker:
                 recving.add(rid)
                 del self._recv[rid]
                 self._recv_by_xfer.pop(st.rr.xfer, None)
+                if st.granted:
+                    revoke.append(st.rr.key)
             self._seen -= sending
         for rid in sending | recving:
             self.mover.ledger.forget(rid)
+        for key in revoke:  # the blocks go back to vLLM: no peer may read or write them with this key now
+            self._revoke(key)
         return sending or None, recving or None
 
     def take_load_errors(self) -> Set[int]:
@@ -271,14 +288,24 @@ class StageWorker:
         now = time.monotonic()
         with self.lock:
             self._sealed.update(meta.seal)
+            replica = primary(self.cfg.kv_heads, self.tp, self.rank) is None
+            grants = [] if replica else [(k, b) for k, b in meta.grant.values()]
+            revoke = [k for rid, k in meta.revoke if self._granted.pop(rid, None) is not None]
+            if not replica:
+                self._granted.update((rid, k) for rid, (k, _) in meta.grant.items())
             for rid, (xfer, lease) in meta.hold.items():
-                h = _Hold(xfer, now + lease)
-                if primary(self.cfg.kv_heads, self.tp, self.rank) is None:
+                h = _Hold(xfer, now + lease, key=self._granted.pop(rid, b""))
+                if replica:
                     h.expect = set()  # a replica: no decode pulls from this rank
                 self._held[rid] = h
                 self._held_by_xfer[xfer] = rid
                 for n in self._early.pop(xfer, ()):
                     self._note_pull(h, n)
+        for key in revoke:
+            self._revoke(key)
+        # usually the step that computes the prompt's last token, before request_finished hands the key out
+        for key, blocks in grants:
+            self._grant(key, blocks, self.cfg.lease_s + self.cfg.timeout_s, write=False)
         for rr in meta.recv:
             self._start_recv(rr, now)
         if meta.failed:
@@ -288,8 +315,27 @@ class StageWorker:
                     if st is not None and not st.error:
                         st.error = why
 
+    def _grant(self, key: bytes, blocks: List[int], ttl: float, write: bool) -> str:
+        """Grant the peer's requests naming ``key`` on ``blocks`` of our cache; why it failed, else ""."""
+        try:
+            self.client.grant(self.name, key, blocks, min(max(ttl, 0.001), 3600.0), write=write, uses=GRANT_USES)
+        except (StageError, OSError, ValueError) as e:
+            log.warning("stage: granting %s of %d blocks of %s: %s", "writes" if write else "reads", len(blocks),
+                        self.name, e)
+            return "granting the peer's %s: %s" % ("push" if write else "pull", e)
+        return ""
+
+    def _revoke(self, key: bytes) -> None:
+        try:
+            self.client.revoke_grant(self.name, key)
+        except (StageError, OSError, ValueError) as e:  # a sidecar that restarted holds no grant any more
+            log.warning("stage: revoking a grant on %s: %s", self.name, e)
+
     def _start_recv(self, rr: RecvReq, now: float) -> None:
         st = _Recv(rr, now + self.cfg.timeout_s, error=rr.error)
+        if rr.mode == "push" and rr.key and not st.error:
+            st.error = self._grant(rr.key, rr.blocks, self.cfg.timeout_s + 5.0, write=True)
+            st.granted = not st.error
         if rr.mode == "pull" and not st.error:
             if rr.lease_expires and time.time() + self.cfg.timeout_s > rr.lease_expires:
                 st.error = "the prefill's lease ends before a pull could finish"
@@ -309,11 +355,13 @@ class StageWorker:
         first, n = self._span(rr.first, rr.tokens)
         return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv + self.fmt), rr.blocks,
                                      rr.remote_blocks, n, local_first=first, remote_first=first,
-                                     heads=(lo, hi), tag=tag, **kw)]
+                                     heads=(lo, hi), tag=tag, key=rr.key, **kw)]
 
     def _push(self, ch: PushChunk, layers: List[int], event: Any) -> None:
         t = ch.ticket
-        kw = {"peer": t["peer"]} if t.get("peer") else {}
+        kw: Dict[str, Any] = {"peer": t["peer"]} if t.get("peer") else {}
+        if t.get("grant"):
+            kw["key"] = bytes.fromhex(t["grant"])  # the decode's grant of writes (checked with the ticket)
         tag = make_tag(ch.xfer, "p", self.rank, self.tp)
         for s, d, lo, hi in plan(self.cfg.kv_heads, self.tp, int(t["tp"])):
             if s != self.rank:
