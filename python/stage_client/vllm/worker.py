@@ -300,12 +300,14 @@ class StageWorker:
                 self._held[rid] = h
                 self._held_by_xfer[xfer] = rid
                 for n in self._early.pop(xfer, ()):
-                    self._note_pull(h, n)
-        for key in revoke:
-            self._revoke(key)
+                    key = self._note_pull(h, n)
+                    if key:
+                        revoke.append(key)
         # usually the step that computes the prompt's last token, before request_finished hands the key out
         for key, blocks in grants:
             self._grant(key, blocks, self.cfg.lease_s + self.cfg.timeout_s, write=False)
+        for key in revoke:
+            self._revoke(key)
         for rr in meta.recv:
             self._start_recv(rr, now)
         if meta.failed:
@@ -414,23 +416,26 @@ class StageWorker:
             t = parse_tag(n.tag)
             if t is None or n.kv != self.name:
                 continue
-            self._note(t, n)
+            key = self._note(t, n)
+            if key:  # every pull the grant was for was served: revoked now, not at vLLM's next step
+                self._revoke(key)
 
-    def _note(self, t: Tuple[str, str, int, int], n: Any) -> None:
-        """File one notification under its request, or keep it until the request is known."""
+    def _note(self, t: Tuple[str, str, int, int], n: Any) -> bytes:
+        """File one notification under its request, or keep it until the request is known. A grant's key when
+        this pull was the last one it expected (the caller revokes it)."""
         with self.lock:
             if t[1] == "p":
                 rid = self._recv_by_xfer.get(t[0])
                 if rid is not None:
                     self._note_push(self._recv[rid], n)
-                    return
+                    return b""
             else:
                 rid = self._held_by_xfer.get(t[0])
                 if rid is not None:
-                    self._note_pull(self._held[rid], n)
-                    return
+                    return self._note_pull(self._held[rid], n)
             if sum(len(v) for v in self._early.values()) < MAX_EARLY:
                 self._early.setdefault(t[0], []).append(n)
+        return b""
 
     def _note_push(self, st: _Recv, n: Any) -> None:
         """A push into this rank's cache ended (under the lock)."""
@@ -450,16 +455,21 @@ class StageWorker:
         for layer in n.layers:
             st.cov.add(src, int(layer), n.first, n.first + n.tokens)
 
-    def _note_pull(self, h: _Hold, n: Any) -> None:
-        """A decode rank's pull from this rank's cache ended (under the lock)."""
+    def _note_pull(self, h: _Hold, n: Any) -> bytes:
+        """A decode rank's pull from this rank's cache ended (under the lock). Its grant's key once every pull
+        expected was served (taken: the caller revokes it), else b""."""
         _, _, dst, dst_tp = parse_tag(n.tag)  # type: ignore[misc]
         if h.expect is None:
             try:
                 h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
             except ValueError as e:  # not a decode of this model: the lease frees the blocks
                 log.warning("stage: pull of %s by decode rank %d of %d ignored: %s", h.xfer, dst, dst_tp, e)
-                return
+                return b""
         h.got.add(dst)
+        if h.key and h.expect is not None and h.expect <= h.got:
+            key, h.key = h.key, b""
+            return key
+        return b""
 
 
 def _event() -> Any:
