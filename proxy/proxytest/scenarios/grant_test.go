@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/config"
 	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/proxy/proxytest"
@@ -41,9 +42,22 @@ func newKey(t *testing.T) []byte {
 // right key and other blocks, a second time, after expiry and after a
 // revoke it is refused and the puller's cache is untouched; with the
 // grant it moves once. A push is the same with a write grant. A raw
-// byte-range pull of the guarded cache's regions is refused too.
+// byte-range pull of the guarded cache's regions is refused too, over TCP
+// and between sidecars on one node (its handles are not handed out).
 func TestKVGrants(t *testing.T) {
-	pre, dec := proxytest.Pair(t, e2eOpts())
+	for _, tt := range []struct {
+		name string
+		opts func(t *testing.T) proxytest.Options
+	}{
+		{"tcp", func(*testing.T) proxytest.Options { return e2eOpts() }},
+		{"same node", oneNode},
+	} {
+		t.Run(tt.name, func(t *testing.T) { kvGrants(t, tt.opts(t)) })
+	}
+}
+
+func kvGrants(t *testing.T, o proxytest.Options) {
+	pre, dec := proxytest.Pair(t, o)
 	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 8, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
 	own := kvCache(t, pre, "own", "vllm-flash", p, 1, 0)
 	victim := kvCache(t, dec, "victim", "vllm-flash", p, 1, 9)
@@ -120,7 +134,14 @@ func TestKVGrants(t *testing.T) {
 		t.Fatalf("raw pull of a guarded cache's region: got %v, want access denied", err)
 	}
 
-	// Push: the receiving engine grants writes into the blocks it allocated.
+	kvGrantPush(t, pre, dec, p, m, refused)
+}
+
+// kvGrantPush: the receiving engine grants writes into the blocks it
+// allocated; a push without the key is refused, with it it lands, and
+// after the revoke it is refused again.
+func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m kvsim.KVMove, refused func(string, wire.SubmitKV, string)) {
+	ctx := context.Background()
 	into := kvCache(t, dec, "into", "vllm-flash", p, 1, 0)
 	src := kvCache(t, pre, "src", "vllm-flash", p, 1, 4)
 	wkey := newKey(t)
@@ -174,5 +195,29 @@ func TestKVGrantEngine(t *testing.T) {
 		if tt.err == nil || !strings.Contains(tt.err.Error(), tt.want) {
 			t.Errorf("%s: got %v, want an error naming %q", tt.what, tt.err, tt.want)
 		}
+	}
+}
+
+// TestKVRequireGrants: with security.require_grants a cache is guarded from
+// its registration: a keyless pull is refused before its engine made any
+// grant, and one with a grant moves.
+func TestKVRequireGrants(t *testing.T) {
+	o := e2eOpts()
+	o.Configure = func(name string, c *config.Config) { c.Security.RequireGrants = name == "decode" }
+	pre, dec := proxytest.Pair(t, o)
+	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 8, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+	own := kvCache(t, pre, "own", "vllm-flash", p, 1, 0)
+	victim := kvCache(t, dec, "victim", "vllm-flash", p, 1, 9)
+	m := kvsim.KVMove{Layers: []int{0}, SrcTable: []uint32{1, 5}, DstTable: []uint32{2, 3}, Tokens: 32}
+	s := m.Submit(route, "g", wire.Pull, own, victim)
+	if err := kvRun(t, pre.Client, s); client.CodeOf(err) != wire.CodeAccessDenied {
+		t.Fatalf("keyless pull with require_grants: got %v, want access denied", err)
+	}
+	s.Key = newKey(t)
+	if err := dec.Client.Grant(context.Background(), victim.Name, s.Key, false, m.SrcTable, time.Minute, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := kvRun(t, pre.Client, s); err != nil {
+		t.Fatalf("pull with its grant: %v", err)
 	}
 }
