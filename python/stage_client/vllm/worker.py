@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import Client
-from ..engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from ..engines import MAX_TP, Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..wire import Code
@@ -35,10 +35,11 @@ log = logging.getLogger(LOGGER)
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 
 
-#: Pulls one grant of a prefill rank allows: one per decode rank reading it (a decode of more ranks than the
-#: prefill reads one rank's blocks once per decode rank); the worker revokes the grant once the pulls it
-#: expects were served, or when its lease ends.
-GRANT_USES = 8
+#: Pulls one grant of a prefill rank allows: one per decode rank reading it, and a decode may have up to MAX_TP
+#: ranks (an MLA cache is read whole by each). The key is single use in effect: the worker revokes the grant
+#: as soon as the notifications say every decode rank it expects (the first pull's tag names the decode's TP)
+#: was served, and when vLLM frees the blocks.
+GRANT_USES = MAX_TP
 
 
 @dataclass
