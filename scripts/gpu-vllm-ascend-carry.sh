@@ -34,10 +34,10 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p .vac "$stage/site"
 
 # Distributions the test imports (directly or through vllm / vllm_ascend / transformers) that the GPU
-# image does not have, and transformers 4.57.6 with its tokenizers and huggingface_hub: the image's
-# transformers 5.17.0 (vllm 0.23.0 accepts it) caches DeepseekV3's keys in another shape, which
-# tests/test_vllm_ascend_model.py's MLA prefill hook does not read (seen: "value tensor of shape [150, 480]
-# cannot be broadcast to ... [150, 64]"), so the GPU run uses CI's versions. The image's own are used for
+# image does not have, and CI's transformers 4.57.6 with its tokenizers and huggingface_hub: under the
+# image's transformers 5.17.0 (which vllm 0.23.0 accepts) the test's MLA cases fail in
+# tests/test_vllm_ascend_model.py's prefill hook (seen in a venv mirroring the image: "value tensor of
+# shape [150, 480] cannot be broadcast to indexing result of shape [150, 64]"), so the GPU run uses CI's. The image's own are used for
 # the rest: torch, numpy, scipy, numba, triton, pillow, grpcio, aiohttp, pyyaml, psutil, ... Protobuf is
 # CI's too (7.36.2, small): the generated modules carried (googleapis-common-protos, opentelemetry-proto)
 # check the runtime's version on import, and the image's is not known here.
