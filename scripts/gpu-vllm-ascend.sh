@@ -3,7 +3,7 @@
 # runner makes the caches over fakeacl_cuda, the ACL runtime emulated over CUDA; a cuda sidecar decodes,
 # vllm-packed / vllm-mla, block 16), then the CPU classes over fakeacl.c for comparison.
 #
-# Here:   make gpu-vllm-ascend-carry          (.vac/: vac.tar.xz + MANIFEST.txt, about 30 MB)
+# Here:   make gpu-vllm-ascend-carry          (.vac/: vac.tar.xz + MANIFEST.txt, about 35 MB)
 # There:  device run, carry [".vac"], command: bash scripts/gpu-vllm-ascend.sh
 #
 # It unpacks .vac/vac.tar.xz into /tmp/vac (site/ goes first on PYTHONPATH: vllm 0.23.0's Python files,
@@ -34,7 +34,12 @@ fail() { echo "gpu-vllm-ascend: $*" | tee -a "$setup" >&2; exit 2; }
 
 [ -f .vac/vac.tar.xz ] || fail ".vac/vac.tar.xz is missing: run make gpu-vllm-ascend-carry here and carry .vac"
 rm -rf "$vac" && mkdir -p "$vac" || fail "cannot make $vac"
-tar -xJf .vac/vac.tar.xz -C "$vac" || fail "unpacking .vac/vac.tar.xz into $vac failed"
+if command -v xz >/dev/null; then
+  tar -xJf .vac/vac.tar.xz -C "$vac" || fail "unpacking .vac/vac.tar.xz into $vac failed"
+else  # no xz program: Python's lzma
+  "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' .vac/vac.tar.xz "$vac" \
+    || fail "unpacking .vac/vac.tar.xz into $vac with $py failed"
+fi
 export PYTHONPATH="$vac/site${VAC_EXTRA_PATH:+:$VAC_EXTRA_PATH}"
 staged=${STAGED:-$vac/bin/staged}
 src="$vac/vllm_ascend-0.23.0.post1"
