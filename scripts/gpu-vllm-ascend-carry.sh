@@ -15,7 +15,7 @@
 #   MANIFEST.txt  each distribution: version, files kept, bytes kept, bytes left out; the archive's size
 # scripts/gpu-vllm-ascend.sh unpacks it into /tmp on the GPU machine and runs the test.
 #
-# Source: the venv `make test-vllm-ascend` uses (python/requirements/vllm-ascend.txt, pinned; made here if
+# Source: the venv `make test-vllm-ascend` uses (python/requirements/vllm-0.23.txt, pinned; made here if
 # missing) and scripts/vllm-ascend-src.sh's checksum-pinned sdist. What to carry was read off a run of the
 # test's CPU classes in that venv (the distributions of every module it imported) less those the image
 # holds (KINDS.md's list); `scripts/gpu-vllm-ascend.sh --mirror PYTHON` proves the set on a venv that mirrors
@@ -24,9 +24,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venvs=${ENGINES_VENVS:-$HOME/.cache/stage/venvs}
-bash scripts/engines-venv.sh "$venvs/vllm-ascend" python/requirements/vllm-ascend.txt >&2
+bash scripts/engines-venv.sh "$venvs/vllm-0.23" python/requirements/vllm-0.23.txt >&2
 src=$(bash scripts/vllm-ascend-src.sh "$venvs/src")
-py="$venvs/vllm-ascend/bin/python"
+py="$venvs/vllm-0.23/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/vac.XXXXXX")
