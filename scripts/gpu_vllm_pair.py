@@ -312,7 +312,6 @@ class Pair:
         self.dec_sc = Sidecar(args.staged, "decode", self.work, dev, args.gpus[1], args.work)
         self.pre_sc.routes = [("decode", self.dec_sc.addr)]
         self.dec_sc.routes = [("prefill", self.pre_sc.addr)]
-        self.rdv = "127.0.0.1:%d" % free_port()
         self.engines: List[Any] = []
         self.proxy: Any = None
         self.eager = args.cpu or args.eager
@@ -339,7 +338,7 @@ class Pair:
             self.engines = []
             t = time.monotonic()
             self.pre = Eng("prefill", a.model, "kv_producer", self.pre_sc, "decode", a.pre_block,
-                           {"rendezvous_listen": self.rdv}, a, a.gpus[0], self.eager)
+                           {}, a, a.gpus[0], self.eager)  # push tickets come over the sidecars' link
             self.engines.append(self.pre)
             self.dec = Eng("decode", a.model, "kv_consumer", self.dec_sc, "prefill", a.dec_block, {}, a, a.gpus[1],
                            self.eager)
@@ -361,8 +360,7 @@ class Pair:
             break
         from stage_client.pdproxy import PDProxy
 
-        self.proxy = PDProxy(("127.0.0.1", 0), self.pre.url, self.dec.url, "pull", self.rdv,
-                             timeout=a.request_timeout)
+        self.proxy = PDProxy(("127.0.0.1", 0), self.pre.url, self.dec.url, "pull", timeout=a.request_timeout)
         threading.Thread(target=self.proxy.serve_forever, daemon=True).start()
 
     def snapshot(self) -> Dict[str, Dict[str, float]]:
