@@ -369,20 +369,21 @@ class TestVLLMAscend(unittest.TestCase):
         heads = M.kv_heads(self.models[kind])
         dst = self.decode_layers(self.dec_alloc("dec-" + name)[0], kind)
         common = dict(mode="push", kv_heads=heads, timeout_s=30, layerwise=True)
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0",
-                                          acl_library=LIB, kv_name="%s-pre" % name),
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", acl_library=LIB,
+                                          kv_name="%s-pre" % name),
                     heads, src, "%s-pre" % name, "kv_producer")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode", kv_name="%s-dec" % name,
                                           kv_layout="vllm-mla" if kind == "mla" else "vllm-packed"),
                     heads, [{R.layer_name(i): t for i, t in enumerate(dst)}], "%s-dec" % name, "kv_consumer")
         self.addCleanup(de.shutdown)
-        rdv = pe.sched.scheduler.rendezvous.address
+        for e in (pe, de):  # the push tickets travel over the sidecars' link, to the prefill engine's inbox
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
         preqs = [Request("%s-%d" % (name, s), list(p), {"do_remote_decode": True, "stage_mode": "push",
                                                         "stage_xfer": "%s-x%d" % (name, s)})
                  for s, p in enumerate(self.prompts)]
         dreqs = [Request(r.request_id, r.prompt_token_ids, {"do_remote_prefill": True, "stage_mode": "push",
-                                                             "stage_rendezvous": rdv,
+                                                             "stage_kv": "%s-pre" % name,
                                                              "stage_xfer": "%s-x%d" % (name, s)})
                  for s, r in enumerate(preqs)]
         for s, r in enumerate(dreqs):

@@ -239,3 +239,17 @@ sys.modules[_C.__name__] = _C
 _C._NPUTaskGroupHandle = _absent("torch_npu._C._NPUTaskGroupHandle")  # compilation/acl_graph.py:296, an annotation
 if not hasattr(torch, "npu"):
     torch._register_device_module("npu", npu)
+
+# ---- triton-ascend: where Triton is importable and active (the GPU machine: vLLM's HAS_TRITON is True
+# there, False on a CPU-only machine), vllm-ascend resolves three of triton-ascend's ops at import
+# (vllm_ascend/ops/triton/triton_utils.py:37-40, reached from vllm_ascend/ops/__init__.py:21 through
+# fused_moe and device_op). Upstream Triton has none of them; an NPU machine's triton-ascend provides them
+# as triton.language.extra.cann.extension. Named stand-ins, never called on the KV path.
+_cann_ext = types.ModuleType("triton.language.extra.cann.extension")
+for _op in ("insert_slice", "extract_slice", "get_element"):
+    setattr(_cann_ext, _op, _absent("triton.language.extra.cann.extension." + _op, "function"))
+_cann = types.ModuleType("triton.language.extra.cann")
+_cann.extension = _cann_ext  # type: ignore[attr-defined]
+if "triton.language.extra.cann" not in sys.modules:
+    sys.modules[_cann.__name__] = _cann
+    sys.modules[_cann_ext.__name__] = _cann_ext
