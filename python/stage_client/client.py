@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import logging
 import math
 import queue
 import socket
@@ -41,6 +42,7 @@ DEFAULT_REQUEST_TIMEOUT = 60.0
 DEFAULT_UNREGISTER_WAIT = 30.0
 
 _Future = concurrent.futures.Future
+_log = logging.getLogger("stage_client")
 
 
 class Op(NamedTuple):
@@ -223,6 +225,7 @@ class Client(KVRequests):
         self._ipc_live: Dict[Tuple[bytes, int], int] = {}  # how many holds name each counter
         self._group = None if group is None else group.encode("utf-8") if isinstance(group, str) else bytes(group)
         self._hooks: List[Callable[["Client"], None]] = []  # on_reconnect callbacks
+        self._lost_hooks: List[Callable[[], None]] = []  # on_disconnect callbacks
         self._resuming: Optional[int] = None  # the thread restoring a new connection; others' calls wait out
         self._reader = self._start_reader(self._sock)
         self._reconnector: Optional[Reconnector] = None
@@ -272,6 +275,12 @@ class Client(KVRequests):
         It runs on the client's reconnect thread; if it raises, that connection is dropped and tried again."""
         with self._lock:
             self._hooks.append(fn)
+
+    def on_disconnect(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` when a reconnecting client's connection ends (after the calls in flight failed), on
+        the client's reader thread: keep it short, make no call to the sidecar there."""
+        with self._lock:
+            self._lost_hooks.append(fn)
 
     @property
     def reconnects(self) -> int:
@@ -405,6 +414,11 @@ class Client(KVRequests):
             s._end()
         if again:
             assert self._reconnector is not None
+            for fn in list(self._lost_hooks):
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - a callback's bug must not stop the reconnect
+                    _log.warning("stage: an on_disconnect callback failed: %s", e)
             self._reconnector.lost()
 
     # ------------------------------------------------------------------
