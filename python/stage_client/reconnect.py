@@ -109,7 +109,7 @@ class Reconnector:
             self._thread.join()
 
     def _run(self) -> None:
-        while True:
+        while not self._stop.is_set():  # checked before each wait: _attempt may clear the wake-up stop() set
             self._lost.wait()
             if self._stop.is_set():
                 return

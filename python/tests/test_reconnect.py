@@ -170,6 +170,27 @@ class TestReconnect(unittest.TestCase):
         c.close()
         self.assertEqual(client_threads(), [])
 
+    def test_close_while_a_callback_fails(self) -> None:
+        # close() while the reconnect thread restores a connection whose callback then fails: close returns
+        first = self.sidecar()
+        c = Client(self.path, request_timeout=5, reconnect=Backoff(0.01, 0.05))
+        closer = threading.Thread(target=c.close)
+
+        def failing(cl: Client) -> None:
+            closer.start()
+            time.sleep(0.2)  # close() is waiting for this thread now
+            raise SidecarConnectionError("registering again failed")
+
+        c.on_reconnect(failing)
+        first.close()
+        self.fakes.clear()
+        self.sidecar()
+        closer_started = until(lambda: closer.is_alive() or closer.ident is not None)
+        self.assertTrue(closer_started, "never reconnected")
+        closer.join(3)
+        self.assertFalse(closer.is_alive(), "close() hangs when a reconnect callback fails under it")
+        self.assertEqual(client_threads(), [])
+
     def test_without_reconnect_stays_closed(self) -> None:
         first = self.sidecar()
         c = Client(self.path, request_timeout=5)
