@@ -376,6 +376,8 @@ class TestSameBlocks(RealPair):
             self.assertLess(time.monotonic() - t0, RESTART_S, "%s: no KV moved %ss after the %s's staged restarted "
                             "(%d tries)\n%s" % (mode, RESTART_S, sc.name, tries, engine.tail()))
             time.sleep(0.5)
+        sys.stderr.write("%s's staged restarted: KV moved again (%s) %.1fs later, at try %d\n"
+                         % (sc.name, mode, time.monotonic() - t0, tries))
         self.assertIn("registered again", engine.text(), "the %s engine's log does not say its cache was "
                       "registered again" % sc.name)
 
