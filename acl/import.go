@@ -25,6 +25,13 @@ import (
 //     BareTgid) or exported without pid validation. Where the library has
 //     aclrtMemGetAddressRange, the engine's Size is checked against it.
 //
+//   - device.HandleACLVMM: the physical chunks under the region, each
+//     exported with aclrtMemExportToShareableHandle (VMMHandle, vmm.go);
+//     Size is the region's length and Base its first byte.
+//
+// Both refuse memory this sidecar cannot copy (another NPU's): the import
+// ends with a probe, a one-byte D2H copy.
+//
 // device.HandleMemfd (shared host memory) is not supported: copies between
 // a pinned slot and registered host memory would be host-to-host
 // aclrtMemcpyAsync calls, which the runtime refuses in EP mode, and the
@@ -42,6 +49,8 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 	}
 	switch h.Kind {
 	case device.HandleACLKey:
+	case device.HandleACLVMM:
+		return d.importVMM(h)
 	case device.HandleMemfd:
 		return nil, fmt.Errorf("acl: %s: import memfd: %w by the acl backend (ACL has no async host-to-host copy in EP mode, and registered host memory's device address is not a memcpy address); register device memory by export key", d, device.ErrNotSupported)
 	default:
@@ -72,16 +81,24 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 				d, key, uint64(size), uint64(p), uint64(base), h.Size, device.ErrBadHandle)
 		}
 		if err != nil {
-			if cerr := l.check(C.stacl_ipc_close(l.c, d.ctx, ck), "aclrtIpcMemClose(%q)", key); cerr != nil {
-				err = errors.Join(err, cerr)
-			}
-			return nil, err
+			return nil, d.closeKeyAfter(ck, key, err)
 		}
+	}
+	if err := d.probe(device.Addr(p)); err != nil {
+		return nil, d.closeKeyAfter(ck, key, err)
 	}
 	d.mu.Lock()
 	d.mappings++
 	d.mu.Unlock()
-	return &mapping{d: d, key: key, base: device.Addr(p), size: h.Size}, nil
+	return &mapping{mapHead: mapHead{d: d, base: device.Addr(p), size: h.Size}, key: key}, nil
+}
+
+// closeKeyAfter closes an import that failed its checks (err).
+func (d *Device) closeKeyAfter(ck *C.char, key string, err error) error {
+	if cerr := d.lib.check(C.stacl_ipc_close(d.lib.c, d.ctx, ck), "aclrtIpcMemClose(%q)", key); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return err
 }
 
 // checkKey accepts what aclrtIpcMemGetExportKey can produce: 1 to 64
@@ -98,10 +115,9 @@ func checkKey(key string) error {
 	return nil
 }
 
-// mapping is an imported allocation (device.Mapping).
-type mapping struct {
+// mapHead is what every kind of mapping has.
+type mapHead struct {
 	d    *Device
-	key  string
 	base device.Addr
 	size uint64
 
@@ -109,13 +125,12 @@ type mapping struct {
 	closed bool
 }
 
-func (m *mapping) Base() device.Addr { return m.base }
-func (m *mapping) Size() uint64      { return m.size }
+func (m *mapHead) Base() device.Addr { return m.base }
+func (m *mapHead) Size() uint64      { return m.size }
 
-// Close unmaps the allocation (aclrtIpcMemClose of the key, importer side).
-func (m *mapping) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// closing marks the mapping closed and uncounts it (m.mu held), or says
+// it was closed already.
+func (m *mapHead) closing() error {
 	d := m.d
 	if m.closed || d.closed.Load() {
 		return d.errClosed("Mapping.Close")
@@ -124,6 +139,23 @@ func (m *mapping) Close() error {
 	d.mu.Lock()
 	d.mappings--
 	d.mu.Unlock()
+	return nil
+}
+
+// mapping is an allocation imported by key (device.Mapping).
+type mapping struct {
+	mapHead
+	key string
+}
+
+// Close unmaps the allocation (aclrtIpcMemClose of the key, importer side).
+func (m *mapping) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.closing(); err != nil {
+		return err
+	}
+	d := m.d
 	ck := C.CString(m.key)
 	defer C.free(unsafe.Pointer(ck))
 	return d.lib.check(C.stacl_ipc_close(d.lib.c, d.ctx, ck), "aclrtIpcMemClose(%q)", m.key)

@@ -25,7 +25,9 @@ const DefaultLibraryName = "libascendcl.so"
 
 // Symbol groups of the bound table (STACL_SYM_* in shim.h).
 const (
-	symIPC = C.STACL_SYM_IPC // the aclrtIpcMem* calls
+	symIPC       = C.STACL_SYM_IPC        // the aclrtIpcMem* calls
+	symVMM       = C.STACL_SYM_VMM        // VMM import
+	symVMMExport = C.STACL_SYM_VMM_EXPORT // VMM allocation and export (engines, tests)
 )
 
 // aclError values stage reacts to (CANN's acl_base.h / acl_rt.h).
@@ -53,6 +55,9 @@ type Library struct {
 	ipc        bool // all four aclrtIpcMem* calls
 	ipcWhy     string
 	fastStream bool // aclrtCreateStreamWithConfig
+	vmm        bool // the VMM import calls (device.HandleACLVMM)
+	vmmWhy     string
+	vmmExport  bool // the VMM allocation and export calls
 
 	initOnce   sync.Once
 	initErr    error
@@ -88,12 +93,22 @@ func OpenLibrary(path string) (*Library, error) {
 	if !l.ipc {
 		l.ipcWhy = fmt.Sprintf("%s lacks %d of the 4 aclrtIpcMem* entry points", path, len(lib.Missing(symIPC)))
 	}
+	l.vmm = len(lib.Missing(symVMM)) == 0
+	if !l.vmm {
+		l.vmmWhy = fmt.Sprintf("%s lacks %s (CANN without the VMM calls)", path, strings.Join(lib.Missing(symVMM), ", "))
+	}
+	l.vmmExport = len(lib.Missing(symVMMExport)) == 0
 	return l, nil
 }
 
 func absentReason(group int, name string) string {
-	if group == symIPC {
+	switch group {
+	case symIPC:
 		return "import by export key (device.HandleACLKey) unavailable; needs a CANN with aclrtIpcMem* (8.x)"
+	case symVMM:
+		return "import of VMM memory (device.HandleACLVMM: torch_npu's expandable segments, vllm-ascend's default) unavailable"
+	case symVMMExport:
+		return "engine-side VMM allocation and export (AllocVMM, ExportVMM) unavailable; the sidecar does not need them"
 	}
 	switch name {
 	case "aclrtMemcpyBatchAsync":
@@ -104,6 +119,8 @@ func absentReason(group int, name string) string {
 		return "BareTgid falls back to getpid(), which is wrong inside containers and VMs"
 	case "aclrtMemGetAddressRange":
 		return "Import trusts the allocation size the engine claims"
+	case "aclrtGetPhyDevIdByLogicDevId":
+		return "the NPU's physical id is unknown: memory of another NPU is refused by the import's probe copy, not by its id"
 	}
 	return "unused"
 }
@@ -123,6 +140,17 @@ func (l *Library) HasBatchCopy() bool { return l.batch }
 
 // HasIPC reports whether the aclrtIpcMem* calls are exported.
 func (l *Library) HasIPC() bool { return l.ipc }
+
+// HasVMM reports whether the VMM import calls are exported.
+func (l *Library) HasVMM() bool { return l.vmm }
+
+// BareTgidSource says where BareTgid comes from, and why it may be wrong.
+func (l *Library) BareTgidSource() string {
+	if l.c.aclrtDeviceGetBareTgid == nil {
+		return "getpid(): " + l.Path() + " lacks aclrtDeviceGetBareTgid; wrong across pid namespaces (containers) and VMs"
+	}
+	return "aclrtDeviceGetBareTgid"
+}
 
 // BareTgid returns this process's id as the ACL IPC whitelist wants it
 // (aclrtDeviceGetBareTgid: the host pid, also inside containers), or

@@ -41,6 +41,19 @@ static const struct {
 	SYM(aclrtIpcMemClose, STACL_SYM_IPC),
 	SYM(aclrtDeviceGetBareTgid, STACL_SYM_EXTRA),
 	SYM(aclrtMemGetAddressRange, STACL_SYM_EXTRA),
+	SYM(aclrtGetPhyDevIdByLogicDevId, STACL_SYM_EXTRA),
+	SYM(aclrtMemImportFromShareableHandle, STACL_SYM_VMM),
+	SYM(aclrtReserveMemAddress, STACL_SYM_VMM),
+	SYM(aclrtReleaseMemAddress, STACL_SYM_VMM),
+	SYM(aclrtMapMem, STACL_SYM_VMM),
+	SYM(aclrtUnmapMem, STACL_SYM_VMM),
+	SYM(aclrtMemSetAccess, STACL_SYM_VMM),
+	SYM(aclrtFreePhysical, STACL_SYM_VMM),
+	SYM(aclrtMallocPhysical, STACL_SYM_VMM_EXPORT),
+	SYM(aclrtMemGetAllocationGranularity, STACL_SYM_VMM_EXPORT),
+	SYM(aclrtMemRetainAllocationHandle, STACL_SYM_VMM_EXPORT),
+	SYM(aclrtMemExportToShareableHandle, STACL_SYM_VMM_EXPORT),
+	SYM(aclrtMemSetPidToShareableHandle, STACL_SYM_VMM_EXPORT),
 };
 
 _Static_assert(sizeof(aclrtMemLocation) == 8, "aclrtMemLocation is 8 bytes");
@@ -94,6 +107,7 @@ stacl_ret stacl_set_device(const stacl_acl *l, int32_t dev, aclrtContext *ctx) {
 
 stacl_ret stacl_reset_device(const stacl_acl *l, int32_t dev) { return ret(l, l->aclrtResetDevice(dev)); }
 stacl_ret stacl_bare_tgid(const stacl_acl *l, int32_t *pid) { return ret(l, l->aclrtDeviceGetBareTgid(pid)); }
+stacl_ret stacl_phys_dev(const stacl_acl *l, int32_t logic, int32_t *phys) { return ret(l, l->aclrtGetPhyDevIdByLogicDevId(logic, phys)); }
 
 stacl_ret stacl_malloc(const stacl_acl *l, aclrtContext ctx, size_t n, int policy, uintptr_t *p) {
 	CTX();
@@ -299,3 +313,84 @@ stacl_ret stacl_ipc_import(const stacl_acl *l, aclrtContext ctx, const char *key
 }
 
 stacl_ret stacl_ipc_close(const stacl_acl *l, aclrtContext ctx, const char *key) { CTX(); return ret(l, l->aclrtIpcMemClose(key)); }
+
+/* ---- VMM ---- */
+
+stacl_ret stacl_vmm_import(const stacl_acl *l, aclrtContext ctx, uint64_t shareable, int32_t dev, uintptr_t *h) {
+	CTX();
+	aclrtDrvMemHandle q = 0;
+	aclError rc = l->aclrtMemImportFromShareableHandle(shareable, dev, &q);
+	if (rc == 0) *h = (uintptr_t)q;
+	return ret(l, rc);
+}
+
+stacl_ret stacl_vmm_reserve(const stacl_acl *l, aclrtContext ctx, size_t n, uintptr_t *va) {
+	CTX();
+	void *q = 0;
+	aclError rc = l->aclrtReserveMemAddress(&q, n, 0, NULL, 0);
+	if (rc == 0) *va = (uintptr_t)q;
+	return ret(l, rc);
+}
+
+stacl_ret stacl_vmm_release(const stacl_acl *l, aclrtContext ctx, uintptr_t va) { CTX(); return ret(l, l->aclrtReleaseMemAddress((void *)va)); }
+
+stacl_ret stacl_vmm_map(const stacl_acl *l, aclrtContext ctx, uintptr_t va, size_t n, uintptr_t h) {
+	CTX();
+	return ret(l, l->aclrtMapMem((void *)va, n, 0, (aclrtDrvMemHandle)h, 0));
+}
+
+stacl_ret stacl_vmm_unmap(const stacl_acl *l, aclrtContext ctx, uintptr_t va) { CTX(); return ret(l, l->aclrtUnmapMem((void *)va)); }
+
+stacl_ret stacl_vmm_access(const stacl_acl *l, aclrtContext ctx, uintptr_t va, size_t n, int32_t flags, uint32_t dev) {
+	CTX();
+	aclrtMemAccessDesc d;
+	memset(&d, 0, sizeof d);
+	d.flags = flags;
+	d.location.id = dev;
+	d.location.type = 1; /* ACL_MEM_LOCATION_TYPE_DEVICE */
+	return ret(l, l->aclrtMemSetAccess((void *)va, n, &d, 1));
+}
+
+stacl_ret stacl_vmm_free(const stacl_acl *l, aclrtContext ctx, uintptr_t h) { CTX(); return ret(l, l->aclrtFreePhysical((aclrtDrvMemHandle)h)); }
+
+static void stacl_prop(aclrtPhysicalMemProp *p, uint32_t dev) {
+	memset(p, 0, sizeof *p);
+	p->memAttr = 4; /* ACL_HBM_MEM_HUGE */
+	p->location.id = dev;
+	p->location.type = 1;
+}
+
+stacl_ret stacl_vmm_granularity(const stacl_acl *l, aclrtContext ctx, uint32_t dev, size_t *g) {
+	CTX();
+	aclrtPhysicalMemProp p;
+	stacl_prop(&p, dev);
+	return ret(l, l->aclrtMemGetAllocationGranularity(&p, 0 /* MINIMUM */, g));
+}
+
+stacl_ret stacl_vmm_malloc(const stacl_acl *l, aclrtContext ctx, uint32_t dev, size_t n, uintptr_t *h) {
+	CTX();
+	aclrtPhysicalMemProp p;
+	stacl_prop(&p, dev);
+	aclrtDrvMemHandle q = 0;
+	aclError rc = l->aclrtMallocPhysical(&q, n, &p, 0);
+	if (rc == 0) *h = (uintptr_t)q;
+	return ret(l, rc);
+}
+
+stacl_ret stacl_vmm_retain(const stacl_acl *l, aclrtContext ctx, uintptr_t va, uintptr_t *h) {
+	CTX();
+	aclrtDrvMemHandle q = 0;
+	aclError rc = l->aclrtMemRetainAllocationHandle((void *)va, &q);
+	if (rc == 0) *h = (uintptr_t)q;
+	return ret(l, rc);
+}
+
+stacl_ret stacl_vmm_export(const stacl_acl *l, aclrtContext ctx, uintptr_t h, uint64_t flags, uint64_t *shareable) {
+	CTX();
+	return ret(l, l->aclrtMemExportToShareableHandle((aclrtDrvMemHandle)h, 0 /* ACL_MEM_HANDLE_TYPE_NONE */, flags, shareable));
+}
+
+stacl_ret stacl_vmm_set_pid(const stacl_acl *l, aclrtContext ctx, uint64_t shareable, int32_t pid) {
+	CTX();
+	return ret(l, l->aclrtMemSetPidToShareableHandle(shareable, &pid, 1));
+}

@@ -33,6 +33,31 @@ typedef struct {
 	uint8_t rsv[16];
 } aclrtMemcpyBatchAttr;
 
+/* aclrtDrvMemHandle: a physical allocation (aclrtMallocPhysical, or
+ * imported with aclrtMemImportFromShareableHandle). */
+typedef void *aclrtDrvMemHandle;
+
+/* aclrtPhysicalMemProp: {aclrtMemHandleType handleType; aclrtMemAllocationType
+ * allocationType; aclrtMemAttr memAttr; aclrtMemLocation location; uint64_t
+ * reserve;}, 32 bytes. handleType NONE = 0, allocationType PINNED = 0,
+ * memAttr ACL_HBM_MEM_HUGE = 4. */
+typedef struct {
+	int32_t handleType;
+	int32_t allocationType;
+	int32_t memAttr;
+	aclrtMemLocation location;
+	uint64_t reserve;
+} aclrtPhysicalMemProp;
+
+/* aclrtMemAccessDesc: {aclrtMemAccessFlags flags; aclrtMemLocation location;
+ * uint8_t rsv[12];}, 24 bytes. flags NONE 0, READ 1, READWRITE 3 (CANN's
+ * documentation: only READWRITE is supported so far). */
+typedef struct {
+	int32_t flags;
+	aclrtMemLocation location;
+	uint8_t rsv[12];
+} aclrtMemAccessDesc;
+
 /* The bound entry points, one field per export, resolved once at open. The
  * field is named after the export it is read from. */
 typedef struct stacl_acl {
@@ -111,8 +136,50 @@ typedef struct stacl_acl {
 	aclError (*aclrtIpcMemClose)(const char *);
 	/* aclError aclrtDeviceGetBareTgid(int32_t *pid); the pid the whitelist wants */
 	aclError (*aclrtDeviceGetBareTgid)(int32_t *);
-	/* aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize); */
+	/* aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize);
+	 * of a VMM address: the mapping (one physical chunk) that holds it */
 	aclError (*aclrtMemGetAddressRange)(void *, void **, size_t *);
+	/* aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId);
+	 * logical ids count the devices ASCEND_RT_VISIBLE_DEVICES shows this process */
+	aclError (*aclrtGetPhyDevIdByLogicDevId)(int32_t, int32_t *);
+
+	/* Import of VMM memory (STACL_SYM_VMM, all or nothing). */
+	/* aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId,
+	 *     aclrtDrvMemHandle *handle); never in the exporting process; once per handle */
+	aclError (*aclrtMemImportFromShareableHandle)(uint64_t, int32_t, aclrtDrvMemHandle *);
+	/* aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr,
+	 *     uint64_t flags); alignment 0 (reserved), expectPtr NULL, flags 0 */
+	aclError (*aclrtReserveMemAddress)(void **, size_t, size_t, void *, uint64_t);
+	/* aclError aclrtReleaseMemAddress(void *virPtr); */
+	aclError (*aclrtReleaseMemAddress)(void *);
+	/* aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle,
+	 *     uint64_t flags); size = the physical allocation's, offset 0, flags 0 */
+	aclError (*aclrtMapMem)(void *, size_t, size_t, aclrtDrvMemHandle, uint64_t);
+	/* aclError aclrtUnmapMem(void *virPtr); */
+	aclError (*aclrtUnmapMem)(void *);
+	/* aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t count);
+	 * virPtr and size of one aclrtMapMem */
+	aclError (*aclrtMemSetAccess)(void *, size_t, aclrtMemAccessDesc *, size_t);
+	/* aclError aclrtFreePhysical(aclrtDrvMemHandle handle); */
+	aclError (*aclrtFreePhysical)(aclrtDrvMemHandle);
+
+	/* Export of VMM memory, for engines and tests (STACL_SYM_VMM_EXPORT). */
+	/* aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size,
+	 *     const aclrtPhysicalMemProp *prop, uint64_t flags); flags 0 */
+	aclError (*aclrtMallocPhysical)(aclrtDrvMemHandle *, size_t, const aclrtPhysicalMemProp *, uint64_t);
+	/* aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
+	 *     aclrtMemGranularityOptions option, size_t *granularity); MINIMUM 0 */
+	aclError (*aclrtMemGetAllocationGranularity)(aclrtPhysicalMemProp *, int32_t, size_t *);
+	/* aclError aclrtMemRetainAllocationHandle(void *virPtr, aclrtDrvMemHandle *handle);
+	 * virPtr: the start of a mapping; release with aclrtFreePhysical */
+	aclError (*aclrtMemRetainAllocationHandle)(void *, aclrtDrvMemHandle *);
+	/* aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandleType handleType,
+	 *     uint64_t flags, uint64_t *shareableHandle); handleType NONE 0; flags DEFAULT 0 (pid
+	 *     whitelist on), DISABLE_PID_VALIDATION 1; once per handle */
+	aclError (*aclrtMemExportToShareableHandle)(aclrtDrvMemHandle, int32_t, uint64_t, uint64_t *);
+	/* aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid, size_t pidNum);
+	 * pids are the importers' aclrtDeviceGetBareTgid */
+	aclError (*aclrtMemSetPidToShareableHandle)(uint64_t, int32_t *, size_t);
 } stacl_acl;
 
 /* Groups of optional symbols (stacl_sym_group). */
@@ -121,6 +188,8 @@ enum {
 	STACL_SYM_BATCH = 1,  /* aclrtMemcpyBatchAsync */
 	STACL_SYM_IPC = 2,    /* the four aclrtIpcMem* calls, all or nothing */
 	STACL_SYM_EXTRA = 3,  /* each used alone when present */
+	STACL_SYM_VMM = 4,    /* VMM import: all or nothing */
+	STACL_SYM_VMM_EXPORT = 5, /* VMM allocation and export (engines, tests): all or nothing */
 };
 
 /* Symbol table (shim.c). */
@@ -142,6 +211,7 @@ stacl_ret stacl_device_count(const stacl_acl *l, uint32_t *n);
 stacl_ret stacl_set_device(const stacl_acl *l, int32_t dev, aclrtContext *ctx);
 stacl_ret stacl_reset_device(const stacl_acl *l, int32_t dev);
 stacl_ret stacl_bare_tgid(const stacl_acl *l, int32_t *pid);
+stacl_ret stacl_phys_dev(const stacl_acl *l, int32_t logic, int32_t *phys);
 
 /* Memory. Host addresses travel as integers. */
 stacl_ret stacl_malloc(const stacl_acl *l, aclrtContext ctx, size_t n, int policy, uintptr_t *p);
@@ -214,5 +284,19 @@ stacl_ret stacl_ipc_export(const stacl_acl *l, aclrtContext ctx, uintptr_t p, si
 stacl_ret stacl_ipc_set_pids(const stacl_acl *l, aclrtContext ctx, const char *key, int32_t *pids, size_t n);
 stacl_ret stacl_ipc_import(const stacl_acl *l, aclrtContext ctx, const char *key, uint64_t flags, uintptr_t *p);
 stacl_ret stacl_ipc_close(const stacl_acl *l, aclrtContext ctx, const char *key);
+
+/* VMM. Handles travel as integers. */
+stacl_ret stacl_vmm_import(const stacl_acl *l, aclrtContext ctx, uint64_t shareable, int32_t dev, uintptr_t *h);
+stacl_ret stacl_vmm_reserve(const stacl_acl *l, aclrtContext ctx, size_t n, uintptr_t *va);
+stacl_ret stacl_vmm_release(const stacl_acl *l, aclrtContext ctx, uintptr_t va);
+stacl_ret stacl_vmm_map(const stacl_acl *l, aclrtContext ctx, uintptr_t va, size_t n, uintptr_t h);
+stacl_ret stacl_vmm_unmap(const stacl_acl *l, aclrtContext ctx, uintptr_t va);
+stacl_ret stacl_vmm_access(const stacl_acl *l, aclrtContext ctx, uintptr_t va, size_t n, int32_t flags, uint32_t dev);
+stacl_ret stacl_vmm_free(const stacl_acl *l, aclrtContext ctx, uintptr_t h);
+stacl_ret stacl_vmm_granularity(const stacl_acl *l, aclrtContext ctx, uint32_t dev, size_t *g);
+stacl_ret stacl_vmm_malloc(const stacl_acl *l, aclrtContext ctx, uint32_t dev, size_t n, uintptr_t *h);
+stacl_ret stacl_vmm_retain(const stacl_acl *l, aclrtContext ctx, uintptr_t va, uintptr_t *h);
+stacl_ret stacl_vmm_export(const stacl_acl *l, aclrtContext ctx, uintptr_t h, uint64_t flags, uint64_t *shareable);
+stacl_ret stacl_vmm_set_pid(const stacl_acl *l, aclrtContext ctx, uint64_t shareable, int32_t pid);
 
 #endif

@@ -186,7 +186,7 @@ func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire
 		c.mu.Lock()
 		delete(c.pending, req)
 		c.mu.Unlock()
-		return nil, fmt.Errorf("stage: send %s: %w", m.Type(), err)
+		return nil, c.sendErr(m, err)
 	}
 	if c.spin > 0 {
 		// Poll for the answer before blocking: the reader hands it over
@@ -213,6 +213,32 @@ func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire
 		c.mu.Unlock()
 		return nil, ctx.Err()
 	}
+}
+
+// refusalWait bounds how long a failed send waits for the reader to take
+// the sidecar's reason for closing the connection.
+const refusalWait = 500 * time.Millisecond
+
+// sendErr is the error of a send that failed. A sidecar that refuses a
+// connection (limits.max_clients reached, no request in
+// limits.client_first_request_timeout) says why in a Fail with Req 0
+// before it closes it, so a send that fails on the closed socket reports
+// that reason (an *Error) rather than a bare broken pipe.
+func (c *Client) sendErr(m wire.Msg, err error) error {
+	t := time.NewTimer(refusalWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+	}
+	c.mu.Lock()
+	cerr := c.err
+	c.mu.Unlock()
+	var se *Error
+	if errors.As(cerr, &se) {
+		return fmt.Errorf("stage: send %s: the sidecar closed the connection: %w", m.Type(), cerr)
+	}
+	return fmt.Errorf("stage: send %s: %w", m.Type(), err)
 }
 
 // answer turns what the reader handed a call into its result.

@@ -125,7 +125,17 @@ type Security struct {
 	Token         string `mapstructure:"token"`
 	TokenFile     string `mapstructure:"token_file"`
 	AllowInsecure bool   `mapstructure:"allow_insecure"` // no token at all (tests only)
-	TLS           TLS    `mapstructure:"tls"`
+	// AllowInsecureRemote lets AllowInsecure stand with a listen address
+	// that is not loopback: anyone who reaches it may push and pull the
+	// engines' memory. Without it that combination is refused.
+	AllowInsecureRemote bool `mapstructure:"allow_insecure_remote"`
+	// TrustSocketParent accepts a socket directory (control_socket's,
+	// node.socket_dir) inside a directory that group or others may write
+	// without the sticky bit, such as a Kubernetes emptyDir that only the
+	// pod's containers reach. Without it such a directory is refused: any
+	// user who can write it could swap the socket.
+	TrustSocketParent bool `mapstructure:"trust_socket_parent"`
+	TLS               TLS  `mapstructure:"tls"`
 }
 
 // TLS turns on mutual TLS 1.3 for every peer connection (control sessions
@@ -176,6 +186,11 @@ type Limits struct {
 	// pull we serve it) with no progress this long fails, when no route is
 	// configured; with routes, the longest routes[].progress_timeout.
 	PeerProgressTimeout time.Duration `mapstructure:"peer_progress_timeout"`
+	// ClientFirstRequestTimeout: a control-socket connection that sent no
+	// request this long after it connected is told why (Fail, Req 0) and
+	// closed, so connections that never talk cannot hold every one of
+	// MaxClients.
+	ClientFirstRequestTimeout time.Duration `mapstructure:"client_first_request_timeout"`
 }
 
 // ByteSize is a size in bytes that reads "4MiB", "512KiB", "1GiB" or a plain number.

@@ -23,8 +23,12 @@
 // ranges and cross-key rules. Every problem is reported at once, one per
 // line, with the key's path: "staging.slot_size: must be between 64KiB and
 // 256MiB (got 1KiB)". A peer token is required unless
-// security.allow_insecure is true. Check is what `stagectl config check`
-// runs.
+// security.allow_insecure is true, and allow_insecure on a listen address
+// that is not loopback needs security.allow_insecure_remote too. Warnings
+// lists what a valid config allows that exposes the sidecar (no token, an
+// unauthenticated metrics page on every interface); staged logs them at
+// start. Check is what `stagectl config check` runs: problems as its
+// error, warnings returned.
 //
 // # Hot reload
 //

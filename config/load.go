@@ -117,13 +117,17 @@ func Load(path string, fs *pflag.FlagSet) (*Config, error) {
 
 // Check loads and validates the file at path as staged would (env vars
 // included, no flags): what `stagectl config check FILE` runs. Every error
-// names the file.
-func Check(path string) error {
+// names the file. A valid file's Warnings come back: settings it may have
+// that expose the sidecar.
+func Check(path string) ([]Problem, error) {
 	if path == "" {
-		return errors.New("config check: no file given")
+		return nil, errors.New("config check: no file given")
 	}
-	_, err := Load(path, nil)
-	return err
+	c, err := Load(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return Warnings(c), nil
 }
 
 // fileError names path in an error reading it, keeping errors.Is working

@@ -444,7 +444,7 @@ func TestCheck(t *testing.T) {
 	cleanEnv(t)
 	t.Run("missing file", func(t *testing.T) {
 		p := filepath.Join(t.TempDir(), "nope.yaml")
-		err := Check(p)
+		_, err := Check(p)
 		if err == nil || !strings.Contains(err.Error(), p) {
 			t.Fatalf("got %v, want an error naming %s", err, p)
 		}
@@ -454,14 +454,14 @@ func TestCheck(t *testing.T) {
 	})
 	t.Run("bad YAML", func(t *testing.T) {
 		p := writeFile(t, "staging: [\n")
-		err := Check(p)
+		_, err := Check(p)
 		if err == nil || !strings.HasPrefix(err.Error(), p+": ") {
 			t.Fatalf("got %v, want an error starting with %s", err, p)
 		}
 	})
 	t.Run("invalid", func(t *testing.T) {
 		p := writeFile(t, "staging:\n  slot_size: 1KiB\n")
-		err := Check(p)
+		_, err := Check(p)
 		want := p + ": staging.slot_size: must be between 64KiB and 256MiB (got 1KiB)\n" + p + ": security.token: "
 		if err == nil || !strings.HasPrefix(err.Error(), want) {
 			t.Fatalf("got %v, want it to start with %q", err, want)
@@ -469,12 +469,16 @@ func TestCheck(t *testing.T) {
 	})
 	t.Run("valid", func(t *testing.T) {
 		p := writeFile(t, "security:\n  allow_insecure: true\n")
-		if err := Check(p); err != nil {
+		w, err := Check(p)
+		if err != nil {
 			t.Fatalf("got %v, want nil", err)
+		}
+		if len(w) != 1 || w[0].Key != "security.allow_insecure" {
+			t.Errorf("warnings %v, want one about security.allow_insecure", w)
 		}
 	})
 	t.Run("no path", func(t *testing.T) {
-		if err := Check(""); err == nil {
+		if _, err := Check(""); err == nil {
 			t.Fatal("got nil, want an error")
 		}
 	})

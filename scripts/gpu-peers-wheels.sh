@@ -65,49 +65,13 @@ else
   say "no Go toolchain: the bundle carries no stage binaries (gpu-peers.sh then needs .dev/ from make gpu-build)"
 fi
 
-# --- 3. one tar, cut into PARTS equal parts, one carry folder each, and a manifest
+# --- 3. one tar, cut into PARTS equal parts, one carry folder each (.pwK), a
+# manifest, the folders git-ignored, and what each call will carry (gpu-bundle.sh)
 B=$CACHE/bundle; rm -rf "$B" "$CACHE/bundle.tar"; mkdir -p "$B/wheels" "$B/bin"
 cp "${WHEELS[@]}" "$B/wheels/" || die "cannot copy the wheels to $B"
 for f in "$CACHE"/bin/*.gz; do [ -f "$f" ] && cp "$f" "$B/bin/"; done
 cp "$NOTES" "$B/requires.txt"
-(cd "$B" && find . -type f | sort | xargs sha256sum >"$CACHE/SHA256SUMS") || die "sha256sum failed"
-mv "$CACHE/SHA256SUMS" "$B/" || die "cannot move SHA256SUMS"
-tar -cf "$CACHE/bundle.tar" -C "$B" . || die "tar failed"
-rm -f "$CACHE"/bundle.tar.[0-9]*
-split -n "$PARTS" -d -a 1 "$CACHE/bundle.tar" "$CACHE/bundle.tar." || die "split failed"
-COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
-MAN=$CACHE/MANIFEST
-{
-  echo "# scripts/gpu-peers-wheels.sh, $(date -u +%FT%TZ), tree $COMMIT"
-  echo "bundle $(sha256sum <"$CACHE/bundle.tar" | cut -d' ' -f1) $(stat -c %s "$CACHE/bundle.tar") $PARTS"
-  for k in $(seq 0 $((PARTS - 1))); do
-    f=$CACHE/bundle.tar.$k
-    echo "part $((k + 1)) $(sha256sum <"$f" | cut -d' ' -f1) $(stat -c %s "$f")"
-  done
-  sed 's/^/file /' "$B/SHA256SUMS"
-} >"$MAN"
-for k in $(seq 1 "$PARTS"); do
-  rm -rf ".pw$k"; mkdir ".pw$k" || die "cannot make .pw$k"
-  mv "$CACHE/bundle.tar.$((k - 1))" ".pw$k/bundle.tar.$k" || die "cannot fill .pw$k"
-  cp "$MAN" ".pw$k/MANIFEST" || die "cannot fill .pw$k"
-done
-
-# --- 4. the folders must stay out of git (and so out of every call's tree)
-EXCL=$(git rev-parse --git-common-dir 2>/dev/null)/info/exclude
-for k in $(seq 1 "$PARTS"); do
-  if ! git check-ignore -q ".pw$k" 2>/dev/null; then
-    echo "/.pw$k/" >>"$EXCL" && say "added /.pw$k/ to $EXCL"
-  fi
-done
-
-# --- 5. what each call will carry
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
-say "bundle $(stat -c %s "$CACHE/bundle.tar") bytes, tree $COMMIT; the working tree that travels: $tree bytes"
-for k in $(seq 1 "$PARTS"); do
-  sz=$(du -sb ".pw$k" | cut -f1)
-  tot=$((sz + tree))
-  flag=""; [ "$tot" -gt $((63 << 20)) ] && flag="  OVER 63 MiB with the tree: use GPU_PEERS_PARTS=$((PARTS + 1))"
-  awk -v k="$k" -v s="$sz" -v t="$tot" -v f="$flag" \
-    'BEGIN { printf "gpu-peers-wheels: .pw%d: %d bytes (%.1f MiB), with the tree %.1f MiB%s\n", k, s, s / 1048576, t / 1048576, f }' >&2
-done
+# shellcheck source=scripts/gpu-bundle.sh
+. scripts/gpu-bundle.sh
+bundle_pack "$B" "$CACHE" .pw "$PARTS" gpu-peers-wheels.sh
 say "carry .pw1, .pw2, ... one per call to the same warm machine, each with \"bash scripts/gpu-peers.sh --stash\"; the last one with \"bash scripts/gpu-peers.sh\""

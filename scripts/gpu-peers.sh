@@ -52,12 +52,9 @@ ROOT=$PWD
 # Parts carried on earlier calls wait here (GPU_PEERS_STASH): outside the
 # working tree, which the device tool replaces on every call.
 STASH=${GPU_PEERS_STASH:-/tmp/gpu-peers-parts}
-if [ "${1:-}" = --stash ]; then
-  mkdir -p "$STASH" && for d in "$ROOT"/.pw[0-9]; do [ -d "$d" ] && cp -r "$d" "$STASH/"; done
-  ls -l "$STASH"/.pw*; exit 0
-fi
-# partdir K: where part K is, carried on this call or stashed by an earlier one.
-partdir() { if [ -d "$ROOT/.pw$1" ]; then echo "$ROOT/.pw$1"; else echo "$STASH/.pw$1"; fi; }
+# shellcheck source=scripts/gpu-bundle.sh
+. "$ROOT/scripts/gpu-bundle.sh"
+if [ "${1:-}" = --stash ]; then bundle_stash "$ROOT" .pw "$STASH"; exit; fi
 OUT=${OUT:-$ROOT/gpu-peers-out}
 mkdir -p "$OUT" || { echo "gpu-peers: cannot make $OUT" >&2; exit 1; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -139,41 +136,9 @@ main() {
   [ -n "$NOGPU" ] && log "no GPU run: $NOGPU"
 
   # --- the bundle: parts -> tar -> files, each sha256 checked against MANIFEST
-  local man="" k BUNDLE_WHY="" BSHA="" NPARTS=0
-  for k in 1 2 3 4 5 6 7 8 9; do [ -f "$(partdir $k)/MANIFEST" ] && { man=$(partdir $k)/MANIFEST; break; }; done
-  if [ -z "$man" ]; then
-    BUNDLE_WHY="no .pwN/MANIFEST in $ROOT or $STASH: run scripts/gpu-peers-wheels.sh where pip works, carry .pw1 .pw2 with --stash, then .pw3"
-  else
-    read -r _ BSHA _ NPARTS < <(grep '^bundle ' "$man")
-    log "manifest $man: $(head -1 "$man"); bundle $BSHA, $NPARTS parts"
-    if [ -f "$WORK/bundle.ok" ] && [ "$(cat "$WORK/bundle.ok")" = "$BSHA" ]; then
-      log "bundle already reassembled and checked in $WORK (an earlier run on this machine)"
-    else
-      rm -rf "$WORK/bundle" "$WORK/bundle.tar" "$WORK/bundle.ok"
-      local missing="" sha size
-      while read -r _ k sha size; do
-        local f; f=$(partdir "$k")/bundle.tar.$k
-        if [ ! -f "$f" ]; then missing+=" .pw$k (neither here nor in $STASH: carry it with --stash on a call to this machine while it is warm)"
-        elif [ "$(stat -c %s "$f")" != "$size" ] || [ "$(sha256sum <"$f" | cut -d' ' -f1)" != "$sha" ]; then
-          missing+=" .pw$k (size or sha256 differs from MANIFEST: made by another gpu-peers-wheels.sh run?)"
-        fi
-      done < <(grep '^part ' "$man")
-      if [ -n "$missing" ]; then
-        BUNDLE_WHY="wheel parts missing or damaged:$missing"
-      else
-        for k in $(seq 1 "$NPARTS"); do cat "$(partdir "$k")/bundle.tar.$k"; done >"$WORK/bundle.tar"
-        if [ "$(sha256sum <"$WORK/bundle.tar" | cut -d' ' -f1)" != "$BSHA" ]; then
-          BUNDLE_WHY="the reassembled bundle's sha256 differs from MANIFEST"
-        elif ! { mkdir -p "$WORK/bundle" && tar -xf "$WORK/bundle.tar" -C "$WORK/bundle" &&
-                 (cd "$WORK/bundle" && sha256sum --quiet -c SHA256SUMS); }; then
-          BUNDLE_WHY="the bundle does not unpack or its files fail SHA256SUMS"
-        else
-          echo "$BSHA" >"$WORK/bundle.ok"; rm -f "$WORK/bundle.tar"
-          log "bundle reassembled and checked: $(cd "$WORK/bundle" && find wheels bin -type f | sort | paste -sd' ' -)"
-        fi
-      fi
-    fi
-  fi
+  local BUNDLE_WHY="" BSHA="" man
+  bundle_unpack "$ROOT" .pw "$STASH" "$WORK"
+  man=$(bundle_partdir "$ROOT" .pw "$STASH" 1)/MANIFEST
   [ -n "$BUNDLE_WHY" ] && log "bundle: $BUNDLE_WHY"
 
   # --- stage's binaries: .dev/ (make gpu-build), else the bundle's

@@ -63,7 +63,7 @@ if [ "$part" = all ] || [ "$part" = 2 ]; then
   step bench-64GiB $B $GPUS --stripes 8 --slots 64 --size 8GiB --block 1MiB --iters 8 --raw
   # The Ascend backend over an emulation of ACL built on the CUDA runtime: an
   # "Ascend" sidecar on GPU0 and a CUDA sidecar move a KV cache both ways.
-  step acl-hetero bash -c "nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread && cd acl && STAGE_TEST_ACL_LIBRARY=$PWD/.dev/libascendcl.so STAGED_BIN=$PWD/.dev/staged ../.dev/acl.test -test.v -test.count=1 -test.run GPU"
+  step acl-hetero bash -c "nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread -lcuda && cd acl && STAGE_TEST_ACL_LIBRARY=$PWD/.dev/libascendcl.so STAGED_BIN=$PWD/.dev/staged ../.dev/acl.test -test.v -test.count=1 -test.run GPU"
   step torch-tests bash -c "cd python && STAGED=$PWD/.dev/staged PYTHONUNBUFFERED=1 python3 -m unittest discover -v -s tests -p 'test_torch*.py'"
 fi
 echo; cat "$out/machine.txt"; echo; cat "$summary"

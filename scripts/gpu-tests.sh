@@ -29,7 +29,7 @@ step() { # name, seconds, command...
 # The cuda tests read cuda/testdata: run them from the package's folder.
 step cuda-unit 120 bash -c "cd cuda && ../.dev/cuda.test -test.count=1"
 step e2e-gpu 240 env STAGED_BIN="$PWD/.dev/staged" .dev/e2e.test -test.count=1 -test.run GPU -test.timeout 230s
-nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread > "$out/nvcc.log" 2>&1
+nvcc -shared -Xcompiler -fPIC -o .dev/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread -lcuda > "$out/nvcc.log" 2>&1
 export STAGE_TEST_ACL_LIBRARY=$PWD/.dev/libascendcl.so
 step acl-hetero 120 bash -c "cd acl && STAGED_BIN=$PWD/.dev/staged ../.dev/acl.test -test.count=1 -test.run GPU"
 step python-cuda 240 bash -c "cd python && STAGED=$PWD/.dev/staged PYTHONUNBUFFERED=1 python3 -m unittest \

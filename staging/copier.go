@@ -19,7 +19,8 @@ type Copier struct {
 	jobs   chan copyJob
 	wg     sync.WaitGroup
 	closed bool
-	expand []device.Seg // runs expanded for a stream without RunCopier (c.mu held)
+	quit   chan struct{} // closed by Close: wakes an enqueue waiting for an event
+	expand []device.Seg  // runs expanded for a stream without RunCopier (c.mu held)
 }
 
 type copyJob struct {
@@ -34,7 +35,7 @@ func NewCopier(dev device.Device, depth int) (*Copier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("staging: copy stream on %s: %w", dev, err)
 	}
-	c := &Copier{dev: dev, stream: s, events: make(chan device.Event, depth), jobs: make(chan copyJob, depth)}
+	c := &Copier{dev: dev, stream: s, events: make(chan device.Event, depth), jobs: make(chan copyJob, depth), quit: make(chan struct{})}
 	for i := 0; i < depth; i++ {
 		ev, err := dev.NewEvent()
 		if err != nil {
@@ -82,12 +83,23 @@ func (c *Copier) ScatterRuns(runs []device.Run, src device.Pinned, done func(err
 	}, done)
 }
 
+// enqueue refuses with device.ErrClosed once Close began: a caller
+// waiting for an event is woken by quit, and one that took an event as
+// Close ran closes that event itself (Close released only those it found
+// in c.events).
 func (c *Copier) enqueue(copyFn func() error, done func(error)) error {
-	ev := <-c.events // bounds copies in flight
+	var ev device.Event
+	select {
+	case ev = <-c.events: // bounds copies in flight
+	case <-c.quit:
+		return device.ErrClosed
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		c.events <- ev
+		if err := ev.Close(); err != nil {
+			return fmt.Errorf("staging: %w; releasing its copy event: %v", device.ErrClosed, err)
+		}
 		return device.ErrClosed
 	}
 	if c.broken {
@@ -154,6 +166,7 @@ func (c *Copier) Close() error {
 		return nil
 	}
 	c.closed = true
+	close(c.quit)
 	close(c.jobs)
 	c.mu.Unlock()
 	c.wg.Wait()

@@ -14,21 +14,7 @@ import (
 // order, and a scatter of those bytes through other runs puts each piece
 // where its run says.
 func TestCopierRuns(t *testing.T) {
-	dev := openDev(t)
-	defer dev.Close()
-	mem, m := sharedMapping(t, dev, "runs", 1<<16)
-	defer mem.Close()
-	defer m.Close()
-	pool, err := staging.NewPool(dev, 4096, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	c, err := staging.NewCopier(dev, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	mem, m, pool, c := copierRig(t, "runs")
 	src := mem.Bytes()
 	for i := range src {
 		src[i] = byte(i*13 + i>>8)
@@ -92,4 +78,25 @@ func sharedMapping(t *testing.T, dev *hostmem.Dev, name string, n int) (*hostmem
 		t.Fatal(err)
 	}
 	return mem, m
+}
+
+// copierRig opens a device with 64 KiB of shared memory imported, a pool
+// of one 4 KiB slot and a Copier of depth 2, all released at cleanup.
+func copierRig(t *testing.T, name string) (*hostmem.Shared, device.Mapping, *staging.Pool, *staging.Copier) {
+	t.Helper()
+	dev := openDev(t)
+	t.Cleanup(func() { dev.Close() })
+	mem, m := sharedMapping(t, dev, name, 1<<16)
+	t.Cleanup(func() { mem.Close(); m.Close() })
+	pool, err := staging.NewPool(dev, 4096, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	c, err := staging.NewCopier(dev, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return mem, m, pool, c
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -265,5 +266,43 @@ func TestPoolConcurrent(t *testing.T) {
 	}
 	if _, err := p.Acquire(ctx); err == nil {
 		t.Fatal("acquired a slot from an empty pool with a cancelled context")
+	}
+}
+
+// TestCopierAfterClose: every copy asked of a closed Copier is refused
+// at once with device.ErrClosed, never left waiting for an event that
+// Close already released (issue 35, item 6).
+func TestCopierAfterClose(t *testing.T) {
+	_, m, pool, c := copierRig(t, "copier-closed")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	slot := pool.Slot(0).Slice(0, 4096)
+	segs := []device.Seg{{Addr: m.Base(), Len: 4096}}
+	runs := []device.Run{{Addr: m.Base(), Len: 4096, N1: 1, N2: 1}}
+	calls := map[string]func(func(error)) error{
+		"Gather":      func(d func(error)) error { return c.Gather(slot, segs, d) },
+		"Scatter":     func(d func(error)) error { return c.Scatter(segs, slot, d) },
+		"GatherRuns":  func(d func(error)) error { return c.GatherRuns(slot, runs, d) },
+		"ScatterRuns": func(d func(error)) error { return c.ScatterRuns(runs, slot, d) },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			res := make(chan error, 1)
+			go func() {
+				res <- call(func(error) { t.Error("done ran for a refused copy") })
+			}()
+			select {
+			case err := <-res:
+				if !errors.Is(err, device.ErrClosed) {
+					t.Fatalf("got %v, want device.ErrClosed", err)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatal("copy on a closed Copier still blocked after 2s")
+			}
+		})
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
 }

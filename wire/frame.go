@@ -38,7 +38,7 @@ const (
 	MaxMessage     = 4096      // error message text
 	MaxOps         = 1 << 20   // ops in one transfer
 	MaxNames       = 4096      // region names in one transfer
-	MaxHandleBytes = 256       // IPC handle or export key
+	MaxHandleBytes = 65528     // IPC handle, export key, or an acl-vmm chunk list (24 + 16 × 4094 chunks)
 	MaxJSON        = 8 << 20   // query answers
 	MaxAckChunks   = 1 << 16   // chunk indices in one Ack
 	MaxRegions     = 1 << 16   // regions in one Catalog

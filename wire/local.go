@@ -182,6 +182,7 @@ const (
 	QueryRoutes  uint8 = 2
 	QueryRegions uint8 = 3
 	QueryCatalog uint8 = 4 // Arg: route name
+	QueryDevice  uint8 = 5 // the sidecar's device (DeviceInfo): what an engine needs to share memory with it
 )
 
 // Query asks for a JSON document.

@@ -487,7 +487,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"wait cut short", TypeUnregister, body(nil).u64(1).str("kv").u16(7), ErrMalformed, "Unregister.WaitMs: need 4 bytes"},
 		{"wait trailing", TypeUnregister, body(nil).u64(1).str("kv").u32(7).u8(0), ErrMalformed, "trailing"},
 		{"message over limit", TypeFail, body(nil).u64(1).u16(0).u16(MaxMessage + 1), ErrTooLarge, "Fail.Message"},
-		{"handle over limit", TypeRegister, body(nil).u64(1).str("n").u8(0).u8(0).u32(0).zeros(32).u16(MaxHandleBytes + 1), ErrTooLarge, "Register.HandleRaw: length 257 exceeds limit 256"},
+		{"handle over limit", TypeRegister, body(nil).u64(1).str("n").u8(0).u8(0).u32(0).zeros(32).u16(MaxHandleBytes + 1), ErrTooLarge, "Register.HandleRaw: length 65529 exceeds limit 65528"},
 		{"json over limit", TypeQueryReply, body(nil).u64(1).u32(MaxJSON + 1), ErrTooLarge, "QueryReply.JSON: length 8388609 exceeds limit 8388608"},
 		{"json over bytes", TypeQueryReply, body(nil).u64(1).u32(100).raw('{'), ErrMalformed, "QueryReply.JSON"},
 		{"json 2^32-1", TypeQueryReply, body(nil).u64(1).u32(math.MaxUint32), ErrTooLarge, "QueryReply.JSON"},

@@ -3,6 +3,26 @@ package wire
 // JSON documents carried by QueryReply. They are part of the local control
 // protocol: stagectl, the Go client and the Python client read them.
 
+// DeviceInfo answers QueryDevice: the sidecar's device as an engine that
+// shares memory with it needs to know it.
+type DeviceInfo struct {
+	// Device names it ("acl:0"); Kind and Ordinal as in the configuration.
+	Device  string `json:"device"`
+	Kind    string `json:"kind"`
+	Ordinal int    `json:"ordinal"`
+	// BareTgid (acl only): the sidecar's process id as the NPU driver
+	// knows it (aclrtDeviceGetBareTgid), the one an exporter whitelists
+	// (aclrtIpcMemSetImportPid, aclrtMemSetPidToShareableHandle). Absent
+	// when the device has none; BareTgidFrom says where it came from, and
+	// why it may be wrong.
+	BareTgid     *int32 `json:"bare_tgid,omitempty"`
+	BareTgidFrom string `json:"bare_tgid_from,omitempty"`
+	// PhysicalID (acl only): the NPU's physical id
+	// (aclrtGetPhyDevIdByLogicDevId of Ordinal, which counts the devices
+	// ASCEND_RT_VISIBLE_DEVICES shows the sidecar); absent when unknown.
+	PhysicalID *int32 `json:"physical_id,omitempty"`
+}
+
 // Stats answers QueryStats.
 type Stats struct {
 	Node      string  `json:"node"`

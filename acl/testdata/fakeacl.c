@@ -19,12 +19,34 @@
  *   - a failed copy (injected) fails its stream: later tasks are dropped,
  *     events after it stay NOT_READY, synchronize returns the error;
  *   - async copies with pageable host memory run synchronously (counted);
- *   - aclGetRecentErrMsg: per thread, cleared when read.
+ *   - aclGetRecentErrMsg: per thread, cleared when read;
+ *   - virtual memory (VMM): aclrtMallocPhysical carves a physical chunk out
+ *     of the heap memfd; aclrtReserveMemAddress reserves an inaccessible
+ *     range; aclrtMapMem maps a chunk (its whole size, offset 0) at an
+ *     address inside one reservation; aclrtMemSetAccess sets the mapping's
+ *     rights (READ or READWRITE; an imported chunk's mapping has none until
+ *     then); aclrtMemGetAddressRange of a mapped address is that mapping;
+ *     aclrtMemRetainAllocationHandle takes a mapping's start.
+ *     aclrtMemExportToShareableHandle names a chunk as (exporter pid << 40 |
+ *     heap fd << 24 | page of its metadata in the heap); another process
+ *     imports it with aclrtMemImportFromShareableHandle (never the exporter
+ *     itself, each handle once per process) through /proc/<pid>/fd/<fd>.
+ *     The pid whitelist (aclrtMemSetPidToShareableHandle,
+ *     aclrtIpcMemSetImportPid) holds BareTgids: an import is allowed when the
+ *     importer's aclrtDeviceGetBareTgid is on it;
+ *   - devices: FAKEACL_DEVICES logical devices, or those that
+ *     ASCEND_RT_VISIBLE_DEVICES lists (logical i is physical list[i]). Every
+ *     allocation remembers its physical device; memory imported on another
+ *     physical device cannot be the source or target of an H2D or D2H copy
+ *     (CANN, aclrtIpcMemGetExportKey), nor of a copy on a context of
+ *     another device.
  *
  * Build flags:
  *   -DFAKEACL_NO_BATCH          do not export aclrtMemcpyBatchAsync
  *   -DFAKEACL_NO_STREAM_CONFIG  do not export aclrtCreateStreamWithConfig
  *   -DFAKEACL_NO_IPC            do not export the aclrtIpcMem* calls
+ *   -DFAKEACL_NO_VMM            do not export the VMM calls
+ *   -DFAKEACL_NO_BARE_TGID      do not export aclrtDeviceGetBareTgid
  * Environment (read at aclInit):
  *   FAKEACL_INIT_ERR=N            aclInit returns N
  *   FAKEACL_DEVICES=N             number of devices (default 1)
@@ -32,6 +54,11 @@
  *   FAKEACL_BATCH_UNSUPPORTED=1   aclrtMemcpyBatchAsync returns 207000
  *   FAKEACL_NO_HOST_REGISTER=1    aclrtHostRegister returns 207000
  *   FAKEACL_STREAM_CONFIG_ERR=N   aclrtCreateStreamWithConfig returns N
+ *   FAKEACL_GRANULARITY=N         VMM granularity in bytes (default 2 MiB; a multiple of 4096)
+ *   ASCEND_RT_VISIBLE_DEVICES=a,b physical devices behind logical 0, 1, ...
+ * Environment (read at each call):
+ *   FAKEACL_TGID_OFFSET=N         aclrtDeviceGetBareTgid is getpid() + N (a pid
+ *                                 namespace: the driver's pid differs from getpid)
  * Test hooks (long f(void)): fakeacl_live, fakeacl_pause, fakeacl_resume and
  * counters (see the end of the file). */
 #define _GNU_SOURCE
@@ -60,6 +87,7 @@ enum {
 	E_RT_HANDLE = 107017,
 	E_FEATURE = 207000,
 	E_MEM_ALLOC = 207001,
+	E_NOT_PERMITTED = 207003,
 	E_NO_PERMISSION = 207006,
 	E_SYS_DMA = 507013,
 	E_IPC = 507022,
@@ -98,9 +126,12 @@ const char *aclGetRecentErrMsg(void) {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev = 1, batch_unsupported, no_host_register, stream_config_err;
 static long fail_copy_at;
+static long n_vmm_maps; /* live aclrtMapMem mappings */
 static long n_init, n_setdevice, n_ctx_sets, n_copies, n_sync_copies, n_batch, n_legacy_query, n_d2d, n_stream_config;
 
 struct ctx { int dev; int refs; };
+static int phys_of[8]; /* logical -> physical device (ASCEND_RT_VISIBLE_DEVICES) */
+static size_t granularity = 2UL << 20;
 static struct ctx ctxs[8];
 static __thread struct ctx *cur;
 
@@ -126,6 +157,22 @@ aclError aclInit(const char *cfg) {
 	initialized = 1;
 	ndev = (int)envl("FAKEACL_DEVICES", 1);
 	if (ndev < 1 || ndev > 8) ndev = 1;
+	for (int i = 0; i < 8; i++) phys_of[i] = i;
+	const char *vis = getenv("ASCEND_RT_VISIBLE_DEVICES");
+	if (vis && *vis) {
+		int n = 0;
+		for (const char *q = vis; *q && n < 8;) {
+			char *end;
+			long v = strtol(q, &end, 10);
+			if (end == q || v < 0 || v > 63) break;
+			phys_of[n++] = (int)v;
+			q = *end == ',' ? end + 1 : end;
+			if (!*end) break;
+		}
+		if (n > 0) ndev = n;
+	}
+	granularity = (size_t)envl("FAKEACL_GRANULARITY", 2L << 20);
+	if (granularity == 0 || granularity % 4096) granularity = 2UL << 20;
 	fail_copy_at = envl("FAKEACL_FAIL_COPY", 0);
 	batch_unsupported = (int)envl("FAKEACL_BATCH_UNSUPPORTED", 0);
 	no_host_register = (int)envl("FAKEACL_NO_HOST_REGISTER", 0);
@@ -177,11 +224,31 @@ aclError aclrtSetCurrentContext(void *c) {
 	return OK;
 }
 
-aclError aclrtDeviceGetBareTgid(int32_t *pid) { *pid = (int32_t)getpid(); return OK; }
+/* bare_tgid: this process as the driver names it (FAKEACL_TGID_OFFSET
+ * emulates a pid namespace, where it is not getpid()). */
+static int32_t bare_tgid(void) { return (int32_t)(getpid() + envl("FAKEACL_TGID_OFFSET", 0)); }
+
+#ifndef FAKEACL_NO_BARE_TGID
+aclError aclrtDeviceGetBareTgid(int32_t *pid) {
+	if (!pid) return fail(E_RT_PARAM, "fakeacl: aclrtDeviceGetBareTgid(NULL)");
+	*pid = bare_tgid();
+	return OK;
+}
+#endif
+
+aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logic, int32_t *const phys) {
+	if (!initialized) return fail(100001, "fakeacl: aclInit first");
+	if (logic < 0 || logic >= ndev || !phys) return fail(E_RT_DEVICE, "fakeacl: aclrtGetPhyDevIdByLogicDevId(%d): device %d of %d", logic, logic, ndev);
+	*phys = phys_of[logic];
+	return OK;
+}
+
+/* cur_phys: the physical device of the calling thread's context. */
+static int cur_phys(void) { return phys_of[cur->dev]; }
 
 /* ---- memory table ---- */
 
-enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG };
+enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG, M_PHYS, M_PIMPORT, M_RESERVE, M_MAPPED };
 
 /* The last page of every device allocation's memfd, shared by exporter
  * and importers. */
@@ -190,6 +257,8 @@ struct meta {
 	int32_t importers;
 	int32_t pids[64];
 	uint64_t size;
+	int32_t dev;  /* physical device of the memory */
+	uint32_t vmm; /* 1: a physical chunk (aclrtMallocPhysical), exported by shareable handle */
 };
 
 struct mem {
@@ -200,6 +269,19 @@ struct mem {
 	size_t maplen;   /* bytes mapped at p */
 	struct meta *meta;
 	char key[65];    /* M_DEV: exported key; M_IMPORT: imported key */
+	int dev;         /* physical device of the memory (M_DEV, M_IMPORT, M_PHYS, M_PIMPORT) */
+	/* VMM. M_PHYS/M_PIMPORT (p = 0: not an address): the chunk's bytes are
+	 * [off, off+n) of fd; refs counts the handle's owners (malloc or import,
+	 * then each retain), maps its mappings. M_RESERVE: [p, p+n) reserved;
+	 * bound says what was mapped in it (0 none, M_PHYS or M_PIMPORT) and
+	 * bound_dev on which device. M_MAPPED: phys is the chunk, access the
+	 * aclrtMemAccessFlags granted. */
+	int fd;
+	off_t off;
+	long refs, maps;
+	uint64_t shareable;
+	struct mem *phys;
+	int access, bound, bound_dev;
 	struct mem *next;
 };
 static struct mem *mems;
@@ -228,7 +310,38 @@ static struct mem *find_view(uintptr_t p) {
 	return NULL;
 }
 
-static int is_dev(uintptr_t p, size_t n) { return find(p, n, M_DEV) || find(p, n, M_IMPORT); }
+/* dev_mem returns the device memory (aclrtMalloc, key import, or a VMM
+ * mapping) that holds [p, p+n), or NULL. */
+static __thread int span_access; /* dev_mem of VMM memory: the rights all its mappings share */
+
+/* mapped_cover returns the mapping at p when [p, p+n) lies in mappings
+ * that follow each other without a gap (a tensor over several chunks of
+ * one reservation), all of one device; span_access gets their common
+ * rights. */
+static struct mem *mapped_cover(uintptr_t p, size_t n) {
+	struct mem *first = find(p, 0, M_MAPPED);
+	if (!first) return NULL;
+	int acc = first->access;
+	struct mem *m = first;
+	while (n > m->n - (p - m->p)) {
+		n -= m->n - (p - m->p);
+		p = m->p + m->n;
+		struct mem *next = find(p, 0, M_MAPPED);
+		if (!next || next->phys->dev != first->phys->dev) return NULL;
+		acc &= next->access;
+		m = next;
+	}
+	span_access = acc;
+	return first;
+}
+
+static struct mem *dev_mem(uintptr_t p, size_t n) {
+	struct mem *m = find(p, n, M_DEV);
+	if (!m) m = find(p, n, M_IMPORT);
+	if (!m) m = mapped_cover(p, n);
+	return m;
+}
+static int is_dev(uintptr_t p, size_t n) { return dev_mem(p, n) != NULL; }
 static int is_pinned(uintptr_t p, size_t n) { return find(p, n, M_HOST) || find(p, n, M_HOSTREG); }
 
 /* The heap: device allocations are [meta page][data] ranges of one memfd. */
@@ -273,6 +386,8 @@ aclError aclrtMalloc(void **p, size_t n, int policy) {
 	heap_top += PAGE + up(n);
 	m->meta->magic = MAGIC;
 	m->meta->size = n;
+	m->meta->dev = cur_phys();
+	m->dev = cur_phys();
 	add(m);
 	pthread_mutex_unlock(&mu);
 	*p = (void *)m->p;
@@ -375,13 +490,15 @@ aclError aclrtHostUnregister(void *p) {
 aclError aclrtMemGetAddressRange(void *p, void **base, size_t *size) {
 	NEED_CTX();
 	pthread_mutex_lock(&mu);
-	struct mem *m = find((uintptr_t)p, 0, 0);
-	if (m && m->kind != M_HOSTREG) {
+	struct mem *m = dev_mem((uintptr_t)p, 0);
+	if (!m) m = find((uintptr_t)p, 0, M_HOST);
+	if (m) {
+		/* A VMM address answers with its mapping: one chunk, as mapped. */
 		*base = (void *)m->p;
 		*size = m->n;
 	}
 	pthread_mutex_unlock(&mu);
-	return m && m->kind != M_HOSTREG ? OK : fail(E_RT_PARAM, "fakeacl: aclrtMemGetAddressRange(%p): unknown address", p);
+	return m ? OK : fail(E_RT_PARAM, "fakeacl: aclrtMemGetAddressRange(%p): unknown address (or reserved and not mapped)", p);
 }
 
 /* check_copy validates a copy against what kind says the two sides are.
@@ -395,13 +512,16 @@ static aclError check_copy(void *dst, size_t dmax, const void *src, size_t n, in
 	aclError rc = OK;
 	const char *what = NULL;
 	uintptr_t host = 0;
+	struct mem *dm = NULL;
 	switch (kind) {
 	case H2D:
-		if (!is_dev(d, n)) what = "H2D destination is not device memory";
+		if (!(dm = dev_mem(d, n))) what = "H2D destination is not device memory";
+		else if (dm->kind == M_MAPPED && span_access != 3) what = "H2D destination is a VMM mapping without write access (aclrtMemSetAccess READWRITE)";
 		host = s;
 		break;
 	case D2H:
-		if (!is_dev(s, n)) what = "D2H source is not device memory";
+		if (!(dm = dev_mem(s, n))) what = "D2H source is not device memory";
+		else if (dm->kind == M_MAPPED && !(span_access & 1)) what = "D2H source is a VMM mapping without read access (aclrtMemSetAccess)";
 		host = d;
 		break;
 	case D2D:
@@ -412,6 +532,14 @@ static aclError check_copy(void *dst, size_t dmax, const void *src, size_t n, in
 		break;
 	default:
 		what = "unknown aclrtMemcpyKind";
+	}
+	if (!what && dm) {
+		int memdev = dm->kind == M_MAPPED ? dm->phys->dev : dm->dev;
+		if (memdev != cur_phys()) {
+			static __thread char why[256];
+			snprintf(why, sizeof why, "the device memory is on physical device %d, this context's device is physical %d: memory imported from another device cannot be the source or target of H2D/D2H copies", memdev, cur_phys());
+			what = why;
+		}
 	}
 	if (!what && host) {
 		if (find_view(host) || (host & VIEW_BIT)) what = "host side is the DEVICE view of registered host memory, which is not a memcpy address";
@@ -779,7 +907,7 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 	int f = open(path, O_RDWR | O_CLOEXEC);
 	if (f < 0) return fail(E_IPC, "fakeacl: key %s: open %s: %s (exporter gone?)", key, path, strerror(errno));
 	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f, (off_t)metaoff);
-	if (meta == MAP_FAILED || meta->magic != MAGIC || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE) || off + n > meta->size) {
+	if (meta == MAP_FAILED || meta->magic != MAGIC || meta->vmm || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE) || off + n > meta->size) {
 		if (meta != MAP_FAILED) munmap(meta, PAGE);
 		close(f);
 		return fail(E_IPC, "fakeacl: key %s is not exported (closed, freed, or not a fakeacl allocation)", key);
@@ -787,11 +915,11 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 	if (!meta->no_validation) {
 		int ok = 0;
 		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
-			if (meta->pids[i] == (int32_t)getpid()) ok = 1;
+			if (meta->pids[i] == bare_tgid()) ok = 1;
 		if (!ok) {
 			munmap(meta, PAGE);
 			close(f);
-			return fail(E_NO_PERMISSION, "fakeacl: pid %d is not on the import whitelist of key %s (aclrtIpcMemSetImportPid)", (int)getpid(), key);
+			return fail(E_NO_PERMISSION, "fakeacl: BareTgid %d is not on the import whitelist of key %s (aclrtIpcMemSetImportPid)", (int)bare_tgid(), key);
 		}
 	}
 	void *a = mmap(NULL, up(n), PROT_READ | PROT_WRITE, MAP_SHARED, f, (off_t)(metaoff + PAGE + off));
@@ -803,6 +931,7 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 	__atomic_add_fetch(&meta->importers, 1, __ATOMIC_ACQ_REL);
 	struct mem *m = calloc(1, sizeof *m);
 	m->kind = M_IMPORT;
+	m->dev = meta->dev;
 	m->p = (uintptr_t)a;
 	m->n = n;
 	m->maplen = up(n);
@@ -842,6 +971,361 @@ aclError aclrtIpcMemClose(const char *key) {
 }
 #endif
 
+/* ---- virtual memory: physical chunks, reservations, mappings ---- */
+
+#ifndef FAKEACL_NO_VMM
+
+/* aclrtPhysicalMemProp: {handleType, allocationType, memAttr, location
+ * {u32 id; type}, u64 reserve}, 32 bytes. aclrtMemAccessDesc: {flags,
+ * location, u8 rsv[12]}, 24 bytes. */
+typedef struct { int32_t handleType, allocationType, memAttr; uint32_t loc_id; int32_t loc_type; uint64_t reserve; } physprop_t;
+typedef struct { int32_t flags; uint32_t loc_id; int32_t loc_type; uint8_t rsv[12]; } accessdesc_t;
+
+enum { ACCESS_NONE = 0, ACCESS_READ = 1, ACCESS_READWRITE = 3 };
+
+
+static struct mem *find_phys(void *h) {
+	for (struct mem *m = mems; m; m = m->next)
+		if (m == h && (m->kind == M_PHYS || m->kind == M_PIMPORT)) return m;
+	return NULL;
+}
+
+static struct mem *find_kind_at(uintptr_t p, int kind) {
+	for (struct mem *m = mems; m; m = m->next)
+		if (m->kind == kind && m->p == p) return m;
+	return NULL;
+}
+
+/* phys_put drops one owner of chunk m (mu held); the last owner with no
+ * mapping left frees it. Returns 1 when m was freed. */
+static int phys_put(struct mem *m) {
+	if (--m->refs > 0 || m->maps > 0) return 0;
+	drop(m);
+	if (m->kind == M_PIMPORT) {
+		__atomic_sub_fetch(&m->meta->importers, 1, __ATOMIC_ACQ_REL);
+		munmap(m->meta, PAGE);
+		close(m->fd);
+	} else {
+		__atomic_store_n(&m->meta->exported, 0, __ATOMIC_RELEASE);
+		/* Importers may still map the pages: punch them out only when none does. */
+		if (__atomic_load_n(&m->meta->importers, __ATOMIC_ACQUIRE) == 0)
+			fallocate(heap_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, m->off - (off_t)PAGE, (off_t)(PAGE + m->n));
+	}
+	free(m);
+	return 1;
+}
+
+aclError aclrtMemGetAllocationGranularity(physprop_t *prop, int option, size_t *g) {
+	if (!prop || !g) return fail(E_RT_PARAM, "fakeacl: aclrtMemGetAllocationGranularity: NULL argument");
+	if (option != 0 && option != 1) return fail(E_RT_PARAM, "fakeacl: aclrtMemGetAllocationGranularity: option %d", option);
+	*g = granularity;
+	return OK;
+}
+
+aclError aclrtMallocPhysical(void **handle, size_t size, const physprop_t *prop, uint64_t flags) {
+	NEED_CTX();
+	if (!handle || !prop) return fail(E_RT_PARAM, "fakeacl: aclrtMallocPhysical: NULL handle or prop");
+	if (flags != 0) return fail(E_RT_PARAM, "fakeacl: aclrtMallocPhysical: flags %llu, want 0", (unsigned long long)flags);
+	if (prop->loc_type != 1 || prop->loc_id >= (uint32_t)ndev)
+		return fail(E_RT_PARAM, "fakeacl: aclrtMallocPhysical: location {id %u, type %d}, want a device (type 1) of %d", prop->loc_id, prop->loc_type, ndev);
+	if (prop->allocationType != 0) return fail(E_RT_PARAM, "fakeacl: aclrtMallocPhysical: allocationType %d, want PINNED (0)", prop->allocationType);
+	if (size == 0 || size % granularity)
+		return fail(E_RT_PARAM, "fakeacl: aclrtMallocPhysical(%zu B): not a multiple of the granularity %zu", size, granularity);
+	pthread_mutex_lock(&mu);
+	if (size > HEAP_SIZE || heap_top + PAGE + size > HEAP_SIZE) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_MEM_ALLOC, "fakeacl: aclrtMallocPhysical(%zu B): out of device memory", size);
+	}
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_PHYS;
+	m->meta = (struct meta *)(heap + heap_top);
+	m->fd = heap_fd;
+	m->off = (off_t)(heap_top + PAGE);
+	m->n = size;
+	m->refs = 1;
+	m->dev = phys_of[prop->loc_id];
+	heap_top += PAGE + size;
+	m->meta->magic = MAGIC;
+	m->meta->size = size;
+	m->meta->dev = m->dev;
+	m->meta->vmm = 1;
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*handle = m;
+	return OK;
+}
+
+aclError aclrtFreePhysical(void *handle) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_phys(handle);
+	if (!m) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtFreePhysical(%p): not a physical memory handle", handle);
+	}
+	if (m->refs <= 0) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtFreePhysical(%p): already freed (still mapped)", handle);
+	}
+	phys_put(m);
+	pthread_mutex_unlock(&mu);
+	return OK;
+}
+
+aclError aclrtMemGetAllocationPropertiesFromHandle(void *handle, physprop_t *prop) {
+	NEED_CTX();
+	if (!prop) return fail(E_RT_PARAM, "fakeacl: aclrtMemGetAllocationPropertiesFromHandle: NULL prop");
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_phys(handle);
+	if (m) {
+		memset(prop, 0, sizeof *prop);
+		prop->memAttr = 4; /* ACL_HBM_MEM_HUGE */
+		prop->loc_type = 1;
+		prop->loc_id = 0;
+		for (int i = 0; i < ndev; i++)
+			if (phys_of[i] == m->dev) prop->loc_id = (uint32_t)i;
+	}
+	pthread_mutex_unlock(&mu);
+	return m ? OK : fail(E_RT_PARAM, "fakeacl: aclrtMemGetAllocationPropertiesFromHandle(%p): not a physical memory handle", handle);
+}
+
+aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr, uint64_t flags) {
+	NEED_CTX();
+	if (!virPtr || size == 0) return fail(E_RT_PARAM, "fakeacl: aclrtReserveMemAddress: NULL virPtr or size 0");
+	if (alignment != 0) return fail(E_RT_PARAM, "fakeacl: aclrtReserveMemAddress: alignment %zu is reserved, must be 0", alignment);
+	if (expectPtr) return fail(E_FEATURE, "fakeacl: aclrtReserveMemAddress: a requested address (%p) is not emulated; pass NULL", expectPtr);
+	if (flags > 1) return fail(E_RT_PARAM, "fakeacl: aclrtReserveMemAddress: flags %llu", (unsigned long long)flags);
+	/* Aligned to the granularity, as the runtime's reservations are. */
+	size_t len = up(size);
+	void *a = mmap(NULL, len + granularity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (a == MAP_FAILED) return fail(E_MEM_ALLOC, "fakeacl: aclrtReserveMemAddress(%zu B): %s", size, strerror(errno));
+	uintptr_t start = ((uintptr_t)a + granularity - 1) / granularity * granularity;
+	if (start > (uintptr_t)a) munmap(a, start - (uintptr_t)a);
+	uintptr_t tail = start + len, end = (uintptr_t)a + len + granularity;
+	if (end > tail) munmap((void *)tail, end - tail);
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_RESERVE;
+	m->p = start;
+	m->n = len;
+	pthread_mutex_lock(&mu);
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*virPtr = (void *)start;
+	return OK;
+}
+
+aclError aclrtReleaseMemAddress(void *virPtr) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *r = find_kind_at((uintptr_t)virPtr, M_RESERVE);
+	aclError rc = OK;
+	if (!r) rc = fail(E_RT_PARAM, "fakeacl: aclrtReleaseMemAddress(%p): not the start of a reservation", virPtr);
+	else
+		for (struct mem *m = mems; m && !rc; m = m->next)
+			if (m->kind == M_MAPPED && m->p >= r->p && m->p - r->p < r->n)
+				rc = fail(E_RT_PARAM, "fakeacl: aclrtReleaseMemAddress(%p): %p is still mapped (aclrtUnmapMem first)", virPtr, (void *)m->p);
+	if (!rc) drop(r);
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	munmap((void *)r->p, r->n);
+	free(r);
+	return OK;
+}
+
+aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, void *handle, uint64_t flags) {
+	NEED_CTX();
+	uintptr_t p = (uintptr_t)virPtr;
+	if (offset != 0) return fail(E_RT_PARAM, "fakeacl: aclrtMapMem: offset %zu is reserved, must be 0", offset);
+	if (flags != 0) return fail(E_RT_PARAM, "fakeacl: aclrtMapMem: flags %llu is reserved, must be 0", (unsigned long long)flags);
+	pthread_mutex_lock(&mu);
+	struct mem *ph = find_phys(handle), *r = NULL;
+	for (struct mem *m = mems; m; m = m->next)
+		if (m->kind == M_RESERVE && p >= m->p && p - m->p < m->n) r = m;
+	aclError rc = OK;
+	if (!ph) rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p): handle %p is not a physical memory handle", virPtr, handle);
+	else if (size != ph->n) rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p, %zu B): the size must equal the physical allocation's (%zu B)", virPtr, size, ph->n);
+	else if (!r || size > r->n - (p - r->p)) rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p, %zu B): not inside one aclrtReserveMemAddress range", virPtr, size);
+	else if ((p - r->p) % granularity) rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p): not granularity-aligned (%zu) in its reservation", virPtr, granularity);
+	else if (r->bound && (r->bound != ph->kind || r->bound_dev != ph->dev))
+		rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p): its reservation already maps %s memory of device %d; it cannot also map %s memory of device %d",
+		          virPtr, r->bound == M_PHYS ? "allocated" : "imported", r->bound_dev, ph->kind == M_PHYS ? "allocated" : "imported", ph->dev);
+	else
+		for (struct mem *m = mems; m && !rc; m = m->next)
+			if (m->kind == M_MAPPED && p < m->p + m->n && m->p < p + size)
+				rc = fail(E_RT_PARAM, "fakeacl: aclrtMapMem(%p, %zu B): overlaps the mapping at %p", virPtr, size, (void *)m->p);
+	if (!rc) {
+		void *a = mmap(virPtr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, ph->fd, ph->off);
+		if (a == MAP_FAILED) rc = fail(E_MEM_ALLOC, "fakeacl: aclrtMapMem(%p): mmap: %s", virPtr, strerror(errno));
+	}
+	if (!rc) {
+		struct mem *m = calloc(1, sizeof *m);
+		m->kind = M_MAPPED;
+		m->p = p;
+		m->n = size;
+		m->phys = ph;
+		m->dev = ph->dev;
+		/* Local chunks are usable at once; imported ones only after aclrtMemSetAccess. */
+		m->access = ph->kind == M_PHYS ? ACCESS_READWRITE : ACCESS_NONE;
+		if (m->access == ACCESS_NONE) mprotect(virPtr, size, PROT_NONE);
+		ph->maps++;
+		r->bound = ph->kind;
+		r->bound_dev = ph->dev;
+		add(m);
+		__atomic_add_fetch(&n_vmm_maps, 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtUnmapMem(void *virPtr) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_kind_at((uintptr_t)virPtr, M_MAPPED);
+	if (!m) {
+		pthread_mutex_unlock(&mu);
+		return fail(E_RT_PARAM, "fakeacl: aclrtUnmapMem(%p): not the start of a mapping", virPtr);
+	}
+	drop(m);
+	/* Back to reserved and inaccessible. */
+	mmap(virPtr, m->n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	struct mem *ph = m->phys;
+	ph->maps--;
+	ph->refs++; /* phys_put drops it again and frees a chunk nobody owns */
+	phys_put(ph);
+	pthread_mutex_unlock(&mu);
+	free(m);
+	__atomic_sub_fetch(&n_vmm_maps, 1, __ATOMIC_RELAXED);
+	return OK;
+}
+
+aclError aclrtMemSetAccess(void *virPtr, size_t size, accessdesc_t *desc, size_t count) {
+	NEED_CTX();
+	if (!desc || count == 0) return fail(E_RT_PARAM, "fakeacl: aclrtMemSetAccess: no descriptor");
+	int flags = -1;
+	for (size_t i = 0; i < count; i++) {
+		if (desc[i].flags != ACCESS_NONE && desc[i].flags != ACCESS_READ && desc[i].flags != ACCESS_READWRITE)
+			return fail(E_RT_PARAM, "fakeacl: aclrtMemSetAccess: desc %zu flags %d", i, desc[i].flags);
+		if (desc[i].loc_type != 0 && desc[i].loc_type != 1)
+			return fail(E_RT_PARAM, "fakeacl: aclrtMemSetAccess: desc %zu location type %d, want HOST (0) or DEVICE (1)", i, desc[i].loc_type);
+		for (int j = 0; j < 12; j++)
+			if (desc[i].rsv[j]) return fail(E_RT_PARAM, "fakeacl: aclrtMemSetAccess: desc %zu rsv must be 0", i);
+		if (desc[i].loc_type == 1 && desc[i].loc_id == (uint32_t)cur->dev) flags = desc[i].flags;
+	}
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_kind_at((uintptr_t)virPtr, M_MAPPED);
+	aclError rc = OK;
+	if (!m || m->n != size) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemSetAccess(%p, %zu B): want the address and size of one aclrtMapMem", virPtr, size);
+	else if (flags >= 0) {
+		m->access = flags;
+		mprotect(virPtr, size, flags == ACCESS_READWRITE ? PROT_READ | PROT_WRITE : flags == ACCESS_READ ? PROT_READ : PROT_NONE);
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemRetainAllocationHandle(void *virPtr, void **handle) {
+	NEED_CTX();
+	if (!handle) return fail(E_RT_PARAM, "fakeacl: aclrtMemRetainAllocationHandle: NULL handle");
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_kind_at((uintptr_t)virPtr, M_MAPPED);
+	if (m) {
+		m->phys->refs++;
+		*handle = m->phys;
+	}
+	pthread_mutex_unlock(&mu);
+	return m ? OK : fail(E_RT_PARAM, "fakeacl: aclrtMemRetainAllocationHandle(%p): not the start of an aclrtMapMem mapping", virPtr);
+}
+
+aclError aclrtMemExportToShareableHandle(void *handle, int handleType, uint64_t flags, uint64_t *shareable) {
+	NEED_CTX();
+	if (!shareable) return fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle: NULL shareableHandle");
+	if (handleType != 0) return fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle: handleType %d is reserved, must be ACL_MEM_HANDLE_TYPE_NONE (0)", handleType);
+	if (flags > 1) return fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle: flags %llu", (unsigned long long)flags);
+	pthread_mutex_lock(&mu);
+	struct mem *m = find_phys(handle);
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle(%p): not a physical memory handle", handle);
+	else if (m->kind == M_PIMPORT) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle(%p): an imported handle cannot be exported again", handle);
+	else if (m->shareable) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemExportToShareableHandle(%p): already exported as %#llx (one shareable handle per handle)", handle, (unsigned long long)m->shareable);
+	else {
+		m->shareable = ((uint64_t)(uint32_t)getpid() << 40) | ((uint64_t)(uint32_t)heap_fd << 24) | (uint64_t)((m->off - (off_t)PAGE) / (off_t)PAGE);
+		m->meta->no_validation = (uint32_t)flags;
+		m->meta->npids = 0;
+		__atomic_store_n(&m->meta->exported, 1, __ATOMIC_RELEASE);
+		*shareable = m->shareable;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pids, size_t n) {
+	NEED_CTX();
+	if (!pids || n == 0) return fail(E_RT_PARAM, "fakeacl: aclrtMemSetPidToShareableHandle: no pid");
+	pthread_mutex_lock(&mu);
+	struct mem *m = NULL;
+	for (struct mem *x = mems; x; x = x->next)
+		if (x->kind == M_PHYS && x->shareable == shareable) m = x;
+	aclError rc = OK;
+	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemSetPidToShareableHandle(%#llx): not a handle this process exported", (unsigned long long)shareable);
+	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl: more than 64 whitelisted pids");
+	else
+		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId, void **handle) {
+	NEED_CTX();
+	if (!handle) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle: NULL handle");
+	if (deviceId < 0 || deviceId >= ndev) return fail(E_RT_DEVICE, "fakeacl: aclrtMemImportFromShareableHandle: device %d of %d", deviceId, ndev);
+	int pid = (int)(shareable >> 40), hfd = (int)((shareable >> 24) & 0xffff);
+	off_t metaoff = (off_t)(shareable & 0xffffff) * (off_t)PAGE;
+	if (pid == getpid()) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): exported by this process; export and import must be different processes", (unsigned long long)shareable);
+	pthread_mutex_lock(&mu);
+	struct mem *dup = NULL;
+	for (struct mem *x = mems; x; x = x->next)
+		if (x->kind == M_PIMPORT && x->shareable == shareable) dup = x;
+	pthread_mutex_unlock(&mu);
+	if (dup) return fail(E_RT_PARAM, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): already imported in this process (one handle per shareable handle)", (unsigned long long)shareable);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, hfd);
+	int f = open(path, O_RDWR | O_CLOEXEC);
+	if (f < 0) return fail(E_IPC, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): open %s: %s (exporter gone?)", (unsigned long long)shareable, path, strerror(errno));
+	struct meta *meta = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f, metaoff);
+	if (meta == MAP_FAILED || meta->magic != MAGIC || !meta->vmm || !__atomic_load_n(&meta->exported, __ATOMIC_ACQUIRE)) {
+		if (meta != MAP_FAILED) munmap(meta, PAGE);
+		close(f);
+		return fail(E_IPC, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): not an exported physical allocation (freed, or not exported)", (unsigned long long)shareable);
+	}
+	if (!meta->no_validation) {
+		int ok = 0;
+		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
+			if (meta->pids[i] == bare_tgid()) ok = 1;
+		if (!ok) {
+			munmap(meta, PAGE);
+			close(f);
+			return fail(E_NO_PERMISSION, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): BareTgid %d is not on the whitelist (aclrtMemSetPidToShareableHandle)", (unsigned long long)shareable, (int)bare_tgid());
+		}
+	}
+	__atomic_add_fetch(&meta->importers, 1, __ATOMIC_ACQ_REL);
+	struct mem *m = calloc(1, sizeof *m);
+	m->kind = M_PIMPORT;
+	m->meta = meta;
+	m->fd = f;
+	m->off = metaoff + (off_t)PAGE;
+	m->n = meta->size;
+	m->refs = 1;
+	m->dev = meta->dev;
+	m->shareable = shareable;
+	pthread_mutex_lock(&mu);
+	add(m);
+	pthread_mutex_unlock(&mu);
+	*handle = m;
+	return OK;
+}
+
+#endif /* FAKEACL_NO_VMM */
+
 /* ---- test hooks ---- */
 
 long fakeacl_live(void) {
@@ -878,3 +1362,4 @@ long fakeacl_sync_copies(void) { return n_sync_copies; }
 long fakeacl_batch_calls(void) { return n_batch; }
 long fakeacl_legacy_queries(void) { return n_legacy_query; }
 long fakeacl_stream_config_calls(void) { return n_stream_config; }
+long fakeacl_vmm_maps(void) { return n_vmm_maps; }

@@ -6,10 +6,11 @@
  * copies from pinned memory, events, IPC across processes) against a real
  * accelerator. Build on a CUDA machine:
  *
- *   nvcc -shared -Xcompiler -fPIC -o libascendcl.so fakeacl_cuda.c -lpthread
+ *   nvcc -shared -Xcompiler -fPIC -o libascendcl.so fakeacl_cuda.c -lpthread -lcuda
  *
- * CUDA runtime prototypes are declared here by hand (no CUDA header needed
- * to compile; link with cudart).
+ * CUDA runtime and driver prototypes are declared here by hand (no CUDA
+ * header needed to compile; link with cudart and, for the VMM calls, the
+ * driver: -lcuda; -DFAKEACL_NO_VMM leaves them out).
  *
  * IPC: an export key (at most 64 characters) cannot carry the 64-byte
  * cudaIpcMemHandle in hex, so it names a one-page memfd of the exporter,
@@ -31,7 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -182,7 +186,22 @@ aclError aclrtSetCurrentContext(void *c) {
 	return OK;
 }
 
-aclError aclrtDeviceGetBareTgid(int32_t *pid) { *pid = (int32_t)getpid(); return OK; }
+/* bare_tgid: this process as the driver names it (FAKEACL_TGID_OFFSET
+ * emulates a pid namespace, where it is not getpid()). */
+static int32_t bare_tgid(void) {
+	const char *v = getenv("FAKEACL_TGID_OFFSET");
+	return (int32_t)(getpid() + (v ? atol(v) : 0));
+}
+
+aclError aclrtDeviceGetBareTgid(int32_t *pid) {
+	if (!pid) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtDeviceGetBareTgid(NULL)");
+	*pid = bare_tgid();
+	return OK;
+}
+
+static aclError foreign_copy(const void *a, const void *b);
+static long vmm_live(void);
+static int vmm_range(uintptr_t p, void **base, size_t *size);
 
 /* ---- memory table ---- */
 
@@ -323,17 +342,22 @@ aclError aclrtMemGetAddressRange(void *p, void **base, size_t *size) {
 	NEED_CTX();
 	pthread_mutex_lock(&mu);
 	struct mem *m = find((uintptr_t)p, 0, 0);
-	if (m && m->kind != M_HOSTREG) {
+	int found = m && m->kind != M_HOSTREG;
+	if (found) {
 		*base = (void *)m->p;
 		*size = m->n;
+	} else {
+		found = vmm_range((uintptr_t)p, base, size); /* a VMM address: its mapping */
 	}
 	pthread_mutex_unlock(&mu);
-	return m && m->kind != M_HOSTREG ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemGetAddressRange(%p): unknown", p);
+	return found ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemGetAddressRange(%p): unknown", p);
 }
 
 aclError aclrtMemcpy(void *dst, size_t dmax, const void *src, size_t n, int kind) {
 	NEED_CTX();
 	if (n > dmax || kind < 0 || kind > 3) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemcpy(%zu B into %zu, kind %d)", n, dmax, kind);
+	aclError rc = foreign_copy(dst, src);
+	if (rc) return rc;
 	return cu(cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
 }
 
@@ -394,6 +418,8 @@ aclError aclrtSynchronizeStreamWithTimeout(void *p, int32_t ms) {
 static aclError copy_async(void *dst, size_t dmax, const void *src, size_t n, int kind, struct stream *s) {
 	if (!s) return fail(E_RT_PARAM, "fakeacl_cuda: async copy on the default stream is not emulated");
 	if (n > dmax || kind < 0 || kind > 3) return fail(E_RT_PARAM, "fakeacl_cuda: copy of %zu B into %zu, kind %d", n, dmax, kind);
+	aclError frc = foreign_copy(dst, src);
+	if (frc) return frc;
 	long seq = __atomic_add_fetch(&n_copies, 1, __ATOMIC_RELAXED);
 	if (kind == 3) __atomic_add_fetch(&n_d2d, 1, __ATOMIC_RELAXED);
 	if (s->err) return OK; /* a failed stream runs nothing more */
@@ -561,10 +587,10 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 	if (!meta->no_validation) {
 		int ok = 0;
 		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
-			if (meta->pids[i] == (int32_t)getpid()) ok = 1;
+			if (meta->pids[i] == bare_tgid()) ok = 1;
 		if (!ok) {
 			munmap(meta, PAGE);
-			return fail(E_NO_PERMISSION, "fakeacl_cuda: pid %d is not on the import whitelist of %s", (int)getpid(), key);
+			return fail(E_NO_PERMISSION, "fakeacl_cuda: BareTgid %d is not on the import whitelist of %s", (int)bare_tgid(), key);
 		}
 	}
 	void *base = NULL;
@@ -614,6 +640,506 @@ aclError aclrtIpcMemClose(const char *key) {
 	return rc;
 }
 
+/* ---- virtual memory over CUDA's VMM driver API ----
+ *
+ * Physical chunks are cuMemCreate allocations (requested handle type POSIX
+ * fd), reservations cuMemAddressReserve, mappings cuMemMap + cuMemSetAccess.
+ * A shareable handle is (exporter pid << 32 | sequence); the exporter keeps
+ * the chunk's POSIX fd (cuMemExportToShareableHandle) with its whitelist
+ * and hands the fd over SCM_RIGHTS, on an abstract unix socket named after
+ * its pid, to an importer whose BareTgid is on the list (or to any, without
+ * pid validation). The importer turns it into its handle with
+ * cuMemImportFromShareableHandle. A chunk imported on another device than
+ * its own is marked: copies through its mappings are refused, as CANN
+ * refuses H2D/D2H on memory imported from another device. */
+
+#ifndef FAKEACL_NO_VMM
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+	int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED 1 */
+	int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1 */
+	CUmemLocation location;   /* CU_MEM_LOCATION_TYPE_DEVICE 1 */
+	void *win32HandleMetaData;
+	struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc; /* flags: NONE 0, READ 1, READWRITE 3 */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
+CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
+CUresult cuGetErrorString(CUresult, const char **);
+#define CU_POSIX_FD 1
+
+/* cd maps a CUDA driver error onto an aclError with the driver's text. */
+static aclError cd(CUresult e, const char *what) {
+	if (e == 0) return OK;
+	const char *s = NULL;
+	cuGetErrorString(e, &s);
+	return fail(e == 2 ? E_MEM_ALLOC : E_DRV, "fakeacl_cuda: %s: CUDA driver error %d: %s", what, e, s ? s : "?");
+}
+
+typedef struct { int32_t handleType, allocationType, memAttr; uint32_t loc_id; int32_t loc_type; uint64_t reserve; } physprop_t;
+typedef struct { int32_t flags; uint32_t loc_id; int32_t loc_type; uint8_t rsv[12]; } accessdesc_t;
+
+/* One physical chunk (M_PHYS: ours; M_PIMPORT: imported), a reservation
+ * (M_RESERVE) or a mapping (M_MAPPED), kept in their own list. */
+enum { V_PHYS = 1, V_PIMPORT, V_RESERVE, V_MAPPED };
+struct vmem {
+	int kind;
+	uintptr_t p;  /* V_RESERVE, V_MAPPED: the range */
+	size_t n;
+	CUmemGenericAllocationHandle h;
+	int dev;      /* V_PHYS/V_PIMPORT: the chunk's device; V_MAPPED: the importer's device */
+	int foreign;  /* V_PIMPORT, V_MAPPED: imported on another device than the chunk's */
+	long refs, maps;
+	uint64_t shareable;
+	int fd;       /* V_PHYS exported: the POSIX fd */
+	int no_validation, npids;
+	int32_t pids[64];
+	struct vmem *phys;
+	struct vmem *next;
+};
+static struct vmem *vmems;
+static long n_vmm_maps, n_foreign, export_seq;
+static int srv_fd = -1;
+static pthread_t srv_th;
+
+static void vadd(struct vmem *v) { v->next = vmems; vmems = v; }
+static void vdrop(struct vmem *x) {
+	for (struct vmem **v = &vmems; *v; v = &(*v)->next)
+		if (*v == x) { *v = x->next; return; }
+}
+static struct vmem *vfind(int kind, uintptr_t p) {
+	for (struct vmem *v = vmems; v; v = v->next)
+		if (v->kind == kind && v->p == p) return v;
+	return NULL;
+}
+static struct vmem *vphys(void *h) {
+	for (struct vmem *v = vmems; v; v = v->next)
+		if (v == h && (v->kind == V_PHYS || v->kind == V_PIMPORT)) return v;
+	return NULL;
+}
+/* vmapped returns the mapping holding p (mu held). */
+static struct vmem *vmapped(uintptr_t p) {
+	for (struct vmem *v = vmems; v; v = v->next)
+		if (v->kind == V_MAPPED && p >= v->p && p - v->p < v->n) return v;
+	return NULL;
+}
+
+/* foreign_copy refuses a copy touching memory imported from another device. */
+static aclError foreign_copy(const void *a, const void *b) {
+	if (!__atomic_load_n(&n_foreign, __ATOMIC_ACQUIRE)) return OK;
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vmapped((uintptr_t)a);
+	if (!v || !v->foreign) v = vmapped((uintptr_t)b);
+	int bad = v && v->foreign, mine = v ? v->dev : 0, theirs = v ? v->phys->dev : 0;
+	pthread_mutex_unlock(&mu);
+	if (bad) return fail(E_RT_PARAM, "fakeacl_cuda: copy with memory of device %d imported on device %d: memory imported from another device cannot be the source or target of H2D/D2H copies", theirs, mine);
+	return OK;
+}
+
+static void vprop(CUmemAllocationProp *p, int dev) {
+	memset(p, 0, sizeof *p);
+	p->type = 1;
+	p->requestedHandleTypes = CU_POSIX_FD;
+	p->location.type = 1;
+	p->location.id = dev;
+}
+
+aclError aclrtMemGetAllocationGranularity(physprop_t *prop, int option, size_t *g) {
+	NEED_CTX();
+	if (!prop || !g || (option != 0 && option != 1)) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemGetAllocationGranularity: bad arguments");
+	CUmemAllocationProp p;
+	vprop(&p, cur->dev);
+	return cd(cuMemGetAllocationGranularity(g, &p, option), "cuMemGetAllocationGranularity");
+}
+
+aclError aclrtMallocPhysical(void **handle, size_t size, const physprop_t *prop, uint64_t flags) {
+	NEED_CTX();
+	if (!handle || !prop || flags || prop->loc_type != 1 || prop->loc_id >= (uint32_t)ndev || prop->allocationType != 0)
+		return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMallocPhysical: bad arguments (want a device location, PINNED, flags 0)");
+	CUmemAllocationProp p;
+	vprop(&p, (int)prop->loc_id);
+	CUmemGenericAllocationHandle h;
+	aclError rc = cd(cuMemCreate(&h, size, &p, 0), "cuMemCreate");
+	if (rc) return rc;
+	struct vmem *v = calloc(1, sizeof *v);
+	v->kind = V_PHYS;
+	v->n = size;
+	v->h = h;
+	v->dev = (int)prop->loc_id;
+	v->refs = 1;
+	v->fd = -1;
+	pthread_mutex_lock(&mu);
+	vadd(v);
+	pthread_mutex_unlock(&mu);
+	*handle = v;
+	return OK;
+}
+
+/* vput drops one owner of chunk v (mu held); the last with no mapping releases it. */
+static aclError vput(struct vmem *v) {
+	if (--v->refs > 0 || v->maps > 0) return OK;
+	vdrop(v);
+	aclError rc = cd(cuMemRelease(v->h), "cuMemRelease");
+	if (v->fd >= 0) close(v->fd);
+	free(v);
+	return rc;
+}
+
+aclError aclrtFreePhysical(void *handle) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vphys(handle);
+	aclError rc = !v || v->refs <= 0 ? fail(E_RT_PARAM, "fakeacl_cuda: aclrtFreePhysical(%p): not a live physical handle", handle) : vput(v);
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemGetAllocationPropertiesFromHandle(void *handle, physprop_t *prop) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vphys(handle);
+	if (v && prop) {
+		memset(prop, 0, sizeof *prop);
+		prop->memAttr = 4;
+		prop->loc_type = 1;
+		prop->loc_id = (uint32_t)v->dev;
+	}
+	pthread_mutex_unlock(&mu);
+	return v && prop ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemGetAllocationPropertiesFromHandle(%p): not a physical handle", handle);
+}
+
+aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr, uint64_t flags) {
+	NEED_CTX();
+	if (!virPtr || !size || alignment || expectPtr || flags > 1) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtReserveMemAddress: bad arguments (alignment 0, expectPtr NULL)");
+	CUdeviceptr p;
+	aclError rc = cd(cuMemAddressReserve(&p, size, 0, 0, 0), "cuMemAddressReserve");
+	if (rc) return rc;
+	struct vmem *v = calloc(1, sizeof *v);
+	v->kind = V_RESERVE;
+	v->p = (uintptr_t)p;
+	v->n = size;
+	pthread_mutex_lock(&mu);
+	vadd(v);
+	pthread_mutex_unlock(&mu);
+	*virPtr = (void *)(uintptr_t)p;
+	return OK;
+}
+
+aclError aclrtReleaseMemAddress(void *virPtr) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *r = vfind(V_RESERVE, (uintptr_t)virPtr);
+	aclError rc = r ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtReleaseMemAddress(%p): not a reservation", virPtr);
+	for (struct vmem *v = vmems; v && !rc; v = v->next)
+		if (v->kind == V_MAPPED && v->p >= r->p && v->p - r->p < r->n) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtReleaseMemAddress(%p): still mapped", virPtr);
+	if (!rc) vdrop(r);
+	pthread_mutex_unlock(&mu);
+	if (rc) return rc;
+	rc = cd(cuMemAddressFree((CUdeviceptr)r->p, r->n), "cuMemAddressFree");
+	free(r);
+	return rc;
+}
+
+static aclError vaccess(uintptr_t p, size_t n, int dev, int flags) {
+	CUmemAccessDesc d = {{1, dev}, flags};
+	return cd(cuMemSetAccess((CUdeviceptr)p, n, &d, 1), "cuMemSetAccess");
+}
+
+aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, void *handle, uint64_t flags) {
+	NEED_CTX();
+	if (offset || flags) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMapMem: offset and flags are reserved, must be 0");
+	pthread_mutex_lock(&mu);
+	struct vmem *ph = vphys(handle);
+	aclError rc = OK;
+	if (!ph) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMapMem(%p): not a physical handle", virPtr);
+	else if (size != ph->n) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMapMem(%p, %zu B): the size must equal the physical allocation's (%zu B)", virPtr, size, ph->n);
+	if (!rc) rc = cd(cuMemMap((CUdeviceptr)(uintptr_t)virPtr, size, 0, ph->h, 0), "cuMemMap");
+	/* Local chunks are usable at once (as in fakeacl.c); imported ones after aclrtMemSetAccess. */
+	if (!rc && ph->kind == V_PHYS && (rc = vaccess((uintptr_t)virPtr, size, cur->dev, 3)))
+		cuMemUnmap((CUdeviceptr)(uintptr_t)virPtr, size);
+	if (!rc) {
+		struct vmem *v = calloc(1, sizeof *v);
+		v->kind = V_MAPPED;
+		v->p = (uintptr_t)virPtr;
+		v->n = size;
+		v->phys = ph;
+		v->dev = cur->dev;
+		v->foreign = ph->foreign;
+		if (v->foreign) __atomic_add_fetch(&n_foreign, 1, __ATOMIC_ACQ_REL);
+		ph->maps++;
+		vadd(v);
+		__atomic_add_fetch(&n_vmm_maps, 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtUnmapMem(void *virPtr) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vfind(V_MAPPED, (uintptr_t)virPtr);
+	aclError rc = v ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtUnmapMem(%p): not a mapping's start", virPtr);
+	if (!rc) {
+		vdrop(v);
+		rc = cd(cuMemUnmap((CUdeviceptr)v->p, v->n), "cuMemUnmap");
+		if (v->foreign) __atomic_sub_fetch(&n_foreign, 1, __ATOMIC_ACQ_REL);
+		v->phys->maps--;
+		v->phys->refs++;
+		aclError r2 = vput(v->phys);
+		if (!rc) rc = r2;
+		free(v);
+		__atomic_sub_fetch(&n_vmm_maps, 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemSetAccess(void *virPtr, size_t size, accessdesc_t *desc, size_t count) {
+	NEED_CTX();
+	if (!desc || !count) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemSetAccess: no descriptor");
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vfind(V_MAPPED, (uintptr_t)virPtr);
+	pthread_mutex_unlock(&mu);
+	if (!v || v->n != size) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemSetAccess(%p, %zu B): want one aclrtMapMem's address and size", virPtr, size);
+	for (size_t i = 0; i < count; i++) {
+		if ((desc[i].flags != 0 && desc[i].flags != 1 && desc[i].flags != 3) || desc[i].loc_type != 1 || desc[i].loc_id >= (uint32_t)ndev)
+			return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemSetAccess: desc %zu: flags %d, location {%u, %d}", i, desc[i].flags, desc[i].loc_id, desc[i].loc_type);
+		aclError rc = vaccess((uintptr_t)virPtr, size, (int)desc[i].loc_id, desc[i].flags);
+		if (rc) return rc;
+	}
+	return OK;
+}
+
+aclError aclrtMemRetainAllocationHandle(void *virPtr, void **handle) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vfind(V_MAPPED, (uintptr_t)virPtr);
+	if (v && handle) {
+		v->phys->refs++;
+		*handle = v->phys;
+	}
+	pthread_mutex_unlock(&mu);
+	return v && handle ? OK : fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemRetainAllocationHandle(%p): not the start of a mapping", virPtr);
+}
+
+/* The exporter's fd server: a request is {u64 shareable, i32 BareTgid};
+ * the answer {i32 status, i32 device, u64 size}, with the chunk's fd when
+ * status is 0. */
+struct vreq { uint64_t shareable; int32_t tgid; int32_t pad; };
+struct vans { int32_t status, dev; uint64_t size; };
+
+static void srv_path(struct sockaddr_un *a, socklen_t *len, int pid) {
+	memset(a, 0, sizeof *a);
+	a->sun_family = AF_UNIX;
+	int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "fakeaclcu-vmm-%d", pid);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static void *serve(void *arg) {
+	(void)arg;
+	for (;;) {
+		int c = accept4(srv_fd, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno == EINTR || errno == ECONNABORTED) continue;
+			return NULL;
+		}
+		struct vreq q;
+		struct vans a = {E_IPC, 0, 0};
+		int fd = -1;
+		if (read(c, &q, sizeof q) == (ssize_t)sizeof q) {
+			pthread_mutex_lock(&mu);
+			struct vmem *v = NULL;
+			for (struct vmem *x = vmems; x; x = x->next)
+				if (x->kind == V_PHYS && x->fd >= 0 && x->shareable == q.shareable) v = x;
+			if (v) {
+				int ok = v->no_validation;
+				for (int i = 0; i < v->npids; i++)
+					if (v->pids[i] == q.tgid) ok = 1;
+				a.status = ok ? OK : E_NO_PERMISSION;
+				a.dev = v->dev;
+				a.size = v->n;
+				if (ok) fd = dup(v->fd);
+			}
+			pthread_mutex_unlock(&mu);
+		}
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		struct iovec io = {&a, sizeof a};
+		struct msghdr m = {0};
+		m.msg_iov = &io;
+		m.msg_iovlen = 1;
+		if (fd >= 0) {
+			memset(cbuf, 0, sizeof cbuf);
+			m.msg_control = cbuf;
+			m.msg_controllen = sizeof cbuf;
+			struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+			h->cmsg_level = SOL_SOCKET;
+			h->cmsg_type = SCM_RIGHTS;
+			h->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(h), &fd, sizeof fd);
+		}
+		if (sendmsg(c, &m, MSG_NOSIGNAL) < 0) { /* the importer left */ }
+		if (fd >= 0) close(fd);
+		close(c);
+	}
+}
+
+/* start_server listens once per process (mu held). */
+static aclError start_server(void) {
+	if (srv_fd >= 0) return OK;
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct sockaddr_un a;
+	socklen_t len;
+	srv_path(&a, &len, getpid());
+	if (s < 0 || bind(s, (struct sockaddr *)&a, len) != 0 || listen(s, 64) != 0) {
+		if (s >= 0) close(s);
+		return fail(E_IPC, "fakeacl_cuda: the export server's socket: %s", strerror(errno));
+	}
+	srv_fd = s;
+	if (pthread_create(&srv_th, NULL, serve, NULL) != 0) {
+		close(s);
+		srv_fd = -1;
+		return fail(E_IPC, "fakeacl_cuda: no thread for the export server");
+	}
+	pthread_detach(srv_th);
+	return OK;
+}
+
+aclError aclrtMemExportToShareableHandle(void *handle, int handleType, uint64_t flags, uint64_t *shareable) {
+	NEED_CTX();
+	if (!shareable || handleType != 0 || flags > 1) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemExportToShareableHandle: handleType must be NONE (0), flags 0 or 1");
+	pthread_mutex_lock(&mu);
+	struct vmem *v = vphys(handle);
+	aclError rc = OK;
+	if (!v || v->kind != V_PHYS) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemExportToShareableHandle(%p): not a physical handle of this process", handle);
+	else if (v->fd >= 0) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemExportToShareableHandle(%p): already exported (one shareable handle per handle)", handle);
+	if (!rc) rc = start_server();
+	int fd = -1;
+	if (!rc) rc = cd(cuMemExportToShareableHandle(&fd, v->h, CU_POSIX_FD, 0), "cuMemExportToShareableHandle(POSIX fd)");
+	if (!rc) {
+		v->fd = fd;
+		v->no_validation = (int)flags;
+		v->npids = 0;
+		v->shareable = ((uint64_t)(uint32_t)getpid() << 32) | (uint64_t)(++export_seq);
+		*shareable = v->shareable;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pids, size_t n) {
+	NEED_CTX();
+	pthread_mutex_lock(&mu);
+	struct vmem *v = NULL;
+	for (struct vmem *x = vmems; x; x = x->next)
+		if (x->kind == V_PHYS && x->fd >= 0 && x->shareable == shareable) v = x;
+	aclError rc = OK;
+	if (!v || !pids) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemSetPidToShareableHandle(%#llx): not exported here", (unsigned long long)shareable);
+	else if (v->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl_cuda: more than 64 whitelisted pids");
+	else
+		for (size_t i = 0; i < n; i++) v->pids[v->npids++] = pids[i];
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId, void **handle) {
+	NEED_CTX();
+	int pid = (int)(shareable >> 32);
+	if (!handle || deviceId < 0 || deviceId >= ndev) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemImportFromShareableHandle: bad arguments");
+	if (pid == getpid()) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemImportFromShareableHandle(%#llx): exported by this process", (unsigned long long)shareable);
+	pthread_mutex_lock(&mu);
+	for (struct vmem *x = vmems; x; x = x->next)
+		if (x->kind == V_PIMPORT && x->shareable == shareable) {
+			pthread_mutex_unlock(&mu);
+			return fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemImportFromShareableHandle(%#llx): already imported here", (unsigned long long)shareable);
+		}
+	pthread_mutex_unlock(&mu);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct sockaddr_un a;
+	socklen_t len;
+	srv_path(&a, &len, pid);
+	if (s < 0 || connect(s, (struct sockaddr *)&a, len) != 0) {
+		if (s >= 0) close(s);
+		return fail(E_IPC, "fakeacl_cuda: aclrtMemImportFromShareableHandle(%#llx): no exporter %d: %s", (unsigned long long)shareable, pid, strerror(errno));
+	}
+	struct vreq q = {shareable, bare_tgid(), 0};
+	struct vans ans = {E_IPC, 0, 0};
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec io = {&ans, sizeof ans};
+	struct msghdr m = {0};
+	m.msg_iov = &io;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof cbuf;
+	int fd = -1;
+	if (write(s, &q, sizeof q) == (ssize_t)sizeof q && recvmsg(s, &m, MSG_CMSG_CLOEXEC) == (ssize_t)sizeof ans) {
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		if (h && h->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(h), sizeof fd);
+	}
+	close(s);
+	if (ans.status != OK || fd < 0) {
+		if (fd >= 0) close(fd);
+		if (ans.status == E_NO_PERMISSION)
+			return fail(E_NO_PERMISSION, "fakeacl_cuda: aclrtMemImportFromShareableHandle(%#llx): BareTgid %d is not on the whitelist", (unsigned long long)shareable, (int)bare_tgid());
+		return fail(E_IPC, "fakeacl_cuda: aclrtMemImportFromShareableHandle(%#llx): not exported (freed?)", (unsigned long long)shareable);
+	}
+	CUmemGenericAllocationHandle h;
+	aclError rc = cd(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_POSIX_FD), "cuMemImportFromShareableHandle(POSIX fd)");
+	close(fd);
+	if (rc) return rc;
+	struct vmem *v = calloc(1, sizeof *v);
+	v->kind = V_PIMPORT;
+	v->n = ans.size;
+	v->h = h;
+	v->dev = ans.dev;
+	v->foreign = ans.dev != deviceId;
+	v->refs = 1;
+	v->fd = -1;
+	v->shareable = shareable;
+	pthread_mutex_lock(&mu);
+	vadd(v);
+	pthread_mutex_unlock(&mu);
+	*handle = v;
+	return OK;
+}
+
+aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logic, int32_t *const phys) {
+	if (logic < 0 || logic >= ndev || !phys) return fail(E_RT_DEVICE, "fakeacl_cuda: aclrtGetPhyDevIdByLogicDevId(%d)", logic);
+	*phys = logic; /* CUDA_VISIBLE_DEVICES is CUDA's business: ordinals as CUDA numbers them */
+	return OK;
+}
+
+long fakeacl_vmm_maps(void) { return n_vmm_maps; }
+
+static long vmm_live(void) {
+	long n = 0;
+	for (struct vmem *v = vmems; v; v = v->next) n++;
+	return n;
+}
+
+static int vmm_range(uintptr_t p, void **base, size_t *size) {
+	struct vmem *v = vmapped(p);
+	if (!v) return 0;
+	*base = (void *)v->p;
+	*size = v->n;
+	return 1;
+}
+#else
+static aclError foreign_copy(const void *a, const void *b) { (void)a; (void)b; return OK; }
+static long vmm_live(void) { return 0; }
+static int vmm_range(uintptr_t p, void **base, size_t *size) { (void)p; (void)base; (void)size; return 0; }
+#endif /* FAKEACL_NO_VMM */
+
 /* ---- test hooks (as fakeacl.c, where they make sense) ---- */
 
 long fakeacl_live(void) {
@@ -621,6 +1147,7 @@ long fakeacl_live(void) {
 	long n = 0;
 	for (struct mem *m = mems; m; m = m->next) n++;
 	for (int i = 0; i < 16; i++) n += ctxs[i].refs;
+	n += vmm_live();
 	pthread_mutex_unlock(&mu);
 	return n + __atomic_load_n(&n_streams, __ATOMIC_RELAXED) + __atomic_load_n(&n_events, __ATOMIC_RELAXED);
 }

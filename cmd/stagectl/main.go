@@ -215,8 +215,12 @@ func configCmd() *cobra.Command {
 		Short: "validate a config file; prints every problem with its key path",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := config.Check(args[0]); err != nil {
+			warnings, err := config.Check(args[0])
+			if err != nil {
 				return err
+			}
+			for _, w := range warnings {
+				fmt.Fprintf(os.Stderr, "%s: warning: %s\n", args[0], w)
 			}
 			fmt.Printf("%s: ok\n", args[0])
 			return nil

@@ -173,6 +173,9 @@ func logStartConfig(log *zap.Logger, cfg *config.Config, environ []string) {
 	for _, u := range config.UnknownEnvVars(environ) {
 		log.Warn("unknown environment variable: it sets no config key (STAGE_TEST_* are reserved for tests)", zap.String("variable", u.Name), zap.String("renamed_to", u.Hint))
 	}
+	for _, w := range config.Warnings(cfg) {
+		log.Warn("insecure setting", zap.String("key", w.Key), zap.String("why", w.Msg))
+	}
 }
 
 func newLogger(c config.Log) (*zap.Logger, error) {

@@ -61,3 +61,23 @@ func TestLogStartConfigKnobs(t *testing.T) {
 		t.Errorf("switches: got %#v, want %#v", got, want)
 	}
 }
+
+// Settings that expose the sidecar are warned about at start (issue 35,
+// item 5): no token, and a metrics page on every interface.
+func TestLogStartConfigInsecure(t *testing.T) {
+	cfg := config.Default()
+	cfg.Security.AllowInsecure = true
+	cfg.Metrics.Listen = ":7101"
+	core, logs := observer.New(zapcore.InfoLevel)
+	logStartConfig(zap.New(core), cfg, nil)
+	var keys []string
+	for _, e := range logs.FilterMessage("insecure setting").All() {
+		if e.Level != zapcore.WarnLevel || e.ContextMap()["why"] == "" {
+			t.Errorf("insecure setting logged as %v without a reason: %v", e.Level, e.ContextMap())
+		}
+		keys = append(keys, e.ContextMap()["key"].(string))
+	}
+	if want := []string{"security.allow_insecure", "metrics.listen"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("warned about %v, want %v", keys, want)
+	}
+}

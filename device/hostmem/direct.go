@@ -47,7 +47,10 @@ func (s *stream) copyDtoD(o *op) error {
 		return fmt.Errorf("%s: dtod of %d B %#x -> %#x: %w", s.name, o.n, uint64(o.src), uint64(o.dst), ErrInjected)
 	}
 	start := time.Now()
-	copy(bytesAt(o.dst, o.n), bytesAt(o.src, o.n)) // see bytesAt for why this is safe
+	if err := copyDtoDGuarded(bytesAt(o.dst, o.n), bytesAt(o.src, o.n)); err != nil { // see bytesAt for why this is safe
+		d.failed.Add(1)
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
 	if d.bw > 0 || d.lat > 0 {
 		end := start
 		if d.bw > 0 {

@@ -11,8 +11,10 @@
 //   - Device memory: an engine process allocates it with NewShared (a memfd
 //     mapped MAP_SHARED) and passes the fd over the control socket
 //     (device.HandleMemfd). Import maps the same pages into the sidecar, so a
-//     device.Addr is simply an address in this process. HandleHostAddr wraps
-//     memory the sidecar process already has (tests and benchmarks).
+//     device.Addr is simply an address in this process. Import takes only
+//     memfds sealed with F_SEAL_SHRINK (NewShared seals its own), since
+//     its owner could otherwise truncate them under a copy. HandleHostAddr
+//     wraps memory the sidecar process already has (tests and benchmarks).
 //   - Pinned memory: AllocPinned maps a memfd of its own. The device view is
 //     the host address itself, as with CUDA's unified virtual addressing.
 //     Its pages are prefaulted (MAP_POPULATE) but not page-locked: mlock would
@@ -35,6 +37,10 @@
 //     sticky from then on, like a CUDA stream after a faulting kernel: later
 //     copies on it are skipped, every event recorded after it completes with
 //     that error, and Synchronize returns it until the stream is closed.
+//   - Memory faults: a copy that touches memory gone from under it (a file
+//     truncated, a range unmapped) fails with an error wrapping ErrFault,
+//     sticky like any failed copy, instead of the runtime's SIGBUS killing
+//     the process (runtime/debug.SetPanicOnFault around every memmove).
 //
 // # What it never does
 //

@@ -35,7 +35,7 @@ type Stats struct {
 	Mappings      int    // imported allocations not closed
 	Copies        uint64 // gathers and scatters completed
 	Bytes         uint64 // bytes they moved
-	Failed        uint64 // copies that failed (injected)
+	Failed        uint64 // copies that failed (injected, or a fault in their memory)
 	Skipped       uint64 // copies skipped behind a sticky stream error
 }
 

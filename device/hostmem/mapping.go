@@ -50,8 +50,10 @@ func (m *mapping) Close() error {
 // Import maps an allocation shared with the sidecar:
 //
 //   - HandleMemfd: mmap of h.FD (MAP_SHARED, read-write), h.Size bytes from
-//     offset 0. The fd must be at least h.Size bytes long; it stays the
-//     caller's and may be closed as soon as Import returns.
+//     offset 0. The fd must be a memfd sealed with F_SEAL_SHRINK (so its
+//     owner cannot truncate it under a copy) and at least h.Size bytes
+//     long; it stays the caller's and may be closed as soon as Import
+//     returns.
 //   - HandleHostAddr: [h.Addr, h.Addr+h.Size) of this process, as it is.
 //
 // Other kinds fail with an error wrapping device.ErrNotSupported; bad
@@ -106,7 +108,15 @@ func (d *Dev) importMemfd(h device.Handle) (*mapping, error) {
 		return nil, sysErr(fmt.Sprintf("fstat(fd %d)", h.FD), err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("fd %d is not a memfd or regular file (mode %#o): %w", h.FD, st.Mode, device.ErrBadHandle)
+		return nil, fmt.Errorf("fd %d is not a memfd (mode %#o): %w", h.FD, st.Mode, device.ErrBadHandle)
+	}
+	// Sealed before the size is read: once F_SEAL_SHRINK is on, the
+	// size fstat gave can only stay or grow.
+	if err := device.CheckNoShrink(h.FD); err != nil {
+		return nil, err
+	}
+	if err := unix.Fstat(h.FD, &st); err != nil {
+		return nil, sysErr(fmt.Sprintf("fstat(fd %d)", h.FD), err)
 	}
 	if st.Size < 0 || uint64(st.Size) < h.Size {
 		return nil, fmt.Errorf("fd %d is %d B, smaller than the %d B the handle claims: %w", h.FD, st.Size, h.Size, device.ErrBadHandle)

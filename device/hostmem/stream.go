@@ -283,14 +283,9 @@ func (d *Dev) move(what string, kind opKind, host []byte, segs []device.Seg) err
 		return fmt.Errorf("%s: %s of %d B in %d segments: %w", what, kind, n, len(segs), ErrInjected)
 	}
 	start := time.Now()
-	off := 0
-	for _, sg := range segs {
-		mem := bytesAt(sg.Addr, sg.Len) // see bytesAt for why this is safe
-		if kind == opGather {
-			off += copy(host[off:], mem)
-		} else {
-			off += copy(mem, host[off:])
-		}
+	if err := copyGuarded(kind, host, segs); err != nil {
+		d.failed.Add(1)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if d.bw > 0 || d.lat > 0 {
 		l := &d.d2h

@@ -38,19 +38,23 @@ func (e *sysError) Unwrap() []error {
 	return []error{e.err}
 }
 
-// memfdMap creates a memfd named name of size bytes and maps all of it shared
-// and read-write; populate prefaults the pages (MAP_POPULATE). On error
-// nothing is left open.
+// memfdMap creates a memfd named name of size bytes, sealed against
+// resizing (F_SEAL_SHRINK|F_SEAL_GROW: a sidecar maps only memfds that
+// cannot shrink), and maps all of it shared and read-write; populate
+// prefaults the pages (MAP_POPULATE). On error nothing is left open.
 func memfdMap(name string, size int, populate bool) (fd int, b []byte, err error) {
 	if size <= 0 {
 		return -1, nil, fmt.Errorf("size %d: must be > 0", size)
 	}
-	fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return -1, nil, sysErr(fmt.Sprintf("memfd_create(%q, MFD_CLOEXEC)", name), err)
+		return -1, nil, sysErr(fmt.Sprintf("memfd_create(%q, MFD_CLOEXEC|MFD_ALLOW_SEALING)", name), err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return -1, nil, errors.Join(sysErr(fmt.Sprintf("ftruncate(memfd %q fd %d, %d)", name, fd, size), err), closeFD(fd))
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		return -1, nil, errors.Join(sysErr(fmt.Sprintf("fcntl(memfd %q fd %d, F_ADD_SEALS, F_SEAL_SHRINK|F_SEAL_GROW)", name, fd), err), closeFD(fd))
 	}
 	flags, flagNames := unix.MAP_SHARED, "MAP_SHARED"
 	if populate {

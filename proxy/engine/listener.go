@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,8 +20,13 @@ import (
 
 // Options are the control socket's limits.
 type Options struct {
-	MaxClients int           // connections at once; one more is closed at once
+	MaxClients int           // connections at once, admitted or not; one more is refused at once
 	ReadSpin   time.Duration // how long a reader polls before it sleeps in a read
+	// FirstRequestTimeout: a connection that sent nothing this long after
+	// it connected is refused (admit.go); 0: never.
+	FirstRequestTimeout time.Duration
+	// TrustSocketParent: security.trust_socket_parent (unixsock.MakeDir).
+	TrustSocketParent bool
 }
 
 // Listener is the control socket and its connections.
@@ -30,12 +36,14 @@ type Listener struct {
 	log      *zap.Logger
 	max      int
 	readSpin time.Duration
+	firstReq time.Duration
 	closing  atomic.Bool
 	wg       sync.WaitGroup // the accept loop and every connection's goroutines
 
 	mu      sync.Mutex
 	clients map[*client]struct{}
-	subs    map[*client]struct{} // connections that sent Subscribe
+	subs    map[*client]struct{}       // connections that sent Subscribe
+	waiting map[*net.UnixConn]struct{} // accepted, their first request not yet in (admit.go)
 }
 
 // Listen creates the control socket at path: its directory 0700, the
@@ -43,17 +51,22 @@ type Listener struct {
 // refuses a path another sidecar serves and removes a stale socket of one
 // that died. Nothing is served until Serve.
 func Listen(path string, b Backend, log *zap.Logger, o Options) (*Listener, error) {
+	// The directory first: nothing is dialed or removed in one that
+	// another user could have put there.
+	if err := unixsock.MakeDir(filepath.Dir(path), o.TrustSocketParent); err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("control socket %s: another staged is serving it; stop it or set control_socket", path)
 	}
 	_ = os.Remove(path) // a stale socket of a sidecar that died
-	ln, err := unixsock.Listen(path)
+	ln, err := unixsock.Listen(path, o.TrustSocketParent)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	return &Listener{ln: ln, b: b, log: log, max: o.MaxClients, readSpin: o.ReadSpin,
-		clients: map[*client]struct{}{}, subs: map[*client]struct{}{}}, nil
+	return &Listener{ln: ln, b: b, log: log, max: o.MaxClients, readSpin: o.ReadSpin, firstReq: o.FirstRequestTimeout,
+		clients: map[*client]struct{}{}, subs: map[*client]struct{}{}, waiting: map[*net.UnixConn]struct{}{}}, nil
 }
 
 // Serve accepts connections in its own goroutine until Close.
@@ -75,27 +88,41 @@ func (l *Listener) accept() {
 			continue
 		}
 		l.mu.Lock()
-		if len(l.clients) >= l.max {
+		if n := len(l.clients) + len(l.waiting); n >= l.max {
 			l.mu.Unlock()
-			_ = c.Close()
+			refuse(c, wire.CodeBusy, fmt.Sprintf("the sidecar has limits.max_clients (%d) control connections open; close one you do not use, or raise limits.max_clients", l.max))
 			l.log.Warn("control socket: limits.max_clients reached; refused a connection", zap.Int("max", l.max))
 			continue
 		}
-		raw, err := c.SyscallConn()
-		if err != nil {
-			l.mu.Unlock()
-			_ = c.Close()
-			l.log.Warn("control socket: connection without a file descriptor", zap.Error(err))
-			continue
-		}
-		cl := &client{l: l, conn: c, raw: raw, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
-		l.clients[cl] = struct{}{}
+		l.waiting[c] = struct{}{}
 		l.mu.Unlock()
-		l.wg.Add(2)
-		cl.wg.Add(2)
-		go cl.writeLoop()
-		go cl.readLoop()
+		l.wg.Add(1)
+		go l.admit(c)
 	}
+}
+
+// start serves an admitted connection: its reader and writer.
+func (l *Listener) start(c *net.UnixConn) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		_ = c.Close()
+		l.log.Warn("control socket: connection without a file descriptor", zap.Error(err))
+		return
+	}
+	cl := &client{l: l, conn: c, raw: raw, out: make(chan *bytebufferpool.ByteBuffer, clientQueue), dead: make(chan struct{})}
+	l.mu.Lock()
+	delete(l.waiting, c)
+	if l.closing.Load() {
+		l.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	l.clients[cl] = struct{}{}
+	l.mu.Unlock()
+	l.wg.Add(2)
+	cl.wg.Add(2)
+	go cl.writeLoop()
+	go cl.readLoop()
 }
 
 // Notify tells the subscribers of groups about a transfer that finished
@@ -129,6 +156,9 @@ func (l *Listener) Close() {
 	l.StopAccepting()
 	l.mu.Lock()
 	cls := slices.Collect(maps.Keys(l.clients))
+	for c := range l.waiting {
+		_ = c.Close() // its admit returns and forgets it
+	}
 	l.mu.Unlock()
 	for _, c := range cls {
 		c.close()

@@ -259,8 +259,5 @@ func TestMaxClients(t *testing.T) {
 	if _, _, _, _, err := unixsock.ReadFrame(c, nil); err != nil {
 		t.Fatalf("first client: %v", err)
 	}
-	over := dial(t, path)
-	if _, _, _, _, err := unixsock.ReadFrame(over, nil); err == nil {
-		t.Fatal("a client past limits.max_clients was served")
-	}
+	wantRefused(t, "a client past limits.max_clients", dial(t, path), wire.CodeBusy, "limits.max_clients (1)")
 }

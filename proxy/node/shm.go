@@ -34,7 +34,7 @@ type shmRing struct {
 // newRing creates a ring of slots slots of slotSize bytes; it returns the
 // memfd to hand to the peer (the caller closes it).
 func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, error) {
-	fd, err := unix.MemfdCreate("stage-shm-ring", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("stage-shm-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, -1, fmt.Errorf("memfd_create(stage-shm-ring): %w", err)
 	}
@@ -42,6 +42,11 @@ func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, err
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unixsock.CloseFD(fd)
 		return nil, -1, fmt.Errorf("ftruncate(ring memfd, %d): %w", size, err)
+	}
+	// The peer maps only a ring that cannot shrink under its copies.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		unixsock.CloseFD(fd)
+		return nil, -1, fmt.Errorf("seal ring memfd (F_SEAL_SHRINK|F_SEAL_GROW): %w", err)
 	}
 	r, err := mapRing(dev, fd, slots, slotSize)
 	if err != nil {
@@ -51,9 +56,14 @@ func newRing(dev device.HostRegisterer, slots, slotSize int) (*shmRing, int, err
 	return r, fd, nil
 }
 
-// mapRing maps and pins a ring's memfd (fd stays the caller's).
+// mapRing maps and pins a ring's memfd (fd stays the caller's). The
+// memfd must be sealed against shrinking: a ring its maker truncated would
+// fault this sidecar's copies.
 func mapRing(dev device.HostRegisterer, fd, slots, slotSize int) (*shmRing, error) {
 	size := slots * slotSize
+	if err := device.CheckNoShrink(fd); err != nil {
+		return nil, fmt.Errorf("ring: %w", err)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("fstat ring fd %d: %w", fd, err)

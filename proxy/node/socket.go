@@ -50,6 +50,8 @@ type Options struct {
 	Dir              string        // node.socket_dir
 	HandshakeTimeout time.Duration // for a NodeHello
 	FaultImport      bool          // every import fails: a test fault switch (knobs.FaultIPCImportEnv)
+	// TrustSocketParent: security.trust_socket_parent (unixsock.MakeDir).
+	TrustSocketParent bool
 	// WG is the sidecar's wait group: goroutines of node connections and
 	// direct transfers belong to it, so its Close waits for them.
 	WG *sync.WaitGroup
@@ -78,7 +80,7 @@ func Listen(h Host, o Options) *Room {
 		panic("crypto/rand failed: " + err.Error()) // the platform has no randomness: nothing safe to do
 	}
 	name := "n-" + hex.EncodeToString(b[:]) + ".sock"
-	ln, err := unixsock.Listen(filepath.Join(o.Dir, name))
+	ln, err := unixsock.Listen(filepath.Join(o.Dir, name), o.TrustSocketParent)
 	if err != nil {
 		o.Log.Warn("same-node paths off: cannot serve a node socket; transfers to peers on this node use TCP", zap.String("dir", o.Dir), zap.Error(fmt.Errorf("node socket: %w", err)))
 		return r

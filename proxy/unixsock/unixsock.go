@@ -20,16 +20,12 @@ import (
 )
 
 // Listen creates a Unix stream socket at path that only this user can
-// reach: its directory made (or chmodded) 0700, the socket 0600, with no
-// moment at which it has other bits (umask while it is created). The
-// socket file goes when the listener closes.
-func Listen(path string) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("directory %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("directory %s: chmod 0700: %w", dir, err)
+// reach: its directory checked and made (or chmodded) 0700 by MakeDir,
+// the socket 0600, with no moment at which it has other bits (umask while
+// it is created). The socket file goes when the listener closes.
+func Listen(path string, trustParent bool) (*net.UnixListener, error) {
+	if err := MakeDir(filepath.Dir(path), trustParent); err != nil {
+		return nil, err
 	}
 	old := unix.Umask(0o177)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})

@@ -125,7 +125,7 @@ func TestListenModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "s.sock")
-	ln, err := Listen(path)
+	ln, err := Listen(path, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,10 @@ DEFAULT_REQUEST_TIMEOUT = 60.0
 #: progress_timeout).
 DEFAULT_UNREGISTER_WAIT = 30.0
 
+#: How long, in seconds, a send that failed waits for the reader to take
+#: the reason the sidecar gave for closing the connection.
+_REFUSAL_WAIT = 0.5
+
 _Future = concurrent.futures.Future
 _log = logging.getLogger("stage_client")
 
@@ -454,6 +458,15 @@ class Client(KVRequests):
         except OSError as e:
             with self._lock:
                 self._pending.pop(req, None)
+            # A sidecar that refuses the connection (limits.max_clients, no
+            # request in limits.client_first_request_timeout) says why in a
+            # Fail with Req 0 before it closes: report that, not the broken pipe.
+            if threading.current_thread() is not self._reader:
+                self._reader.join(_REFUSAL_WAIT)
+            with self._lock:
+                why = self._error
+            if why is not None and why.code != Code.INTERNAL:
+                raise why from e
             raise SidecarConnectionError("send %s to the sidecar: %s" % (msg.TYPE.name, e)) from e
         return req, fut, msg.TYPE.name
 

@@ -51,9 +51,8 @@ class SharedPages:
 
     def __init__(self, base: int, size: int, name: str) -> None:
         self.base, self.size, self.name = base, size, name
-        self.fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC)
+        self.fd = kvcache.sealed_memfd(name, size)
         try:
-            os.ftruncate(self.fd, size)
             src = (ctypes.c_char * size).from_address(base)
             view = memoryview(src).cast("B")
             done = 0

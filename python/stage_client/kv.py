@@ -39,7 +39,7 @@ from .client import Client
 # KV caches with a layout (the sidecar converts between engines' layouts) are
 # registered from torch tensors by kvcache; re-exported so both kinds of KV
 # registration are found here.
-from .kvcache import HostArena, KVCache, register_kv_cache, unregister_all
+from .kvcache import HostArena, KVCache, register_kv_cache, sealed_memfd, unregister_all
 from .wire import MAX_NAMES, MAX_OPS, Access, Direction, LocalOp, XferStatus
 
 __all__ = ["PagedKV", "coalesce", "HostArena", "KVCache", "register_kv_cache"]
@@ -112,9 +112,8 @@ class PagedKV:
         """
         layer_bytes = blocks * block_bytes
         size = 2 * guard + layers * layer_bytes
-        fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC)
+        fd = sealed_memfd(name, size)
         try:
-            os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

@@ -23,6 +23,7 @@ Needs torch (imported when called).
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import time
@@ -34,7 +35,7 @@ from .errors import StageError
 from .layout import Layout, LayoutError
 from .wire import Access, Code, Direction
 
-__all__ = ["HostArena", "KVCache", "register_kv_cache", "unregister_all", "KV_ACCESS", "kv_access"]
+__all__ = ["HostArena", "KVCache", "register_kv_cache", "unregister_all", "KV_ACCESS", "kv_access", "sealed_memfd"]
 
 _LOCAL = Access.LOCAL_READ | Access.LOCAL_WRITE
 
@@ -72,6 +73,22 @@ def kv_access(access: Union[int, str]) -> Access:
                          % (access, ", ".join(KV_ACCESS)))
     return Access(access)
 
+def sealed_memfd(name: str, size: int) -> int:
+    """A memfd of ``size`` bytes (close-on-exec) that can neither shrink nor grow.
+
+    A sidecar maps only memfds sealed with ``F_SEAL_SHRINK``: one its owner
+    could truncate would fault the sidecar's copies. The caller owns the fd.
+    """
+    fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 _ARENAS: "weakref.WeakSet[HostArena]" = weakref.WeakSet()
 
 
@@ -90,9 +107,8 @@ class HostArena:
         if size <= 0 or align <= 0 or align & (align - 1):
             raise ValueError("HostArena: size %d, align %d (a power of two)" % (size, align))
         self.size, self.align, self.name = size, align, name
-        self.fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC)
+        self.fd = sealed_memfd(name, size)
         try:
-            os.ftruncate(self.fd, size)
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self.fd)

@@ -18,7 +18,7 @@ used must be untouched. MLA: one rank, vllm-ascend's latent (512) and rope
 Skipped without CUDA or without STAGE_TEST_ACL_LIBRARY (fakeacl_cuda built as
 libascendcl.so). On the GPU machine::
 
-    nvcc -shared -Xcompiler -fPIC -o /tmp/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread
+    nvcc -shared -Xcompiler -fPIC -o /tmp/libascendcl.so acl/testdata/fakeacl_cuda.c -lpthread -lcuda
     cd python && STAGE_TEST_ACL_LIBRARY=/tmp/libascendcl.so STAGED=$PWD/../bin/staged \\
         python3 -m unittest -v tests.test_ascend_gpu
 """
@@ -37,7 +37,7 @@ from torchenv import CUDA_WHY as WHY, HAVE_CUDA, torch  # noqa: E402
 from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair, stop_all  # noqa: E402
 
 if HAVE_CUDA:
-    from fakeacl import LIBRARY, ACLArena, open_acl, sidecar_config  # noqa: E402
+    from fakeacl import LIBRARY, ACLArena, VMMArena, open_acl, sidecar_config  # noqa: E402
 else:
     LIBRARY = ""
 
@@ -78,8 +78,8 @@ class TestAscendToCUDA(unittest.TestCase):
         if why:
             raise AssertionError(why)
 
-    def npu(self, nbytes: int) -> Any:
-        a = ACLArena(self.acl, nbytes, self.dev)
+    def npu(self, nbytes: int, vmm: bool = False) -> Any:
+        a = (VMMArena if vmm else ACLArena)(self.acl, nbytes, self.dev)
         self.arenas.append(a)
         return a
 
@@ -134,14 +134,14 @@ class TestAscendToCUDA(unittest.TestCase):
         self.assertTrue(torch.equal(alloc.index_select(block_dim, idx), before.index_select(block_dim, idx)),
                         "a decode block no request named was written")
 
-    def gqa(self, preset: str, seed: int) -> None:
+    def gqa(self, preset: str, seed: int, vmm: bool = False) -> None:
         lens, ptab, dtab, pb, db = self.requests(seed)
         g = torch.Generator(device=self.dev).manual_seed(11)
         half = HEADS // 2
         src_kv, src_tensors = [], []
         for r in range(2):  # vllm-ascend: per layer, K and V apart, (blocks, 128, heads held, head_size)
             shape = (LAYERS, 2, pb, PRE_BS, half, HEAD_SIZE)
-            arena = self.npu(torch.Size(shape).numel() * 2)
+            arena = self.npu(torch.Size(shape).numel() * 2, vmm)
             cache = arena.empty(shape, torch.bfloat16)
             cache.copy_(torch.randn(shape, generator=g, device=self.dev))
             ts = [[cache[i][0], cache[i][1]] for i in range(LAYERS)]
@@ -169,6 +169,10 @@ class TestAscendToCUDA(unittest.TestCase):
 
     def test_ascend_to_vllm_packed(self) -> None:
         self.gqa("vllm-packed", 4)
+
+    def test_ascend_vmm_to_vllm_packed(self) -> None:
+        """The prefill's caches in VMM chunks (expandable segments), registered by chunk list."""
+        self.gqa("vllm-packed", 6, vmm=True)
 
     def test_mla(self) -> None:
         lens, ptab, dtab, pb, db = self.requests(5)

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from stage_client.kvcache import sealed_memfd  # noqa: E402
 from stage_client import (  # noqa: E402
     Access, Block, Client, Code, Direction, Op, PagedKV, StageError, State, wire)
 
@@ -221,8 +222,7 @@ class Mem:
     def __init__(self, name: str, length: int) -> None:
         self.length = length
         self.size = 2 * GUARD + length
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
+        self.fd = sealed_memfd(name, self.size)
         self.mm = mmap.mmap(self.fd, self.size)
 
     def region(self) -> memoryview:

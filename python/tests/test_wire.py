@@ -424,8 +424,8 @@ class TestMalformed(unittest.TestCase):
         tag = struct.pack("<Q", 1) + b"\x00\x00\x01\x00" + struct.pack("<H", 1025) + b"t" * 1025
         self.assertProto("too_large", wire.Submit.decode, tag)
         reg = bytearray(wire.Register().encode())
-        reg[-2:] = struct.pack("<H", 257)
-        self.assertProto("too_large", wire.Register.decode, bytes(reg) + b"h" * 257)
+        reg[-2:] = struct.pack("<H", wire.MAX_HANDLE_BYTES + 1)
+        self.assertProto("too_large", wire.Register.decode, bytes(reg) + b"h" * (wire.MAX_HANDLE_BYTES + 1))
         self.assertProto("too_large", wire.QueryReply.decode, struct.pack("<QI", 1, wire.MAX_JSON + 1))
         self.assertProto("malformed", wire.QueryReply.decode, struct.pack("<QI", 1, 10) + b"{}")
         msg = struct.pack("<QH", 1, 1) + struct.pack("<H", 4097) + b"m" * 4097
@@ -467,7 +467,7 @@ class TestEncoderChecks(unittest.TestCase):
         with self.assertRaises(ValueError):
             wire.Register(name="x", access=0x10).encode()
         with self.assertRaises(ValueError):
-            wire.Register(name="x", handle_raw=b"h" * 257).encode()
+            wire.Register(name="x", handle_raw=b"h" * (wire.MAX_HANDLE_BYTES + 1)).encode()
         with self.assertRaises(ValueError):
             wire.Wait(timeout_ms=2**32).encode()
         with self.assertRaises(ValueError):

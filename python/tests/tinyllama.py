@@ -18,22 +18,26 @@ KV_HEADS = 2
 HEAD_SIZE = 32
 
 
-def write(path: str, seed: int = 0) -> str:
+def write(path: str, seed: int = 0, vocab: int = VOCAB, layers: int = LAYERS, heads: int = 4,
+          kv_heads: int = KV_HEADS, head_size: int = HEAD_SIZE, hidden: int = 128, intermediate: int = 256,
+          max_positions: int = 1024, dtype: str = "float32") -> str:
+    """The checkpoint and tokenizer in ``path``; the defaults are the shape above (scripts/gpu_vllm_pair.py
+    asks for a GPU-shaped one: head size 128, bf16)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     os.makedirs(path, exist_ok=True)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
-                      num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_SIZE,
-                      max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_size, max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path, safe_serialization=True)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update(("w%d" % i, i) for i in range(4, VOCAB))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    words.update(("w%d" % i, i) for i in range(4, vocab))
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                             pad_token="<pad>").save_pretrained(path)

