@@ -293,6 +293,7 @@ class StageWorker:
         return out
 
     def shutdown(self) -> None:
+        self._reg = None  # a reconnect from now on registers nothing again
         self.mover.close()
         self._sub.close()
         self._release()
