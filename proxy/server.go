@@ -43,7 +43,8 @@ type Server struct {
 	inline inlinePath // the latency path: small slots and synchronous copies (send_inline.go)
 
 	regions *region.Table
-	kv      kvTable // KV caches and peers' shapes (kv.go)
+	kv      kvTable    // KV caches and peers' shapes (kv.go)
+	inboxes inboxTable // engines' inboxes of peers' tickets (tickets.go)
 
 	peerLn  net.Listener
 	engines *engine.Listener // the control socket

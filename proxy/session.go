@@ -59,6 +59,7 @@ type session struct {
 	rx       *staging.Receiver      // the receive core: rules and tombstones of ss.in (recv_xfer.go)
 	announce *sync.Cond             // signalled when ss.in or rx's tombstones change (on ss.mu)
 	catalog  map[uint64]chan []wire.RegionInfo
+	tickets  map[uint64]chan *wire.TicketAnswer // our Tickets waiting for their answers, by Seq (tickets.go)
 	attached int
 	closed   bool
 	err      error
@@ -71,7 +72,7 @@ func (s *Server) newSession(dialer bool, stripes int) *session {
 	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
 		in: map[uint64]*inXfer{}, answers: map[uint64]answerer{}, retired: map[uint64]staging.Key{},
 		rx:      staging.NewReceiver(s.cfg.Limits.MaxTransfersPerPeer),
-		catalog: map[uint64]chan []wire.RegionInfo{}, done: make(chan struct{}), ready: make(chan struct{})}
+		catalog: map[uint64]chan []wire.RegionInfo{}, tickets: map[uint64]chan *wire.TicketAnswer{}, done: make(chan struct{}), ready: make(chan struct{})}
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 	ss.streams = make([]*dataStream, stripes)
 	ss.node = s.nodes.NewPeer(nodeSession{ss})

@@ -41,7 +41,7 @@ func TestParseHeader(t *testing.T) {
 		{"version 0", hdr(func(b []byte) { b[2] = 0 }), Header{}, ErrBadVersion, "version 0"},
 		{"version above", hdr(func(b []byte) { b[2] = VersionMax + 1 }), Header{}, ErrBadVersion, ""},
 		{"type 0", hdr(func(b []byte) { b[3] = 0 }), Header{}, ErrUnknownType, "type 0"},
-		{"type 25", hdr(func(b []byte) { b[3] = 25 }), Header{}, ErrUnknownType, ""},
+		{"type 27", hdr(func(b []byte) { b[3] = 27 }), Header{}, ErrUnknownType, ""},
 		{"type 65", hdr(func(b []byte) { b[3] = 65 }), Header{}, ErrUnknownType, ""},
 		{"type 143", hdr(func(b []byte) { b[3] = 143 }), Header{}, ErrUnknownType, ""},
 		{"type 255", hdr(func(b []byte) { b[3] = 255 }), Header{}, ErrUnknownType, ""},

@@ -285,7 +285,7 @@ func (m *KVInfo) decode(d *decoder) {
 	d.kvShape("Shape", &m.Shape)
 }
 
-// decodeKVMsg is decodeMsg for the KV frames, then Join (decodeJoin).
+// decodeKVMsg is decodeMsg for the KV frames, then the tickets' (decodeTicketMsg).
 func decodeKVMsg(t Type, d *decoder) Msg {
 	switch t {
 	case TypeRegisterKV:
@@ -313,5 +313,5 @@ func decodeKVMsg(t Type, d *decoder) Msg {
 		m.decode(d)
 		return m
 	}
-	return decodeJoin(t, d)
+	return decodeTicketMsg(t, d)
 }

@@ -38,6 +38,14 @@ type Backend interface {
 	Lookup(o Owner, id uint64) (Transfer, error)
 	Cancel(o Owner, id uint64) error
 	Query(o Owner, m *wire.Query) ([]byte, error)
+	// OpenInbox makes o's connection the receiver of the tickets peers
+	// address to a name; PostTicket sends one to a peer's inbox and waits
+	// for its answer (it blocks: called aside); TakeTickets takes what
+	// waits in o's group's inboxes, waiting up to m.WaitMs (or until
+	// cancel closes) for the first (PROTOCOL.md 9.19).
+	OpenInbox(o Owner, m *wire.OpenInbox) error
+	PostTicket(o Owner, m *wire.PostTicket) error
+	TakeTickets(o Owner, m *wire.TakeTickets, cancel <-chan struct{}) []wire.TicketItem
 	// Closed: the connection o ended, and every request it made was
 	// answered. What it registered goes (its regions and KV caches), and
 	// transfers that hold them fail.

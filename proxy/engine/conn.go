@@ -314,6 +314,8 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.l.subs[c] = struct{}{}
 		c.l.mu.Unlock()
 		c.reply(&wire.OK{Req: m.Req})
+	case *wire.OpenInbox, *wire.PostTicket, *wire.TakeTickets:
+		c.tickets(m)
 	case *wire.Query:
 		answer := func() {
 			js, err := b.Query(o, m)
@@ -367,6 +369,40 @@ func (c *client) submit(m *wire.Submit, untilDone bool) {
 	go func() {
 		defer c.waits.Done()
 		answer(c.l.b.Submit(c.owner, m, true))
+	}()
+}
+
+// tickets serves the ticket requests (PROTOCOL.md 9.19): a post, which
+// waits for the peer, and a take that waits for a ticket are answered
+// aside, so the client's other requests go on.
+func (c *client) tickets(m wire.Msg) {
+	b, o := c.l.b, c.owner
+	switch m := m.(type) {
+	case *wire.OpenInbox:
+		if err := b.OpenInbox(o, m); err != nil {
+			c.fail(m.Req, err)
+		} else {
+			c.reply(&wire.OK{Req: m.Req})
+		}
+	case *wire.PostTicket:
+		c.aside(func() {
+			if err := b.PostTicket(o, m); err != nil {
+				c.fail(m.Req, err)
+			} else {
+				c.reply(&wire.OK{Req: m.Req})
+			}
+		})
+	case *wire.TakeTickets:
+		c.aside(func() { c.reply(&wire.Tickets{Req: m.Req, Items: b.TakeTickets(o, m, c.dead)}) })
+	}
+}
+
+// aside runs f on a goroutine of its own that Close waits for.
+func (c *client) aside(f func()) {
+	c.waits.Add(1)
+	go func() {
+		defer c.waits.Done()
+		f()
 	}()
 }
 

@@ -93,6 +93,14 @@ func (b fakeBackend) Lookup(_ Owner, id uint64) (Transfer, error) {
 }
 func (b fakeBackend) Cancel(Owner, uint64) error               { return nil }
 func (b fakeBackend) Query(Owner, *wire.Query) ([]byte, error) { return []byte(`{}`), nil }
+func (b fakeBackend) OpenInbox(Owner, *wire.OpenInbox) error   { return nil }
+func (b fakeBackend) PostTicket(Owner, *wire.PostTicket) error { return nil }
+func (b fakeBackend) TakeTickets(_ Owner, m *wire.TakeTickets, cancel <-chan struct{}) []wire.TicketItem {
+	if m.WaitMs > 0 { // nothing comes: wait until the connection ends
+		<-cancel
+	}
+	return nil
+}
 
 // serve runs a listener on a fake backend; finish ends its transfer.
 func serve(t *testing.T, max int) (l *Listener, path string, finish func()) {

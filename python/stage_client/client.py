@@ -28,6 +28,7 @@ from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
 from .protocol.group import Join
 from .reconnect import Backoff, Reconnector
+from .ticketclient import TicketRequests
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 __all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_UNREGISTER_WAIT",
@@ -180,7 +181,7 @@ class Subscription:
         self._end()
 
 
-class Client(KVRequests):
+class Client(KVRequests, TicketRequests):
     """A connection to the sidecar's control socket at ``path``.
 
     Thread-safe; use as a context manager or call :meth:`close`.

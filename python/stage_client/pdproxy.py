@@ -9,8 +9,9 @@ serves ``/v1/completions`` and ``/v1/chat/completions`` (and ``GET /health``):
   answer is the client's. This is the flow of vLLM's own toy proxy and of
   llm-d, so any router that follows it works with stage too.
 * ``push``: the router names the transfer (``stage_xfer``) and sends the
-  decode its half first (``do_remote_prefill``, ``stage_rendezvous``: the
-  prefill's rendezvous address), then the prefill its half
+  decode its half first (``do_remote_prefill``; the decode's ticket then
+  travels to the prefill over the sidecars' link; ``--rendezvous``, the
+  deprecated alternative, adds ``stage_rendezvous``), then the prefill its half
   (``do_remote_decode``); the prefill pushes layer by layer into the
   blocks the decode posted. A request may pick its mode with
   ``"stage_mode"`` in its body.
@@ -131,13 +132,11 @@ def halves(body: Dict[str, Any], mode: str, rendezvous: str = "",
         return pre, dec
     if mode != "push":
         raise ValueError("stage_mode %r: pull or push" % (mode,))
-    if not rendezvous:
-        raise ValueError("push mode needs the prefill's rendezvous address: "
-                         "start the router with --rendezvous host:port")
     xfer = xfer or "pd-" + uuid.uuid4().hex
     pre["kv_transfer_params"] = {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": xfer}
-    dec["kv_transfer_params"] = {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": xfer,
-                                 "stage_rendezvous": rendezvous}
+    dec["kv_transfer_params"] = {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": xfer}
+    if rendezvous:  # deprecated: without it the decode's ticket travels over the sidecars' link
+        dec["kv_transfer_params"]["stage_rendezvous"] = rendezvous
     return pre, dec
 
 
@@ -495,7 +494,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--mode", choices=("pull", "push"), default="pull")
-    ap.add_argument("--rendezvous", default="", help="push: the prefill's rendezvous host:port")
+    ap.add_argument("--rendezvous", default="", help="push, deprecated: the prefill's rendezvous host:port (without "
+                    "it the decode's ticket travels over the sidecars' link)")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds for a whole request: both engines, the decode's stream included (504 past it)")
     ap.add_argument("--max-body", type=int, default=MAX_BODY,

@@ -22,7 +22,14 @@ the TCP server authenticates them: with a shared ``secret`` each line is
 ``stage1 <hmac> <body>``, the HMAC-SHA256 of the body under the secret,
 and the body carries a timestamp (refused outside ``max_skew`` seconds)
 and a nonce (refused when seen again), so a ticket can be neither forged
-nor replayed. Without a secret the server binds loopback addresses only.
+nor replayed. Without a secret the server binds loopback addresses only,
+and only when asked to (``insecure=True``): an unsigned line can be
+replayed by anyone who can reach the port.
+
+Deprecated for vLLM: its push tickets travel over the sidecars' own link
+(:mod:`stage_client.vllm.tickets`, PROTOCOL.md 9.19); the connector's
+rendezvous keys go in the next release and log a warning when used. The
+SGLang adapter still uses this server as its bootstrap.
 Every line, key, ticket and connection count is bounded, and malformed
 input is answered ``error ...`` and dropped, never raised in the server.
 """
@@ -43,7 +50,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from .engines import MAX_TP
 
 __all__ = ["LocalRendezvous", "RendezvousServer", "post", "parse_addr", "check_ticket", "load_secret",
-           "MAX_LINE", "MAX_KEY"]
+           "MAX_LINE", "MAX_KEY", "insecure_env"]
 
 MAX_LINE = 4 << 20  # a 1M-token request's block table at 16 tokens per block, as JSON
 MAX_KEY = 512  # bytes of a transfer key (it becomes part of a transfer tag)
@@ -54,6 +61,7 @@ _TICKET_KEYS = {"peer": str, "kv": str, "tp": int, "block_ids": list, "first": i
 #: optional, together: an SGLang decode's metadata slot and its buffers' bytes per slot
 _AUX_KEYS = {"aux_index": int, "aux_items": list}
 MAX_AUX = 64  # aux buffers per ticket
+MAX_GRANT = 256  # bytes of a ticket's optional grant (a capability for the decode's blocks; carried, not checked)
 MAX_AUX_ITEM = 1 << 26  # bytes of one aux buffer's slot
 
 
@@ -61,8 +69,10 @@ def check_ticket(t: Any) -> Dict[str, Any]:
     """``t`` if it is a well-formed ticket; else ValueError saying what is wrong."""
     if not isinstance(t, dict):
         raise ValueError("a ticket is an object")
+    if "grant" in t and (type(t["grant"]) is not str or len(t["grant"].encode()) > MAX_GRANT):
+        raise ValueError("ticket grant: a string of at most %d bytes" % MAX_GRANT)
     keys = dict(_TICKET_KEYS, **_AUX_KEYS) if "aux_index" in t or "aux_items" in t else _TICKET_KEYS
-    if set(t) != set(keys):
+    if set(t) - {"grant"} != set(keys):
         raise ValueError("ticket keys %s, want %s (aux_index and aux_items go together)" % (
             sorted(map(str, t))[:10], sorted(keys)))
     for k, typ in keys.items():
@@ -102,6 +112,11 @@ def load_secret(secret: str = "", secret_file: str = "") -> Optional[bytes]:
             raise ValueError("rendezvous secret file %s is empty" % secret_file)
     secret = secret or os.environ.get("STAGE_RENDEZVOUS_SECRET", "")
     return secret.encode() if secret else None
+
+
+def insecure_env() -> bool:
+    """Whether ``$STAGE_RENDEZVOUS_INSECURE`` is 1: a rendezvous without a secret may start (loopback only)."""
+    return os.environ.get("STAGE_RENDEZVOUS_INSECURE", "") == "1"
 
 
 def _mac(secret: bytes, body: bytes) -> str:
@@ -201,6 +216,7 @@ def _read_line(sock: socket.socket, limit: float) -> bytes:
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # the listen backlog: a burst of posts waits here instead of being reset
     store: "RendezvousServer"
     read_timeout = 5.0
     max_conns = 64
@@ -246,11 +262,16 @@ class RendezvousServer(LocalRendezvous):
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, ttl: float = 600.0,
-                 secret: Optional[bytes] = None, max_skew: float = 60.0, max_conns: int = 64) -> None:
+                 secret: Optional[bytes] = None, max_skew: float = 60.0, max_conns: int = 64,
+                 insecure: bool = False) -> None:
         super().__init__(ttl)
         if not secret and not _loopback(host):
             raise ValueError("a rendezvous on %s takes tickets from the network: give it a secret "
                              "(rendezvous_secret or rendezvous_secret_file), or listen on 127.0.0.1" % host)
+        if not secret and not insecure:
+            raise ValueError("a rendezvous without a secret takes unsigned tickets, replayable by anyone who can "
+                             "reach it: give it a secret (rendezvous_secret or rendezvous_secret_file), or pass "
+                             "insecure=True (rendezvous_insecure) for a test on loopback")
         self.secret, self.max_skew = secret or None, max_skew
         self._nonces: Dict[str, float] = {}
         self._srv = _Server((host, port), _Handler, bind_and_activate=False)

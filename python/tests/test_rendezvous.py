@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from typing import Any, Dict
@@ -167,14 +168,37 @@ class TestRendezvous(unittest.TestCase):
 
     def test_no_secret_loopback_only(self) -> None:
         with self.assertRaises(ValueError):
-            rdv.RendezvousServer("0.0.0.0", 0)
-        plain = rdv.RendezvousServer("127.0.0.1", 0)
+            rdv.RendezvousServer("0.0.0.0", 0, insecure=True)
+        with self.assertRaisesRegex(ValueError, "insecure"):  # unsigned tickets can be replayed: only when asked
+            rdv.RendezvousServer("127.0.0.1", 0)
+        plain = rdv.RendezvousServer("127.0.0.1", 0, insecure=True)
         self.addCleanup(plain.close)
         rdv.post(plain.address, "p", ticket())
         self.assertEqual(plain.take("p"), ticket())
         self.refused(signed(fresh()), "a signed ticket to a server without a secret", plain)
         open_srv = rdv.RendezvousServer("0.0.0.0", 0, secret=SECRET)  # with a secret: any address
         open_srv.close()
+
+    def test_burst_of_posts(self) -> None:
+        """64 posts at once all land (a listen backlog of 5 reset most of them)."""
+        errs: list = []
+
+        def one(i: int) -> None:
+            try:
+                rdv.post(self.srv.address, "burst-%d" % i, ticket(), secret=SECRET)
+            except (OSError, ValueError) as e:
+                errs.append(e)
+
+        # max_conns 4 here: at most 4 posts are served at once, the rest wait in the backlog, not reset
+        self.srv._srv.max_conns = 64
+        self.srv._srv._slots = threading.BoundedSemaphore(64)
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        self.assertEqual(errs, [])
+        self.assertEqual(sum(self.srv.take("burst-%d" % i) is not None for i in range(64)), 64)
 
     def test_local_full_and_checked(self) -> None:
         loc = rdv.LocalRendezvous(ttl=60)
@@ -188,6 +212,11 @@ class TestRendezvous(unittest.TestCase):
             loc.post("d", ticket(tp=0))
         with self.assertRaises(ValueError):
             loc.post("", ticket())
+        # an optional grant (a capability for the decode's blocks) is carried; only its type and size are checked
+        rdv.check_ticket(dict(ticket(), grant="g" * rdv.MAX_GRANT))
+        for bad in (1, "g" * (rdv.MAX_GRANT + 1)):
+            with self.assertRaises(ValueError):
+                rdv.check_ticket(dict(ticket(), grant=bad))
 
     def test_load_secret(self) -> None:
         with mock.patch.dict(os.environ, {"STAGE_RENDEZVOUS_SECRET": "from-env"}):

@@ -98,7 +98,7 @@ class TestSGLangBackend(SidecarPairCase):
         return token_pool(self.arena, LAYERS, PAGES * PAGE, held, D, seed)
 
     def managers(self, name: str, timeout: float = 30.0, pre_aux: Any = None, dec_aux: Any = None) -> tuple:
-        boot = RendezvousServer("127.0.0.1", 0)
+        boot = RendezvousServer("127.0.0.1", 0, insecure=True)
         pres = []
         for r in range(2):
             ks, vs = self.pool(2, 10 + r)

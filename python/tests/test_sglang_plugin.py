@@ -215,7 +215,9 @@ class TestSGLangPluginTransfer(test_sglang.SidecarPairCase):
 
     def manager(self, sidecar: Any, mode: str, args: Any, sa: Any, route: str, name: str) -> Any:
         U = self.U
-        env = {"STAGE_SOCKET": sidecar.socket, "STAGE_ROUTE": route, "STAGE_KV_NAME": name, "STAGE_TIMEOUT": "20"}
+        # the bootstrap on loopback without a secret: only when asked (an unsigned ticket could be replayed)
+        env = {"STAGE_SOCKET": sidecar.socket, "STAGE_ROUTE": route, "STAGE_KV_NAME": name, "STAGE_TIMEOUT": "20",
+               "STAGE_RENDEZVOUS_INSECURE": "1"}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

@@ -169,8 +169,7 @@ class TestChunked(unittest.TestCase):
     def engines(self, name: str, mode: str, heads: int, pkind: tuple, dkind: tuple, lens: List[int]) -> tuple:
         src, dst = self.cache(heads, pkind, 2), self.cache(heads, dkind, 3)
         common = dict(mode=mode, kv_heads=heads, timeout_s=20.0)
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
-                    heads,
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill"), heads,
                     [kv_caches(src, r) for r in range(pkind[2])], name + "-pre")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), heads,
@@ -183,10 +182,11 @@ class TestChunked(unittest.TestCase):
         return src, dst, pe, de, Prefill(self, pe, src, preqs, want)
 
     def admit_decode_push(self, pf: Prefill, de: Engine, dst: "tinylm.Cache") -> None:
-        addr = pf.eng.sched.scheduler.rendezvous.address
+        for e in (pf.eng, de):  # the tickets go over the sidecars' link, to the prefill engine's inbox
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
         for s, r in enumerate(pf.reqs):
             dr = Request("d" + r.request_id, list(r.prompt_token_ids),
-                         {"do_remote_prefill": True, "stage_mode": "push", "stage_rendezvous": addr,
+                         {"do_remote_prefill": True, "stage_mode": "push", "stage_kv": pf.eng.sched.scheduler.cfg.kv_name,
                           "stage_xfer": r.kv_transfer_params["stage_xfer"]})
             self.assertEqual(de.admit(dr, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
         de.step()

@@ -12,7 +12,7 @@ connector, and 64 greedy tokens decoded there must equal those of one
 process that moved nothing.
 
 * push, layer by layer: the decode is scheduled first and posts its
-  tickets (block ids) to the prefill's rendezvous; the prefill pushes each
+  tickets (block ids) over the sidecars' link (no rendezvous); the prefill pushes each
   layer as it is computed;
 * push after prefill: the tickets arrive after the prefill finished; the
   rows go from the blocks vLLM holds for the connector;
@@ -118,7 +118,7 @@ class TestVLLMConnector(unittest.TestCase):
         common = dict(mode=mode, kv_heads=self.cfg.kv_heads, timeout_s=timeout, layerwise=layerwise)
         # Each side names the other's sidecar by its node name (the peer field of every transfer).
         # Each engine's role, as vLLM's kv_role: its cache grants peers only what that role needs.
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill"),
                     self.cfg.kv_heads, [kv_caches(src, r) for r in range(2)], "%s-pre" % name, "kv_producer")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), self.cfg.kv_heads,
@@ -157,9 +157,11 @@ class TestVLLMConnector(unittest.TestCase):
 
     def push(self, name: str, layerwise: bool, decode_first: bool) -> None:
         src, dst, pe, de = self.engines(name, "push", layerwise)
-        rdv = pe.sched.scheduler.rendezvous.address
+        # no rendezvous: the tickets travel over the sidecars' link, to the prefill engine's inbox
+        for e in (pe, de):
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
         preqs = self.reqs(name, {"do_remote_decode": True, "stage_mode": "push"})
-        dreqs = self.reqs(name, {"do_remote_prefill": True, "stage_mode": "push", "stage_rendezvous": rdv})
+        dreqs = self.reqs(name, {"do_remote_prefill": True, "stage_mode": "push", "stage_kv": "%s-pre" % name})
 
         def admit_decode() -> None:
             for s, r in enumerate(dreqs):

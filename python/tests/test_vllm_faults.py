@@ -6,7 +6,11 @@ random rows (no model), with a short ``timeout_s``:
 * push, the prefill never pushes (its ticket is never taken): after the
   deadline the decode reports the request finished receiving and every
   block it was to receive in ``get_block_ids_with_load_errors``;
-* push, the prefill's rendezvous is not there: the same at once;
+* push, the prefill's (deprecated) rendezvous is not there: the same at once;
+* push over the sidecars' link, no prefill engine takes tickets there: the same at once;
+* push, the prefill refuses the decode's ticket (a split of the heads it
+  cannot make): its failure notice crosses the link and the decode's blocks
+  are load errors at once, well under ``timeout_s``;
 * pull naming a peer the decode's route does not have: refused, the same at once;
 * pull, the prefill's sidecar died after the prefill finished: the pulls
   fail and the blocks come back as load errors within the deadline; the
@@ -82,15 +86,18 @@ class TestVLLMFaults(unittest.TestCase):
             n.stop()
 
     def engine(self, node: Staged, name: str, mode: str, route: str, block: int, seed: int, **extra: Any) -> Engine:
-        e = Engine(node.socket, dict(mode=mode, route=route, kv_heads=HEADS, timeout_s=TIMEOUT, **extra), HEADS,
+        e = Engine(node.socket, dict(dict(mode=mode, route=route, kv_heads=HEADS, timeout_s=TIMEOUT), **extra), HEADS,
                    [caches(self.arena, block, seed)], name)
         self.addCleanup(e.shutdown)
         return e
 
-    def decode_push(self, rendezvous: str) -> tuple:
-        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2)
-        r = Request("r0", list(range(40)), {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0",
-                                            "stage_rendezvous": rendezvous})
+    def decode_push(self, rendezvous: str, **extra: Any) -> tuple:
+        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2, **extra)
+        self.assertTrue(de.sched.scheduler.link.wait_ready(10))
+        p = {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0"}
+        if rendezvous:
+            p["stage_rendezvous"] = rendezvous
+        r = Request("r0", list(range(40)), p)
         self.assertEqual(de.admit(r, lambda n: [5, 9, 3]), (40, True))
         t0 = time.monotonic()
         de.step()
@@ -99,7 +106,7 @@ class TestVLLMFaults(unittest.TestCase):
         return time.monotonic() - t0, took
 
     def test_push_never_comes(self) -> None:
-        srv = RendezvousServer("127.0.0.1", 0)  # takes the ticket; no prefill ever reads it
+        srv = RendezvousServer("127.0.0.1", 0, insecure=True)  # takes the ticket; no prefill ever reads it (deprecated path)
         self.addCleanup(srv.close)
         took, _ = self.decode_push(srv.address)
         self.assertEqual(len(srv), 1)
@@ -113,6 +120,67 @@ class TestVLLMFaults(unittest.TestCase):
         s.close()  # nothing listens there now
         took, _ = self.decode_push("127.0.0.1:%d" % port)
         self.assertLess(took, 1.5)
+
+    def test_push_no_prefill_engine(self) -> None:
+        # over the sidecars' link, no rendezvous: no engine takes tickets behind the prefill's sidecar, so the
+        # post is refused at once, a load error, not a wait of timeout_s
+        took, _ = self.decode_push("", timeout_s=10.0)
+        self.assertLess(took, 1.5)
+
+    def test_push_refused_fails_at_once(self) -> None:
+        # the prefill refuses the decode's ticket (its 3 ranks cannot take 2 kv heads evenly) and says so over
+        # the link: the decode's blocks are a load error at once, not after timeout_s
+        pe = self.engine(self.pre, "pre", "push", "decode", 32, 1, peer_name="prefill", timeout_s=10.0)
+        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2, peer_name="decode", timeout_s=10.0)
+        for e in (pe, de):
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
+        de.sched.scheduler.cfg.tp_size = 3  # what its ticket says
+        prompt = list(range(40))
+        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0"})
+        self.assertEqual(de.admit(dr, lambda n: [5, 9, 3]), (40, True))
+        t0 = time.monotonic()
+        de.step()
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))
+        deadline = time.monotonic() + 5
+        while pe.sched.scheduler.rendezvous.get("x0") is None:  # the ticket crossed the link
+            self.assertLess(time.monotonic(), deadline, "the decode's ticket never reached the prefill")
+            time.sleep(0.005)
+        pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "x0"})
+        pe.admit(pr, lambda n: [1, 2])
+        pe.step(SchedulerOutput([NewRequestData("p0", prompt, ([1, 2],), 0)], num_scheduled_tokens={"p0": 40}))
+        de.until(lambda: "r0" in de.recvd, 3 * TIMEOUT)
+        self.assertLess(time.monotonic() - t0, 1.5)  # timeout_s is 10
+        self.assertEqual(de.load_errors, {5, 9, 3})
+
+    def test_push_refused_by_the_decode_sidecar(self) -> None:
+        # the decode's ticket names a block its cache does not have: its sidecar refuses the prefill's push; the
+        # prefill's worker says so over the link and the decode's blocks are load errors at once
+        pe = self.engine(self.pre, "pre", "push", "decode", 32, 1, peer_name="prefill", timeout_s=10.0,
+                         layerwise=False)
+        de = self.engine(self.dec, "dec", "push", "prefill", 16, 2, peer_name="decode", timeout_s=10.0)
+        for e in (pe, de):
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
+        prompt = list(range(40))
+        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "x0"})
+        self.assertEqual(de.admit(dr, lambda n: [5, 9, 1 << 20]), (40, True))
+        t0 = time.monotonic()
+        de.step()
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))
+        deadline = time.monotonic() + 5
+        while pe.sched.scheduler.rendezvous.get("x0") is None:
+            self.assertLess(time.monotonic(), deadline, "the decode's ticket never reached the prefill")
+            time.sleep(0.005)
+        pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "x0"})
+        pe.admit(pr, lambda n: [1, 2])
+        pe.step(SchedulerOutput([NewRequestData("p0", prompt, ([1, 2],), 0)], num_scheduled_tokens={"p0": 40}))
+        self.assertEqual(pe.finish(pr, [1, 2]), (True, None))
+        done = time.monotonic() + 3 * TIMEOUT
+        while "r0" not in de.recvd and time.monotonic() < done:
+            pe.step()
+            de.step()
+            time.sleep(0.01)
+        self.assertLess(time.monotonic() - t0, 2.5)  # timeout_s is 10
+        self.assertEqual(de.load_errors, {5, 9, 1 << 20})
 
     def prefill_done(self) -> tuple:
         """A prefill engine whose request p0 finished; its kv_transfer_params for the decode."""
@@ -159,16 +227,16 @@ class TestVLLMFaults(unittest.TestCase):
         common = dict(mode="push", kv_heads=HEADS, timeout_s=TIMEOUT)
         pc = caches(arena, 32, 4, MID_LAYERS, MID_D, MID_TOKENS // 32 + 8)
         dc = caches(arena, 16, 5, MID_LAYERS, MID_D, MID_TOKENS // 16 + 8)
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill", rendezvous_listen="127.0.0.1:0"),
-                    HEADS, [pc], "mid-pre")
+        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill"), HEADS, [pc], "mid-pre")
         self.addCleanup(pe.shutdown)
         de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), HEADS, [dc], "mid-dec")
         self.addCleanup(de.shutdown)
         ptable = list(range(MID_TOKENS // 32 + 8))[::-1][:MID_TOKENS // 32]
         dtable = [(7 * b) % (MID_TOKENS // 16 + 8) for b in range(MID_TOKENS // 16)]
         prompt = list(range(MID_TOKENS))
-        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "m0",
-                                    "stage_rendezvous": pe.sched.scheduler.rendezvous.address})
+        for e in (pe, de):
+            self.assertTrue(e.sched.scheduler.link.wait_ready(10))
+        dr = Request("r0", prompt, {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "m0"})
         self.assertEqual(de.admit(dr, lambda n: dtable), (MID_TOKENS, True))
         t_dec = time.monotonic()
         de.step()  # the decode's worker takes r0; its deadline runs from here

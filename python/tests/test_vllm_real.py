@@ -208,11 +208,10 @@ class RealPair(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="stage-vllm-real-")
         cls.model = tinyllama.write(os.path.join(cls.tmp, "tiny-llama"))
         cls.pre_sc, cls.dec_sc = cls._sidecars()
-        cls.rdv = "127.0.0.1:%d" % free_port()
         cls.engines: List[Engine] = []
         try:
             cls.pre = Engine("prefill", cls.model, "kv_producer", cls.pre_sc.socket, "decode", cls.pre_block,
-                             cls.policy, {"rendezvous_listen": cls.rdv}, core=0)
+                             cls.policy, {}, core=0)  # push tickets: over the sidecars' link
             cls.engines.append(cls.pre)
             # a name of its own that outlives a restart (kv_name; else vLLM's engine_id, new at each start)
             cls.dec = Engine("decode", cls.model, "kv_consumer", cls.dec_sc.socket, "prefill", cls.dec_block,
@@ -227,7 +226,7 @@ class RealPair(unittest.TestCase):
             raise
         from stage_client.pdproxy import PDProxy
 
-        cls.proxy = PDProxy(("127.0.0.1", 0), cls.pre.url, cls.dec.url, "pull", cls.rdv, timeout=120)
+        cls.proxy = PDProxy(("127.0.0.1", 0), cls.pre.url, cls.dec.url, "pull", timeout=120)
         threading.Thread(target=cls.proxy.serve_forever, daemon=True).start()
 
     @classmethod

@@ -117,7 +117,7 @@ class TestSidecarRestart(unittest.TestCase):
         self.restarted(self.pre, self.pe)
 
     def test_push_arriving_fails_once(self) -> None:
-        srv = RendezvousServer("127.0.0.1", 0)  # takes the ticket; no prefill pushes: the KV is "arriving"
+        srv = RendezvousServer("127.0.0.1", 0, insecure=True)  # takes the ticket; no prefill pushes: KV "arriving"
         self.addCleanup(srv.close)
         de = Engine(self.dec.socket, dict(mode="push", route="prefill", kv_heads=HEADS, timeout_s=TIMEOUT),
                     HEADS, [caches(self.arena, 16, 3)], "dec-push")

@@ -128,6 +128,10 @@ class FrameType(enum.IntEnum):
     REGISTER_KV = 151  # PROTOCOL.md 12.5; the message lives in kvwire
     SUBMIT_KV = 152  # 12.6
     JOIN = 153  # 9.18; the message lives in group
+    OPEN_INBOX = 154  # 9.19; the messages live in tickets
+    POST_TICKET = 155
+    TAKE_TICKETS = 156
+    TICKETS = 157
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)

@@ -31,8 +31,9 @@ __all__ = ["BACKEND", "SGLangKVManager", "SGLangKVSender", "SGLangKVReceiver", "
 # route to the other side's sidecar, default "stage"), STAGE_PEER_NAME (how the
 # prefill's sidecar names the decode's; "" for one-peer routes), STAGE_KV_NAME
 # (this side's KV cache name, default sglang-<mode>), STAGE_TIMEOUT (seconds,
-# default 30), STAGE_RENDEZVOUS_SECRET / STAGE_RENDEZVOUS_SECRET_FILE (needed
-# when the prefill's bootstrap host is not a loopback address).
+# default 30), STAGE_RENDEZVOUS_SECRET / STAGE_RENDEZVOUS_SECRET_FILE (the
+# bootstrap's secret; without one, STAGE_RENDEZVOUS_INSECURE=1 lets it start
+# unsigned on a loopback address).
 #
 # Bootstrap: each prefill attention-TP rank serves the decodes' page tickets
 # itself (a RendezvousServer in its scheduler process) on
@@ -163,7 +164,7 @@ class SGLangKVManager(StageKVManager):
         if role == "prefill":
             host = str(getattr(sa, "host", None) or "127.0.0.1")
             port = int(getattr(sa, "disaggregation_bootstrap_port", 8998))
-            boot = _ForwardingRendezvous(host, port + rank, secret=secret)
+            boot = _ForwardingRendezvous(host, port + rank, secret=secret, insecure=rdv.insecure_env())
             if rank == 0:
                 near = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
                 boot.forward = ["%s:%d" % (near, port + r) for r in range(1, tp)]

@@ -150,7 +150,8 @@ class StageKVManager:
         if role == "prefill":
             self.bootstrap = bootstrap
             if bootstrap is None:
-                self.bootstrap = rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen), secret=secret)
+                self.bootstrap = rdv.RendezvousServer(*rdv.parse_addr(bootstrap_listen), secret=secret,
+                                                        insecure=rdv.insecure_env())
         else:
             self._sub = self.client.subscribe()
             self._reader = threading.Thread(target=self._read, name="stage-sglang-notes", daemon=True)

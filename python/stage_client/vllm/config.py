@@ -27,10 +27,12 @@ class StageConfig:
     timeout_s: float = 30.0
     lease_s: float = 120.0
     layerwise: bool = True
+    # Deprecated (one release): push tickets travel over the sidecars' link unless these name a rendezvous.
     rendezvous: str = ""  # push: the prefill's rendezvous host:port (a request's stage_rendezvous wins)
-    rendezvous_listen: str = ""  # push, prefill scheduler: where to listen ("" : in-process only)
+    rendezvous_listen: str = ""  # push, prefill scheduler: where to listen ("" : none)
     rendezvous_secret: str = ""  # push: the secret both sides sign tickets with (else the file's, else the env's)
     rendezvous_secret_file: str = ""  # push: a file whose first line is that secret (a k8s Secret mount)
+    rendezvous_insecure: bool = False  # a rendezvous_listen without a secret (loopback only; tests)
     kv_heads: int = 0  # total kv heads (0: from the model config; 1 for MLA)
     acl_library: str = ""  # NPU caches: libascendcl's path ("" : libascendcl.so from the loader path)
     tp_rank: int = -1  # -1: from vLLM's parallel state

@@ -11,8 +11,11 @@ requests receive. kv_transfer_params keys (all but vLLM's own
 * to the prefill: ``stage_mode``, ``stage_xfer`` (the router's transfer
   key; default the request id), push only: ``stage_ticket`` (the decode's
   ticket, when the router has it already);
-* to the decode in push mode: ``stage_mode``, ``stage_xfer``,
-  ``stage_rendezvous`` (the prefill's rendezvous host:port);
+* to the decode in push mode: ``stage_mode``, ``stage_xfer``, and where
+  its ticket goes over the sidecars' link (:mod:`.tickets`): ``stage_peer``
+  (the prefill's sidecar; "" : the route's only peer) and ``stage_kv`` (the
+  prefill engine's kv_name; "" : the only engine taking tickets there);
+  deprecated: ``stage_rendezvous`` (a prefill's rendezvous host:port);
 * from the prefill at its end in pull mode (for the decode):
   ``stage_peer``, ``stage_kv``, ``stage_tp``, ``stage_block_ids``,
   ``stage_tokens``, ``stage_lease_expires`` (wall clock).
@@ -20,18 +23,21 @@ requests receive. kv_transfer_params keys (all but vLLM's own
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import rendezvous as rdv
 from ..engines import plan
+from ..errors import StageError
 from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
+from .tickets import TICKET_FAILURE, TicketItem, TicketLink
 
 __all__ = ["StageScheduler", "block_ids_of", "scheduled"]
 
@@ -73,25 +79,35 @@ def scheduled(so: Any) -> Iterator[Tuple[str, Optional[List[int]], int, bool]]:
 
 
 class _Poster:
-    """Posts push tickets to prefills' rendezvous on a thread of its own.
+    """Posts push tickets (and failure notices) on a thread of its own.
 
-    A post is a TCP round trip (up to ``timeout``): never inside vLLM's
-    scheduler step. A post that fails is reported to the workers with the
-    next step's metadata (``failed``), which ends the request as a load
-    error at once instead of at ``timeout_s``."""
+    A post is a round trip to the peer (up to ``timeout``): never inside
+    vLLM's scheduler step. A ticket whose post fails is reported to the
+    workers with the next step's metadata (``failed``), which ends the
+    request as a load error at once instead of at ``timeout_s``."""
 
     def __init__(self, timeout: float, secret: Optional[bytes]) -> None:
         self.timeout, self.secret = timeout, secret
-        self._q: "queue.Queue[Optional[Tuple[str, str, str, Dict[str, Any]]]]" = queue.Queue()
+        self._q: "queue.Queue[Optional[Tuple[str, str, Callable[[], None]]]]" = queue.Queue()
         self._lock = threading.Lock()
         self._failed: Dict[str, str] = {}
         self._thread: Optional[threading.Thread] = None
 
     def post(self, rid: str, addr: str, xfer: str, ticket: Dict[str, Any]) -> None:
+        """Post to the (deprecated) rendezvous at ``addr``."""
+        self.send(rid, "the prefill's rendezvous %s" % addr,
+                  lambda: rdv.post(addr, xfer, ticket, timeout=self.timeout, secret=self.secret))
+
+    def send(self, rid: str, where: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the poster's thread; when it raises, ``rid`` (if any) fails with the next step."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="stage-ticket-poster", daemon=True)
             self._thread.start()
-        self._q.put((rid, addr, xfer, ticket))
+        self._q.put((rid, where, fn))
+
+    def fail(self, rid: str, why: str) -> None:
+        with self._lock:
+            self._failed.setdefault(rid, why)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every queued ticket was posted or failed (False at ``timeout``)."""
@@ -111,13 +127,13 @@ class _Poster:
             if job is None:
                 self._q.task_done()
                 return
-            rid, addr, xfer, ticket = job
+            rid, where, fn = job
             try:
-                rdv.post(addr, xfer, ticket, timeout=self.timeout, secret=self.secret)
-            except (OSError, ValueError) as e:
-                log.warning("stage: posting the push ticket of %s to %s: %s", rid, addr, e)
-                with self._lock:
-                    self._failed[rid] = "posting the ticket to the prefill's rendezvous %s: %s" % (addr, e)
+                fn()
+            except (OSError, ValueError, StageError) as e:
+                log.warning("stage: posting the push ticket of %s to %s: %s", rid or "?", where, e)
+                if rid:
+                    self.fail(rid, "posting the push ticket to %s: %s" % (where, e))
             finally:
                 self._q.task_done()
 
@@ -126,6 +142,20 @@ class _Poster:
             self._q.put(None)
             self._thread.join(self.timeout + 1)
             self._thread = None
+
+
+MAX_RECEIVES = 1 << 16  # push receives remembered for their failure notices
+
+
+def _deprecated_rendezvous() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("stage: posting push tickets to a rendezvous (rendezvous, stage_rendezvous) is deprecated and "
+                    "goes in the next release: without it they travel over the sidecars' link")
+
+
+_warned = False
 
 
 @dataclass
@@ -151,10 +181,16 @@ class StageScheduler:
         self._preempted: List[str] = []
         self.secret = cfg.secret()
         self._poster = _Poster(min(5.0, cfg.timeout_s), self.secret)
-        #: where decodes post tickets (push mode); tests and routers may post here directly
-        self.rendezvous: Any = (rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s,
-                                                     secret=self.secret)
-                                if cfg.rendezvous_listen else rdv.LocalRendezvous(ttl=cfg.lease_s))
+        #: tickets that arrived (push mode), by transfer key; tests and routers may post here directly
+        self.rendezvous: Any = rdv.LocalRendezvous(ttl=cfg.lease_s)
+        if cfg.rendezvous_listen:  # deprecated: tickets come over the sidecars' link
+            log.warning("stage: rendezvous_listen is deprecated and goes in the next release: push tickets travel "
+                        "over the sidecars' link; drop rendezvous_listen and the router's --rendezvous")
+            self.rendezvous = rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s,
+                                                   secret=self.secret, insecure=cfg.rendezvous_insecure)
+        self._xfer_rid: Dict[str, str] = {}  # push receives (decode): transfer key -> request, for failure notices
+        #: the sidecar connection push tickets and failure notices travel on (PROTOCOL.md 9.19)
+        self.link = TicketLink(cfg, self._ticket_arrived)
 
     def _mode(self, p: Dict[str, Any]) -> str:
         return str(p.get("stage_mode") or self.cfg.mode)
@@ -205,15 +241,41 @@ class StageScheduler:
         ticket = {"peer": self.cfg.peer_name, "kv": self.cfg.kv_name, "tp": self.cfg.tp_size,
                   "block_ids": rr.blocks, "first": rr.first, "tokens": rr.tokens}
         addr = str(p.get("stage_rendezvous") or self.cfg.rendezvous)
-        if addr:
+        if addr:  # deprecated
+            _deprecated_rendezvous()
             self._poster.post(rr.req_id, addr, rr.xfer, ticket)
             return ""
-        try:
-            self.rendezvous.post(rr.xfer, ticket)
-        except (OSError, ValueError) as e:
-            log.warning("stage: posting the push ticket of %s in this process: %s", rr.req_id, e)
-            return "posting the ticket to this process's rendezvous: %s" % e
+        # over the link: to the prefill named by stage_peer (its sidecar, "" : the route's only peer) and
+        # stage_kv (its engine's kv_name, "" : the only engine taking tickets there)
+        peer, to = str(p.get("stage_peer") or ""), str(p.get("stage_kv") or "")
+        with self._lock:
+            self._xfer_rid[rr.xfer] = rr.req_id
+            while len(self._xfer_rid) > MAX_RECEIVES:
+                del self._xfer_rid[next(iter(self._xfer_rid))]
+        self._poster.send(rr.req_id, "the prefill (route %s%s)" % (self.cfg.route, peer and ", peer " + peer),
+                          lambda: self.link.post_ticket(rr.xfer, ticket, peer, to, self._poster.timeout))
         return ""
+
+    def _ticket_arrived(self, it: TicketItem) -> None:
+        """A ticket from a peer's engine (the link's thread): a push ticket is kept for its transfer (prefill);
+        a failure notice fails its request at the next step (decode)."""
+        if it.kind == TICKET_FAILURE:
+            with self._lock:
+                rid = self._xfer_rid.pop(it.key, None)
+            if rid is not None:
+                why = it.body.decode("utf-8", "replace")
+                log.warning("stage: the prefill (%s) cannot push %s (%s): %s", it.sender, rid, it.key, why)
+                self._poster.fail(rid, "the prefill %s cannot push: %s" % (it.sender, why))
+            return
+        t: Any = None
+        try:
+            t = json.loads(it.body)
+            self.rendezvous.post(it.key, t)
+        except (ValueError, RecursionError) as e:  # malformed, or too many tickets waiting: tell the decode
+            log.warning("stage: a push ticket from %s for %s is refused: %s", it.sender, it.key, e)
+            if isinstance(t, dict) and isinstance(t.get("kv"), str) and t["kv"]:
+                why, peer, kv = "its ticket is refused: %s" % e, str(t.get("peer") or ""), t["kv"]
+                self._poster.send("", "the decode %s" % kv, lambda: self.link.post_failure(it.key, why, peer, kv))
 
     def build_connector_meta(self, scheduler_output: Any) -> StageConnectorMetadata:
         meta = StageConnectorMetadata()
@@ -270,12 +332,17 @@ class StageScheduler:
         st.pushed_to = max(st.pushed_to, c1)
 
     def _usable(self, rid: str, t: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """``t`` when this prefill can push to it; else None (logged: the decode times out, a load error there)."""
+        """``t`` when this prefill can push to it; else None (logged, and the decode told at once: a load error
+        there, not a wait of timeout_s)."""
         try:
             rdv.check_ticket(t)
             plan(self.cfg.kv_heads, self.cfg.tp_size, t["tp"])
         except ValueError as e:
             log.warning("stage: the push ticket of %s is refused: %s", rid, e)
+            st = self._push.get(rid)
+            if st is not None and isinstance(t, dict) and isinstance(t.get("kv"), str):
+                why, xfer, peer, kv = "its ticket is refused: %s" % e, st.xfer, str(t.get("peer") or ""), t["kv"]
+                self._poster.send("", "the decode %s" % kv, lambda: self.link.post_failure(xfer, why, peer, kv))
             return None
         return t
 
@@ -323,6 +390,7 @@ class StageScheduler:
 
     def shutdown(self) -> None:
         self._poster.close()
+        self.link.close()
         close = getattr(self.rendezvous, "close", None)
         if close is not None:
             close()

@@ -29,6 +29,7 @@ from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 from .stats import Counters, StageKVStats
+from .tickets import TICKET_FAILURE, failure_body, post_on
 
 __all__ = ["StageWorker"]
 
@@ -86,6 +87,7 @@ class StageWorker:
         self._held: Dict[str, _Hold] = {}
         self._held_by_xfer: Dict[str, str] = {}
         self._early: Dict[str, List[Any]] = {}
+        self._push_to: Dict[str, Tuple[str, str, str]] = {}  # req -> (xfer, decode's peer, its kv): failure notices
         self._seen: Set[str] = set()  # request ids vLLM said finished
         self._errors: Set[int] = set()
         self._absorbed: Optional[StageConnectorMetadata] = None  # the last step's metadata, taken in
@@ -260,8 +262,11 @@ class StageWorker:
             self._seen |= finished
             for rid in [r for r in self._sealed if r in self._seen and self.mover.ledger.idle(r)]:
                 err = self.mover.ledger.error(rid)
+                dest = self._push_to.pop(rid, None)
                 if err is not None:
                     log.warning("stage: pushing %s (%s) failed: %s", rid, self._sealed[rid], err)
+                    if dest is not None:
+                        self._tell_decode(dest, "pushing from prefill rank %d failed: %s" % (self.rank, err))
                 sending.add(rid)
                 del self._sealed[rid]
             for rid, h in list(self._held.items()):
@@ -354,8 +359,23 @@ class StageWorker:
                                      rr.remote_blocks, n, local_first=first, remote_first=first,
                                      heads=(lo, hi), tag=tag, **kw)]
 
+    def _tell_decode(self, dest: Tuple[str, str, str], why: str) -> None:
+        """Send the decode a failure notice for transfer ``dest[0]`` over the link (a thread of its own: the
+        decode's load errors come at once instead of at its timeout_s)."""
+        xfer, peer, kv = dest
+
+        def send() -> None:
+            try:
+                post_on(self.client, self.cfg.route, TICKET_FAILURE, xfer, failure_body(why), peer, kv, 5.0)
+            except (StageError, OSError, ValueError) as e:
+                log.warning("stage: telling the decode %s that %s failed: %s", kv, xfer, e)
+
+        threading.Thread(target=send, name="stage-failure-notice", daemon=True).start()
+
     def _push(self, ch: PushChunk, layers: List[int], event: Any) -> None:
         t = ch.ticket
+        with self.lock:
+            self._push_to[ch.req_id] = (ch.xfer, str(t.get("peer") or ""), str(t["kv"]))
         kw = {"peer": t["peer"]} if t.get("peer") else {}
         tag = make_tag(ch.xfer, "p", self.rank, self.tp)
         for s, d, lo, hi in plan(self.cfg.kv_heads, self.tp, int(t["tp"])):
