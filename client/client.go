@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -454,6 +455,43 @@ func (c *Client) Catalog(ctx context.Context, route string) ([]wire.RegionInfo, 
 func (c *Client) RegisterKV(ctx context.Context, name string, layout wire.KVLayout, layers [][]string) error {
 	req := c.next()
 	_, err := c.call(ctx, req, &wire.RegisterKV{Req: req, Name: name, Layout: layout, Layers: layers}, -1)
+	return err
+}
+
+// GrantKey is a new transfer key for Grant: 16 random bytes (128 bits),
+// unguessable, to be used once.
+func GrantKey() ([]byte, error) {
+	k := make([]byte, wire.MinGrantKey)
+	if _, err := rand.Read(k); err != nil {
+		return nil, fmt.Errorf("stage: making a transfer key: %w", err)
+	}
+	return k, nil
+}
+
+// Grant lets the peer request that names key read (write false: a pull,
+// at most uses times) or write (write true: pushes, uses ignored) exactly
+// the block table blocks of this connection's KV cache, for ttl (at most
+// wire.MaxGrantTTLMs ms). The cache is guarded from then on: a peer
+// request naming no live grant is refused. No blocks: only guard it.
+func (c *Client) Grant(ctx context.Context, cache string, key []byte, write bool, blocks []uint32, ttl time.Duration, uses int) error {
+	ms := ttl.Milliseconds()
+	if ms < 1 || ms > wire.MaxGrantTTLMs {
+		return fmt.Errorf("stage: grant of %v: want 1ms to %dms", ttl, wire.MaxGrantTTLMs)
+	}
+	if write {
+		uses = 0
+	} else if uses < 1 || uses > wire.MaxGrantUses {
+		return fmt.Errorf("stage: read grant of %d uses: want 1 to %d", uses, wire.MaxGrantUses)
+	}
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.Grant{Req: req, Cache: cache, Key: key, Write: write, TTLMs: uint32(ms), Uses: uint16(uses), Blocks: blocks}, -1)
+	return err
+}
+
+// RevokeGrant ends the grant key on cache (nothing if it ended already).
+func (c *Client) RevokeGrant(ctx context.Context, cache string, key []byte) error {
+	req := c.next()
+	_, err := c.call(ctx, req, &wire.RevokeGrant{Req: req, Cache: cache, Key: key}, -1)
 	return err
 }
 

@@ -125,6 +125,10 @@ type Security struct {
 	Token         string `mapstructure:"token"`
 	TokenFile     string `mapstructure:"token_file"`
 	AllowInsecure bool   `mapstructure:"allow_insecure"` // no token at all (tests only)
+	// RequireGrants: every peer KVPull and KVAnnounce must name a live
+	// grant, on every KV cache; off, only caches whose engine made a
+	// grant are guarded (PROTOCOL.md 9.20).
+	RequireGrants bool `mapstructure:"require_grants"`
 	// AllowInsecureRemote lets AllowInsecure stand with a listen address
 	// that is not loopback: anyone who reaches it may push and pull the
 	// engines' memory. Without it that combination is refused.

@@ -46,6 +46,16 @@ func (h engineHost) RegisterKV(o engine.Owner, m *wire.RegisterKV) error {
 	return nil
 }
 
+// Grant records o's grant on its KV cache (kvgrant.go).
+func (h engineHost) Grant(o engine.Owner, m *wire.Grant) error {
+	return h.s.kv.grant(o.Group, m, time.Now())
+}
+
+// RevokeGrant ends o's grant on its KV cache.
+func (h engineHost) RevokeGrant(o engine.Owner, m *wire.RevokeGrant) error {
+	return h.s.kv.revoke(o.Group, m)
+}
+
 func (h engineHost) Submit(o engine.Owner, m *wire.Submit, wait bool) (engine.Transfer, error) {
 	lx, err := h.submit(h.s.ctx, o.Group, m, wait)
 	if errors.Is(err, routing.ErrNoSession) {

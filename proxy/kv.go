@@ -14,6 +14,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/kvlayout"
+	"github.com/stage-kv/stage/proxy/grant"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -30,6 +31,7 @@ type kvCache struct {
 	layout kvlayout.Layout
 	layers [][]string
 	shape  wire.KVShape
+	grants *grant.Set // under kvTable.mu (kvgrant.go)
 }
 
 // kvTable holds the KV caches of this sidecar and what it learned of its
@@ -38,9 +40,10 @@ type kvCache struct {
 // side of a KV transfer over the regions a cache names (admitting a
 // peer's request included).
 type kvTable struct {
-	regions *region.Table
-	devKind device.Kind
-	newID   func() uint64 // KVInfo request numbers, never 0
+	regions       *region.Table
+	devKind       device.Kind
+	newID         func() uint64 // KVInfo request numbers, never 0
+	requireGrants bool          // security.require_grants: every cache guarded
 
 	mu     sync.Mutex
 	caches map[string]*kvCache
@@ -53,8 +56,8 @@ type kvPeerKey struct {
 	name    string
 }
 
-func (t *kvTable) init(regions *region.Table, devKind device.Kind, newID func() uint64) {
-	t.regions, t.devKind, t.newID = regions, devKind, newID
+func (t *kvTable) init(regions *region.Table, devKind device.Kind, newID func() uint64, requireGrants bool) {
+	t.regions, t.devKind, t.newID, t.requireGrants = regions, devKind, newID, requireGrants
 	t.caches = map[string]*kvCache{}
 	t.peers = map[kvPeerKey]wire.KVShape{}
 	t.waits = map[uint64]chan *wire.KVInfo{}
@@ -179,8 +182,16 @@ func (t *kvTable) register(o region.Owner, m *wire.RegisterKV) (reshaped bool, e
 		t.mu.Unlock()
 		return false, codeErr(wire.CodeExists, "KV cache %q is registered by another engine connection; choose another name, or wait until its owner closes its connection", m.Name)
 	}
+	c.grants = t.newGrants()
+	if old != nil {
+		c.grants = old.grants // registered anew by its group: the grants stay
+	}
 	t.caches[m.Name] = c
+	guarded := c.grants.Guarded()
 	t.mu.Unlock()
+	if guarded {
+		t.guardRegions(c)
+	}
 	return old != nil && !sameShape(&old.shape, &c.shape), nil
 }
 
@@ -385,7 +396,8 @@ func (t *kvTable) infoAnswered(ss *session, m *wire.KVInfo) {
 // admit checks a peer's KV request against our cache m.Name: its shape
 // unchanged since the peer asked, the layouts compatible, the layers,
 // block table, tokens and heads inside ours, and the total the peer
-// computed equal to ours. It returns our side and its regions (acquired
+// computed equal to ours, and a live grant covering its blocks when the
+// cache is guarded (kvgrant.go). It returns our side and its regions (acquired
 // with rights want).
 func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSide, error) {
 	if ss.ours(m.Transfer) {
@@ -423,6 +435,11 @@ func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSi
 	if side.Len() != m.Total {
 		region.ReleaseAll(regions)
 		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
+	}
+	// Last: a request refused for another reason keeps its grant's use.
+	if err := t.useGrant(c, m, want == wire.AccessRemoteWrite, time.Now()); err != nil {
+		region.ReleaseAll(regions)
+		return nil, err
 	}
 	return &kvSide{side: side, regions: regions}, nil
 }

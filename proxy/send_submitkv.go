@@ -79,7 +79,7 @@ func (h engineHost) submitKV(ctx context.Context, group string, m *wire.SubmitKV
 		timeout: r.Conf().ProgressTimeout, state: wire.StateRunning, started: time.Now(), done: make(chan struct{})}
 	req := wire.KVRequest{Transfer: lx.wireID, Tag: m.Tag, Total: total, Name: m.Remote, Layers: remoteLayers,
 		Blocks: m.RemoteBlocks, First: m.RemoteFirst, Tokens: m.Tokens, HeadLo: headLo, HeadHi: headHi,
-		Order: uint8(order), Shape: c.shape, PeerShape: peer}
+		Order: uint8(order), Shape: c.shape, PeerShape: peer, Key: m.Key}
 	// A KV transfer that fails forgets the peer's shape: the next one asks
 	// again, in case the peer registered its cache anew.
 	lx.onDone = append(lx.onDone, func() {

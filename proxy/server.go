@@ -93,7 +93,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
-	s.kv.init(s.regions, dev.Kind(), s.newID)
+	s.kv.init(s.regions, dev.Kind(), s.newID, cfg.Security.RequireGrants)
 	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
 	s.metrics = newMetrics(s)
 	if cfg.Security.TLS.Enabled() {

@@ -57,7 +57,7 @@ else:
     sys.path.insert(0, PYDIR)
 
 from test_e2e import Staged, sidecar_env  # noqa: E402
-from gpu_vllm_parts import (compare, delta, make_prompts, metric_sums, prompt_lengths,  # noqa: E402
+from gpu_vllm_parts import (compare, delta, make_prompts, metric_sums, prompt_lengths, top2_gap,  # noqa: E402
                             sidecar_config, summary_text, timing)
 
 # ---------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def stream(url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     req = urllib.request.Request(url, json.dumps(dict(body, stream=True)).encode(),
                                  {"Content-Type": "application/json"})
     t0 = time.monotonic()
-    res: Dict[str, Any] = {"status": None, "tokens": None, "ttft": None, "total": None}
+    res: Dict[str, Any] = {"status": None, "tokens": None, "ttft": None, "total": None, "gaps": []}
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             res["status"] = r.status
@@ -237,6 +237,7 @@ def stream(url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
                     break
                 c = (ch.get("choices") or [{}])[0]
                 piece = list(c.get("token_ids") or []) or ([c["text"]] if c.get("text") else [])
+                res["gaps"] += [top2_gap(t) for t in ((c.get("logprobs") or {}).get("top_logprobs") or [])]
                 if piece and res["ttft"] is None:
                     res["ttft"] = time.monotonic() - t0
                 toks += piece
@@ -252,8 +253,10 @@ def stream(url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
 
 
 def batch(url: str, prompts: Sequence[List[int]], model: str, args: argparse.Namespace,
-          mode: Optional[str] = None, max_tokens: Optional[int] = None) -> Tuple[List[Dict[str, Any]], float]:
-    """All prompts, ``args.concurrency`` at a time; (results in prompt order, wall seconds)."""
+          mode: Optional[str] = None, max_tokens: Optional[int] = None,
+          concurrency: Optional[int] = None) -> Tuple[List[Dict[str, Any]], float]:
+    """All prompts, ``concurrency`` (default ``args.concurrency``) at a time; (results in prompt order,
+    wall seconds). Each asks for its tokens' top-2 logprobs, so a difference can be told from a tie."""
     out: List[Dict[str, Any]] = [{} for _ in prompts]
     todo = list(range(len(prompts)))
     lock = threading.Lock()
@@ -265,13 +268,15 @@ def batch(url: str, prompts: Sequence[List[int]], model: str, args: argparse.Nam
                     return
                 i = todo.pop(0)
             body: Dict[str, Any] = {"model": model, "prompt": prompts[i], "temperature": 0, "ignore_eos": True,
-                                    "max_tokens": max_tokens or args.max_tokens, "return_token_ids": True}
+                                    "max_tokens": max_tokens or args.max_tokens, "return_token_ids": True,
+                                    "logprobs": 2}
             if mode:
                 body["stage_mode"] = mode
             out[i] = stream(url + "/v1/completions", body, args.request_timeout)
 
     t0 = time.monotonic()
-    ts = [threading.Thread(target=worker, daemon=True) for _ in range(min(args.concurrency, len(prompts)))]
+    n = min(concurrency or args.concurrency, len(prompts))
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(n)]
     for t in ts:
         t.start()
     for t in ts:
@@ -383,11 +388,17 @@ class Pair:
         got, wall2 = batch(self.proxy.url, ps, a.model, a, mode=mode)
         time.sleep(0.5)
         moved = self.moved(before)
-        cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone])
+        gaps = [r.get("gaps") for r in alone]
+        cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone], gaps)
+        # The noise floor: the decode alone again, one request at a time (other batch shapes, no KV moved).
+        reset_prefix_cache(self.dec.url)
+        again, _ = batch(self.dec.url, ps, a.model, a, concurrency=1)
+        control = compare([r.get("tokens") for r in again], [r.get("tokens") for r in alone], gaps)
         errors = [{"prompt": i, "status": r.get("status"), "error": r.get("error")} for i, r in enumerate(got)
                   if r.get("error")][:5]
         self.record(name, mode=mode, transport=transport, prompts=len(ps), lens=[len(p) for p in ps],
-                    reset=[r1, r2], tokens=cmp, errors=errors, alone=timing(alone, wall1), pd=timing(got, wall2),
+                    reset=[r1, r2], tokens=cmp, control=control, errors=errors, alone=timing(alone, wall1),
+                    pd=timing(got, wall2),
                     kv=moved, links={k: sc.stats(a.stagectl).get("links") for k, sc in
                                      (("prefill", self.pre_sc), ("decode", self.dec_sc))})
 

@@ -35,10 +35,16 @@ def make_prompts(lengths: Sequence[int], vocab: int, seed: int, shared: int = 0)
     return ps
 
 
-def compare(got: Sequence[Optional[List[Any]]], want: Sequence[Optional[List[Any]]]) -> Dict[str, Any]:
-    """Prompt by prompt: equal, or where the first difference is (None: the request failed)."""
+def compare(got: Sequence[Optional[List[Any]]], want: Sequence[Optional[List[Any]]],
+            gaps: Optional[Sequence[Optional[List[Optional[float]]]]] = None, tie: float = 0.1) -> Dict[str, Any]:
+    """Prompt by prompt: equal, or where the first difference is (None: the request failed).
+
+    ``gaps``: per prompt of the reference, per generated token, the gap in nats between its top two
+    logprobs. Where given, each difference says the reference's gap at that token, and ``ties`` counts
+    the differences at a near tie (gap < ``tie``): greedy decoding flips there on numeric noise alone
+    (another batch shape or kernel split), while KV that arrived wrong diverges at wide gaps too."""
     diff = []
-    equal = 0
+    equal = ties = 0
     for i, (g, w) in enumerate(zip(got, want)):
         if g is None or w is None:
             diff.append({"prompt": i, "failed": "got" if g is None else "reference"})
@@ -46,8 +52,24 @@ def compare(got: Sequence[Optional[List[Any]]], want: Sequence[Optional[List[Any
             equal += 1
         else:
             pos = next((k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            diff.append({"prompt": i, "first_diff": pos, "got_len": len(g), "want_len": len(w)})
-    return {"equal": equal, "of": len(want), "diff": diff}
+            d: Dict[str, Any] = {"prompt": i, "first_diff": pos, "got_len": len(g), "want_len": len(w)}
+            gp = gaps[i] if gaps is not None and i < len(gaps) else None
+            if gp is not None and pos < len(gp) and gp[pos] is not None:
+                d["ref_gap"] = round(gp[pos], 4)
+                ties += gp[pos] < tie
+            diff.append(d)
+    out: Dict[str, Any] = {"equal": equal, "of": len(want), "diff": diff}
+    if gaps is not None:
+        out["near_ties"] = ties
+    return out
+
+
+def top2_gap(top: Optional[Dict[str, float]]) -> Optional[float]:
+    """The gap between the two largest logprobs of one token's ``top_logprobs`` (None with fewer than 2)."""
+    if not top or len(top) < 2:
+        return None
+    a, b = sorted(top.values(), reverse=True)[:2]
+    return float(a) - float(b)
 
 
 def percentile(xs: Sequence[float], q: float) -> Optional[float]:
@@ -128,6 +150,20 @@ def _t(x: Optional[float]) -> str:
     return "-" if x is None else "%.3f" % x
 
 
+def _equal_text(tk: Dict[str, Any]) -> str:
+    """``14/16 (differ: #10@2 gap 0.031, ...; 2 at a near tie)``: prompt, first differing token, the
+    reference's top-2 logprob gap there."""
+    eq = "%s/%s" % (tk.get("equal"), tk.get("of"))
+    if tk.get("diff"):
+        eq += " (differ: %s" % ", ".join(
+            "#%s@%s%s" % (d.get("prompt"), d.get("first_diff", d.get("failed")),
+                          " gap %.3f" % d["ref_gap"] if d.get("ref_gap") is not None else "") for d in tk["diff"][:6])
+        if tk.get("near_ties") is not None:
+            eq += "; %d at a near tie" % tk["near_ties"]
+        eq += ")"
+    return eq
+
+
 def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
     out = ["phase | tokens equal | TTFT p50/p90 s (P/D vs one engine) | tok/s (P/D vs one engine) | KV moved"]
     for r in rows:
@@ -136,10 +172,10 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
             out.append("%s | not run: %s" % (ph, r["skipped"]))
         elif ph.startswith("pd-"):
             tk, pd, al = r.get("tokens") or {}, r.get("pd") or {}, r.get("alone") or {}
-            eq = "%s/%s" % (tk.get("equal"), tk.get("of"))
-            if tk.get("diff"):
-                eq += " (differ: %s)" % ", ".join("#%s@%s" % (d.get("prompt"), d.get("first_diff", d.get("failed")))
-                                                   for d in tk["diff"][:6])
+            eq = _equal_text(tk)
+            ct = r.get("control")
+            if ct:
+                eq += "; control (the decode alone again, one at a time): " + _equal_text(ct)
             out.append("%s | %s | %s/%s vs %s/%s | %s vs %s | %s" % (
                 ph, eq, _t(pd.get("ttft_p50")), _t(pd.get("ttft_p90")), _t(al.get("ttft_p50")),
                 _t(al.get("ttft_p90")), pd.get("tok_per_s"), al.get("tok_per_s"), _kv_line(r.get("kv") or {})))

@@ -119,6 +119,7 @@ type SubmitKV struct {
 	Tokens       uint32
 	HeadLo       uint32
 	HeadHi       uint32
+	Key          []byte // the grant the peer checks (Grant); nil: none, and no bytes on the wire
 }
 
 // KVRequest is the peer's half of a KV transfer, the same for a push
@@ -140,6 +141,7 @@ type KVRequest struct {
 	Order     uint8 // KVTokenMajor or KVBlockMajor
 	Shape     KVShape
 	PeerShape KVShape
+	Key       []byte // the grant it uses (Grant): optional, last; nil: no bytes on the wire
 }
 
 // KVAnnounce starts a KV push (see KVRequest).

@@ -178,7 +178,8 @@ func (m *SubmitKV) AppendBody(dst []byte) []byte {
 	dst = appendU32(dst, m.RemoteFirst)
 	dst = appendU32(dst, m.Tokens)
 	dst = appendU32(dst, m.HeadLo)
-	return appendU32(dst, m.HeadHi)
+	dst = appendU32(dst, m.HeadHi)
+	return appendOptKey(dst, m.Key)
 }
 
 func (m *SubmitKV) decode(d *decoder) {
@@ -205,6 +206,7 @@ func (m *SubmitKV) decode(d *decoder) {
 	if d.err == nil && len(m.RemoteLayers) != 0 && len(m.RemoteLayers) != len(m.Layers) {
 		d.fail(ErrMalformed, "RemoteLayers", "%d remote layers for %d local ones", len(m.RemoteLayers), len(m.Layers))
 	}
+	m.Key = d.optKey("Key")
 }
 
 func (m *KVRequest) appendBody(dst []byte) []byte {
@@ -220,7 +222,8 @@ func (m *KVRequest) appendBody(dst []byte) []byte {
 	dst = appendU32(dst, m.HeadHi)
 	dst = appendU8(dst, m.Order)
 	dst = appendKVShape(dst, &m.Shape)
-	return appendKVShape(dst, &m.PeerShape)
+	dst = appendKVShape(dst, &m.PeerShape)
+	return appendOptKey(dst, m.Key)
 }
 
 func (m *KVRequest) decode(d *decoder) {
@@ -240,6 +243,7 @@ func (m *KVRequest) decode(d *decoder) {
 	}
 	d.kvShape("Shape", &m.Shape)
 	d.kvShape("PeerShape", &m.PeerShape)
+	m.Key = d.optKey("Key")
 }
 
 // AppendBody appends the encoded KVAnnounce body to dst.

@@ -91,7 +91,7 @@ func samples() []sample {
 		{"QueryReplyEmpty", &QueryReply{Req: 14}},
 		{"OK", &OK{Req: 15}},
 		{"Fail", &Fail{Req: 16, Code: CodeUnknownRoute, Message: "no route \"x\""}},
-	}, append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...)...)
+	}, append(append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...), grantSamples()...)...)
 }
 
 func TestSamplesCoverEveryType(t *testing.T) {
@@ -394,6 +394,9 @@ func optionalTail(m Msg, n int) int {
 	if u, ok := m.(*Unregister); ok && u.WaitMs != 0 {
 		return n - 4
 	}
+	if k := keyOf(m); k != nil {
+		return n - 2 - len(k)
+	}
 	return -1
 }
 
@@ -402,12 +405,12 @@ func hasTail(m Msg) bool {
 	if u, ok := m.(*Unregister); ok {
 		return u.WaitMs != 0
 	}
-	return peerOf(m) != ""
+	return peerOf(m) != "" || keyOf(m) != nil
 }
 
 // tailField reports whether err is about an optional tail's field.
 func tailField(err error) bool {
-	for _, f := range []string{"Submit.Peer:", "SubmitWait.Peer:", "Unregister.WaitMs:"} {
+	for _, f := range []string{"Submit.Peer:", "SubmitWait.Peer:", "Unregister.WaitMs:", "SubmitKV.Key:", "KVAnnounce.Key:", "KVPull.Key:"} {
 		if strings.Contains(err.Error(), f) {
 			return true
 		}

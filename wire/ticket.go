@@ -264,5 +264,5 @@ func decodeTicketMsg(t Type, d *decoder) Msg {
 		m.decode(d)
 		return m
 	}
-	return decodeJoin(t, d)
+	return decodeGrant(t, d)
 }

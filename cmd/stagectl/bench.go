@@ -69,6 +69,7 @@ with --sweep, right after each row, and each row is a share of its own.`,
 	kvLayers := f.Int("kv-layers", 8, "with --kv: layers per transfer")
 	kvHeads := f.Uint32("kv-heads", 8, "with --kv: kv heads (both sides hold all)")
 	kvHeadSize := f.Uint32("kv-head-size", 128, "with --kv: head size in elements")
+	kvGrant := f.Bool("kv-grant", false, "with --kv: also time the same-layout transfer into a guarded cache, with a Grant before and a RevokeGrant after each (the vLLM connector's cost per request; docs/PROTOCOL.md 9.20)")
 	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -204,7 +205,7 @@ with --sweep, right after each row, and each row is a share of its own.`,
 			}
 			rows, err := runKVBench(ctx, os.Stderr, kvBenchOpts{route: route, local: local, remote: *remote, ldev: ldev, rdev: rdev,
 				from: from, to: to, layers: *kvLayers, tokens: *kvTokens, heads: *kvHeads, headSize: *kvHeadSize,
-				iters: *iters, warmup: *warmup, checksum: sum, prof: prof})
+				iters: *iters, warmup: *warmup, checksum: sum, prof: prof, grant: *kvGrant})
 			if err != nil {
 				return err
 			}

@@ -28,6 +28,7 @@ type kvBenchOpts struct {
 	iters, warmup        int
 	checksum             uint8
 	prof                 *profiler // nil: no profiles
+	grant                bool      // also a row with a grant per transfer
 }
 
 // kvPresetArg is "PRESET[/BLOCK_SIZE]".
@@ -207,6 +208,15 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 		{fmt.Sprintf("kv %s -> %s", o.from, o.to), kvOnce(&conv, dst)},
 		{fmt.Sprintf("kv %s -> %s (same layout)", o.from, o.from), kvOnce(&ident, same)},
 	}
+	if o.grant {
+		// Its own cache: a grant guards the cache it is made on.
+		guarded, err := cache(rc, o.rdev, "guarded", o.from, false)
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, run{fmt.Sprintf("kv %s -> %s, Grant+Revoke each", o.from, o.from),
+			grantedOnce(ctx, lc, rc, o, tag, &ident, src, guarded)})
+	}
 	if t, ok := src.ByteOps(same, &ident); ok {
 		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, tag, o.checksum
 		runs = append(runs, run{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
@@ -277,6 +287,32 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 		kvRow{What: fmt.Sprintf("accept %d blocks, engine round trip (us)", acceptBlocks), GBps: float64(big.Microseconds())},
 		kvRow{What: "accept 1 block, engine round trip (us)", GBps: float64(small.Microseconds())})
 	return rows, nil
+}
+
+// grantedOnce is one push of m from src into to, a cache of the remote
+// engine, as the vLLM connector's decode does it: the remote engine grants
+// writes into m's blocks under a fresh key, the push names it, and the
+// grant is revoked after.
+func grantedOnce(ctx context.Context, lc, rc *client.Client, o kvBenchOpts, tag string, m *kvsim.KVMove, src, to *kvsim.KV) func() error {
+	return func() error {
+		key, err := client.GrantKey()
+		if err != nil {
+			return err
+		}
+		if err := rc.Grant(ctx, to.Name, key, true, m.DstTable, time.Minute, 0); err != nil {
+			return fmt.Errorf("grant: %w", err)
+		}
+		s := m.Submit(o.route, tag, wire.Push, src, to)
+		s.Checksum, s.Key = o.checksum, key
+		id, err := lc.SubmitKV(ctx, s)
+		if err == nil {
+			_, err = lc.Wait(ctx, id, 0)
+		}
+		if err != nil {
+			return err
+		}
+		return rc.RevokeGrant(ctx, to.Name, key)
+	}
 }
 
 // kvAccept measures how long the local sidecar takes to accept a KV

@@ -24,6 +24,10 @@ type Owner struct {
 type Backend interface {
 	Register(o Owner, m *wire.Register, fd int) error // fd: the frame's SCM_RIGHTS fd, -1 when none; it stays the caller's
 	RegisterKV(o Owner, m *wire.RegisterKV) error
+	// Grant and RevokeGrant change which peer requests may read or write
+	// blocks of o's KV cache (PROTOCOL.md 9.20).
+	Grant(o Owner, m *wire.Grant) error
+	RevokeGrant(o Owner, m *wire.RevokeGrant) error
 	Unregister(o Owner, name string) error
 	// UnregisterWait removes a region once nothing uses it any more and
 	// its import is closed, waiting up to wait (or until cancel closes) for

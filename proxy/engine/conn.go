@@ -144,6 +144,15 @@ func (c *client) fail(req uint64, err error) {
 	c.reply(&wire.Fail{Req: req, Code: status.Code(err), Message: err.Error()})
 }
 
+// answer replies OK to request req, or Fail with err.
+func (c *client) answer(req uint64, err error) {
+	if err != nil {
+		c.fail(req, err)
+		return
+	}
+	c.reply(&wire.OK{Req: req})
+}
+
 func (c *client) writeLoop() {
 	defer c.l.wg.Done()
 	defer c.wg.Done()
@@ -231,11 +240,11 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.reply(&wire.OK{Req: m.Req})
 		return
 	case *wire.RegisterKV:
-		if err := b.RegisterKV(o, m); err != nil {
-			c.fail(m.Req, err)
-		} else {
-			c.reply(&wire.OK{Req: m.Req})
-		}
+		c.answer(m.Req, b.RegisterKV(o, m))
+	case *wire.Grant:
+		c.answer(m.Req, b.Grant(o, m))
+	case *wire.RevokeGrant:
+		c.answer(m.Req, b.RevokeGrant(o, m))
 	case *wire.SubmitKV:
 		// The first KV transfer to a peer's cache waits for its shape (one
 		// round trip): answered aside, so the client's other requests go on.

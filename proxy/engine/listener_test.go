@@ -53,8 +53,10 @@ func (b fakeBackend) Register(o Owner, m *wire.Register, fd int) error {
 	}
 	return nil
 }
-func (b fakeBackend) RegisterKV(Owner, *wire.RegisterKV) error { return nil }
-func (b fakeBackend) Unregister(Owner, string) error           { return nil }
+func (b fakeBackend) RegisterKV(Owner, *wire.RegisterKV) error   { return nil }
+func (b fakeBackend) Grant(Owner, *wire.Grant) error             { return nil }
+func (b fakeBackend) RevokeGrant(Owner, *wire.RevokeGrant) error { return nil }
+func (b fakeBackend) Unregister(Owner, string) error             { return nil }
 func (b fakeBackend) Closed(o Owner) {
 	if b.closed != nil {
 		b.closed <- o

@@ -54,7 +54,15 @@ type Region struct {
 	// gone, when set, hears of the last reference's release, after the
 	// import was let go (UnregisterWait waits on it).
 	gone atomic.Pointer[goneSignal]
+	// kvOnly: the region holds a guarded KV cache (PROTOCOL.md 9.20), so
+	// peers reach it only through KV requests that name a grant; their
+	// byte-range requests (AcquireAll) are refused.
+	kvOnly atomic.Bool
 }
+
+// GuardKV makes peers' byte-range requests on r refused from now on: its
+// KV cache is guarded by grants, which only KV requests carry.
+func (r *Region) GuardKV() { r.kvOnly.Store(true) }
 
 // InRange reports whether [off, off+n) lies inside a region of size size,
 // without overflowing.
@@ -248,6 +256,10 @@ func (t *Table) acquireAll(names []string, want wire.Access, g *string) ([]*Regi
 		if err == nil && g != nil && r.Owner.Group != *g {
 			r.Release()
 			err = errNotOwn(n)
+		}
+		if err == nil && g == nil && r.kvOnly.Load() {
+			r.Release()
+			err = status.Errorf(wire.CodeAccessDenied, "region %q holds a KV cache guarded by grants: a peer reads or writes it only with a KV request naming a grant", n)
 		}
 		if err != nil {
 			ReleaseAll(rs)

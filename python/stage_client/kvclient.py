@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from . import wire
 from .errors import StageError
 from .kvwire import KVLayout, RegisterKV, SubmitKV
+from .protocol.kvwire import MAX_GRANT_TTL_MS, MIN_GRANT_KEY
+from .protocol.grants import Grant, RevokeGrant
 from .layout import Layout
 from .wire import Code, Direction, XferStatus, checksum_choice
 
-__all__ = ["KVRequests"]
+__all__ = ["KVRequests", "grant_key"]
+
+
+def grant_key() -> bytes:
+    """A new transfer key for a grant: 16 bytes (128 bits) from :mod:`secrets`, unguessable; use it once."""
+    return secrets.token_bytes(MIN_GRANT_KEY)
 
 
 def _listed(table: Any) -> Any:
@@ -67,7 +75,7 @@ class KVRequests:
                   remote_blocks: Any, tokens: int, local_first: int = 0, remote_first: int = 0,
                   heads: Optional[Tuple[int, int]] = None, direction: int = Direction.PUSH, tag: str = "",
                   peer: str = "", remote_layers: Optional[Sequence[int]] = None,
-                  checksum: Union[None, bool, int] = None) -> int:
+                  checksum: Union[None, bool, int] = None, key: bytes = b"") -> int:
         """Start a KV transfer on ``route``; returns its id on this sidecar.
 
         Moves the rows of ``tokens`` tokens of ``layers`` of KV cache
@@ -90,6 +98,8 @@ class KVRequests:
         layer it does not have); XferStatus counts canonical bytes. The
         peer's subscribers get a Notify with ``kv``, ``layers``, ``first``
         and ``tokens`` once the rows landed (push) or were sent (pull).
+        ``key`` is the transfer key the peer's engine granted (:meth:`grant`):
+        a peer whose cache is guarded refuses a request without it.
         """
         lo, hi = (0, 0) if heads is None else (int(heads[0]), int(heads[1]))
         d, ck = Direction(direction), checksum_choice(checksum)
@@ -103,10 +113,31 @@ class KVRequests:
                                           local=local, remote=remote, layers=layers, remote_layers=rl,
                                           local_blocks=local_blocks, remote_blocks=remote_blocks,
                                           local_first=local_first, remote_first=remote_first, tokens=tokens,
-                                          head_lo=lo, head_hi=hi))
+                                          head_lo=lo, head_hi=hi, key=bytes(key)))
         if not isinstance(a, wire.Submitted):
             raise StageError(Code.INTERNAL, "SubmitKV answered with %s" % type(a).__name__)
         return a.transfer
+
+    def grant(self, cache: str, key: bytes, blocks: Any, ttl: float, *, write: bool = False, uses: int = 1) -> None:
+        """Let the peer request naming ``key`` read (a pull, at most ``uses`` times) or write (``write``: pushes,
+        until revoked or expired) exactly the block table ``blocks`` of this connection's KV cache ``cache``, for
+        ``ttl`` seconds (at most an hour). From then on the cache is guarded: a peer request naming no live
+        grant covering exactly its blocks is refused (PROTOCOL.md 9.20). ``key``: :func:`grant_key`."""
+        ms = int(round(ttl * 1000))
+        if not 1 <= ms <= MAX_GRANT_TTL_MS:
+            raise ValueError("grant of %rs: want 1 ms to %d s" % (ttl, MAX_GRANT_TTL_MS // 1000))
+        n = 0 if write else int(uses)
+        self._call(lambda r: Grant(req=r, cache=cache, key=bytes(key), write=write, ttl_ms=ms, uses=n,
+                                   blocks=_listed(blocks)))
+
+    def guard_kv(self, cache: str) -> None:
+        """Guard this connection's KV cache ``cache`` now, before any grant: from then on every peer pull or push
+        must name a grant (a Grant of no blocks, which grants nothing)."""
+        self.grant(cache, grant_key(), [], 0.001)
+
+    def revoke_grant(self, cache: str, key: bytes) -> None:
+        """End the grant ``key`` on ``cache`` (nothing when it ended already: spent, expired, or revoked)."""
+        self._call(lambda r: RevokeGrant(req=r, cache=cache, key=bytes(key)))
 
     async def submit_kv_async(self, *args: Any, timeout: Optional[float] = None, **kw: Any) -> XferStatus:
         """:meth:`submit_kv` (in the default executor: the sidecar may first ask

@@ -69,16 +69,20 @@ def check_ticket(t: Any) -> Dict[str, Any]:
     """``t`` if it is a well-formed ticket; else ValueError saying what is wrong."""
     if not isinstance(t, dict):
         raise ValueError("a ticket is an object")
-    if "grant" in t and (type(t["grant"]) is not str or len(t["grant"].encode()) > MAX_GRANT):
-        raise ValueError("ticket grant: a string of at most %d bytes" % MAX_GRANT)
-    keys = dict(_TICKET_KEYS, **_AUX_KEYS) if "aux_index" in t or "aux_items" in t else _TICKET_KEYS
-    if set(t) - {"grant"} != set(keys):
+    aux = "aux_index" in t or "aux_items" in t
+    keys = dict(_TICKET_KEYS, **_AUX_KEYS) if aux else _TICKET_KEYS
+    if "grant" in t:  # the decode's grant of writes into block_ids (PROTOCOL.md 9.20): 16..64 bytes, hex
+        g = t["grant"]
+        if type(g) is not str or not 32 <= len(g) <= 128 or len(g) % 2 or any(c not in "0123456789abcdef" for c in g):
+            raise ValueError("ticket grant: 16 to 64 bytes in lower-case hex")
+        keys = dict(keys, grant=str)
+    if set(t) != set(keys):
         raise ValueError("ticket keys %s, want %s (aux_index and aux_items go together)" % (
             sorted(map(str, t))[:10], sorted(keys)))
     for k, typ in keys.items():
         if type(t[k]) is not typ:  # bool is an int to isinstance
             raise ValueError("ticket %s: %s, want %s" % (k, type(t[k]).__name__, typ.__name__))
-    if keys is not _TICKET_KEYS:
+    if aux:
         items = t["aux_items"]
         if not 0 <= t["aux_index"] < 1 << 31 or not 0 < len(items) <= MAX_AUX or any(
                 type(n) is not int or not 0 < n <= MAX_AUX_ITEM for n in items):

@@ -56,6 +56,20 @@ class TestCompare(unittest.TestCase):
                                      {"prompt": 2, "failed": "got"},
                                      {"prompt": 3, "first_diff": 2, "got_len": 2, "want_len": 3}])
 
+    def test_gaps_tell_ties(self) -> None:
+        gaps = [[1.0, 2.0, 3.0], [2.0, 0.01, 3.0], [5.0, 5.0, 5.0]]
+        c = parts.compare([[1, 2, 3], [1, 9, 3], [7, 2, 3]], [[1, 2, 3], [1, 2, 3], [1, 2, 3]], gaps)
+        self.assertEqual(c["diff"], [{"prompt": 1, "first_diff": 1, "got_len": 3, "want_len": 3, "ref_gap": 0.01},
+                                     {"prompt": 2, "first_diff": 0, "got_len": 3, "want_len": 3, "ref_gap": 5.0}])
+        self.assertEqual(c["near_ties"], 1)
+        self.assertNotIn("near_ties", parts.compare([[1]], [[1]]))
+        self.assertAlmostEqual(parts.top2_gap({"a": -0.1, "b": -2.6, "c": -3.0}), 2.5)
+        self.assertIsNone(parts.top2_gap({"a": -0.1}))
+        row = {"phase": "pd-pull-tcp", "tokens": c, "control": parts.compare([[1]], [[1]], [[1.0]])}
+        self.assertIn("#1@1 gap 0.010", parts.summary_text([row]))
+        self.assertIn("1 at a near tie", parts.summary_text([row]))
+        self.assertIn("control (the decode alone again, one at a time): 1/1", parts.summary_text([row]))
+
     def test_timing(self) -> None:
         rs = [{"status": 200, "tokens": [1] * 4, "ttft": t} for t in (0.1, 0.3, 0.2)] + [{"status": 500}]
         t = parts.timing(rs, 2.0)

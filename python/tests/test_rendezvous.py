@@ -212,9 +212,10 @@ class TestRendezvous(unittest.TestCase):
             loc.post("d", ticket(tp=0))
         with self.assertRaises(ValueError):
             loc.post("", ticket())
-        # an optional grant (a capability for the decode's blocks) is carried; only its type and size are checked
-        rdv.check_ticket(dict(ticket(), grant="g" * rdv.MAX_GRANT))
-        for bad in (1, "g" * (rdv.MAX_GRANT + 1)):
+        # an optional grant (the decode's capability for its blocks): 16 to 64 bytes in lower-case hex
+        for good in ("ab" * 16, "0f" * 64):
+            rdv.check_ticket(dict(ticket(), grant=good))
+        for bad in (1, "ab" * 15, "ab" * 65, "AB" * 16, "g" * 32, "abc" * 11):
             with self.assertRaises(ValueError):
                 rdv.check_ticket(dict(ticket(), grant=bad))
 

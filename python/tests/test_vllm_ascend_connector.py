@@ -210,6 +210,15 @@ class FakeClient:
     def register_kv(self, name: str, layout: Any, regions: Any) -> None:
         self.kv[name] = (layout, regions)
 
+    def guard_kv(self, name: str) -> None:
+        self.guarded = name
+
+    def grant(self, *a: Any, **kw: Any) -> None:
+        pass
+
+    def revoke_grant(self, *a: Any, **kw: Any) -> None:
+        pass
+
     def unregister(self, name: str, wait: Optional[float] = None) -> None:
         note("unregister", name)
         self.unregistered.append(name)

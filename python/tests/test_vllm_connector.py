@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import unittest
 from typing import Any, Dict, List
 
@@ -56,6 +57,11 @@ def started(e: Engine) -> int:
         with led.lock:
             n += sum(r.done + len(r.pending) + r.submitting for r in led._reqs.values())
     return n
+
+
+def _block(cache: "tinylm.Cache", b: int) -> Any:
+    """Every layer's K and V rows of block ``b`` of a DECODE-shaped cache (vllm-hnd: [layers, 2, blocks, ...])."""
+    return cache.ranks[0].alloc[:, :, b]
 
 
 @unittest.skipIf(torch is None, WHY)
@@ -233,13 +239,110 @@ class TestVLLMConnector(unittest.TestCase):
             params.append(p)
         pe.step()
         self.assertEqual(pe.sent, set(), "the prefill freed blocks before the decode pulled them")
-        dreqs = [Request("pull-d%d" % s, list(p), dict(params[s])) for s, p in enumerate(self.prompts)]
+        self.pull_all("pull", params, pe, de, dst, logits)
+
+    def pull_all(self, name: str, params: List[Dict[str, Any]], pe: Engine, de: Engine, dst: Any, logits: Any) -> None:
+        """The decode takes every request with its prefill's params: all KV arrives, and the prefill frees it."""
+        dreqs = [Request("%s-d%d" % (name, s), list(p), dict(params[s])) for s, p in enumerate(self.prompts)]
         for s, r in enumerate(dreqs):
             self.assertEqual(de.admit(r, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
         de.until(lambda: len(de.recvd) == len(dreqs), 30)
         self.assertEqual(de.load_errors, set())
+        pe.until(lambda: len(pe.sent) == len(dreqs), 30)
+        self.decode_and_compare(dst, logits, name)
+
+    def test_pull_forged(self) -> None:
+        # Issue 33 item 4: kv_transfer_params sent straight to a decode's API. The prefill's connector grants its
+        # sidecar each request's blocks under a fresh 128-bit key (stage_grant); the sidecar serves a pull only
+        # with that key, on exactly those blocks, until the decode's pull or the blocks' release. Forged params
+        # load nothing: the request ends with a load error (vLLM recomputes it) and the cache is untouched.
+        src, dst, pe, de = self.engines("pullf", "pull")
+        atk = self.cache(DECODE, seed=5, alloc=self.alloc(self.dec))
+        self.sync()
+        ae = Engine(self.dec.socket, dict(mode="pull", kv_heads=self.cfg.kv_heads, timeout_s=30.0, route="prefill",
+                                          peer_name="decode"), self.cfg.kv_heads, [kv_caches(atk, 0)], "pullf-atk",
+                    "kv_consumer")
+        self.addCleanup(ae.shutdown)
+        preqs = self.reqs("pullf", {"do_remote_decode": True})
+        logits = self.prefill_step(pe, src, preqs)
+        params = [pe.finish(r, src.tables[0][s])[1] for s, r in enumerate(preqs)]
+        for p in params:
+            self.assertEqual(len(bytes.fromhex(p["stage_grant"])), 16)
+        pe.step()  # the prefill's workers grant
+        made_up = "%032x" % 0x5eed
+        forged = {
+            "made-up key, another request's blocks": dict(params[0], stage_grant=made_up),
+            "another request's params without their key": {k: v for k, v in params[1].items() if k != "stage_grant"},
+            "random block ids": dict(params[2], stage_grant=made_up, stage_block_ids=[5, 1, 2, 3]),
+        }
+        attempt = [0]
+
+        def forge(what: str, p: Dict[str, Any]) -> None:
+            s = attempt[0]
+            attempt[0] += 1
+            r = Request("pullf-atk-%d" % s, list(self.prompts[s % len(self.prompts)]), dict(p, stage_xfer="atk%d" % s))
+            ae.admit(r, lambda n, s=s: self._reserve(atk, s, n))
+            blocks = set(atk.tables[0][s])
+            before = {b: _block(atk, b).clone() for b in blocks}
+            ae.until(lambda: r.request_id in ae.recvd, 30)
+            self.assertTrue(blocks <= ae.load_errors, "%s: loaded without a load error" % what)
+            for b, old in before.items():
+                self.assertTrue(torch.equal(_block(atk, b), old), "%s: block %d of the forger's cache was written" % (what, b))
+
+        for what, p in forged.items():
+            with self.subTest(what):
+                forge(what, p)
+        # The legitimate decode still gets every request's KV: refused requests took no use of its grant.
+        dreqs = [Request("pullf-d%d" % s, list(p), dict(params[s])) for s, p in enumerate(self.prompts)]
+        for s, r in enumerate(dreqs):
+            self.assertEqual(de.admit(r, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
+        de.until(lambda: len(de.recvd) == len(dreqs), 30)
+        self.assertEqual(de.load_errors, set())
+        self.decode_and_compare(dst, logits, "pull after forged requests")
+        # The prefill revokes a grant as soon as the pulls it expects were served (its notifications), before
+        # vLLM's next step frees the blocks: the same params again load nothing, then or after.
+        t0 = time.monotonic()
+        while any(h.key for w in pe.workers for h in w.worker._held.values()) and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the revoke's round trip
+        with self.subTest("the same params after the pull, blocks still held"):
+            forge("replayed params", params[3])
         pe.until(lambda: len(pe.sent) == len(preqs), 30)
-        self.decode_and_compare(dst, logits, "pull")
+        with self.subTest("the same params after the blocks were freed"):
+            forge("replayed params", params[4])
+
+    def test_push_forged(self) -> None:
+        # The decode grants writes into the blocks it allocated for a ticket, under the key the ticket carries:
+        # a push into them without that key (a prefill that made up the ticket, or replays another's) is refused.
+        from stage_client import StageError
+        from stage_client.wire import Code
+        src, dst, pe, de = self.engines("pushf", "push")
+        rdv = pe.sched.scheduler.rendezvous.address
+        dreqs = self.reqs("pushf", {"do_remote_prefill": True, "stage_mode": "push", "stage_rendezvous": rdv})
+        for s, r in enumerate(dreqs[:1]):
+            de.admit(r, lambda n, s=s: self._reserve(dst, s, n))
+        de.step()  # the decode's worker grants the ticket's blocks
+        self.assertTrue(de.sched.scheduler.tickets_posted(10))
+        ticket = pe.sched.scheduler.rendezvous.take("pushf-x0")
+        self.assertEqual(len(bytes.fromhex(ticket["grant"])), 16)
+        blocks = dst.tables[0][0]
+        before = {b: _block(dst, b).clone() for b in blocks}
+        w = pe.workers[0].worker
+        n = len(self.prompts[0])
+        local = self._reserve(src, 0, n)
+        for what, key in (("no key", b""), ("a made-up key", b"\x01" * 16)):
+            with self.subTest(what):
+                tid = w.kv.push("decode", de.workers[0].worker.name, local, blocks, n, heads=(0, 2),
+                                peer="decode", key=key)
+                with self.assertRaises(StageError) as cm:
+                    w.client.wait(tid, 30)
+                self.assertEqual(cm.exception.code, Code.ACCESS_DENIED, str(cm.exception))
+                self.assertIn("no live grant", str(cm.exception))
+        for b, old in before.items():
+            self.assertTrue(torch.equal(_block(dst, b), old), "block %d of the decode's cache was written" % b)
+        tid = w.kv.push("decode", de.workers[0].worker.name, local, blocks, n, heads=(0, 2),
+                        peer="decode", key=bytes.fromhex(ticket["grant"]))
+        w.client.wait(tid, 30)  # with the ticket's key: written
 
     def test_stand_in(self) -> None:
         # Without vLLM the connector stands on the stand-in base; with it, on vLLM's own.

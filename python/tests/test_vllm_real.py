@@ -14,7 +14,8 @@ Checked: the decode's greedy tokens equal those of the decode engine
 alone (no transfer, no prefix cache) for a batch of prompts across block
 boundaries, two sharing a prefix; in pull and push mode; with equal and
 with different block sizes on the two sides; stagectl stats shows the KV
-bytes on both sidecars; the prefill's staged SIGKILLed between prefill
+bytes on both sidecars; kv_transfer_params forged by a caller of the
+decode's API load nothing (issue 33 item 4); the prefill's staged SIGKILLed between prefill
 and decode ends the decode's request per kv_load_failure_policy
 (recompute: the same tokens; fail: an error the client sees) within the
 connector's timeout, and the decode serves afterwards; either side's staged
@@ -311,6 +312,43 @@ class RealPair(unittest.TestCase):
             n, st = link_bytes(sc.socket)
             self.assertGreater(n, 0, "%s: stagectl stats shows no bytes: %s" % (name, st))
 
+    def test_forged_params(self) -> None:
+        """Issue 33 item 4: kv_transfer_params sent straight to the decode's API load no other request's KV. The
+        prefill granted request A's blocks under a key only A's params carry; prompt B (as long as A) sent with
+        A's params without their key, with a made-up key, or with random blocks, and A's full params again once
+        A's KV was pulled and freed, all end as a failed load: recompute answers B's own tokens (policy fail: an
+        error), never A's continuation."""
+        rnd = random.Random(6)
+        a, b = ([rnd.randrange(4, 512) for _ in range(self.pre_block + 5)] for _ in range(2))
+        want = self.alone([a, b])
+        self.assertNotEqual(want[0], want[1])
+        body = dict(completion(a, self.model), max_tokens=1,
+                    kv_transfer_params={"do_remote_decode": True, "stage_mode": "pull"})
+        params = self.ok(post(self.pre.url + "/v1/completions", body), "prefill of A")["kv_transfer_params"]
+        self.assertEqual(len(bytes.fromhex(params["stage_grant"])), 16, params)
+        made_up = "%032x" % rnd.getrandbits(128)
+
+        def forged(what: str, p: Dict[str, Any]) -> None:
+            status, answer = post(self.dec.url + "/v1/completions", completion(b, self.model, p),
+                                  timeout=TIMEOUT_S + 120)
+            if self.policy == "recompute":
+                self.assertEqual(status, 200, "%s: %s" % (what, answer))
+                self.assertEqual(tokens_of(answer), want[1], "%s: B's answer is not B's own tokens" % what)
+            else:
+                failed = status >= 400 or answer.get("choices", [{}])[0].get("finish_reason") in ("error", "abort")
+                self.assertTrue(failed, "%s: policy fail: the client saw no error: %s %s" % (what, status, answer))
+
+        forged("A's params without their key", {k: v for k, v in params.items() if k != "stage_grant"})
+        forged("a made-up key, A's blocks", dict(params, stage_grant=made_up))
+        forged("random block ids", dict(params, stage_grant=made_up,
+                                        stage_block_ids=[rnd.randrange(0, 64) for _ in params["stage_block_ids"]]))
+        # A itself, with its params: its KV, its tokens (nothing forged took a use of its grant)
+        got = self.ok(post(self.dec.url + "/v1/completions", completion(a, self.model, params)), "decode of A")
+        self.assertEqual(tokens_of(got), want[0], "A's own params: other tokens")
+        time.sleep(3)  # the prefill frees A's blocks and revokes its grant at its next steps
+        forged("A's params again after the pull", params)
+        self.assertIn("no live grant", self.dec.text(), "the decode logged no refused pull")
+
     def test_zz_prefill_sidecar_killed(self) -> None:
         """Last (it kills the prefill's staged): the decode's request ends per the policy, then it serves on."""
         ps = self.prompts(4)[3:4]
@@ -423,6 +461,9 @@ class TestMixedBlocks(RealPair):
 
     def test_stats(self) -> None:
         self.skipTest("nothing moves between these block sizes")
+
+    def test_forged_params(self) -> None:
+        self.skipTest("nothing moves between these block sizes: TestSameBlocks and TestFailPolicy check it")
 
     def test_zz_prefill_sidecar_killed(self) -> None:
         self.skipTest("the kill runs in TestSameBlocks and TestFailPolicy")

@@ -11,6 +11,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stage_client import wire  # noqa: E402
+from stage_client.protocol.grants import Grant, RevokeGrant  # noqa: E402
 from stage_client.wire import (  # noqa: E402
     Access, Checksum, Code, Direction, FrameType, HandleKind, LocalOp, ProtocolError, QueryKind, State)
 
@@ -62,6 +63,12 @@ def samples() -> list:
                       local="x", remote="y", layers=[0, 2], remote_layers=[1, 3], local_blocks=[7, 0xDEADBEEF],
                       remote_blocks=[5], local_first=1, remote_first=2, tokens=300, head_lo=1, head_hi=3),
         wire.SubmitKV(req=26, route="r", local="a", remote="b", layers=[0], local_blocks=[1], remote_blocks=[2], tokens=1),
+        wire.SubmitKV(req=27, route="r", local="a", remote="b", layers=[0], local_blocks=[1], remote_blocks=[2], tokens=1,
+                      key=b"k" * 16),
+        # the grant frames (154, 155; golden bytes in test_grants)
+        Grant(req=28, cache="kv-tp0", key=bytes(range(16)), ttl_ms=120000, uses=8, blocks=[3, 9, 0xFFFFFFFF]),
+        Grant(req=29, cache="kv", key=b"\xfe" * 64, write=True, ttl_ms=3_600_000, blocks=[]),
+        RevokeGrant(req=30, cache="kv-tp0", key=bytes(range(16))),
     ]
 
 
@@ -312,13 +319,16 @@ class TestMalformed(unittest.TestCase):
             tail = -1
             if isinstance(m, wire.Submit) and m.peer:
                 tail = len(body) - 2 - len(m.peer.encode())
+            elif isinstance(m, wire.SubmitKV) and m.key:
+                tail = len(body) - 2 - len(m.key)
             elif isinstance(m, wire.Unregister) and m.wait_ms:
                 tail = len(body) - 4
             for n in range(len(body)):
                 with self.subTest(m=type(m).__name__, n=n):
                     if n == tail:
                         cut = wire.decode_body(m.TYPE, body[:n])
-                        self.assertFalse(cut.wait_ms if isinstance(cut, wire.Unregister) else cut.peer)
+                        self.assertFalse(cut.wait_ms if isinstance(cut, wire.Unregister) else
+                                         cut.key if isinstance(cut, wire.SubmitKV) else cut.peer)
                         continue
                     self.assertProto("malformed", wire.decode_body, m.TYPE, body[:n])
 
@@ -331,6 +341,8 @@ class TestMalformed(unittest.TestCase):
                     self.assertIn("Submit.Peer", str(e))
                 elif isinstance(m, wire.Unregister) and not m.wait_ms:
                     self.assertIn("Unregister.WaitMs", str(e))
+                elif isinstance(m, wire.SubmitKV) and not m.key:
+                    self.assertIn("SubmitKV.Key", str(e))  # read as the start of the optional Key
                 else:
                     self.assertIn("trailing", str(e))
 

@@ -4,6 +4,7 @@
   and decoders, and the messages of sections 5 and 9;
 * :mod:`.kvwire`: the KV frames RegisterKV and SubmitKV (12.5, 12.6);
 * :mod:`.group`: Join (9.18), a connection joining an ownership group;
+* :mod:`.grants`: Grant and RevokeGrant (9.20), which peer request may read or write which blocks;
 * :mod:`.messages`: the one registry of every local message type, built
   once, with :func:`decode_body` and :func:`decode_frame`.
 
@@ -13,6 +14,8 @@ their old names. Nothing here imports the rest of stage_client but
 """
 
 from .group import *  # noqa: F401,F403
+from .grants import *  # noqa: F401,F403
+from .grants import __all__ as _grants_all
 from .group import __all__ as _group_all
 from .kvwire import *  # noqa: F401,F403
 from .kvwire import __all__ as _kvwire_all
@@ -21,4 +24,4 @@ from .messages import __all__ as _messages_all
 from .wire import *  # noqa: F401,F403
 from .wire import __all__ as _wire_all
 
-__all__ = list(_wire_all) + list(_kvwire_all) + list(_group_all) + list(_messages_all)
+__all__ = list(_wire_all) + list(_kvwire_all) + list(_group_all) + list(_grants_all) + list(_messages_all)

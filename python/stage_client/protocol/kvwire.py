@@ -23,7 +23,8 @@ from ..layout import DType, Layout, LayoutError, Part
 from .wire import (MAX_KV_BLOCKS, MAX_KV_LAYERS, MAX_KV_PARTS, MAX_NAME, MAX_TAG, Checksum, Direction, FrameType,
                    Message, _Dec, _Enc)
 
-__all__ = ["DTYPE_CODES", "KVPart", "KVLayout", "RegisterKV", "SubmitKV", "pack_u32s"]
+__all__ = ["DTYPE_CODES", "KVPart", "KVLayout", "RegisterKV", "SubmitKV", "pack_u32s", "MIN_GRANT_KEY", "MAX_GRANT_KEY",
+           "MAX_GRANT_TTL_MS", "MAX_GRANT_USES", "check_key", "dec_key"]
 
 #: kvlayout.DType numbers on the wire (PROTOCOL.md 12.1)
 DTYPE_CODES: Dict[DType, int] = {DType.F16: 1, DType.BF16: 2, DType.F32: 3, DType.FP8_E4M3: 4, DType.FP8_E5M2: 5,
@@ -164,6 +165,32 @@ class RegisterKV(Message):
         return cls(req=req, name=name, layout=lay, layers=layers)
 
 
+#: The shortest transfer key the sidecar accepts (a shorter one could be guessed).
+MIN_GRANT_KEY = 16
+#: The longest one.
+MAX_GRANT_KEY = 64
+#: A grant lives at most an hour.
+MAX_GRANT_TTL_MS = 3_600_000
+#: Admitted pulls one read grant allows at most.
+MAX_GRANT_USES = 1024
+
+
+def check_key(key: bytes, what: str) -> bytes:
+    key = bytes(key)
+    if not MIN_GRANT_KEY <= len(key) <= MAX_GRANT_KEY:
+        raise ValueError("%s: %d-byte key; want %d to %d random bytes" % (what, len(key), MIN_GRANT_KEY, MAX_GRANT_KEY))
+    return key
+
+
+def dec_key(d: _Dec, name: str) -> bytes:
+    """A transfer key: MIN_GRANT_KEY to MAX_GRANT_KEY bytes."""
+    k = d.bytes16(MAX_GRANT_KEY, name)
+    if len(k) < MIN_GRANT_KEY:
+        raise d.fail("malformed", name, "%d-byte key; want %d to %d random bytes" % (len(k), MIN_GRANT_KEY, MAX_GRANT_KEY))
+    return bytes(k)
+
+
+
 @dataclass
 class SubmitKV(Message):
     """SubmitKV (152): start a KV transfer; answered by Submitted, then as Submit.
@@ -193,6 +220,7 @@ class SubmitKV(Message):
     tokens: int = 0
     head_lo: int = 0
     head_hi: int = 0
+    key: bytes = b""  # the peer's grant (9.20); empty: none, and no bytes on the wire
 
     def encode(self) -> bytes:
         e = _Enc("SubmitKV")
@@ -220,6 +248,8 @@ class SubmitKV(Message):
         for k, n in (("local_first", "LocalFirst"), ("remote_first", "RemoteFirst"), ("tokens", "Tokens"),
                      ("head_lo", "HeadLo"), ("head_hi", "HeadHi")):
             e.u32(getattr(self, k), n)
+        if self.key:
+            e.bytes16(check_key(self.key, "SubmitKV.Key"), MAX_GRANT_KEY, "Key")
         return e.done()
 
     @classmethod
@@ -240,9 +270,10 @@ class SubmitKV(Message):
         lb = d.u32s(MAX_KV_BLOCKS, "LocalBlocks")
         rb = d.u32s(MAX_KV_BLOCKS, "RemoteBlocks")
         lf, rf, tokens, lo, hi = (d.u32(n) for n in ("LocalFirst", "RemoteFirst", "Tokens", "HeadLo", "HeadHi"))
+        key = dec_key(d, "Key") if d.rem() else b""
         d.finish()
         if remote_layers and len(remote_layers) != len(layers):
             raise d.fail("malformed", "RemoteLayers", "%d remote layers for %d local ones" % (len(remote_layers), len(layers)))
         return cls(req=req, route=route, peer=peer, direction=direction, checksum=Checksum(ck), tag=tag, local=local,
                    remote=remote, layers=layers, remote_layers=remote_layers, local_blocks=lb, remote_blocks=rb,
-                   local_first=lf, remote_first=rf, tokens=tokens, head_lo=lo, head_hi=hi)
+                   local_first=lf, remote_first=rf, tokens=tokens, head_lo=lo, head_hi=hi, key=key)

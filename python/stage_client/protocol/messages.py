@@ -2,7 +2,7 @@
 
 Every message class of :mod:`.wire` (sections 5 and 9 of
 ``docs/PROTOCOL.md``) and of :mod:`.kvwire` (12.5, 12.6) is registered here,
-by its frame type (and Join, of :mod:`.group`, 9.18, and the tickets of :mod:`.tickets`, 9.19), once, when this module is imported; nothing adds to the
+by its frame type (and Join, of :mod:`.group`, 9.18; the tickets of :mod:`.tickets`, 9.19; Grant and RevokeGrant, of :mod:`.grants`, 9.20), once, when this module is imported; nothing adds to the
 registry afterwards (it is read-only).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping, Tuple, Type, Union
 
+from .grants import Grant, RevokeGrant
 from .group import Join
 from .tickets import OpenInbox, PostTicket, TakeTickets, Tickets
 from .kvwire import RegisterKV, SubmitKV
@@ -24,7 +25,7 @@ __all__ = ["MESSAGES", "decode_body", "decode_frame"]
 MESSAGES: Mapping[int, Type[Message]] = MappingProxyType({
     int(c.TYPE): c
     for c in (Register, Unregister, Submit, Submitted, Wait, Status, XferStatus, Cancel, Subscribe, Notify,
-              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets)
+              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets, Grant, RevokeGrant)
 })
 
 

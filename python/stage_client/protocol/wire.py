@@ -91,7 +91,7 @@ LOCAL_OP_SIZE = 32
 
 
 class FrameType(enum.IntEnum):
-    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..153 local."""
+    """Frame types (section 3). 1..63 peer, 64 chunk, 128..141 and 151..155 local."""
 
     HELLO = 1
     CHALLENGE = 2
@@ -132,6 +132,8 @@ class FrameType(enum.IntEnum):
     POST_TICKET = 155
     TAKE_TICKETS = 156
     TICKETS = 157
+    GRANT = 158  # 9.20; the messages live in grants
+    REVOKE_GRANT = 159
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)

@@ -38,6 +38,7 @@ class RecvReq:
     remote_blocks: List[int] = field(default_factory=list)
     lease_expires: float = 0.0  # wall clock (time.time()), pull only
     error: str = ""  # set when the scheduler already knows it cannot arrive
+    key: bytes = b""  # the transfer key: the prefill's grant (pull) or ours, in the ticket (push)
 
 
 class StageConnectorMetadata(KVConnectorMetadata):
@@ -51,3 +52,5 @@ class StageConnectorMetadata(KVConnectorMetadata):
         self.recv: List[RecvReq] = []  # (decode)
         self.preempted: List[str] = []
         self.failed: Dict[str, str] = {}  # req -> why its push ticket could not be posted (decode)
+        self.grant: Dict[str, Tuple[bytes, List[int]]] = {}  # req -> (key, blocks) the decode may pull (prefill, pull)
+        self.revoke: List[Tuple[str, bytes]] = []  # (req, key): grants that end (prefill, pull)

@@ -18,7 +18,12 @@ requests receive. kv_transfer_params keys (all but vLLM's own
   deprecated: ``stage_rendezvous`` (a prefill's rendezvous host:port);
 * from the prefill at its end in pull mode (for the decode):
   ``stage_peer``, ``stage_kv``, ``stage_tp``, ``stage_block_ids``,
-  ``stage_tokens``, ``stage_lease_expires`` (wall clock).
+  ``stage_tokens``, ``stage_lease_expires`` (wall clock), ``stage_grant``
+  (the transfer key, hex: the prefill's sidecar serves these blocks only to
+  a pull naming it, PROTOCOL.md 9.20).
+
+Push tickets carry ``grant`` the same way: the decode's sidecar takes the
+prefill's pushes into the ticket's blocks only with that key.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,6 +82,24 @@ def scheduled(so: Any) -> Iterator[Tuple[str, Optional[List[int]], int, bool]]:
         nb = c.new_block_ids[i]
         res = rid in resumed or bool(flags[i] if flags else False)
         yield rid, (None if nb is None else block_ids_of(nb)), int(c.num_computed_tokens[i]), res
+
+
+#: Bytes of a transfer key (128 bits from secrets): what forging a transfer means guessing.
+GRANT_KEY_BYTES = 16
+
+
+def _grant_key(v: Any) -> Tuple[bytes, str]:
+    """(key, "") from a request's ``stage_grant``; (b"", "") when there is none (a prefill that predates
+    grants); (b"", why) when it is not 16..64 bytes of hex (the load fails, the request recomputes)."""
+    if v is None or v == "":
+        return b"", ""
+    try:
+        k = bytes.fromhex(str(v))
+    except ValueError:
+        k = b""
+    if not 16 <= len(k) <= 64:
+        return b"", "kv_transfer_params stage_grant is not a transfer key (16 to 64 bytes of hex)"
+    return k, ""
 
 
 class _Poster:
@@ -159,6 +183,13 @@ _warned = False
 
 
 @dataclass
+class _Pull:
+    prompt: int
+    blocks: List[int] = field(default_factory=list)
+    key: bytes = b""  # granted (the decode's pulls name it; nobody else can)
+
+
+@dataclass
 class _Push:
     xfer: str
     prompt: int
@@ -178,6 +209,9 @@ class StageScheduler:
         self._push: Dict[str, _Push] = {}
         self._recv: List[RecvReq] = []
         self._hold: Dict[str, Tuple[str, float]] = {}
+        self._grant: Dict[str, Tuple[bytes, List[int]]] = {}  # grants for the next step's workers
+        self._revoke: List[Tuple[str, bytes]] = []  # and grants they end
+        self._pull: Dict[str, _Pull] = {}  # pull-mode prefill requests, until request_finished
         self._preempted: List[str] = []
         self.secret = cfg.secret()
         self._poster = _Poster(min(5.0, cfg.timeout_s), self.secret)
@@ -225,10 +259,15 @@ class StageScheduler:
                 rr.remote_tp = int(p.get("stage_tp") or 1)
                 rr.remote_blocks = [int(b) for b in p.get("stage_block_ids") or ()]
                 rr.lease_expires = float(p.get("stage_lease_expires") or 0)
+                rr.key, why = _grant_key(p.get("stage_grant"))
+                rr.error = rr.error or why
             else:
                 rr.error = self._post_ticket(p, rr)
             with self._lock:
                 self._recv.append(rr)
+        elif p.get("do_remote_decode") and self._mode(p) == "pull":
+            with self._lock:
+                self._pull.setdefault(rid, _Pull(len(request.prompt_token_ids or ())))
         elif p.get("do_remote_decode") and self._mode(p) == "push":
             with self._lock:
                 st = self._push.setdefault(rid, _Push(xfer, len(request.prompt_token_ids or ())))
@@ -238,8 +277,9 @@ class StageScheduler:
     def _post_ticket(self, p: Dict[str, Any], rr: RecvReq) -> str:
         """Tell the prefill where to push: in this process at once, else queued for the poster thread.
         The error as text ("" when posted or queued)."""
+        rr.key = secrets.token_bytes(GRANT_KEY_BYTES)  # our workers grant the prefill's pushes with it
         ticket = {"peer": self.cfg.peer_name, "kv": self.cfg.kv_name, "tp": self.cfg.tp_size,
-                  "block_ids": rr.blocks, "first": rr.first, "tokens": rr.tokens}
+                  "block_ids": rr.blocks, "first": rr.first, "tokens": rr.tokens, "grant": rr.key.hex()}
         addr = str(p.get("stage_rendezvous") or self.cfg.rendezvous)
         if addr:  # deprecated
             _deprecated_rendezvous()
@@ -285,6 +325,7 @@ class StageScheduler:
             meta.failed = self._poster.take_failed()
             meta.hold, self._hold = self._hold, {}
             for rid, blocks, computed, replaces in scheduled(scheduler_output):
+                self._grant_early(rid, blocks, computed + int(nsched.get(rid, 0)), replaces)
                 st = self._push.get(rid)
                 if st is None:
                     continue
@@ -312,7 +353,29 @@ class StageScheduler:
             pre = getattr(scheduler_output, "preempted_req_ids", None) or ()
             meta.preempted = list(pre) + self._preempted
             self._preempted = []
+            for rid in meta.preempted:  # its blocks go back to vLLM: a grant on them ends
+                pl = self._pull.get(rid)
+                if pl is not None and pl.key:
+                    self._revoke.append((rid, pl.key))
+                    pl.key, pl.blocks = b"", []
+            meta.grant, self._grant = self._grant, {}
+            meta.revoke, self._revoke = self._revoke, []
         return meta
+
+    def _grant_early(self, rid: str, blocks: Optional[List[int]], end: int, replaces: bool) -> None:
+        """Track a pull-mode prefill request's blocks; in the step that computes its last prompt token, have the
+        workers grant them under a fresh key (under the lock). The grant is on the sidecar before
+        request_finished hands the key out, so the decode's pull never comes first."""
+        pl = self._pull.get(rid)
+        if pl is None:
+            return
+        if replaces:
+            pl.blocks = list(blocks or [])
+        elif blocks:
+            pl.blocks.extend(blocks)
+        if end >= pl.prompt and not pl.key and pl.blocks:
+            pl.key = secrets.token_bytes(GRANT_KEY_BYTES)
+            self._grant[rid] = (pl.key, list(pl.blocks))
 
     def _emit(self, meta: StageConnectorMetadata, rid: str, st: _Push, c0: int, c1: int) -> None:
         """Hand the workers rows [pushed_to, c0) to push before the forward and [c0, c1) during it."""
@@ -364,16 +427,27 @@ class StageScheduler:
                     return False, None
                 st.finished_at = time.monotonic()
             return True, None  # freed once the pushes from these blocks ended (get_finished)
+        with self._lock:
+            pl = self._pull.pop(rid, None)
+            key = pl.key if pl is not None and pl.blocks == blocks else b""
+            if pl is not None and pl.key and not key:
+                self._revoke.append((rid, pl.key))  # granted on other blocks than vLLM holds now
         if not blocks or "ABORT" in str(getattr(request, "status", "")).upper():
+            if key:
+                with self._lock:
+                    self._revoke.append((rid, key))
             return False, None
         xfer = str(p.get("stage_xfer") or rid)
         with self._lock:
+            if not key:  # not granted early (a request vLLM did not schedule as we track): the next step grants
+                key = secrets.token_bytes(GRANT_KEY_BYTES)
+                self._grant[rid] = (key, blocks)
             self._hold[rid] = (xfer, self.cfg.lease_s)
         return True, {"do_remote_prefill": True, "do_remote_decode": False, "stage_mode": "pull",
                       "stage_xfer": xfer, "stage_peer": self.cfg.peer_name, "stage_kv": self.cfg.kv_name,
                       "stage_tp": self.cfg.tp_size, "stage_block_ids": blocks,
                       "stage_tokens": len(request.prompt_token_ids or ()),
-                      "stage_lease_expires": time.time() + self.cfg.lease_s}
+                      "stage_lease_expires": time.time() + self.cfg.lease_s, "stage_grant": key.hex()}
 
     def preempted(self, req_ids: List[str]) -> None:
         """Requests vLLM preempted (for a vLLM whose SchedulerOutput lacks preempted_req_ids)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import Client
-from ..engines import Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from ..engines import MAX_TP, Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..reconnect import RateLimited
@@ -38,12 +38,20 @@ log = logging.getLogger(LOGGER)
 MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
 
 
+#: Pulls one grant of a prefill rank allows: one per decode rank reading it, and a decode may have up to MAX_TP
+#: ranks (an MLA cache is read whole by each). The key is single use in effect: the worker revokes the grant
+#: as soon as the notifications say every decode rank it expects (the first pull's tag names the decode's TP)
+#: was served, and when vLLM frees the blocks.
+GRANT_USES = MAX_TP
+
+
 @dataclass
 class _Recv:
     rr: RecvReq
     deadline: float
     cov: Optional[Coverage] = None
     error: str = ""
+    granted: bool = False  # push: we granted the prefill's writes with rr.key
 
 
 @dataclass
@@ -52,6 +60,7 @@ class _Hold:
     deadline: float
     expect: Optional[Set[int]] = None
     got: Set[int] = field(default_factory=set)
+    key: bytes = b""  # the grant the decode's pulls name; revoked when the blocks go back to vLLM
 
 
 class StageWorker:
@@ -86,6 +95,7 @@ class StageWorker:
         self._sealed: Dict[str, str] = {}
         self._held: Dict[str, _Hold] = {}
         self._held_by_xfer: Dict[str, str] = {}
+        self._granted: Dict[str, bytes] = {}  # req -> the key its blocks are granted under, until held
         self._early: Dict[str, List[Any]] = {}
         self._push_to: Dict[str, Tuple[str, str, str]] = {}  # req -> (xfer, decode's peer, its kv): failure notices
         self._seen: Set[str] = set()  # request ids vLLM said finished
@@ -124,6 +134,7 @@ class StageWorker:
             self.kv = self._register(self.client)
             self.block_tokens = self.kv.layout.block_size * self.gran
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
+            self.client.guard_kv(self.name)  # peers reach it only with a grant, from the first request on
         except BaseException:
             self._release()
             raise
@@ -258,6 +269,7 @@ class StageWorker:
         now = time.monotonic()
         sending: Set[str] = set()
         recving: Set[str] = set()
+        revoke: List[bytes] = []
         with self.lock:
             self._seen |= finished
             for rid in [r for r in self._sealed if r in self._seen and self.mover.ledger.idle(r)]:
@@ -277,6 +289,8 @@ class StageWorker:
                     sending.add(rid)
                     del self._held[rid]
                     self._held_by_xfer.pop(h.xfer, None)
+                    if h.key:
+                        revoke.append(h.key)
             for rid, st in list(self._recv.items()):
                 why = self._recv_state(rid, st, now)
                 if why is None:
@@ -287,9 +301,13 @@ class StageWorker:
                 recving.add(rid)
                 del self._recv[rid]
                 self._recv_by_xfer.pop(st.rr.xfer, None)
+                if st.granted:
+                    revoke.append(st.rr.key)
             self._seen -= sending
         for rid in sending | recving:
             self.mover.ledger.forget(rid)
+        for key in revoke:  # the blocks go back to vLLM: no peer may read or write them with this key now
+            self._revoke(key)
         return sending or None, recving or None
 
     def take_load_errors(self) -> Set[int]:
@@ -319,14 +337,26 @@ class StageWorker:
         now = time.monotonic()
         with self.lock:
             self._sealed.update(meta.seal)
+            replica = primary(self.cfg.kv_heads, self.tp, self.rank) is None
+            grants = [] if replica else [(k, b) for k, b in meta.grant.values()]
+            revoke = [k for rid, k in meta.revoke if self._granted.pop(rid, None) is not None]
+            if not replica:
+                self._granted.update((rid, k) for rid, (k, _) in meta.grant.items())
             for rid, (xfer, lease) in meta.hold.items():
-                h = _Hold(xfer, now + lease)
-                if primary(self.cfg.kv_heads, self.tp, self.rank) is None:
+                h = _Hold(xfer, now + lease, key=self._granted.pop(rid, b""))
+                if replica:
                     h.expect = set()  # a replica: no decode pulls from this rank
                 self._held[rid] = h
                 self._held_by_xfer[xfer] = rid
                 for n in self._early.pop(xfer, ()):
-                    self._note_pull(h, n)
+                    key = self._note_pull(h, n)
+                    if key:
+                        revoke.append(key)
+        # usually the step that computes the prompt's last token, before request_finished hands the key out
+        for key, blocks in grants:
+            self._grant(key, blocks, self.cfg.lease_s + self.cfg.timeout_s, write=False)
+        for key in revoke:
+            self._revoke(key)
         for rr in meta.recv:
             self._start_recv(rr, now)
         if meta.failed:
@@ -336,8 +366,27 @@ class StageWorker:
                     if st is not None and not st.error:
                         st.error = why
 
+    def _grant(self, key: bytes, blocks: List[int], ttl: float, write: bool) -> str:
+        """Grant the peer's requests naming ``key`` on ``blocks`` of our cache; why it failed, else ""."""
+        try:
+            self.client.grant(self.name, key, blocks, min(max(ttl, 0.001), 3600.0), write=write, uses=GRANT_USES)
+        except (StageError, OSError, ValueError) as e:
+            log.warning("stage: granting %s of %d blocks of %s: %s", "writes" if write else "reads", len(blocks),
+                        self.name, e)
+            return "granting the peer's %s: %s" % ("push" if write else "pull", e)
+        return ""
+
+    def _revoke(self, key: bytes) -> None:
+        try:
+            self.client.revoke_grant(self.name, key)
+        except (StageError, OSError, ValueError) as e:  # a sidecar that restarted holds no grant any more
+            log.warning("stage: revoking a grant on %s: %s", self.name, e)
+
     def _start_recv(self, rr: RecvReq, now: float) -> None:
         st = _Recv(rr, now + self.cfg.timeout_s, error=rr.error)
+        if rr.mode == "push" and rr.key and not st.error:
+            st.error = self._grant(rr.key, rr.blocks, self.cfg.timeout_s + 5.0, write=True)
+            st.granted = not st.error
         if rr.mode == "pull" and not st.error:
             if rr.lease_expires and time.time() + self.cfg.timeout_s > rr.lease_expires:
                 st.error = "the prefill's lease ends before a pull could finish"
@@ -357,7 +406,7 @@ class StageWorker:
         first, n = self._span(rr.first, rr.tokens)
         return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv + self.fmt), rr.blocks,
                                      rr.remote_blocks, n, local_first=first, remote_first=first,
-                                     heads=(lo, hi), tag=tag, **kw)]
+                                     heads=(lo, hi), tag=tag, key=rr.key, **kw)]
 
     def _tell_decode(self, dest: Tuple[str, str, str], why: str) -> None:
         """Send the decode a failure notice for transfer ``dest[0]`` over the link (a thread of its own: the
@@ -376,7 +425,9 @@ class StageWorker:
         t = ch.ticket
         with self.lock:
             self._push_to[ch.req_id] = (ch.xfer, str(t.get("peer") or ""), str(t["kv"]))
-        kw = {"peer": t["peer"]} if t.get("peer") else {}
+        kw: Dict[str, Any] = {"peer": t["peer"]} if t.get("peer") else {}
+        if t.get("grant"):
+            kw["key"] = bytes.fromhex(t["grant"])  # the decode's grant of writes (checked with the ticket)
         tag = make_tag(ch.xfer, "p", self.rank, self.tp)
         for s, d, lo, hi in plan(self.cfg.kv_heads, self.tp, int(t["tp"])):
             if s != self.rank:
@@ -429,23 +480,26 @@ class StageWorker:
             t = parse_tag(n.tag)
             if t is None or n.kv != self.name:
                 continue
-            self._note(t, n)
+            key = self._note(t, n)
+            if key:  # every pull the grant was for was served: revoked now, not at vLLM's next step
+                self._revoke(key)
 
-    def _note(self, t: Tuple[str, str, int, int], n: Any) -> None:
-        """File one notification under its request, or keep it until the request is known."""
+    def _note(self, t: Tuple[str, str, int, int], n: Any) -> bytes:
+        """File one notification under its request, or keep it until the request is known. A grant's key when
+        this pull was the last one it expected (the caller revokes it)."""
         with self.lock:
             if t[1] == "p":
                 rid = self._recv_by_xfer.get(t[0])
                 if rid is not None:
                     self._note_push(self._recv[rid], n)
-                    return
+                    return b""
             else:
                 rid = self._held_by_xfer.get(t[0])
                 if rid is not None:
-                    self._note_pull(self._held[rid], n)
-                    return
+                    return self._note_pull(self._held[rid], n)
             if sum(len(v) for v in self._early.values()) < MAX_EARLY:
                 self._early.setdefault(t[0], []).append(n)
+        return b""
 
     def _note_push(self, st: _Recv, n: Any) -> None:
         """A push into this rank's cache ended (under the lock)."""
@@ -465,16 +519,21 @@ class StageWorker:
         for layer in n.layers:
             st.cov.add(src, int(layer), n.first, n.first + n.tokens)
 
-    def _note_pull(self, h: _Hold, n: Any) -> None:
-        """A decode rank's pull from this rank's cache ended (under the lock)."""
+    def _note_pull(self, h: _Hold, n: Any) -> bytes:
+        """A decode rank's pull from this rank's cache ended (under the lock). Its grant's key once every pull
+        expected was served (taken: the caller revokes it), else b""."""
         _, _, dst, dst_tp = parse_tag(n.tag)  # type: ignore[misc]
         if h.expect is None:
             try:
                 h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
             except ValueError as e:  # not a decode of this model: the lease frees the blocks
                 log.warning("stage: pull of %s by decode rank %d of %d ignored: %s", h.xfer, dst, dst_tp, e)
-                return
+                return b""
         h.got.add(dst)
+        if h.key and h.expect is not None and h.expect <= h.got:
+            key, h.key = h.key, b""
+            return key
+        return b""
 
 
 def _event() -> Any:
