@@ -34,6 +34,10 @@ from test_e2e import HAVE_STAGED, SKIP_WHY, Staged, pair  # noqa: E402
 from stage_client import HostArena  # noqa: E402
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_name  # noqa: E402
+from fakesidecar import FakeSidecar  # noqa: E402
+from test_reconnect import answer_all, until  # noqa: E402
+from stage_client.vllm.config import StageConfig  # noqa: E402
+from stage_client.vllm.worker import StageWorker  # noqa: E402
 
 TIMEOUT = 6.0
 BACK_S = 10.0  # the engines use the restarted sidecar within this
@@ -138,6 +142,39 @@ class TestSidecarRestart(unittest.TestCase):
             time.sleep(0.02)
         st = de.workers[0].get_kv_connector_stats().reduce()
         self.assertEqual(st, {"kv_loads_failed": 1, "sidecar_reconnects": 1})
+
+
+@unittest.skipIf(torch is None, WHY)
+class TestReRegister(unittest.TestCase):
+    """A worker over a fake sidecar that dies and comes back at its socket: the new connection gets the same
+    regions and KV cache registered again, then the guard (a Grant of no blocks), then the subscription."""
+
+    def test_same_names_guarded(self) -> None:
+        import tempfile
+
+        d = tempfile.TemporaryDirectory(prefix="stage-rereg-")
+        self.addCleanup(d.cleanup)
+        path = os.path.join(d.name, "s.sock")
+        first = FakeSidecar(answer_all, path=path)
+        arena = HostArena(4 << 20, "rereg")
+        self.addCleanup(arena.close)
+        vc = Engine._cfg(dict(socket=path, mode="pull", route="prefill", kv_heads=HEADS, timeout_s=TIMEOUT), HEADS,
+                         1, "rr", "kv_both")
+        w = StageWorker(StageConfig.from_vllm(vc), vllm_config=vc)
+        w.register_kv_caches(caches(arena, 16, 7))
+        self.addCleanup(w.shutdown)
+        want = [(type(m).__name__, getattr(m, "name", "") or getattr(m, "cache", "")) for _, m, _ in first.got
+                if type(m).__name__ in ("Register", "RegisterKV", "Grant")]
+        self.assertEqual([t for t, _ in want].count("RegisterKV"), 1, want)
+        self.assertEqual(want[-1], ("Grant", w.name), "the first connection's cache is not guarded")
+        first.close()
+        second = FakeSidecar(answer_all, path=path)
+        self.addCleanup(second.close)
+        self.assertTrue(until(lambda: w.client.reconnects == 1), "the worker's client did not reconnect")
+        got = [(type(m).__name__, getattr(m, "name", "") or getattr(m, "cache", "")) for _, m, _ in second.got]
+        self.assertEqual(got[0], ("Subscribe", ""))
+        self.assertEqual(got[1:], want, "not the same registrations, guard last, on the new connection")
+        self.assertEqual(w.take_stats().reduce(), {"kv_loads_failed": 0, "sidecar_reconnects": 1})
 
 
 if __name__ == "__main__":

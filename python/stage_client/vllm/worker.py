@@ -134,7 +134,6 @@ class StageWorker:
             self.kv = self._register(self.client)
             self.block_tokens = self.kv.layout.block_size * self.gran
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
-            self.client.guard_kv(self.name)  # peers reach it only with a grant, from the first request on
         except BaseException:
             self._release()
             raise
@@ -142,10 +141,17 @@ class StageWorker:
                  preset, backend or "not asked", len(names), self.kv.layout.block_size, self.cfg.kv_role)
 
     def _register(self, client: Any) -> Any:
-        """Register the cache :meth:`register_kv_caches` described (its tensors, layout and heads) on ``client``."""
+        """Register the cache :meth:`register_kv_caches` described (its tensors, layout and heads) on ``client``,
+        and guard it: peers reach it only with a grant, from the first request on (a restarted sidecar too)."""
         tensors, preset, heads, lo, hi = self._reg
-        return register_kv_cache(client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
-                                 access=self.cfg.kv_role, acl=self._acl)
+        kv = register_kv_cache(client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
+                               access=self.cfg.kv_role, acl=self._acl)
+        try:
+            client.guard_kv(self.name)
+        except BaseException:
+            kv.close()
+            raise
+        return kv
 
     def _reconnected(self, client: Any) -> None:
         """The sidecar closed the connection (a restart) and the client is back: register the cache again under
