@@ -317,13 +317,16 @@ class TestVLLMConnector(unittest.TestCase):
         from stage_client import StageError
         from stage_client.wire import Code
         src, dst, pe, de = self.engines("pushf", "push")
-        rdv = pe.sched.scheduler.rendezvous.address
-        dreqs = self.reqs("pushf", {"do_remote_prefill": True, "stage_mode": "push", "stage_rendezvous": rdv})
+        dreqs = self.reqs("pushf", {"do_remote_prefill": True, "stage_mode": "push", "stage_kv": "pushf-pre"})
         for s, r in enumerate(dreqs[:1]):
             de.admit(r, lambda n, s=s: self._reserve(dst, s, n))
         de.step()  # the decode's worker grants the ticket's blocks
         self.assertTrue(de.sched.scheduler.tickets_posted(10))
-        ticket = pe.sched.scheduler.rendezvous.take("pushf-x0")
+        ticket, t0 = None, time.monotonic()
+        while ticket is None and time.monotonic() - t0 < 10:  # over the sidecars' link to the prefill's inbox
+            ticket = pe.sched.scheduler.rendezvous.take("pushf-x0")
+            time.sleep(0.01)
+        self.assertIsNotNone(ticket, "the push ticket did not reach the prefill")
         self.assertEqual(len(bytes.fromhex(ticket["grant"])), 16)
         blocks = dst.tables[0][0]
         before = {b: _block(dst, b).clone() for b in blocks}
