@@ -118,6 +118,14 @@ gpu-build:
 	cp ../shared/bench/* .dev/bench/
 	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go
 
+# What tests/test_vllm_ascend.py's GPU class needs beyond the GPU machine's image, in one carry folder
+# .vac/ (ignored: /.vac/ in .git/info/exclude): vllm 0.23.0's Python files, the distributions the test
+# imports that the image lacks, vllm-ascend's source and staged, as one tar.xz with a MANIFEST.txt.
+# On the GPU machine (carry [".vac"]): bash scripts/gpu-vllm-ascend.sh (its header says more).
+.PHONY: gpu-vllm-ascend-carry
+gpu-vllm-ascend-carry:
+	GO=$(GO) ENGINES_VENVS=$(ENGINES_VENVS) bash scripts/gpu-vllm-ascend-carry.sh
+
 # NIXL's and Mooncake's wheels (Python 3.12, manylinux) and stage's binaries
 # for scripts/gpu-peers.sh, in three carry folders .pw1 .pw2 .pw3 (one per
 # device call); the script's header says how they are used there.
