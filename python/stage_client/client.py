@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import logging
 import math
 import queue
 import socket
@@ -26,6 +27,7 @@ from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref, warn_once
 from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
 from .protocol.group import Join
+from .reconnect import Backoff, Reconnector
 from .ticketclient import TicketRequests
 from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
@@ -45,6 +47,7 @@ DEFAULT_UNREGISTER_WAIT = 30.0
 _REFUSAL_WAIT = 0.5
 
 _Future = concurrent.futures.Future
+_log = logging.getLogger("stage_client")
 
 
 class Op(NamedTuple):
@@ -196,20 +199,25 @@ class Client(KVRequests, TicketRequests):
     that subscribes or waits) pass the same ``group``: a secret token of
     16 to 64 bytes (str: UTF-8) they all know and nobody else can guess;
     the connection joins that group first thing.
+
+    ``reconnect`` (True, or a :class:`~stage_client.reconnect.Backoff`):
+    when the sidecar closes the connection (a restart), calls in flight
+    fail once with SidecarConnectionError, and the client dials again with
+    backoff, joins its group, subscribes again and runs the
+    :meth:`on_reconnect` callbacks (which register again what the old
+    connection owned); see :mod:`stage_client.reconnect`. False: the client
+    stays closed, and its subscriptions end.
     """
 
     def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
-                 group: Optional[Union[str, bytes]] = None) -> None:
+                 group: Optional[Union[str, bytes]] = None, reconnect: Union[bool, Backoff] = False) -> None:
         self.path = path
         self.request_timeout = request_timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(path)
+            self._sock = self._dial()
         except OSError as e:
-            sock.close()
             raise SidecarConnectionError("connect to the sidecar at %s: %s; is staged running, and is this its "
                                          "control_socket?" % (path, e)) from e
-        self._sock = sock
         self._wlock = threading.Lock()
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
@@ -220,10 +228,16 @@ class Client(KVRequests, TicketRequests):
         self._keep: Dict[str, Any] = {}  # objects kept alive while their region is registered
         self._ipc: Dict[str, _IpcHold] = {}  # torch IPC counters held for registered tensor regions
         self._ipc_live: Dict[Tuple[bytes, int], int] = {}  # how many holds name each counter
-        self._reader = threading.Thread(target=self._read_loop, name="stage-client-reader", daemon=True)
-        self._reader.start()
-        if group is not None:
-            token = group.encode("utf-8") if isinstance(group, str) else bytes(group)
+        self._group = None if group is None else group.encode("utf-8") if isinstance(group, str) else bytes(group)
+        self._hooks: List[Callable[["Client"], None]] = []  # on_reconnect callbacks
+        self._lost_hooks: List[Callable[[], None]] = []  # on_disconnect callbacks
+        self._resuming: Optional[int] = None  # the thread restoring a new connection; others' calls wait out
+        self._reader = self._start_reader(self._sock)
+        self._reconnector: Optional[Reconnector] = None
+        if reconnect:
+            self._reconnector = Reconnector(self, reconnect if isinstance(reconnect, Backoff) else Backoff())
+        if self._group is not None:
+            token = self._group
             try:
                 self._call(lambda req: Join(req=req, group=token))
             except BaseException:
@@ -244,17 +258,93 @@ class Client(KVRequests, TicketRequests):
 
         The sidecar then lets go of every region and KV cache this
         connection registered (at once; a transfer still holding one fails
-        and keeps it mapped until it ends), and frees their names.
+        and keeps it mapped until it ends), and frees their names. A
+        reconnecting client stops trying (its thread is joined).
         """
         with self._lock:
             self._closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            sock = self._sock
+        _shutdown(sock)
+        if self._reconnector is not None:
+            self._reconnector.stop()  # a new connection is not adopted once closing
+        with self._lock:
+            sock = self._sock
+        _shutdown(sock)
         if threading.current_thread() is not self._reader:
             self._reader.join()
-        self._sock.close()
+        sock.close()
+
+    def on_reconnect(self, fn: Callable[["Client"], None]) -> None:
+        """Call ``fn(client)`` on each new connection of a reconnecting client, after it joined its group and
+        subscribed again and before other calls go through: register there what the old connection owned.
+        It runs on the client's reconnect thread; if it raises, that connection is dropped and tried again."""
+        with self._lock:
+            self._hooks.append(fn)
+
+    def on_disconnect(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` when a reconnecting client's connection ends (after the calls in flight failed), on
+        the client's reader thread: keep it short, make no call to the sidecar there."""
+        with self._lock:
+            self._lost_hooks.append(fn)
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was brought back after the sidecar closed it."""
+        return 0 if self._reconnector is None else self._reconnector.reconnects
+
+    # -- the connection's lifecycle (stage_client.reconnect drives it)
+
+    def _dial(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _start_reader(self, sock: socket.socket) -> threading.Thread:
+        t = threading.Thread(target=self._read_loop, args=(sock,), name="stage-client-reader", daemon=True)
+        t.start()
+        return t
+
+    def _adopt(self, sock: socket.socket) -> bool:
+        """Make ``sock`` the connection (the old one's reader has ended); False, and ``sock`` closed, when closing."""
+        self._reader.join()
+        with self._lock:
+            if self._closing:
+                sock.close()
+                return False
+            old, self._sock, self._error = self._sock, sock, None
+            self._resuming = threading.get_ident()
+            # _keep and _ipc stay: a sidecar that only dropped the connection may still map the old regions
+            # until their transfers end; registering a name again replaces its entries
+        old.close()
+        self._reader = self._start_reader(sock)
+        return True
+
+    def _resume(self) -> None:
+        """On a new connection: join the group, subscribe again, run the on_reconnect callbacks."""
+        token = self._group
+        if token is not None:
+            self._call(lambda req: Join(req=req, group=token))
+        with self._lock:
+            subscribed, hooks = bool(self._subs), list(self._hooks)
+        if subscribed:
+            self._call(lambda r: wire.Subscribe(req=r))
+        for fn in hooks:
+            fn(self)
+
+    def _resumed(self) -> None:
+        with self._lock:
+            self._resuming = None
+
+    def _drop(self) -> None:
+        """End the connection (not the client) and wait for its reader."""
+        with self._lock:
+            sock, self._resuming = self._sock, None
+        _shutdown(sock)
+        self._reader.join()
 
     @property
     def closed(self) -> bool:
@@ -265,12 +355,12 @@ class Client(KVRequests, TicketRequests):
     # ------------------------------------------------------------------
     # reader
 
-    def _recv_exact(self, n: int, what: str) -> Optional[bytes]:
+    def _recv_exact(self, sock: socket.socket, n: int, what: str) -> Optional[bytes]:
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
         while got < n:
-            k = self._sock.recv_into(view[got:], n - got)
+            k = sock.recv_into(view[got:], n - got)
             if k == 0:
                 if got == 0 and what == "header":
                     return None
@@ -279,16 +369,16 @@ class Client(KVRequests, TicketRequests):
             got += k
         return bytes(buf)
 
-    def _read_loop(self) -> None:
+    def _read_loop(self, sock: socket.socket) -> None:
         err: SidecarConnectionError
         try:
             while True:
-                hb = self._recv_exact(wire.HEADER_SIZE, "header")
+                hb = self._recv_exact(sock, wire.HEADER_SIZE, "header")
                 if hb is None:
                     err = SidecarConnectionError("the sidecar closed the connection")
                     break
                 h = wire.parse_header(hb)
-                body = self._recv_exact(h.length, "body") if h.length else b""
+                body = self._recv_exact(sock, h.length, "body") if h.length else b""
                 assert body is not None
                 wire.verify_crc(h, body)
                 m = wire.decode_body(h.type, body)
@@ -312,17 +402,29 @@ class Client(KVRequests, TicketRequests):
         except OSError as e:
             err = SidecarConnectionError("connection to the sidecar: %s" % e)
         with self._lock:
+            again = self._reconnector is not None and not self._closing
             if self._closing:
                 err = SidecarConnectionError("the client was closed")
+            elif again:
+                err = SidecarConnectionError(err.message + "; reconnecting", err.code)
             self._error = err
             pending = list(self._pending.values())
             self._pending.clear()
-            subs = list(self._subs)
-            self._subs.clear()
+            subs = [] if again else list(self._subs)  # a reconnecting client's subscriptions carry on
+            if not again:
+                self._subs.clear()
         for fut in pending:
             _fail(fut, err)
         for s in subs:
             s._end()
+        if again:
+            assert self._reconnector is not None
+            for fn in list(self._lost_hooks):
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - a callback's bug must not stop the reconnect
+                    _log.warning("stage: an on_disconnect callback failed: %s", e)
+            self._reconnector.lost()
 
     # ------------------------------------------------------------------
     # requests
@@ -334,7 +436,10 @@ class Client(KVRequests, TicketRequests):
                 raise self._error
             if self._closing:
                 raise SidecarConnectionError("the client was closed")
+            if self._resuming is not None and self._resuming != threading.get_ident():
+                raise SidecarConnectionError("the connection to the sidecar is being restored after it closed")
             req = next(self._seq)
+            sock = self._sock
         msg = make(req)
         frame = wire.encode_frame(msg, flags=wire.FLAG_FD if fd >= 0 else 0)  # ValueError before anything is sent
         fut: _Future = _Future()
@@ -346,11 +451,11 @@ class Client(KVRequests, TicketRequests):
             with self._wlock:
                 if fd >= 0:
                     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
-                    n = self._sock.sendmsg([frame], anc)
+                    n = sock.sendmsg([frame], anc)
                     if n < len(frame):
-                        self._sock.sendall(memoryview(frame)[n:])
+                        sock.sendall(memoryview(frame)[n:])
                 else:
-                    self._sock.sendall(frame)
+                    sock.sendall(frame)
         except OSError as e:
             with self._lock:
                 self._pending.pop(req, None)
@@ -779,6 +884,13 @@ class TransfersFailed(StageError):
 
 # ----------------------------------------------------------------------
 # helpers
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _timeout_ms(timeout: Optional[float]) -> int:

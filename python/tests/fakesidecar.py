@@ -23,9 +23,12 @@ class FakeSidecar:
     connection, reads frames (with SCM_RIGHTS fds) and answers what the
     handler returns. Every received (header, message, fd) is recorded."""
 
-    def __init__(self, handler: Handler) -> None:
-        self.dir = tempfile.TemporaryDirectory(prefix="stage-fake-")
-        self.path = os.path.join(self.dir.name, "s.sock")
+    def __init__(self, handler: Handler, path: Optional[str] = None) -> None:
+        # path: listen there (a restarted sidecar at its old socket); else in a temporary directory of its own
+        self.dir = tempfile.TemporaryDirectory(prefix="stage-fake-") if path is None else None
+        self.path = path or os.path.join(self.dir.name, "s.sock")  # type: ignore[union-attr]
+        if path is not None and os.path.exists(path):
+            os.unlink(path)
         self.handler = handler
         self.ln = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.ln.bind(self.path)
@@ -95,7 +98,8 @@ class FakeSidecar:
             self.conn.close()
         self.ln.close()
         self.thread.join(5)
-        self.dir.cleanup()
+        if self.dir is not None:
+            self.dir.cleanup()
 
 
 def ok(req: int) -> bytes:

@@ -68,12 +68,16 @@ class Staged:
         with open(self.config, "w") as f:
             f.write(cfg)
         self.log = os.path.join(self.dir, name + ".log")
-        env = sidecar_env()
-        self.logf = open(self.log, "wb")
-        self.proc = subprocess.Popen([STAGED, "--config", self.config], stdout=subprocess.PIPE,
-                                     stderr=self.logf, env=env)
         self.peers = ""
         self.socket = ""
+        self._start("wb")
+
+    def _start(self, mode: str) -> None:
+        """Start staged with the config and wait until it is ready (its log opened with ``mode``)."""
+        name = self.name
+        self.logf = open(self.log, mode)
+        self.proc = subprocess.Popen([STAGED, "--config", self.config], stdout=subprocess.PIPE,
+                                     stderr=self.logf, env=sidecar_env())
         ready = threading.Event()
 
         def read_stdout() -> None:
@@ -154,6 +158,29 @@ class Staged:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.logf.close()
+
+    def restart(self, sig: int = signal.SIGKILL, down: float = 0.0) -> None:
+        """End staged with ``sig``, wait ``down`` seconds, start it again: the same config, control socket and
+        listen address (so its peers' routes find it again), the log appended to."""
+        with open(self.config) as f:
+            cfg = f.read()
+        if self.peers and "listen: 127.0.0.1:0\n" in cfg:
+            with open(self.config, "w") as f:
+                f.write(cfg.replace("listen: 127.0.0.1:0\n", "listen: %s\n" % self.peers, 1))
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.logf.close()
+        time.sleep(down)
+        self._start("ab")
 
 
 def pair(extra: str = "", pre_extra: Optional[str] = None, slots: int = 16, pulls: bool = False,

@@ -212,5 +212,71 @@ class TestSGLangBackend(SidecarPairCase):
         poll_until(s, KVPoll.Failed, 5)
 
 
+@unittest.skipIf(torch is None, WHY)
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestSGLangSidecarRestart(unittest.TestCase):
+    """A sidecar SIGKILLed and started again under running managers (issue 33 item 2): their clients reconnect,
+    register the pools again, and pages move again within seconds; a room arriving at the restart fails at once."""
+
+    BACK_S = 10.0
+    pool = TestSGLangBackend.pool
+    managers = TestSGLangBackend.managers
+
+    def setUp(self) -> None:
+        self.pre, self.dec = pair()
+        self.addCleanup(stop_all, [self.pre, self.dec])
+        self.arena = HostArena(16 << 20, "sglang-restart")
+        self.addCleanup(self.arena.close)
+
+    def room(self, boot: Any, pres: Any, dec: Any, room: int) -> int:
+        """Pages of one room from both prefill ranks into the decode; the receiver's end state."""
+        pages = random.Random(room).sample(range(PAGES), 3)
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=room)
+        recv.init(0)
+        recv.send_metadata(pages)
+        senders = [StageKVSender(m, boot.address, room, dest_tp_ranks=[0]) for m in pres]
+        for s in senders:
+            poll_until(s, KVPoll.WaitingForInput)
+            s.init(len(pages))
+            s.send(pages)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if any(s.poll() == KVPoll.Failed for s in senders):
+                return KVPoll.Failed  # (the decode learns it at its timeout: issue 33 item 3)
+            if recv.poll() in (KVPoll.Success, KVPoll.Failed):
+                break
+            time.sleep(0.01)
+        return recv.poll()
+
+    def restarted(self, which: str) -> None:
+        boot, pres, dec = self.managers("sgr")
+        self.assertEqual(self.room(boot, pres, dec, 1), KVPoll.Success)
+        node, mgr = (self.pre, pres[0]) if which == "prefill" else (self.dec, dec)
+        node.restart()
+        t0 = time.monotonic()
+        n = 2
+        while self.room(boot, pres, dec, n) != KVPoll.Success:
+            self.assertLess(time.monotonic() - t0, self.BACK_S, "no pages moved %ss after the %s's sidecar "
+                            "restarted" % (self.BACK_S, which))
+            n += 1
+        self.assertEqual(mgr.client.reconnects, 1)
+
+    def test_decode_sidecar_restarted(self) -> None:
+        self.restarted("decode")
+
+    def test_prefill_sidecar_restarted(self) -> None:
+        self.restarted("prefill")
+
+    def test_arriving_room_fails_once(self) -> None:
+        boot, pres, dec = self.managers("sgq")
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=5)
+        recv.send_metadata([1, 2])  # no prefill sends: the room is arriving
+        self.dec.restart()
+        poll_until(recv, KVPoll.Failed, 5)  # not at the manager's 30 s timeout
+        with self.assertRaisesRegex(RuntimeError, "closed its connection"):
+            recv.failure_exception()
+
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -18,7 +18,10 @@ bytes on both sidecars; kv_transfer_params forged by a caller of the
 decode's API load nothing (issue 33 item 4); the prefill's staged SIGKILLed between prefill
 and decode ends the decode's request per kv_load_failure_policy
 (recompute: the same tokens; fail: an error the client sees) within the
-connector's timeout, and the decode serves afterwards.
+connector's timeout, and the decode serves afterwards; either side's staged
+SIGKILLed and started again under the running pair: its engine's
+connector reconnects, registers its cache again and KV moves again
+(pull from a restarted prefill side, push into a restarted decode side).
 
 Skips without vLLM or staged. Slow (engines start in a minute or more on
 2 cores): ``make test-engines-real``.
@@ -62,6 +65,7 @@ STAGECTL = os.path.join(os.path.dirname(STAGED), "stagectl")
 START_S = float(os.environ.get("STAGE_VLLM_START_S", "900"))  # an engine's start on a loaded 2-core machine
 TIMEOUT_S = 8.0  # the connector's timeout_s
 MAX_TOKENS = 12
+RESTART_S = 60.0  # KV moves again within this after a sidecar restarts (requests take seconds on 2 loaded cores)
 
 
 def free_port() -> int:
@@ -388,6 +392,39 @@ class TestSameBlocks(RealPair):
                 self.fail("the decode vLLM did not start again after %s beside its running staged: %s"
                           % (sig.name, e))
             self.check_mode("pull", 10 + i)
+
+
+    def sidecar_restarted(self, sc: Staged, engine: Engine, mode: str, seed: int) -> None:
+        """SIGKILL ``sc`` and start it again (same socket and address) under the running pair: ``engine``'s
+        connector reconnects and registers its KV cache again, and KV moves again (``mode``) within seconds."""
+        ps = self.prompts(seed)[3:5]
+        want = self.alone(ps)
+        least = sum(len(p) - 1 for p in ps) * 2 * 2 * 2 * 32 * 4  # as check_mode counts
+        sc.restart(signal.SIGKILL)
+        t0 = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            before = link_bytes(self.dec_sc.socket)[0]
+            got = self.through_proxy(ps, mode)
+            self.assertEqual(got, want, "%s after the %s's staged restarted: other tokens" % (mode, sc.name))
+            if link_bytes(self.dec_sc.socket)[0] - before >= least:
+                break
+            self.assertLess(time.monotonic() - t0, RESTART_S, "%s: no KV moved %ss after the %s's staged restarted "
+                            "(%d tries)\n%s" % (mode, RESTART_S, sc.name, tries, engine.tail()))
+            time.sleep(0.5)
+        sys.stderr.write("%s's staged restarted: KV moved again (%s) %.1fs later, at try %d\n"
+                         % (sc.name, mode, time.monotonic() - t0, tries))
+        self.assertIn("registered again", engine.text(), "the %s engine's log does not say its cache was "
+                      "registered again" % sc.name)
+
+    def test_zw_prefill_sidecar_restarted(self) -> None:
+        """The prefill's staged SIGKILLed and started again: pulls from it move KV again within seconds."""
+        self.sidecar_restarted(self.pre_sc, self.pre, "pull", 20)
+
+    def test_zx_decode_sidecar_restarted(self) -> None:
+        """The decode's staged SIGKILLed and started again: pushes into it move KV again within seconds."""
+        self.sidecar_restarted(self.dec_sc, self.dec, "push", 21)
 
 
 class TestFailPolicy(RealPair):

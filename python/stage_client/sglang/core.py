@@ -40,7 +40,7 @@ class AuxSlots:
     def __init__(self, client: Client, name: str, buffers: Sequence[Any], access: int) -> None:
         import torch
 
-        self.client, self.buffers = client, list(buffers)
+        self.client, self.buffers, self.name, self.access = client, list(buffers), name, access
         self.items: List[int] = []
         self.slots = -1
         size = 0
@@ -54,13 +54,19 @@ class AuxSlots:
         self.stage = [self.arena.empty((b.shape[0], n), torch.uint8) for b, n in zip(self.buffers, self.items)]
         self.names: List[str] = []
         try:
-            for i, st in enumerate(self.stage):
-                off = self.arena.offset_of(st.data_ptr(), st.numel())
-                client.register_memfd("%s%d" % (name, i), self.arena.fd, self.arena.size, off, st.numel(), access)
-                self.names.append("%s%d" % (name, i))
+            self.register(client)
         except BaseException:
             self.close()
             raise
+
+    def register(self, client: Client) -> None:
+        """Register each buffer's staging region on ``client`` (again, on a reconnected client)."""
+        self.names = []
+        for i, st in enumerate(self.stage):
+            off = self.arena.offset_of(st.data_ptr(), st.numel())
+            client.register_memfd("%s%d" % (self.name, i), self.arena.fd, self.arena.size, off, st.numel(),
+                                  self.access)
+            self.names.append("%s%d" % (self.name, i))
 
     def _check(self, slot: int) -> int:
         if not 0 <= int(slot) < self.slots:
@@ -115,7 +121,7 @@ class StageKVManager:
                  aux_buffers: Optional[Sequence[Any]] = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError("StageKVManager: role %r (prefill or decode)" % role)
-        self.client = Client(client, request_timeout=timeout) if isinstance(client, str) else client
+        self.client = Client(client, request_timeout=timeout, reconnect=True) if isinstance(client, str) else client
         self.role, self.rank, self.tp, self.heads = role, tp_rank, tp_size, kv_heads
         self.name, self.route, self.peer_name, self.timeout = name, route, peer_name, timeout
         self.page_size, self.secret = page_size, secret
@@ -123,8 +129,8 @@ class StageKVManager:
         self.cache_name = "%s-tp%d" % (name, tp_rank)
         #: per layer [k_buffer, v_buffer], as registered
         self.buffers = [[k, v] for k, v in zip(k_buffers, v_buffers)]
-        self.kv = register_kv_cache(self.client, self.cache_name, self.buffers, "sglang", heads=kv_heads,
-                                    head_lo=lo, head_hi=hi, page_size=page_size, access=role)
+        self._head_span = (lo, hi)
+        self.kv = self._register_kv(self.client)
         self.aux: Optional[AuxSlots] = None
         if aux_buffers:
             access = Access.LOCAL_READ if role == "prefill" else Access.REMOTE_WRITE
@@ -150,6 +156,27 @@ class StageKVManager:
             self._sub = self.client.subscribe()
             self._reader = threading.Thread(target=self._read, name="stage-sglang-notes", daemon=True)
             self._reader.start()
+        if hasattr(self.client, "on_reconnect"):
+            self.client.on_reconnect(self._reconnected)
+            self.client.on_disconnect(self._disconnected)
+
+    def _register_kv(self, client: Client) -> Any:
+        lo, hi = self._head_span
+        return register_kv_cache(client, self.cache_name, self.buffers, "sglang", heads=self.heads, head_lo=lo,
+                                 head_hi=hi, page_size=self.page_size, access=self.role)
+
+    def _reconnected(self, client: Client) -> None:
+        """The sidecar restarted and the client is back: register the pool (and aux regions) again."""
+        self.kv = self._register_kv(client)
+        if self.aux is not None:
+            self.aux.register(client)
+
+    def _disconnected(self) -> None:
+        """The sidecar closed the connection: rooms still arriving cannot be heard of; they fail now."""
+        with self.lock:
+            for room, cov in self._rooms.items():
+                if room not in self._errors and not cov.complete():
+                    self._errors[room] = "the sidecar closed its connection (restarted?) while the KV arrived"
 
     def register_to_bootstrap(self) -> None:
         """SGLang's hook; the rendezvous is this manager's own, so nothing to register."""

