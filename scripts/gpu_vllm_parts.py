@@ -117,17 +117,57 @@ MIB = 1 << 20
 
 
 def sidecar_config(name: str, listen: str, sock: str, metrics: str, device: str, ordinal: int,
-                   routes: Sequence[Tuple[str, str]], transport: str) -> str:
-    """staged's YAML: node, addresses, device, 4 MiB slots, routes (name, peer address) of ``transport``."""
+                   routes: Sequence[Tuple[str, Any]], transport: str) -> str:
+    """staged's YAML: node, addresses, device, 4 MiB slots, routes (name, peer address or a list of them) of
+    ``transport``."""
     if transport not in ("auto", "tcp", "ipc", "shm"):
         raise ValueError("transport %r: auto, tcp, ipc or shm" % transport)
     cfg = ("node: {name: %s}\nlisten: %s\ncontrol_socket: %s\nmetrics: {listen: %s}\n"
            "device: {kind: %s, ordinal: %d}\nstaging: {slot_size: 4MiB, slots: 64, window: 32}\n"
            % (name, listen, sock, metrics, device, ordinal))
     if routes:
-        cfg += "routes:\n" + "".join("  - name: %s\n    peers: [\"%s\"]\n    transport: %s\n    stripes: 4\n"
-                                     % (r, peer, transport) for r, peer in routes)
+        cfg += "routes:\n" + "".join("  - name: %s\n    peers: [%s]\n    transport: %s\n    stripes: 4\n"
+                                     % (r, ", ".join('"%s"' % p for p in ([peer] if isinstance(peer, str) else peer)),
+                                        transport) for r, peer in routes)
     return cfg
+
+
+def parse_tp_runs(text: str) -> List[Tuple[int, int]]:
+    """``"2:1,2:2"``: the (prefill TP, decode TP) of each run, in order; each TP 1 to 8."""
+    runs = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"([1-8]):([1-8])", part)
+        if not m:
+            raise ValueError("tp run %r: want PREFILL_TP:DECODE_TP, each 1 to 8 (e.g. 2:1,2:2)" % part)
+        runs.append((int(m.group(1)), int(m.group(2))))
+    if not runs:
+        raise ValueError("no tp run in %r (e.g. 2:1,2:2)" % text)
+    return runs
+
+
+def tp_plan(runs: Sequence[Tuple[int, int]], gpus: Sequence[int]) -> Dict[str, Any]:
+    """The GPUs of each side and run: the prefill's group is the first (largest prefill TP) GPUs, the decode's
+    the next (largest decode TP); a run's engine takes the first TP GPUs of its side's group. The sidecars
+    serve the groups, so runs restart only the engines."""
+    mp, md = max(p for p, _ in runs), max(d for _, d in runs)
+    if len(gpus) < mp + md:
+        raise ValueError("tp runs %s need %d GPUs (prefill %d + decode %d), --gpus gives %d"
+                         % (list(runs), mp + md, mp, md, len(gpus)))
+    pre, dec = list(gpus[:mp]), list(gpus[mp:mp + md])
+    return {"pre_group": pre, "dec_group": dec, "per_rank": mp + md > 2,
+            "runs": [{"pre_tp": p, "dec_tp": d, "pre": pre[:p], "dec": dec[:d]} for p, d in runs]}
+
+
+def sidecar_specs(side: str, group: Sequence[int], per_rank: bool) -> List[Dict[str, Any]]:
+    """The sidecars of one side: without TP one, named ``side``, seeing its GPU as ordinal 0 (the engine's
+    numbering); per rank, ``side-r`` seeing the whole group (CUDA_VISIBLE_DEVICES as its engine has it) and
+    serving ordinal r, the device index rank r's cache registers with (vLLM puts rank r on device r)."""
+    if not per_rank:
+        return [{"name": side, "visible": str(group[0]), "ordinal": 0, "rank": 0}]
+    vis = ",".join(str(g) for g in group)
+    return [{"name": "%s-%d" % (side, r), "visible": vis, "ordinal": r, "rank": r} for r in range(len(group))]
 
 
 def _kv_line(kv: Dict[str, Dict[str, float]]) -> str:

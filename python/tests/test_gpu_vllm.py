@@ -118,6 +118,12 @@ class TestSidecarConfig(unittest.TestCase):
         with self.assertRaises(ValueError):
             parts.sidecar_config("p", "a", "s", "m", "cuda", 0, [], "rdma")
 
+    def test_config_route_of_several_peers(self) -> None:
+        """Under TP each sidecar's route lists every sidecar of the other engine (one per GPU)."""
+        cfg = parts.sidecar_config("decode-0", "127.0.0.1:1", "/s/d.sock", "127.0.0.1:2", "cuda", 0,
+                                   [("prefill", ["127.0.0.1:3", "127.0.0.1:4"])], "auto")
+        self.assertIn("  - name: prefill\n    peers: [\"127.0.0.1:3\", \"127.0.0.1:4\"]\n    transport: auto\n", cfg)
+
     def test_config_loads_in_staged(self) -> None:
         """staged itself accepts the config (--check-config where it exists, else a start it stops)."""
         staged = os.path.join(ROOT, "bin", "staged")
@@ -125,10 +131,15 @@ class TestSidecarConfig(unittest.TestCase):
             self.skipTest("no bin/staged (make build)")
         d = tempfile.mkdtemp(prefix="gv-cfg-")
         self.addCleanup(shutil.rmtree, d, True)
-        cfg = os.path.join(d, "p.yaml")
+        for i, peers in enumerate(("127.0.0.1:9", ["127.0.0.1:9", "127.0.0.1:10"])):
+            with self.subTest(peers=peers):
+                self.check_staged_starts(staged, d, i, peers)
+
+    def check_staged_starts(self, staged: str, d: str, i: int, peers: object) -> None:
+        cfg = os.path.join(d, "p%d.yaml" % i)
         with open(cfg, "w") as f:
-            f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p.sock"), "127.0.0.1:0",
-                                         "hostmem", 0, [("decode", "127.0.0.1:9")], "auto"))
+            f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p%d.sock" % i), "127.0.0.1:0",
+                                         "hostmem", 0, [("decode", peers)], "auto"))
         from test_e2e import sidecar_env  # the token the driver's sidecars get too
 
         p = subprocess.Popen([staged, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -139,6 +150,40 @@ class TestSidecarConfig(unittest.TestCase):
             p.terminate()
             _, err = p.communicate(20)
         self.assertTrue(line.startswith("staged ready"), "staged refused the config: %s %s" % (line, err[-500:]))
+
+
+class TestTPLayout(unittest.TestCase):
+    def test_parse_tp_runs(self) -> None:
+        self.assertEqual(parts.parse_tp_runs("2:1,2:2"), [(2, 1), (2, 2)])
+        self.assertEqual(parts.parse_tp_runs(" 1:1 ,"), [(1, 1)])
+        for bad in ("", "2", "2:0", "0:1", "9:1", "2:1:1", "a:b", "2-1"):
+            with self.assertRaises(ValueError, msg=bad):
+                parts.parse_tp_runs(bad)
+
+    def test_plan_four_gpus(self) -> None:
+        p = parts.tp_plan([(2, 1), (2, 2)], [0, 1, 2, 3])
+        self.assertEqual((p["pre_group"], p["dec_group"], p["per_rank"]), ([0, 1], [2, 3], True))
+        self.assertEqual([(r["pre"], r["dec"]) for r in p["runs"]], [([0, 1], [2]), ([0, 1], [2, 3])])
+        self.assertEqual([(r["pre_tp"], r["dec_tp"]) for r in p["runs"]], [(2, 1), (2, 2)])
+
+    def test_plan_default_pair_unchanged(self) -> None:
+        p = parts.tp_plan([(1, 1)], [0, 1])
+        self.assertEqual((p["pre_group"], p["dec_group"], p["per_rank"]), ([0], [1], False))
+        self.assertEqual(parts.sidecar_specs("decode", p["dec_group"], p["per_rank"]),
+                         [{"name": "decode", "visible": "1", "ordinal": 0, "rank": 0}])
+
+    def test_plan_too_few_gpus(self) -> None:
+        with self.assertRaisesRegex(ValueError, "need 4 GPUs"):
+            parts.tp_plan([(2, 2)], [0, 1])
+
+    def test_sidecars_per_rank(self) -> None:
+        """Rank r of an engine on GPUs 2,3 registers device index r: its sidecar sees 2,3 and serves ordinal r."""
+        self.assertEqual(parts.sidecar_specs("decode", [2, 3], True),
+                         [{"name": "decode-0", "visible": "2,3", "ordinal": 0, "rank": 0},
+                          {"name": "decode-1", "visible": "2,3", "ordinal": 1, "rank": 1}])
+        # a TP 1 decode under a TP 2 prefill: one sidecar, still named per rank (peer_name decode-{rank})
+        self.assertEqual(parts.sidecar_specs("decode", [2], True),
+                         [{"name": "decode-0", "visible": "2", "ordinal": 0, "rank": 0}])
 
 
 class TestSummary(unittest.TestCase):
