@@ -232,8 +232,10 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
                 r.get("restarted"), r.get("kv_moved_again"), r.get("errors") or r.get("error"),
                 _kv_line(r.get("kv") or {})))
         elif ph == "engines":
-            out.append("engines | attempt %s: %s, %s, blocks prefill %s / decode %s, start %ss%s" % (
-                r.get("attempt"), "ok" if r.get("ok") else "FAILED", "--enforce-eager" if r.get("eager") else
+            tp = " TP %s on GPUs %s -> TP %s on GPUs %s," % (r["pre_tp"], r.get("pre_gpus"), r.get("dec_tp"), r.get(
+                "dec_gpus")) if r.get("pre_tp", 1) > 1 or r.get("dec_tp", 1) > 1 else ""
+            out.append("engines | attempt %s: %s,%s %s, blocks prefill %s / decode %s, start %ss%s" % (
+                r.get("attempt"), "ok" if r.get("ok") else "FAILED", tp, "--enforce-eager" if r.get("eager") else
                 "CUDA graphs on", r.get("pre_block"), r.get("dec_block"), r.get("start_s"),
                 "" if r.get("ok") else ": " + str(r.get("error", ""))[-300:].replace("\n", " ")))
         elif ph in ("start", "warmup", "sidecars"):

@@ -5,6 +5,7 @@ scripts/gpu-bundle.sh (parts packed, stashed, reassembled; a damaged part refuse
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import unittest
 import zipfile
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -186,6 +188,56 @@ class TestTPLayout(unittest.TestCase):
                          [{"name": "decode-0", "visible": "2", "ordinal": 0, "rank": 0}])
 
 
+class TestPairLayout(unittest.TestCase):
+    """gpu_vllm_pair's sidecars and connector settings per TP layout, built without starting anything."""
+
+    def pair(self, *extra: str) -> object:
+        import gpu_vllm_pair as gp
+
+        d = tempfile.mkdtemp(prefix="gv-pair-")
+        self.addCleanup(shutil.rmtree, d, True)
+        p = gp.Pair(gp.parse(["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", d] + list(extra)))
+        self.addCleanup(p.phases.close)
+        return p
+
+    def test_default_pair_unchanged(self) -> None:
+        p = self.pair()
+        self.assertEqual([(sc.name, sc.visible, sc.ordinal) for sc in p.sidecars],
+                         [("prefill", "0", 0), ("decode", "1", 0)])
+        self.assertEqual(p.pre_sc.routes, [("decode", [p.dec_sc.addr])])
+        self.assertEqual(p.connector("decode"), (p.dec_sc.socket, {}))
+        self.assertEqual(p.plan["runs"], [{"pre_tp": 1, "dec_tp": 1, "pre": [0], "dec": [1]}])
+
+    def test_tp_runs_on_four_gpus(self) -> None:
+        from stage_client.vllm.config import for_rank
+
+        p = self.pair("--gpus", "0,1,2,3", "--tp-runs", "2:1,2:2")
+        self.assertEqual([(sc.name, sc.visible, sc.ordinal) for sc in p.sidecars],
+                         [("prefill-0", "0,1", 0), ("prefill-1", "0,1", 1), ("decode-0", "2,3", 0),
+                          ("decode-1", "2,3", 1)])
+        for side, other in (("prefill", "decode"), ("decode", "prefill")):
+            sock, extra = p.connector(side)
+            self.assertEqual(extra, {"peer_name": side + "-{rank}"})
+            for r, sc in enumerate(p.scs[side]):
+                self.assertEqual(for_rank(sock, r), sc.socket)  # the connector of rank r reaches its sidecar
+                self.assertEqual(sc.routes, [(other, [o.addr for o in p.scs[other]])])
+        self.assertEqual([(r["pre"], r["dec"]) for r in p.plan["runs"]], [([0, 1], [2]), ([0, 1], [2, 3])])
+
+    def test_pre_dec_tp_options(self) -> None:
+        p = self.pair("--gpus", "0,1,2", "--pre-tp", "2")
+        self.assertEqual(p.plan["runs"], [{"pre_tp": 2, "dec_tp": 1, "pre": [0, 1], "dec": [2]}])
+
+    def test_bad_tp_refused(self) -> None:
+        import gpu_vllm_pair as gp
+
+        for argv in (["--tp-runs", "2:2"], ["--tp-runs", "2x1", "--gpus", "0,1,2"], ["--cpu", "--pre-tp", "2",
+                                                                                   "--gpus", "0,1,2"]):
+            with self.subTest(argv=argv), self.assertRaises(SystemExit) as cm, \
+                    mock.patch("sys.stderr", new_callable=io.StringIO):
+                gp.parse(["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", "o"] + argv)
+            self.assertEqual(cm.exception.code, 2)
+
+
 class TestSummary(unittest.TestCase):
     def test_rows(self) -> None:
         rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
@@ -202,6 +254,17 @@ class TestSummary(unittest.TestCase):
         self.assertIn("pd-push-auto | not run: out of time", text)
         self.assertIn("fault | 1/1 | prefill's staged SIGKILLed at 0.50s (mid-transfer)", text)
         json.dumps(rows)
+
+    def test_tp_rows(self) -> None:
+        """A TP run's engines row names the split and GPUs; its phases carry the split in their names."""
+        rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
+                 "start_s": 95, "pre_tp": 2, "dec_tp": 1, "pre_gpus": [0, 1], "dec_gpus": [2]},
+                {"phase": "pd-pull-tcp tp2:1", "tokens": {"equal": 16, "of": 16, "diff": []},
+                 "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0}, "kv": {}}]
+        text = parts.summary_text(rows)
+        self.assertIn("attempt 1: ok, TP 2 on GPUs [0, 1] -> TP 1 on GPUs [2], CUDA graphs on", text)
+        self.assertIn("pd-pull-tcp tp2:1 | 16/16 | 0.050/0.100", text)
 
 
 class TestWheelStrip(unittest.TestCase):
