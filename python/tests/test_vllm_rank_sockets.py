@@ -1,17 +1,24 @@
 """One sidecar per GPU under tensor parallelism (issue 34 item 3): ``{rank}`` in the connector's ``socket`` and
 ``peer_name`` picks each rank's sidecar, the source (pull) or destination (push) rank's peer, and rank 0's
-sidecar for the schedulers' ticket links. No sidecar, no vLLM: the worker's movers are recorded."""
+sidecar for the schedulers' ticket links. First with the worker's movers recorded (no sidecar), then
+test_vllm_chunked's splits through one real hostmem sidecar per rank."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import unittest
-from typing import Any, List
+from typing import Any, Dict, List
 from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import test_vllm_chunked as chunked  # noqa: E402
 
 from stage_client.vllm import tickets as tickets_mod  # noqa: E402
 from stage_client.vllm.config import StageConfig, for_rank  # noqa: E402
@@ -107,6 +114,64 @@ class TestTicketLinkRankZero(unittest.TestCase):
             link.close()
         self.assertEqual(got[0], "/s/pre-0.sock")
         self.assertEqual(post.call_args[0][5], "decode-0")
+
+
+class TestPerRankSidecars(chunked.TestChunked):
+    """test_vllm_chunked's splits (TP 2 -> 2 chunked push, GQA 4 -> 2 push, 1 -> 4 pull, preemption) with one
+    hostmem sidecar per rank, 4 a side: the connector reaches rank r's through ``{rank}`` in socket and
+    peer_name, and every route lists all sidecars of the other side (a transfer naming none is refused)."""
+
+    RANKS = 4
+    # Push: the decode's ticket goes to the prefill's rank 0 sidecar, which a route of several peers must name:
+    # the request carries stage_peer (prefill-{rank}), as a router that knows the prefill would set it.
+    name_prefill = True
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        if not chunked.HAVE_STAGED:
+            raise unittest.SkipTest(chunked.SKIP_WHY)
+        chunked.torch.set_num_threads(1)
+        cls.nodes = []
+        cls.links = tempfile.mkdtemp(prefix="stage-ranks-")
+        try:
+            scs: Dict[str, List[Any]] = {}
+            for side in ("prefill", "decode"):
+                scs[side] = []
+                for r in range(cls.RANKS):
+                    n = chunked.Staged("%s-%d" % (side, r))
+                    cls.nodes.append(n)
+                    scs[side].append(n)
+                    os.symlink(n.socket, os.path.join(cls.links, "%s-%d.sock" % (side, r)))
+            for side, other, route in (("prefill", "decode", "decode"), ("decode", "prefill", "prefill")):
+                for n in scs[side]:
+                    add_routes(n, route, [o.peers for o in scs[other]])
+            cls.sides = {side: (os.path.join(cls.links, side + "-{rank}.sock"), side + "-{rank}")
+                         for side in ("prefill", "decode")}
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.links, ignore_errors=True)
+        super().tearDownClass()
+
+
+def add_routes(n: Any, name: str, peers: List[str], timeout: float = 15) -> None:
+    """Route ``name`` of running staged ``n`` to every one of ``peers`` (SIGHUP), waiting until each is up."""
+    with open(n.config, "a") as f:
+        f.write("routes:\n  - name: %s\n    peers: [%s]\n" % (name, ", ".join('"%s"' % p for p in peers)))
+    n.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while True:
+        rs = {r["name"]: r for r in n.client.routes()}
+        up = [p for p in (rs.get(name) or {}).get("peers") or () if p.get("state") == "up"]
+        if len(up) == len(peers):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("%s: route %s: %d of %d peers up after %ss: %s\n%s" % (
+                n.name, name, len(up), len(peers), timeout, rs, n.tail()))
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
