@@ -30,11 +30,12 @@
 # third (limit 480 s) running
 #
 #   bash scripts/gpu-vllm.sh stash && GPU_VLLM_BUDGET=450 GPU_VLLM_ARGS="--gpus 0,1,2,3
-#     --tp-runs 2:1,2:2 --transports tcp --no-fault" bash scripts/gpu-vllm.sh run
+#     --tp-runs 2:1,2:2 --modes pull --transports tcp --no-fault" bash scripts/gpu-vllm.sh run
 #
 # (one line there). Run 1: prefill TP 2 on GPUs 0,1 -> decode TP 1 on GPU 2; run 2:
-# the same prefill -> decode TP 2 on GPUs 2,3; pull and layer-wise push each, tokens
-# against the decode alone (near-tie gaps, the control) as in the 2-GPU pair. One
+# the same prefill -> decode TP 2 on GPUs 2,3; pulls, tokens against the decode alone
+# (near-tie gaps, the control) as in the 2-GPU pair. Push is not run under TP: the
+# decode's ticket must name the prefill's rank-0 sidecar, and pdproxy names none. One
 # `cuda` staged per GPU, started once: a sidecar serves one device, so rank r of an
 # engine registers on the sidecar `<side>-r`, which sees its engine's GPUs and
 # serves ordinal r (the connector's `socket` and `peer_name` carry `{rank}`; every

@@ -58,7 +58,7 @@ else:
 
 from test_e2e import Staged, sidecar_env  # noqa: E402
 from gpu_vllm_parts import (compare, delta, make_prompts, metric_sums, parse_tp_runs, prompt_lengths,  # noqa: E402
-                            sidecar_config, sidecar_specs, summary_text, timing, top2_gap, tp_plan)
+                            sidecar_config, sidecar_specs, summary_text, timing, top2_gap, tp_plan, tp_skip)
 
 # ---------------------------------------------------------------------------
 # processes
@@ -431,6 +431,10 @@ class Pair:
     def pd_phase(self, name: str, mode: str, transport: str, seed: int) -> None:
         a = self.args
         name += self.label
+        why = tp_skip(mode, self.plan["per_rank"])
+        if why:
+            self.record(name, mode=mode, transport=transport, skipped=why)
+            return
         if self.left() < a.phase_min:
             self.record(name, mode=mode, transport=transport, skipped="out of time (%.0fs left)" % self.left())
             return

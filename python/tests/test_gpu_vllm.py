@@ -178,6 +178,11 @@ class TestTPLayout(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "need 4 GPUs"):
             parts.tp_plan([(2, 2)], [0, 1])
 
+    def test_push_skipped_per_rank(self) -> None:
+        self.assertEqual(parts.tp_skip("push", False), "")
+        self.assertEqual(parts.tp_skip("pull", True), "")
+        self.assertIn("stage_peer", parts.tp_skip("push", True))
+
     def test_sidecars_per_rank(self) -> None:
         """Rank r of an engine on GPUs 2,3 registers device index r: its sidecar sees 2,3 and serves ordinal r."""
         self.assertEqual(parts.sidecar_specs("decode", [2, 3], True),
