@@ -248,7 +248,7 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
                 r.get("attempt"), "ok" if r.get("ok") else "FAILED", tp, "--enforce-eager" if r.get("eager") else
                 "CUDA graphs on", r.get("pre_block"), r.get("dec_block"), r.get("start_s"),
                 "" if r.get("ok") else ": " + str(r.get("error", ""))[-300:].replace("\n", " ")))
-        elif ph in ("start", "warmup", "sidecars"):
+        elif ph.split(" ")[0] in ("start", "warmup", "sidecars"):  # "warmup tp2:1": a TP run's
             out.append("%s | %s" % (ph, json.dumps({k: v for k, v in r.items() if k not in ("phase", "at_s")})[:400]))
     return "\n".join(out) + "\n"
 

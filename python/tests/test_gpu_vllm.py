@@ -266,8 +266,12 @@ class TestSummary(unittest.TestCase):
                  "start_s": 95, "pre_tp": 2, "dec_tp": 1, "pre_gpus": [0, 1], "dec_gpus": [2]},
                 {"phase": "pd-pull-tcp tp2:1", "tokens": {"equal": 16, "of": 16, "diff": []},
                  "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
-                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0}, "kv": {}}]
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0}, "kv": {}},
+                {"phase": "warmup tp2:1", "status": 200, "error": None},
+                {"phase": "start tp2:2", "ok": False, "error": "vLLM decode-run2 exited 1"}]
         text = parts.summary_text(rows)
+        self.assertIn('warmup tp2:1 | {"status": 200, "error": null}', text)
+        self.assertIn('start tp2:2 | {"ok": false, "error": "vLLM decode-run2 exited 1"}', text)
         self.assertIn("attempt 1: ok, TP 2 on GPUs [0, 1] -> TP 1 on GPUs [2], CUDA graphs on", text)
         self.assertIn("pd-pull-tcp tp2:1 | 16/16 | 0.050/0.100", text)
 
