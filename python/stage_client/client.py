@@ -232,10 +232,12 @@ class Client(KVRequests, TicketRequests):
         self._hooks: List[Callable[["Client"], None]] = []  # on_reconnect callbacks
         self._lost_hooks: List[Callable[[], None]] = []  # on_disconnect callbacks
         self._resuming: Optional[int] = None  # the thread restoring a new connection; others' calls wait out
-        self._reader = self._start_reader(self._sock)
+        # Everything the reader reads when the connection ends is set before it starts: a sidecar that
+        # refuses the connection (a Fail with Req 0) may close it at once.
         self._reconnector: Optional[Reconnector] = None
         if reconnect:
             self._reconnector = Reconnector(self, reconnect if isinstance(reconnect, Backoff) else Backoff())
+        self._reader = self._start_reader(self._sock)
         if self._group is not None:
             token = self._group
             try:

@@ -43,7 +43,7 @@ def client_threads() -> List[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("stage-client")]
 
 
-def until(cond: Any, timeout: float = 5.0) -> bool:
+def until(cond: Any, timeout: float = 20.0) -> bool:  # a bound for a loaded CI machine; returns when cond holds
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():

@@ -83,6 +83,17 @@ func caches(t *testing.T, src, dst *proxytest.Sidecar, layers int, layerBytes ui
 // is 0. A sidecar the test closes takes its registrations with it.
 func newCache(t *testing.T, sc *proxytest.Sidecar, name string, layers int, layerBytes, seed uint64) *kvsim.Cache {
 	t.Helper()
+	c := registerCache(t, sc.Client, name, layers, layerBytes, seed)
+	t.Cleanup(func() { _ = c.Unregister(context.Background(), sc.Client) })
+	return c
+}
+
+// registerCache registers a cache of layers x layerBytes named name over
+// cl, all access granted: filled from seed, or poisoned with guard when
+// seed is 0. It is not unregistered: its connection's end (or the
+// caller's cleanup) lets it go.
+func registerCache(t *testing.T, cl *client.Client, name string, layers int, layerBytes, seed uint64) *kvsim.Cache {
+	t.Helper()
 	c, err := kvsim.New(name, layers, layerBytes, 12288)
 	if err != nil {
 		t.Fatal(err)
@@ -96,10 +107,9 @@ func newCache(t *testing.T, sc *proxytest.Sidecar, name string, layers int, laye
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Register(context.Background(), sc.Client, wire.AccessAll); err != nil {
-		t.Fatal(err)
+	if err := c.Register(context.Background(), cl, wire.AccessAll); err != nil {
+		t.Fatalf("register %s: %v", name, err)
 	}
-	t.Cleanup(func() { _ = c.Unregister(context.Background(), sc.Client) })
 	return c
 }
 

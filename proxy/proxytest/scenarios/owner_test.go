@@ -45,23 +45,7 @@ func joined(t *testing.T, sc *proxytest.Sidecar, token string) *client.Client {
 // unregisters it: its connection's end must.
 func freshCache(t *testing.T, cl *client.Client, name string, size, seed uint64) *kvsim.Cache {
 	t.Helper()
-	c, err := kvsim.New(name, 2, size, 12288)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	if seed != 0 {
-		err = c.Fill(seed)
-	} else {
-		err = c.Poison(guard)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Register(context.Background(), cl, wire.AccessAll); err != nil {
-		t.Fatalf("register %s: %v", name, err)
-	}
-	return c
+	return registerCache(t, cl, name, 2, size, seed)
 }
 
 // waitRegions waits until sc holds regions regions and mappings mappings.
