@@ -196,6 +196,22 @@ def _kv_line(kv: Dict[str, Dict[str, float]]) -> str:
     return "; ".join(parts)
 
 
+def _nixl_line(kv: Dict[str, Dict[str, float]]) -> str:
+    """NixlConnector's transfers from the engines' /metrics deltas: MiB, count, mean seconds, failures."""
+    parts = []
+    for side in ("prefill", "decode"):
+        d = kv.get(side) or {}
+        n = sum(v for k, v in d.items() if k.startswith("vllm:nixl_xfer_time_seconds_count"))
+        if not n:
+            continue
+        t = sum(v for k, v in d.items() if k.startswith("vllm:nixl_xfer_time_seconds_sum"))
+        b = sum(v for k, v in d.items() if k.startswith("vllm:nixl_bytes_transferred_sum"))
+        bad = sum(v for k, v in d.items() if k.startswith("vllm:nixl_num_failed"))
+        parts.append("%s (NIXL): %.1f MiB in %d transfers, %.3f s mean%s" % (
+            side, b / MIB, n, t / n, ", %d failed" % bad if bad else ""))
+    return "; ".join(parts) or "no NIXL transfer counted in the engines' /metrics"
+
+
 def _t(x: Optional[float]) -> str:
     return "-" if x is None else "%.3f" % x
 
@@ -228,7 +244,8 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
                 eq += "; control (the decode alone again, one at a time): " + _equal_text(ct)
             out.append("%s | %s | %s/%s vs %s/%s | %s vs %s | %s" % (
                 ph, eq, _t(pd.get("ttft_p50")), _t(pd.get("ttft_p90")), _t(al.get("ttft_p50")),
-                _t(al.get("ttft_p90")), pd.get("tok_per_s"), al.get("tok_per_s"), _kv_line(r.get("kv") or {})))
+                _t(al.get("ttft_p90")), pd.get("tok_per_s"), al.get("tok_per_s"),
+                (_nixl_line if r.get("connector") == "nixl" else _kv_line)(r.get("kv") or {})))
         elif ph == "fault":
             st = [q.get("status") for q in r.get("requests") or []]
             out.append("fault | %s/%s | prefill's staged SIGKILLed at %.2fs (%s); statuses %s; within timeout_s+30: %s"
@@ -244,8 +261,9 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
         elif ph == "engines":
             tp = " TP %s on GPUs %s -> TP %s on GPUs %s," % (r["pre_tp"], r.get("pre_gpus"), r.get("dec_tp"), r.get(
                 "dec_gpus")) if r.get("pre_tp", 1) > 1 or r.get("dec_tp", 1) > 1 else ""
-            out.append("engines | attempt %s: %s,%s %s, blocks prefill %s / decode %s, start %ss%s" % (
-                r.get("attempt"), "ok" if r.get("ok") else "FAILED", tp, "--enforce-eager" if r.get("eager") else
+            out.append("engines | attempt %s: %s,%s%s %s, blocks prefill %s / decode %s, start %ss%s" % (
+                r.get("attempt"), "ok" if r.get("ok") else "FAILED", tp,
+                " vLLM's NixlConnector," if r.get("connector") == "nixl" else "", "--enforce-eager" if r.get("eager") else
                 "CUDA graphs on", r.get("pre_block"), r.get("dec_block"), r.get("start_s"),
                 "" if r.get("ok") else ": " + str(r.get("error", ""))[-300:].replace("\n", " ")))
         elif ph.split(" ")[0] in ("start", "warmup", "sidecars"):  # "warmup tp2:1": a TP run's

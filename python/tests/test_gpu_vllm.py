@@ -276,6 +276,43 @@ class TestSummary(unittest.TestCase):
         self.assertIn("pd-pull-tcp tp2:1 | 16/16 | 0.050/0.100", text)
 
 
+class TestNixl(unittest.TestCase):
+    """vLLM's NixlConnector beside stage (issue 34 item 4): its configuration, its row of the summary."""
+
+    def test_config_is_tcp_without_ipc(self) -> None:
+        import gpu_vllm_procs as procs
+
+        ktc, env = procs.nixl_transfer_config(5123)
+        self.assertEqual((ktc["kv_connector"], ktc["kv_role"], ktc["kv_buffer_device"]),
+                         ("NixlConnector", "kv_both", "cuda"))
+        self.assertNotIn("cuda_ipc", env["UCX_TLS"])
+        self.assertIn("tcp", env["UCX_TLS"].split(","))
+        self.assertEqual((env["UCX_NET_DEVICES"], env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), ("lo", "5123"))
+
+    def test_nixl_flag(self) -> None:
+        import gpu_vllm_pair as gp
+
+        base = ["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", "o"]
+        self.assertFalse(gp.parse(base).nixl)
+        self.assertTrue(gp.parse(base + ["--nixl"]).nixl)
+
+    def test_row(self) -> None:
+        d = {"vllm:nixl_xfer_time_seconds_sum": 0.5, "vllm:nixl_xfer_time_seconds_count": 4.0,
+             "vllm:nixl_bytes_transferred_sum": 8.0 * parts.MIB}
+        rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
+                 "start_s": 90, "connector": "nixl"},
+                {"phase": "pd-nixl-pull", "connector": "nixl", "tokens": {"equal": 16, "of": 16, "diff": []},
+                 "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0},
+                 "kv": {"prefill": {}, "decode": d}},
+                {"phase": "pd-nixl-pull", "connector": "nixl", "tokens": {"equal": 1, "of": 1, "diff": []},
+                 "pd": {}, "alone": {}, "kv": {"prefill": {}, "decode": {}}}]
+        text = parts.summary_text(rows)
+        self.assertIn("ok, vLLM's NixlConnector, CUDA graphs on", text)
+        self.assertIn("decode (NIXL): 8.0 MiB in 4 transfers, 0.125 s mean", text)
+        self.assertIn("no NIXL transfer counted", text)
+
+
 class TestWheelStrip(unittest.TestCase):
     def test_dropped(self) -> None:
         gone = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/_moe_C_stable_libtorch.abi3.so",
