@@ -70,7 +70,7 @@ class Pair:
         self.t0 = time.monotonic()
         self.work = tempfile.mkdtemp(prefix="gpu-vllm-", dir=args.work)
         dev = "hostmem" if args.cpu else "cuda"
-        self.plan = tp_plan(args.tp_runs, args.gpus)  # without TP: one sidecar a side, as before
+        self.plan = tp_plan(args.tp_runs, args.gpus, args.share_gpus)  # without TP: one sidecar a side, as before
         self.scs: Dict[str, List[Sidecar]] = {
             side: [Sidecar(args.staged, sp["name"], self.work, dev, sp["visible"], args.work, sp["ordinal"])
                    for sp in sidecar_specs(side, self.plan[group], self.plan["per_rank"])]
@@ -126,14 +126,16 @@ class Pair:
             Eng = engine_class()
             self.engines = []
             t = time.monotonic()
-            self.pre = Eng(names[0], a.model, "kv_producer", pre_sock, "decode", a.pre_block,
-                           pre_x, a, run["pre"], self.eager, connector)  # push tickets come over the sidecars' link
-            self.engines.append(self.pre)
-            self.dec = Eng(names[1], a.model, "kv_consumer", dec_sock, "prefill", a.dec_block, dec_x, a, run["dec"],
-                           self.eager, connector)
-            self.engines.append(self.dec)
             deadline = time.monotonic() + min(a.start_s, max(30.0, self.left() - 60))
             try:
+                self.pre = Eng(names[0], a.model, "kv_producer", pre_sock, "decode", a.pre_block,
+                               pre_x, a, run["pre"], self.eager, connector)  # push tickets come over the link
+                self.engines.append(self.pre)
+                if set(run["pre"]) & set(run["dec"]):  # vLLM's memory profiling must not see the other start
+                    self.pre.wait_ready(deadline)
+                self.dec = Eng(names[1], a.model, "kv_consumer", dec_sock, "prefill", a.dec_block, dec_x, a,
+                               run["dec"], self.eager, connector)
+                self.engines.append(self.dec)
                 for e in self.engines:
                     e.wait_ready(deadline)
             except RuntimeError as err:
@@ -474,6 +476,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--dec-tp", type=int, default=1, help="the decode's tensor-parallel size")
     p.add_argument("--tp-runs", default="", help="PRE:DEC,... (e.g. 2:1,2:2): one run per split, engines "
                    "restarted between runs beside the same sidecars; wins over --pre-tp/--dec-tp")
+    p.add_argument("--share-gpus", action="store_true", help="TP runs on fewer GPUs than both sides need: the "
+                   "decode's engine on the last GPUs, beside the prefill's (memory split by --gpu-mem)")
     p.add_argument("--eager", action="store_true", help="--enforce-eager from the start")
     p.add_argument("--pre-block", type=int, default=16)
     p.add_argument("--dec-block", type=int, default=64)
@@ -504,7 +508,7 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a.gpus = [int(x) for x in a.gpus.split(",")]
     try:
         a.tp_runs = parse_tp_runs(a.tp_runs or "%d:%d" % (a.pre_tp, a.dec_tp))
-        tp_plan(a.tp_runs, a.gpus)  # enough GPUs, else a clear error before anything starts
+        tp_plan(a.tp_runs, a.gpus, a.share_gpus)  # enough GPUs, else a clear error before anything starts
     except ValueError as e:
         ap.error(str(e))
     if a.cpu and a.tp_runs != [(1, 1)]:

@@ -147,16 +147,20 @@ def parse_tp_runs(text: str) -> List[Tuple[int, int]]:
     return runs
 
 
-def tp_plan(runs: Sequence[Tuple[int, int]], gpus: Sequence[int]) -> Dict[str, Any]:
+def tp_plan(runs: Sequence[Tuple[int, int]], gpus: Sequence[int], share: bool = False) -> Dict[str, Any]:
     """The GPUs of each side and run: the prefill's group is the first (largest prefill TP) GPUs, the decode's
     the next (largest decode TP); a run's engine takes the first TP GPUs of its side's group. The sidecars
-    serve the groups, so runs restart only the engines."""
+    serve the groups, so runs restart only the engines. ``share`` (fewer GPUs than both groups need, as on
+    a 2-GPU machine when no 4-GPU one is lent): the decode's group is the last GPUs, overlapping the
+    prefill's; ``shared`` says so (the engines then start one after the other)."""
     mp, md = max(p for p, _ in runs), max(d for _, d in runs)
-    if len(gpus) < mp + md:
-        raise ValueError("tp runs %s need %d GPUs (prefill %d + decode %d), --gpus gives %d"
-                         % (list(runs), mp + md, mp, md, len(gpus)))
-    pre, dec = list(gpus[:mp]), list(gpus[mp:mp + md])
-    return {"pre_group": pre, "dec_group": dec, "per_rank": mp + md > 2,
+    if len(gpus) < mp + md and not (share and len(gpus) >= max(mp, md)):
+        raise ValueError("tp runs %s need %d GPUs (prefill %d + decode %d)%s, --gpus gives %d"
+                         % (list(runs), mp + md, mp, md, " or, sharing, %d" % max(mp, md) if share else "",
+                            len(gpus)))
+    pre = list(gpus[:mp])
+    dec = list(gpus[mp:mp + md]) if len(gpus) >= mp + md else list(gpus[len(gpus) - md:])
+    return {"pre_group": pre, "dec_group": dec, "per_rank": mp + md > 2, "shared": bool(set(pre) & set(dec)),
             "runs": [{"pre_tp": p, "dec_tp": d, "pre": pre[:p], "dec": dec[:d]} for p, d in runs]}
 
 

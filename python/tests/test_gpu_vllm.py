@@ -174,6 +174,15 @@ class TestTPLayout(unittest.TestCase):
         self.assertEqual(parts.sidecar_specs("decode", p["dec_group"], p["per_rank"]),
                          [{"name": "decode", "visible": "1", "ordinal": 0, "rank": 0}])
 
+    def test_plan_shared_on_two_gpus(self) -> None:
+        """No 4-GPU machine: --share-gpus puts the decode on the last GPUs, beside the prefill."""
+        plan = parts.tp_plan([(2, 1), (2, 2)], [0, 1], share=True)
+        self.assertTrue(plan["shared"])
+        self.assertEqual([(r["pre"], r["dec"]) for r in plan["runs"]], [([0, 1], [0]), ([0, 1], [0, 1])])
+        self.assertFalse(parts.tp_plan([(2, 1)], [0, 1, 2], share=True)["shared"])  # enough: apart as before
+        with self.assertRaises(ValueError):
+            parts.tp_plan([(4, 1)], [0, 1], share=True)
+
     def test_plan_too_few_gpus(self) -> None:
         with self.assertRaisesRegex(ValueError, "need 4 GPUs"):
             parts.tp_plan([(2, 2)], [0, 1])
