@@ -23,7 +23,7 @@ func (ox *outXfer) startPush(lx *localXfer, r *route, remote []string, announce 
 		plan, err := ox.getPlan()
 		if err != nil {
 			ss.node.Unwatch(ox.wireID)
-			ss.forget(ox.wireID, corePush(ox.key))
+			ss.out.forget(ox.wireID, corePush(ox.key))
 			s.outs.take(ox.key)
 			region.ReleaseAll(ox.regions)
 			s.finishLocal(lx, err)
@@ -59,7 +59,7 @@ func (ox *outXfer) finishDirect(lx *localXfer, t node.Transport, err error) {
 		}
 	}
 	ss.node.Unwatch(ox.wireID)
-	ss.forget(ox.wireID, corePush(ox.key))
+	ss.out.forget(ox.wireID, corePush(ox.key))
 	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {

@@ -163,7 +163,7 @@ func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wa
 		}
 		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
 		s.outs.put(ox)
-		ss.expect(lx.wireID, corePush(ox.key))
+		ss.out.expect(lx.wireID, corePush(ox.key))
 		// The chunks follow the Announce at once, without waiting for Accept:
 		// the receiver checks the whole transfer when the Announce arrives
 		// and holds any chunk that overtook it until then, so nothing lands
@@ -225,7 +225,7 @@ func checksumFor(r *route, choice uint8) bool {
 // before the request goes out; when the session closed meanwhile, it
 // fails the engine's transfer and reports false.
 func (s *Server) expectPull(x *inXfer) bool {
-	if x.ss.open(x) == nil {
+	if x.ss.in.open(x) == nil {
 		return true
 	}
 	region.ReleaseAll(x.regions)
@@ -305,12 +305,12 @@ func (s *Server) abortLocal(lx *localXfer, err error, peerMsg string, cancel boo
 	ss := lx.ss
 	ss.send(&wire.Nack{Transfer: lx.wireID, Code: errCode(err), Message: peerMsg})
 	if lx.dir == wire.Pull {
-		if x := ss.lookupIn(lx.wireID); x != nil {
+		if x := ss.in.lookup(lx.wireID); x != nil {
 			x.fail(err, false)
 		}
 		return
 	}
-	if ss.takeInline(lx.wireID) != nil {
+	if ss.out.takeInline(lx.wireID) != nil {
 		s.finishLocal(lx, err)
 		return
 	}
