@@ -13,9 +13,9 @@ import (
 //
 // Lock order: answerTable.mu is a leaf. Nothing else is locked while it
 // is held, and no caller holds session.mu or the inbound half's lock
-// when it takes it. What needed the session's lock before (whether the
-// session closed when a small push or a served pull is listed) the
-// table answers itself: close stops it listing those.
+// when it takes it. Whether the session closed, when a small push or a
+// served pull is to be listed, the table answers itself: close stops it
+// listing those.
 type answerTable struct {
 	mu      sync.Mutex
 	byID    map[uint64]answerer
