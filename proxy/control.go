@@ -54,7 +54,7 @@ func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
 		}
 		if err != nil {
 			h.s.log.Warn("bad control frame; closing session", zap.String("peer", ss.peerName), zap.Error(err))
-			ss.sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
+			sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
 			return gnet.Close
 		}
 		total := wire.HeaderSize + int(hdr.Length)
@@ -74,7 +74,7 @@ func (h *ctrlHandler) OnTraffic(c gnet.Conn) gnet.Action {
 		_, _ = c.Discard(total)
 		if err != nil {
 			h.s.log.Warn("bad control frame; closing session", zap.String("peer", ss.peerName), zap.Error(err))
-			ss.sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
+			sendNow(c, &wire.Error{Code: wire.CodeMalformed, Message: err.Error()})
 			return gnet.Close
 		}
 		if act := ss.handle(m); act != gnet.None {
@@ -94,7 +94,7 @@ func (h *ctrlHandler) OnClose(c gnet.Conn, err error) gnet.Action {
 }
 
 // sendNow writes from inside an event-loop callback.
-func (ss *session) sendNow(c gnet.Conn, m wire.Msg) {
+func sendNow(c gnet.Conn, m wire.Msg) {
 	_, _ = c.Write(wire.AppendFrame(nil, m, false, 0))
 }
 
@@ -104,10 +104,10 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	now := time.Now()
 	switch m := m.(type) {
 	case *wire.Ack:
-		ss.answererOf(m.Transfer).ack(ss, m, now)
+		answererOf(ss, m.Transfer).ack(ss, m, now)
 	case *wire.Resend:
 		// A chunk we sent arrived damaged.
-		ss.answererOf(m.Transfer).resend(ss, m, now)
+		answererOf(ss, m.Transfer).resend(ss, m, now)
 	case *wire.Credit:
 		s.sender.post(staging.Event{Kind: staging.EvCredit, Session: ss.id, Credits: int(m.Grant), Now: now})
 	case *wire.Announce:
@@ -130,21 +130,15 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 		// The peer refused or failed a transfer: ours, or one we serve
 		// or receive.
 		err := codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message)
-		ss.answererOf(m.Transfer).nack(ss, m.Transfer, err, time.Now())
+		answererOf(ss, m.Transfer).nack(ss, m.Transfer, err, time.Now())
 	case *wire.CatalogRequest:
 		ss.send(&wire.Catalog{Seq: m.Seq, Regions: s.regions.Infos()})
 	case *wire.Catalog:
-		ss.mu.Lock()
-		ch := ss.catalog[m.Seq]
-		delete(ss.catalog, m.Seq)
-		ss.mu.Unlock()
-		if ch != nil {
-			ch <- m.Regions
-		}
+		ss.catalogs.answer(m.Seq, m.Regions)
 	case *wire.Ticket:
-		ss.ticketArrived(m)
+		s.inboxes.arrived(ss, m)
 	case *wire.TicketAnswer:
-		ss.ticketAnswered(m)
+		ss.tickets.answer(m.Seq, m)
 	case *wire.NodeInfo:
 		ss.node.SetInfo(m)
 	case *wire.Revoke:
@@ -179,23 +173,4 @@ func (s *Server) stray(ss *session, frame string, id uint64) {
 func (s *Server) carries(ss *session, key staging.Key) bool {
 	ox := s.outs.get(key)
 	return ox != nil && ox.ss == ss
-}
-
-// maxRetired bounds the retired served pulls a session remembers; the
-// core keeps as many tombs (staging's maxTombs).
-const maxRetired = 1024
-
-// keepRetiredLocked remembers the core key of a served pull that retired,
-// so that an Ack arriving after it still reaches the core, which returns
-// the credits of copies it owed (ss.mu held).
-func (ss *session) keepRetiredLocked(wireID uint64, key staging.Key) {
-	if _, ok := ss.retired[wireID]; ok {
-		return
-	}
-	ss.retired[wireID] = key
-	ss.retRing = append(ss.retRing, wireID)
-	if len(ss.retRing) > maxRetired {
-		delete(ss.retired, ss.retRing[0])
-		ss.retRing = ss.retRing[1:]
-	}
 }

@@ -124,11 +124,8 @@ type sendJob struct {
 // replaced: it is stopped and its goroutines waited for first, so every
 // chunk it held is reported to the core before the new stream exists.
 func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
-	ss.mu.Lock()
-	old := ss.streams[i]
-	taken := ss.closed || (old != nil && !old.readerDone.Load())
-	ss.mu.Unlock()
-	if taken {
+	old, ok := ss.streams.claim(i)
+	if !ok {
 		_ = c.Close()
 		return false
 	}
@@ -155,18 +152,10 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 		return false
 	}
 	ds := &dataStream{ss: ss, idx: i, rc: rc, sendq: make(chan sendJob, ss.s.sender.pool.Cap()+1), ctl: newCtlQueue()}
-	ss.mu.Lock()
-	if ss.closed || ss.streams[i] != old {
-		ss.mu.Unlock()
+	if !ss.streams.put(i, old, ds, !ss.dialer) {
 		closeUnused(rc)
 		return false
 	}
-	ss.streams[i] = ds
-	ss.attached++
-	if !ss.dialer && i >= ss.stripes {
-		ss.stripes = i + 1
-	}
-	ss.mu.Unlock()
 	if greet != nil {
 		ss.s.sender.post(staging.Event{Kind: staging.EvStreamUp, Session: ss.id, Stream: i, Now: time.Now()})
 		if err := rc.Writev([][]byte{wire.AppendFrame(nil, greet, false, 0)}); err != nil {
@@ -178,17 +167,6 @@ func (ss *session) attach(i int, c net.Conn, greet wire.Msg) bool {
 	go ds.writeLoop()
 	go ds.readLoop()
 	return true
-}
-
-func (ss *session) closeStreams() {
-	ss.mu.Lock()
-	streams := append([]*dataStream(nil), ss.streams...)
-	ss.mu.Unlock()
-	for _, ds := range streams {
-		if ds != nil {
-			ds.stop()
-		}
-	}
 }
 
 // stop closes the connection and the send queue; the goroutines exit.
@@ -238,55 +216,13 @@ func (ds *dataStream) writeNow(bufs [][]byte) error {
 // redialing) forever.
 func (ds *dataStream) lost(err error) {
 	ds.dead.Store(true)
-	ds.ss.failInline(codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %w", ds.idx, ds.ss.peerName, err),
+	ds.ss.s.inline.fail(ds.ss, codeErr(wire.CodePeerUnavailable, "data stream %d to %s lost before the small push was answered: %w", ds.idx, ds.ss.peerName, err),
 		func(ix *inlineXfer) bool { return ix.stream != ds.idx })
 	ds.ss.s.sender.post(staging.Event{Kind: staging.EvStreamLost, Session: ds.ss.id, Stream: ds.idx, Err: err, Now: time.Now()})
 	ds.ss.s.log.Warn("data stream lost", zap.String("peer", ds.ss.peerName), zap.Int("stream", ds.idx), zap.Error(err))
-	if !ds.ss.streamsLeft() {
+	if !ds.ss.streams.left() {
 		ds.ss.close(fmt.Errorf("every data stream was lost (last: %w)", err))
 		return
 	}
 	ds.ss.startRedial(ds.idx)
-}
-
-// stuckWrite is how long a writev must have been blocked, when a transfer
-// on its session misses its progress deadline, for its stream to count
-// as stuck (see unstick).
-const stuckWrite = time.Second
-
-// unstick shuts down the session's data streams whose writer has been
-// blocked in one writev for more than stuckWrite. It runs when a transfer
-// on the session missed its progress deadline: a peer that stopped
-// reading would otherwise keep the send slots of the chunks blocked in,
-// and queued behind, those writes after the transfer failed, starving
-// every other route. Their writes fail, so the slots come back (the core
-// resends other transfers' chunks on a live stream); a session left
-// with no stream closes, and its route redials.
-func (ss *session) unstick(now time.Time) int {
-	ss.mu.Lock()
-	streams := append([]*dataStream(nil), ss.streams...)
-	ss.mu.Unlock()
-	n := 0
-	for _, ds := range streams {
-		if ds == nil {
-			continue
-		}
-		if since := ds.writing.Load(); since != 0 && now.Sub(time.Unix(0, since)) > stuckWrite {
-			ds.rc.Shutdown()
-			n++
-		}
-	}
-	return n
-}
-
-// streamsLeft reports whether any attached data stream still reads.
-func (ss *session) streamsLeft() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for _, ds := range ss.streams {
-		if ds != nil && !ds.readerDone.Load() {
-			return true
-		}
-	}
-	return false
 }

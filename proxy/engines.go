@@ -102,7 +102,7 @@ func (h engineHost) Query(o engine.Owner, q *wire.Query) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		return ss.askCatalog(s.newID())
+		return askCatalog(ss, s.newID())
 	case wire.QueryDevice:
 		info, err := deviceInfo(s.dev)
 		if err != nil {

@@ -38,10 +38,11 @@ func proof(token []byte, label string, parts ...[]byte) (p [wire.ProofSize]byte)
 	return p
 }
 
-func (ss *session) dataProof(stream uint16) [wire.ProofSize]byte {
+// dataProof is what the DataHello of ss's data stream stream proves.
+func (hs handshaker) dataProof(ss *session, stream uint16) [wire.ProofSize]byte {
 	var b [2]byte
 	binary.LittleEndian.PutUint16(b[:], stream)
-	return proof(ss.s.token, "stage-data", ss.sid[:], b[:], ss.nonceC[:], ss.nonceS[:])
+	return proof(hs.s.token, "stage-data", ss.sid[:], b[:], ss.nonceC[:], ss.nonceS[:])
 }
 
 func writeMsg(c net.Conn, m wire.Msg) error {
@@ -131,30 +132,30 @@ func (hs handshaker) dial(ctx context.Context, r *route, addr string) (*session,
 	ss.sid, ss.peerName, ss.peerHost = wel.SessionID, ch.NodeName, ch.HostID
 	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(wel.SlotSize))
 	ss.peerWindow = wel.Window
-	if int(wel.MaxStreams) < ss.stripes {
-		ss.stripes = int(wel.MaxStreams)
-		ss.streams = ss.streams[:ss.stripes]
+	if n := int(wel.MaxStreams); n < ss.streams.stripes {
+		ss.streams.stripes, ss.streams.list = n, ss.streams.list[:n] // not shared yet
 	}
 	if !stop() {
 		return fail(fmt.Errorf("handshake with %s: %w", addr, ctx.Err()))
 	}
 	_ = c.SetDeadline(time.Time{})
-	for i := 0; i < ss.stripes; i++ {
-		dc, err := ss.dialData(ctx, addr, uint16(i), r.Conf().ConnectTimeout)
+	for i := 0; i < ss.streams.stripes; i++ {
+		dc, err := hs.dialData(ctx, ss, addr, uint16(i), r.Conf().ConnectTimeout)
 		if err != nil {
-			ss.closeStreams()
+			ss.streams.stop()
 			return fail(fmt.Errorf("data stream %d: %w", i, err))
 		}
 		ss.attach(i, dc, nil)
 	}
 	if err := hs.register(ss, c); err != nil {
-		ss.closeStreams()
+		ss.streams.stop()
 		return fail(err)
 	}
 	return ss, nil
 }
 
-func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeout time.Duration) (net.Conn, error) {
+// dialData dials data stream idx of ss at addr and proves it.
+func (hs handshaker) dialData(ctx context.Context, ss *session, addr string, idx uint16, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -169,7 +170,7 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 	// A session (or sidecar) closing meanwhile ends the handshake at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	defer stop()
-	if err := writeMsg(c, &wire.DataHello{SessionID: ss.sid, Stream: idx, Proof: ss.dataProof(idx)}); err != nil {
+	if err := writeMsg(c, &wire.DataHello{SessionID: ss.sid, Stream: idx, Proof: hs.dataProof(ss, idx)}); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
@@ -185,8 +186,8 @@ func (ss *session) dialData(ctx context.Context, addr string, idx uint16, timeou
 // before anything (a data stream attaching, a request) can name the
 // session: on the dialing side once every stream is attached, on the
 // accepting side before Welcome (sessionTable.enlist).
-func (ss *session) coreUp() {
-	ss.s.sender.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.stripes, Credits: int(ss.peerWindow), Now: time.Now()})
+func coreUp(ss *session) {
+	ss.s.sender.post(staging.Event{Kind: staging.EvSessionUp, Session: ss.id, N: ss.streams.count(), Credits: int(ss.peerWindow), Now: time.Now()})
 }
 
 // register makes an established session live: the control connection goes
@@ -231,7 +232,7 @@ func (hs handshaker) register(ss *session, c net.Conn) error {
 		}
 	}
 	fields := []zap.Field{zap.String("peer", ss.peerName), zap.String("addr", ss.addr),
-		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.stripeCount()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost())}
+		zap.Bool("dialed", ss.dialer), zap.Int("stripes", ss.streams.count()), zap.Int("chunk", ss.chunkSize), zap.Bool("same_node", ss.sameHost())}
 	if name := peerCertName(c); name != "" {
 		fields = append(fields, zap.String("tls_peer", name))
 	}
@@ -362,13 +363,12 @@ func (hs handshaker) acceptSession(c net.Conn, h *wire.Hello) error {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("too many data streams (limits.max_streams %d)", s.cfg.Limits.MaxStreams)})
 		return fail(fmt.Errorf("peer %s: limits.max_streams (%d) reached", h.NodeName, s.cfg.Limits.MaxStreams))
 	}
-	ss.stripes = maxStreams // the dialer picks how many it opens, at most this
-	ss.streams = make([]*dataStream, maxStreams)
+	ss.streams.list = make([]*dataStream, maxStreams) // the dialer picks how many it opens, at most this
 	ss.chunkSize = min(int(s.cfg.Staging.SlotSize), int(h.SlotSize))
 	ss.peerWindow = h.Window
 	// The core learns of each data stream as it attaches (attach grows
-	// ss.stripes); streams that never arrive are never chosen.
-	ss.stripes = 0
+	// ss.streams.stripes); streams that never arrive are never chosen.
+	ss.streams.stripes = 0
 	if err := s.sessions.enlist(ss); err != nil {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeShutdown, Message: err.Error()})
 		return fail(err)
@@ -396,11 +396,11 @@ func (hs handshaker) acceptData(c net.Conn, h *wire.DataHello) error {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "unknown session"})
 		return errors.New("data stream for an unknown session")
 	}
-	if want := ss.dataProof(h.Stream); !hmac.Equal(want[:], h.Proof[:]) {
+	if want := hs.dataProof(ss, h.Stream); !hmac.Equal(want[:], h.Proof[:]) {
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeAuthFailed, Message: "authentication failed"})
 		return fmt.Errorf("data stream %d of peer %s: wrong proof", h.Stream, ss.peerName)
 	}
-	if int(h.Stream) >= len(ss.streams) {
+	if int(h.Stream) >= len(ss.streams.list) { // fixed once the session is known
 		_ = writeMsg(c, &wire.Error{Code: wire.CodeBadRequest, Message: "stream index out of range"})
 		return fmt.Errorf("data stream %d of peer %s: index out of range", h.Stream, ss.peerName)
 	}

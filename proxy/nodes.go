@@ -49,9 +49,9 @@ func (n nodeSession) Fallback(reason string)      { n.ss.link.addFallback(reason
 func (n nodeSession) IncomingPush(id uint64, wait bool) node.Incoming {
 	var x *inXfer
 	if wait {
-		x = n.ss.incoming(id)
+		x = n.ss.in.incoming(id)
 	} else {
-		x = n.ss.lookupIn(id)
+		x = n.ss.in.lookup(id)
 	}
 	if x == nil || x.pull() {
 		return nil

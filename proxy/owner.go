@@ -82,7 +82,7 @@ func (s *Server) failHolders(rs []*region.Region) int {
 		n++
 	}
 	for _, ss := range s.sessions.liveList() {
-		for _, x := range ss.inList() {
+		for _, x := range ss.in.list() {
 			if r := holding(x.regions, gone); r != nil {
 				x.fail(ownerGone(r), true)
 				n++
@@ -141,17 +141,6 @@ func (t *outTable) all() []*outXfer {
 	out := make([]*outXfer, 0, len(t.byKey))
 	for _, ox := range t.byKey {
 		out = append(out, ox)
-	}
-	return out
-}
-
-// inList is a snapshot of the transfers landing here on ss.
-func (ss *session) inList() []*inXfer {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	out := make([]*inXfer, 0, len(ss.in))
-	for _, x := range ss.in {
-		out = append(out, x)
 	}
 	return out
 }

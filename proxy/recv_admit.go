@@ -59,7 +59,7 @@ func (s *Server) admitPush(ss *session, m *wire.Announce, ackOn *dataStream) err
 // (its regions released) when the id is in use or was, the session
 // closed, or the peer has limits.max_transfers_per_peer pushes running.
 func (s *Server) admitIn(ss *session, x *inXfer) error {
-	err := ss.open(x)
+	err := ss.in.open(x)
 	if err != nil {
 		region.ReleaseAll(x.regions)
 	}
@@ -76,7 +76,7 @@ func (s *Server) refusePush(ss *session, id uint64, err error) {
 	if errCode(err) != wire.CodeExists {
 		s.log.Warn("refused push", zap.String("peer", ss.peerName), zap.Uint64("transfer", id), zap.Error(err))
 	}
-	ss.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: id, Err: err}, nil)
+	ss.in.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: id, Err: err}, nil)
 	ss.send(&wire.Nack{Transfer: id, Code: errCode(err), Message: err.Error()})
 }
 

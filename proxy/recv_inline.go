@@ -73,7 +73,7 @@ func (ds *dataStream) landInline(h wire.Header, ch *wire.Chunk, meta []byte, l *
 		if got := wire.ChunkCRC(meta, buf.Host()); got != h.CRC {
 			ss.link.ChecksumErrors.Add(1)
 			err := codeErr(wire.CodeChecksum, "inline transfer %d from %s: CRC32C %08x, header says %08x", ch.Transfer, ss.peerName, got, h.CRC)
-			ss.recv(staging.RecvEvent{Kind: staging.RxDamaged, Transfer: x.wireID, Chunk: ch.Index, Inline: true, Err: err}, x)
+			ss.in.recv(staging.RecvEvent{Kind: staging.RxDamaged, Transfer: x.wireID, Chunk: ch.Index, Inline: true, Err: err}, x)
 			return nil
 		}
 	}

@@ -131,23 +131,19 @@ func (r *chunkReader) admit(inline bool) *inXfer {
 	ss, ch, o := r.ds.ss, &r.ch, &r.out
 	o.reset()
 	for {
-		x := ss.incoming(ch.Transfer)
+		x := ss.in.incoming(ch.Transfer)
 		var serr error
 		if x != nil {
 			serr = x.dest.check(ch, &r.land)
 		}
 		ev := staging.RecvEvent{Kind: staging.RxChunk, Transfer: ch.Transfer, Chunk: ch.Index, Count: ch.Count, Inline: inline, Err: serr}
-		ss.mu.Lock()
-		if ss.in[ch.Transfer] != x {
+		if !ss.in.stepIfCurrent(ev, x, o) {
 			// Opened or ended since incoming looked: look again (a
 			// transfer only goes from unknown to open to gone).
-			ss.mu.Unlock()
 			continue
 		}
-		ss.stepIn(ev, x, o)
-		ss.mu.Unlock()
 		if o.Hold {
-			ss.performIn(o)
+			ss.in.perform(o)
 		}
 		return x
 	}
@@ -169,7 +165,7 @@ func (r *chunkReader) drain(o *recvOut) error {
 	if o.Err != nil {
 		ss.s.log.Warn("refused chunk", zap.String("peer", ss.peerName), zap.Uint64("transfer", r.ch.Transfer), zap.Error(recvErr(o.Err)))
 	}
-	ss.performIn(o)
+	ss.in.perform(o)
 	if err != nil {
 		return fmt.Errorf("drain chunk payload: %w", err)
 	}
@@ -201,7 +197,7 @@ func (r *chunkReader) landChunk(h wire.Header, x *inXfer) error {
 	if h.Flags&wire.FlagCRC != 0 {
 		if got := wire.ChunkCRC(r.meta, buf.Host()); got != h.CRC {
 			s.recvPool.ReleaseAs(slot, &ss.recvShare)
-			ss.damaged(x, &r.ch, got, h.CRC)
+			ss.in.damaged(x, &r.ch, got, h.CRC)
 			x.release()
 			return nil
 		}

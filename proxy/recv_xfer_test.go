@@ -26,7 +26,7 @@ func recvXfer(t *testing.T, count uint32) (*inXfer, *[]wire.Msg) {
 	var sent []wire.Msg
 	ss.sent = func(m wire.Msg) { mu.Lock(); sent = append(sent, m); mu.Unlock() }
 	x := &inXfer{s: s, ss: ss, wireID: 4, end: peerPush{}, total: 8 * uint64(count), dest: byteDest{}}
-	if err := ss.open(x); err != nil {
+	if err := ss.in.open(x); err != nil {
 		t.Fatal(err)
 	}
 	return x, &sent
@@ -62,7 +62,7 @@ func TestSecondCopyAnsweredOnce(t *testing.T) {
 			x, sent := recvXfer(t, 3)
 			landed := map[uint32]bool{}
 			for _, c := range tc.lands {
-				if !landed[c] || x.ss.lookupIn(4) != nil {
+				if !landed[c] || x.ss.in.lookup(4) != nil {
 					arrive(t, x, c, 3)
 				}
 				landed[c] = true
@@ -71,7 +71,7 @@ func TestSecondCopyAnsweredOnce(t *testing.T) {
 			if !reflect.DeepEqual(*sent, tc.want) {
 				t.Fatalf("sent %s, want %s", msgs(*sent), msgs(tc.want))
 			}
-			if done := x.ss.lookupIn(4) == nil; done != tc.done {
+			if done := x.ss.in.lookup(4) == nil; done != tc.done {
 				t.Fatalf("finished %v, want %v", done, tc.done)
 			}
 			if dups := uint64(len(tc.lands) - len(landed)); x.ss.link.Duplicates.Load() != dups {
@@ -91,7 +91,7 @@ func TestLateChunksOfFailedTransfer(t *testing.T) {
 	x.release()
 	x.fail(codeErr(wire.CodeDevice, "device lost"), true)
 	for _, c := range []uint32{0, 1} {
-		x.ss.recv(staging.RecvEvent{Kind: staging.RxChunk, Transfer: 4, Chunk: c, Count: 2}, nil)
+		x.ss.in.recv(staging.RecvEvent{Kind: staging.RxChunk, Transfer: 4, Chunk: c, Count: 2}, nil)
 	}
 	want := []wire.Msg{&wire.Ack{Transfer: 4, Chunks: []uint32{0}}, &wire.Nack{Transfer: 4, Code: wire.CodeDevice, Message: "device lost"}, &wire.Credit{Grant: 1}}
 	if !reflect.DeepEqual(*sent, want) {
@@ -108,10 +108,10 @@ func TestDamagedChunk(t *testing.T) {
 	x, sent := recvXfer(t, 2)
 	x.ss.peerName = "peer"
 	arrive(t, x, 1, 2)
-	x.ss.damaged(x, &wire.Chunk{Transfer: 4, Index: 1}, 1, 2)
+	x.ss.in.damaged(x, &wire.Chunk{Transfer: 4, Index: 1}, 1, 2)
 	arrive(t, x, 0, 2)
 	x.landed(0, 8, nil)
-	x.ss.damaged(x, &wire.Chunk{Transfer: 4, Index: 0}, 1, 2)
+	x.ss.in.damaged(x, &wire.Chunk{Transfer: 4, Index: 0}, 1, 2)
 	want := []wire.Msg{&wire.Resend{Transfer: 4, Chunk: 1}, &wire.Ack{Transfer: 4, Chunks: []uint32{0}}}
 	if !reflect.DeepEqual(*sent, want) {
 		t.Fatalf("sent %s, want %s", msgs(*sent), msgs(want))
@@ -119,7 +119,7 @@ func TestDamagedChunk(t *testing.T) {
 	if n := x.ss.link.ChecksumErrors.Load(); n != 2 {
 		t.Fatalf("counted %d checksum errors, want 2", n)
 	}
-	if x.ss.lookupIn(4) == nil {
+	if x.ss.in.lookup(4) == nil {
 		t.Fatal("a damaged chunk failed the transfer; it should be sent again")
 	}
 }
@@ -205,10 +205,10 @@ func TestTickRacesChunks(t *testing.T) {
 	const rounds = 200
 	for i := range rounds { // the sender loop
 		y := &inXfer{s: ss.s, ss: ss, wireID: uint64(10 + 2*i), end: peerPush{}, total: 16, dest: byteDest{}, timeout: time.Nanosecond}
-		if err := ss.open(y); err != nil {
+		if err := ss.in.open(y); err != nil {
 			t.Fatal(err)
 		}
-		ss.tickIncoming(time.Now().Add(time.Second))
+		ss.in.tick(time.Now().Add(time.Second))
 	}
 	close(stop)
 	wg.Wait()
@@ -224,7 +224,7 @@ func TestTickRacesChunks(t *testing.T) {
 	if nacks != rounds {
 		t.Fatalf("sent %d timeout Nacks, want %d", nacks, rounds)
 	}
-	if ss.lookupIn(4) == nil {
+	if ss.in.lookup(4) == nil {
 		t.Fatal("the transfer without a timeout was failed")
 	}
 }

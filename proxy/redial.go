@@ -53,7 +53,7 @@ func (ss *session) redial(idx int) {
 		if ss.route != nil {
 			timeout = ss.route.Conf().ConnectTimeout
 		}
-		c, derr := ss.dialData(ss.ctx, ss.addr, uint16(idx), timeout)
+		c, derr := handshaker{ss.s}.dialData(ss.ctx, ss, ss.addr, uint16(idx), timeout)
 		if derr != nil {
 			err = derr
 			log.Debug("redial of a data stream failed; retrying", zap.Int("attempt", attempt), zap.Error(err))
@@ -75,18 +75,4 @@ func (ss *session) redial(idx int) {
 		log.Warn("gave up redialing a lost data stream; the session goes on with its other streams",
 			zap.Int("attempts", redialAttempts), zap.Error(err))
 	}
-}
-
-// streamsUp is the number of the session's data streams attached and
-// still reading.
-func (ss *session) streamsUp() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	n := 0
-	for _, ds := range ss.streams {
-		if ds != nil && !ds.readerDone.Load() {
-			n++
-		}
-	}
-	return n
 }

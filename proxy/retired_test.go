@@ -15,12 +15,9 @@ func TestServedPullKeyOutlivesRetire(t *testing.T) {
 	ss.s = &Server{xfers: newXferTable()}
 	for i := uint64(0); i < maxRetired+10; i++ {
 		id := 2 * (i + 1)
-		ss.mu.Lock()
-		ss.expectLocked(id, coreServed(1000+i))
-		delete(ss.answers, id)
-		ss.keepRetiredLocked(id, staging.Key(1000+i))
-		ss.keepRetiredLocked(id, staging.Key(1000+i)) // a second retire changes nothing
-		ss.mu.Unlock()
+		ss.out.serve(id, staging.Key(1000+i))
+		ss.out.retire(id, staging.Key(1000+i))
+		ss.out.retire(id, staging.Key(1000+i)) // a second retire changes nothing
 	}
 	for _, tc := range []struct {
 		id   uint64
@@ -33,11 +30,11 @@ func TestServedPullKeyOutlivesRetire(t *testing.T) {
 		{2 * (maxRetired + 11), unknown{}},                         // never served
 		{3, corePush(1)},                                           // odd: our own push, always ours (id >> 1)
 	} {
-		if got := ss.answererOf(tc.id); got != tc.want {
+		if got := answererOf(ss, tc.id); got != tc.want {
 			t.Errorf("answererOf(%d) = %#v; want %#v", tc.id, got, tc.want)
 		}
 	}
-	if len(ss.retired) != maxRetired || len(ss.retRing) != maxRetired {
-		t.Fatalf("kept %d ids (ring %d), want %d", len(ss.retired), len(ss.retRing), maxRetired)
+	if len(ss.out.retired) != maxRetired || len(ss.out.retRing) != maxRetired {
+		t.Fatalf("kept %d ids (ring %d), want %d", len(ss.out.retired), len(ss.out.retRing), maxRetired)
 	}
 }

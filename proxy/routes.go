@@ -32,7 +32,13 @@ func (h routeHost) Dial(ctx context.Context, r *route, addr string) (*session, e
 }
 
 func (h routeHost) Room(stripes int) error { return h.s.sessions.room(stripes) }
-func (h routeHost) Busy(ss *session) int   { return ss.inFlight() }
+
+// Busy counts what is in flight on ss: the engine's transfers on it, the
+// pulls it serves, the peer's pushes arriving on it and our small pushes
+// waiting for their answers.
+func (h routeHost) Busy(ss *session) int {
+	return h.s.xfers.running(ss) + h.s.outs.served(ss) + ss.in.count() + ss.out.inlines()
+}
 
 // Done, Err, Close and Peer are a session as its route sees it.
 func (ss *session) Done() <-chan struct{}       { return ss.done }
@@ -43,21 +49,6 @@ func (ss *session) Err() error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.err
-}
-
-// inFlight counts what is in flight on ss: the engine's transfers on it,
-// the pulls it serves, and the peer's pushes arriving on it.
-func (ss *session) inFlight() int {
-	n := ss.s.xfers.running(ss) + ss.s.outs.served(ss)
-	ss.mu.Lock()
-	n += len(ss.in)
-	for _, a := range ss.answers {
-		if _, ok := a.(*inlineXfer); ok {
-			n++
-		}
-	}
-	ss.mu.Unlock()
-	return n
 }
 
 // ApplyRoutes makes the configured routes those of cfg (hot reload; see

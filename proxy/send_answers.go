@@ -1,7 +1,8 @@
 // The peer's answers: an Ack, Nack or Resend names a transfer by wire id.
-// Each session has one table of the transfers its answers may name, each
-// entry typed by the kind of transfer it is; the handlers look an id up
-// once (answererOf) and the kind decides what the answer does.
+// Each session has one table of the transfers its answers may name
+// (answerTable, send_answertable.go), each entry typed by the kind of
+// transfer it is; the handlers look an id up once (answererOf) and the
+// kind decides what the answer does.
 
 package proxy
 
@@ -22,12 +23,17 @@ type answerer interface {
 	resend(ss *session, m *wire.Resend, now time.Time)
 }
 
-// The kinds. session.answers holds *inlineXfer (our small push, from the
-// moment it is sent until it is answered or fails), corePush (our push
-// through the sender core, until the core retires it or it ended on a
-// same-node path) and coreServed (a pull we serve, until the core retires
-// it). Incoming transfers stay in session.in, the receive core's table
-// that the chunk readers use too; answererOf reads both under one lock.
+// The kinds. The answer table (session.out) holds *inlineXfer (our small
+// push, from the moment it is sent until it is answered or fails),
+// corePush (our push through the sender core, until the core retires it
+// or it ended on a same-node path) and coreServed (a pull we serve, until
+// the core retires it). Incoming transfers stay in the inbound half
+// (session.in), the receive core's table that the chunk readers use too;
+// answererOf looks the id up in both, one after the other and not under
+// one lock: where one id is in both (a peer that gave one id to its push
+// and to a pull it asks of us), the Nack goes to the push and the rest to
+// the pull, each half's answer its own, so no answer needs both tables
+// read at one instant.
 var (
 	_ answerer = (*inlineXfer)(nil)
 	_ answerer = corePush(0)
@@ -39,7 +45,7 @@ var (
 
 // answererOf is the kind of transfer the peer's answer names by id. Ids
 // not in the table are resolved by what they were:
-//   - a pull we served that retired (session.retired) is still coreServed,
+//   - a pull we served that retired (answerTable.retired) is still coreServed,
 //     so that a late Ack reaches the core, which returns the credits it
 //     still owes;
 //   - one of ours whose engine transfer went on the latency path is
@@ -48,18 +54,12 @@ var (
 //     know, and the Ack or Nack is logged as a stray;
 //   - a peer's id we know nothing of is unknown (a stray).
 //
-// A transfer landing here (session.in) is incoming, which takes a Nack
+// A transfer landing here (the inbound half) is incoming, which takes a Nack
 // and hands Acks and Resends to the kind the id has otherwise.
-func (ss *session) answererOf(id uint64) answerer {
+func answererOf(ss *session, id uint64) answerer {
 	ours := ss.ours(id)
-	ss.mu.Lock()
-	a, x := ss.answers[id], ss.in[id]
-	if a == nil && !ours {
-		if k, ok := ss.retired[id]; ok {
-			a = coreServed(k)
-		}
-	}
-	ss.mu.Unlock()
+	a := ss.out.lookup(id, !ours)
+	x := ss.in.lookup(id)
 	if a == nil {
 		a = unknown{}
 		if ours {
@@ -73,25 +73,6 @@ func (ss *session) answererOf(id uint64) answerer {
 		return incoming{x: x, other: a}
 	}
 	return a
-}
-
-// expect lists id in the answer table as a.
-func (ss *session) expect(id uint64, a answerer) {
-	ss.mu.Lock()
-	ss.expectLocked(id, a)
-	ss.mu.Unlock()
-}
-
-// expectLocked is expect with ss.mu held.
-func (ss *session) expectLocked(id uint64, a answerer) { ss.answers[id] = a }
-
-// forget takes id out of the answer table if it is still listed as a.
-func (ss *session) forget(id uint64, a answerer) {
-	ss.mu.Lock()
-	if ss.answers[id] == a {
-		delete(ss.answers, id)
-	}
-	ss.mu.Unlock()
 }
 
 // corePush is the core key of a push of ours through the sender core.
@@ -121,7 +102,7 @@ func (k corePush) resend(ss *session, m *wire.Resend, now time.Time) {
 }
 
 // coreServed is the core key of a pull we serve (or served: its key
-// outlives it in session.retired).
+// outlives it in answerTable.retired).
 type coreServed staging.Key
 
 func (k coreServed) ack(ss *session, m *wire.Ack, now time.Time) {

@@ -60,7 +60,7 @@ func TestAnswerDispatch(t *testing.T) {
 	push := func(ss *session) *localXfer { // live: in the out table and the answer table
 		lx := answeredXfer(ss, 5, wire.Push)
 		ss.s.outs.put(&outXfer{key: 5, wireID: idPush, ss: ss, end: ourPush{lx}})
-		ss.expect(idPush, corePush(5))
+		ss.out.expect(idPush, corePush(5))
 		return nil
 	}
 	direct := func(ss *session) *localXfer { push(ss); ss.node.WatchNacks(idPush); return nil }
@@ -68,7 +68,7 @@ func TestAnswerDispatch(t *testing.T) {
 	inline := func(ss *session) *localXfer {
 		lx := answeredXfer(ss, 7, wire.Push)
 		lx.inline.Store(true)
-		ss.expect(idInline, &inlineXfer{lx: lx})
+		ss.out.expect(idInline, &inlineXfer{lx: lx})
 		return lx
 	}
 	inlineEnded := func(ss *session) *localXfer {
@@ -79,20 +79,18 @@ func TestAnswerDispatch(t *testing.T) {
 	}
 	pull := func(ss *session) *localXfer {
 		lx := answeredXfer(ss, 6, wire.Pull)
-		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, end: ourPull{lx}}); err != nil {
+		if err := ss.in.open(&inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, end: ourPull{lx}}); err != nil {
 			t.Fatal(err)
 		}
 		return lx
 	}
-	served := func(ss *session) *localXfer { ss.expect(idServed, coreServed(100)); return nil }
+	served := func(ss *session) *localXfer { ss.out.expect(idServed, coreServed(100)); return nil }
 	retiredServed := func(ss *session) *localXfer {
-		ss.mu.Lock()
-		ss.keepRetiredLocked(idServed, 100)
-		ss.mu.Unlock()
+		ss.out.retire(idServed, 100)
 		return nil
 	}
 	peersPush := func(ss *session) *localXfer {
-		if err := ss.open(&inXfer{s: ss.s, ss: ss, wireID: idIncoming, end: peerPush{}, total: 8, dest: byteDest{}}); err != nil {
+		if err := ss.in.open(&inXfer{s: ss.s, ss: ss, wireID: idIncoming, end: peerPush{}, total: 8, dest: byteDest{}}); err != nil {
 			t.Fatal(err)
 		}
 		return nil
@@ -182,17 +180,15 @@ func TestAnswererOf(t *testing.T) {
 	ss.s.finishLocal(lx, nil)
 	ix := &inlineXfer{lx: answeredXfer(ss, 9, wire.Push)} // our small push, waiting
 	ix.lx.inline.Store(true)
-	ss.expect(ix.lx.wireID, ix)
-	ss.expect(idPush, corePush(5))
-	ss.expect(idServed, coreServed(100))
-	ss.mu.Lock()
-	ss.keepRetiredLocked(10, 200)
-	ss.mu.Unlock()
+	ss.out.expect(ix.lx.wireID, ix)
+	ss.out.expect(idPush, corePush(5))
+	ss.out.expect(idServed, coreServed(100))
+	ss.out.retire(10, 200)
 	pull := &inXfer{s: ss.s, ss: ss, wireID: idPull, total: 8, dest: byteDest{}, end: ourPull{answeredXfer(ss, 6, wire.Pull)}}
 	in := &inXfer{s: ss.s, ss: ss, wireID: idIncoming, end: peerPush{}, total: 8, dest: byteDest{}}
 	forged := &inXfer{s: ss.s, ss: ss, wireID: idServed, end: peerPush{}, total: 8, dest: byteDest{}} // a push under a served pull's id
 	for _, x := range []*inXfer{pull, in, forged} {
-		if err := ss.open(x); err != nil {
+		if err := ss.in.open(x); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -210,36 +206,34 @@ func TestAnswererOf(t *testing.T) {
 		{idIncoming, incoming{in, unknown{}}},
 		{idUnknown, unknown{}},
 	} {
-		if got := ss.answererOf(tc.id); got != tc.want {
+		if got := answererOf(ss, tc.id); got != tc.want {
 			t.Errorf("answererOf(%d) = %#v, want %#v", tc.id, got, tc.want)
 		}
 	}
-	ss.forget(idPush, corePush(4)) // not what is listed: stays
-	ss.forget(idServed, coreServed(100))
-	ss.mu.Lock()
-	_, push := ss.answers[idPush]
-	_, served := ss.answers[idServed]
-	ss.mu.Unlock()
+	ss.out.forget(idPush, corePush(4)) // not what is listed: stays
+	ss.out.forget(idServed, coreServed(100))
+	push := ss.out.lookup(idPush, false) != nil
+	served := ss.out.lookup(idServed, false) != nil
 	if !push || served {
 		t.Errorf("after forget: push listed %v (want true), served listed %v (want false)", push, served)
 	}
 }
 
 // Retiring a transfer takes its id out of the answer table; a served
-// pull's key stays reachable (session.retired), an id of ours resolves
+// pull's key stays reachable (answerTable.retired), an id of ours resolves
 // as before.
 func TestRetireForgetsAnswers(t *testing.T) {
 	ss, _ := answerSession(t)
 	lx := answeredXfer(ss, 5, wire.Push)
 	ss.s.outs.put(&outXfer{key: 5, wireID: idPush, ss: ss, end: ourPush{lx}})
-	ss.expect(idPush, corePush(5))
+	ss.out.expect(idPush, corePush(5))
 	ss.s.outs.put(&outXfer{key: 100, wireID: idServed, ss: ss, end: servedPull{}})
-	ss.expect(idServed, coreServed(100))
+	ss.out.expect(idServed, coreServed(100))
 	ss.s.retire(5)
 	ss.s.retire(100)
-	ss.mu.Lock()
-	n := len(ss.answers)
-	ss.mu.Unlock()
+	ss.out.mu.Lock()
+	n := len(ss.out.byID)
+	ss.out.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d ids still listed after retire, want 0", n)
 	}
@@ -247,7 +241,7 @@ func TestRetireForgetsAnswers(t *testing.T) {
 		id   uint64
 		want answerer
 	}{{idPush, corePush(5)}, {idServed, coreServed(100)}} {
-		if got := ss.answererOf(tc.id); got != tc.want {
+		if got := answererOf(ss, tc.id); got != tc.want {
 			t.Errorf("answererOf(%d) after retire = %#v, want %#v", tc.id, got, tc.want)
 		}
 	}

@@ -65,7 +65,7 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 	if err != nil || plan.Len() != 1 {
 		return false
 	}
-	ds := ss.quietStream()
+	ds := ss.streams.quiet()
 	if ds == nil {
 		return false
 	}
@@ -87,13 +87,7 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 	if lx.timeout > 0 {
 		ix.deadline = time.Now().Add(lx.timeout)
 	}
-	ss.mu.Lock()
-	closed := ss.closed
-	if !closed {
-		ss.expectLocked(lx.wireID, ix)
-	}
-	ss.mu.Unlock()
-	if closed {
+	if !ss.out.expectInline(lx.wireID, ix) { // the session closed
 		ip.s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName))
 		return true
 	}
@@ -105,7 +99,7 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 	}
 	head = wire.AppendChunkHead(head, &ch, buf.Host(), checksum, wire.FlagInline)
 	if err := ds.writeNow([][]byte{head, buf.Host()}); err != nil {
-		if ix := ss.takeInline(lx.wireID); ix != nil {
+		if ix := ss.out.takeInline(lx.wireID); ix != nil {
 			ip.s.finishLocal(lx, codeErr(wire.CodePeerUnavailable, "send %d B to %s on stream %d: %w", c.Len, ss.peerName, ds.idx, err))
 		}
 		return true
@@ -115,21 +109,10 @@ func (ip *inlinePath) send(ss *session, lx *localXfer, regions []*region.Region,
 	return true
 }
 
-// takeInline removes and returns the inline push with wire id id, if any.
-func (ss *session) takeInline(id uint64) *inlineXfer {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ix, _ := ss.answers[id].(*inlineXfer)
-	if ix != nil {
-		delete(ss.answers, id)
-	}
-	return ix
-}
-
 // answered handles the peer's Ack (err nil) or Nack of one of our
 // inline pushes; a late answer to one already ended is dropped.
 func (ip *inlinePath) answered(ss *session, id uint64, err error) {
-	ix := ss.takeInline(id)
+	ix := ss.out.takeInline(id)
 	if ix == nil {
 		return
 	}
@@ -140,29 +123,20 @@ func (ip *inlinePath) answered(ss *session, id uint64, err error) {
 	ip.s.finishLocal(ix.lx, err)
 }
 
-// failInline fails the inline pushes of a session for which keep says
-// false (all of them when keep is nil).
-func (ss *session) failInline(err error, keep func(*inlineXfer) bool) {
-	ss.mu.Lock()
-	var failed []*inlineXfer
-	for id, a := range ss.answers {
-		if ix, ok := a.(*inlineXfer); ok && (keep == nil || !keep(ix)) {
-			failed = append(failed, ix)
-			delete(ss.answers, id)
-		}
-	}
-	ss.mu.Unlock()
-	for _, ix := range failed {
-		ss.s.finishLocal(ix.lx, err)
+// fail fails the inline pushes of ss for which keep says false (all of
+// them when keep is nil).
+func (ip *inlinePath) fail(ss *session, err error, keep func(*inlineXfer) bool) {
+	for _, ix := range ss.out.takeInlines(keep) {
+		ip.s.finishLocal(ix.lx, err)
 	}
 }
 
-// expireInline fails inline pushes past their progress deadline, and, as
-// for the pipeline's, shuts down streams stuck writing to a peer that
-// stopped reading (a small push's writer may be blocked there).
-func (ss *session) expireInline(now time.Time) {
+// expire fails the inline pushes of ss past their progress deadline,
+// and, as for the pipeline's, shuts down streams stuck writing to a peer
+// that stopped reading (a small push's writer may be blocked there).
+func (ip *inlinePath) expire(ss *session, now time.Time) {
 	expired := 0
-	ss.failInline(codeErr(wire.CodeTimeout, "no answer from %s to a small push before its progress deadline", ss.peerName),
+	ip.fail(ss, codeErr(wire.CodeTimeout, "no answer from %s to a small push before its progress deadline", ss.peerName),
 		func(ix *inlineXfer) bool {
 			keep := ix.deadline.IsZero() || now.Before(ix.deadline)
 			if !keep {
@@ -171,25 +145,8 @@ func (ss *session) expireInline(now time.Time) {
 			return keep
 		})
 	if expired > 0 {
-		ss.unstick(now)
+		ss.streams.unstick(now)
 	}
-}
-
-// quietStream picks the live data stream with the least queued for
-// writing, so a small push does not wait behind a large chunk.
-func (ss *session) quietStream() *dataStream {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	var best *dataStream
-	for _, ds := range ss.streams {
-		if ds == nil || ds.dead.Load() {
-			continue
-		}
-		if best == nil || ds.queued.Load() < best.queued.Load() {
-			best = ds
-		}
-	}
-	return best
 }
 
 // readInlineAnswer handles an Ack or Nack frame on a data stream: the
@@ -218,14 +175,14 @@ func (ds *dataStream) readInlineAnswer(h wire.Header, body *[]byte) error {
 	ss := ds.ss
 	switch m := m.(type) {
 	case *wire.Ack:
-		switch a := ss.answererOf(m.Transfer).(type) {
+		switch a := answererOf(ss, m.Transfer).(type) {
 		case *inlineXfer, inlineEnded:
 			a.ack(ss, m, time.Now())
 		default:
 			return fmt.Errorf("data stream got an Ack for transfer %d, not one of our small pushes", m.Transfer)
 		}
 	case *wire.Nack:
-		switch a := ss.answererOf(m.Transfer).(type) {
+		switch a := answererOf(ss, m.Transfer).(type) {
 		case *inlineXfer, inlineEnded:
 			a.nack(ss, m.Transfer, codeErr(m.Code, "peer %s: %s", ss.peerName, m.Message), time.Now())
 		}

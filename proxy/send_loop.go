@@ -107,11 +107,7 @@ func (sd *sender) perform(r *staging.Ready) {
 		ox := sd.s.outs.get(c.Transfer)
 		var ds *dataStream
 		if ox != nil {
-			ox.ss.mu.Lock()
-			if !ox.ss.closed && c.Stream < len(ox.ss.streams) {
-				ds = ox.ss.streams[c.Stream]
-			}
-			ox.ss.mu.Unlock()
+			ds = ox.ss.streams.get(c.Stream)
 		}
 		if ds == nil || !ds.enqueue(sendJob{cmd: c, wireID: ox.wireID, checksum: ox.checksum}) {
 			sd.mbox.post(staging.Event{Kind: staging.EvWritten, Transfer: c.Transfer, Chunk: c.Chunk, Slot: c.Slot, Stream: c.Stream, Err: errStreamClosed, Now: time.Now()})
@@ -123,7 +119,7 @@ func (sd *sender) perform(r *staging.Ready) {
 			continue
 		}
 		if errors.Is(d.Err, staging.ErrTimeout) {
-			if n := ox.ss.unstick(time.Now()); n > 0 {
+			if n := ox.ss.streams.unstick(time.Now()); n > 0 {
 				sd.s.log.Warn("data streams stuck in a write shut down after a transfer missed its deadline",
 					zap.String("peer", ox.ss.peerName), zap.Int("streams", n))
 			}
@@ -190,7 +186,7 @@ func (p ourPush) done(ox *outXfer, bytes uint64, cerr error) {
 	ox.ss.s.finishLocal(p.lx, err)
 }
 
-func (ourPush) retired(ox *outXfer) { ox.ss.forget(ox.wireID, corePush(ox.key)) }
+func (ourPush) retired(ox *outXfer) { ox.ss.out.forget(ox.wireID, corePush(ox.key)) }
 
 // servedPull is a pull we serve; kvn says what a KV pull's Notify
 // reports was sent (nil for bytes).
@@ -221,15 +217,7 @@ func (p servedPull) done(ox *outXfer, bytes uint64, cerr error) {
 	ox.ss.s.notify(n, ox.regions)
 }
 
-// retired keeps the pull's core key past its end (session.retired), so
-// that a late Ack still reaches the core, which returns the credits it
+// retired keeps the pull's core key past its end (answerTable.retire),
+// so that a late Ack still reaches the core, which returns the credits it
 // owes.
-func (servedPull) retired(ox *outXfer) {
-	ss := ox.ss
-	ss.mu.Lock()
-	if _, ok := ss.answers[ox.wireID].(coreServed); ok {
-		delete(ss.answers, ox.wireID)
-	}
-	ss.keepRetiredLocked(ox.wireID, ox.key)
-	ss.mu.Unlock()
-}
+func (servedPull) retired(ox *outXfer) { ox.ss.out.retire(ox.wireID, ox.key) }

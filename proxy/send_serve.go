@@ -60,14 +60,7 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote) {
 	key := staging.Key(s.newID())
 	ox := &outXfer{key: key, wireID: wireID, ss: ss, end: servedPull{kvn}, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag}
-	ss.mu.Lock()
-	_, dup := ss.answers[wireID].(coreServed)
-	if !dup && !ss.closed {
-		ss.expectLocked(wireID, coreServed(key))
-	}
-	closed := ss.closed
-	ss.mu.Unlock()
-	if dup || closed {
+	if dup, closed := ss.out.serve(wireID, key); dup || closed {
 		region.ReleaseAll(regions)
 		if dup {
 			s.refusePull(ss, wireID, codeErr(wire.CodeExists, "transfer %d already in progress", wireID))

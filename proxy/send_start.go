@@ -11,33 +11,56 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// Starting a transfer on its way: on a same-node path when the route and
-// the peer allow it (proxy/node), else (or when that path cannot start)
-// over TCP, a push through the sender core, a pull with a PullRequest.
+// Starting a transfer on its way: proxy/node picks the transport
+// (node.Peer.Choose) and counts a fallback; a same-node path runs here on
+// a goroutine of the server's, and anything else, or a same-node path that
+// could not start, goes over TCP: a push through the sender core, a pull
+// with a PullRequest.
 
-// startPush announces and moves our push, the engine's transfer lx.
+// startPush announces and moves our push, the engine's transfer lx: on
+// the transport its session's same-node peer state picks (node.Peer.Choose),
+// over TCP (pushTCP) when that is TCP or the same-node path could not start.
 func (ox *outXfer) startPush(lx *localXfer, r *route, remote []string, announce *node.Announcer) {
 	ss := ox.ss
-	s := ss.s
-	tcp := func() {
-		plan, err := ox.getPlan()
-		if err != nil {
-			ss.node.Unwatch(ox.wireID)
-			ss.forget(ox.wireID, corePush(ox.key))
-			s.outs.take(ox.key)
-			region.ReleaseAll(ox.regions)
-			s.finishLocal(lx, err)
-			return
-		}
-		// The core hears of the transfer before the peer does (a
-		// same-node attempt that fell back announced it already).
-		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
-		announce.ViaControl()
+	t, fallback := ss.node.Choose(r.Conf().Transport, wire.Push)
+	ss.node.NoteFallback(fallback)
+	if t == node.TCP {
+		ox.pushTCP(lx, announce)
+		return
 	}
 	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: lx.total, Plan: ox.getPlan, Announce: announce}
-	run := func(t node.Transport) error { return ss.node.Push(px, t) }
-	finish := func(t node.Transport, err error) { ox.finishDirect(lx, t, err) }
-	ss.node.Start(r.Conf().Transport, wire.Push, run, finish, tcp)
+	ss.s.wg.Go(func() { ox.pushDirect(lx, px, t) })
+}
+
+// pushTCP hands our push to the sender core and announces it on the
+// control session: from here the core's loop moves it (send_loop.go).
+func (ox *outXfer) pushTCP(lx *localXfer, announce *node.Announcer) {
+	ss := ox.ss
+	s := ss.s
+	plan, err := ox.getPlan()
+	if err != nil {
+		ss.node.Unwatch(ox.wireID)
+		ss.out.forget(ox.wireID, corePush(ox.key))
+		s.outs.take(ox.key)
+		region.ReleaseAll(ox.regions)
+		s.finishLocal(lx, err)
+		return
+	}
+	// The core hears of the transfer before the peer does (a same-node
+	// attempt that fell back announced it already).
+	s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+	announce.ViaControl()
+}
+
+// pushDirect runs our push on same-node transport t (its own goroutine):
+// one that could not start goes over TCP, untouched so far.
+func (ox *outXfer) pushDirect(lx *localXfer, px *node.Push, t node.Transport) {
+	err := ox.ss.node.Push(px, t)
+	if ox.ss.node.NoteFallback(err) {
+		ox.pushTCP(lx, px.Announce)
+		return
+	}
+	ox.finishDirect(lx, t, err)
 }
 
 // finishDirect ends a push, the engine's transfer lx, that moved (or
@@ -59,7 +82,7 @@ func (ox *outXfer) finishDirect(lx *localXfer, t node.Transport, err error) {
 		}
 	}
 	ss.node.Unwatch(ox.wireID)
-	ss.forget(ox.wireID, corePush(ox.key))
+	ss.out.forget(ox.wireID, corePush(ox.key))
 	s.outs.take(ox.key)
 	region.ReleaseAll(ox.regions)
 	if err == nil {
@@ -70,25 +93,39 @@ func (ox *outXfer) finishDirect(lx *localXfer, t node.Transport, err error) {
 	s.finishLocal(lx, err)
 }
 
-// startPull moves our pull, its incoming transfer x registered.
+// startPull moves our pull, its incoming transfer x registered: on the
+// transport node.Peer.Choose picks, else (or when the same-node path could
+// not start) with a PullRequest over TCP.
 func (x *inXfer) startPull(r *route, m *wire.Submit, req *wire.PullRequest) {
 	ss := x.ss
-	s := ss.s
-	tcp := func() { ss.send(req) }
+	t, fallback := ss.node.Choose(r.Conf().Transport, wire.Pull)
+	ss.node.NoteFallback(fallback)
+	if t == node.TCP {
+		ss.send(req)
+		return
+	}
 	px := &node.Pull{ID: x.wireID, Tag: x.tag, Regions: m.RemoteNames, Ops: m.Ops, Local: x.regions, Total: x.total, Touch: x.touch}
-	run := func(node.Transport) error { return ss.node.Pull(px) }
-	finish := func(t node.Transport, err error) {
-		if err == nil {
-			if err = x.directLanded(x.total); err == nil {
-				ss.link.BytesIn.Add(x.total)
-				ss.link.countDirect(t)
-				return
-			}
-		}
-		x.fail(err, false)
-		if errCode(err) == wire.CodeInternal {
-			s.log.Warn("direct pull failed", zap.String("peer", ss.peerName), zap.Error(err))
+	ss.s.wg.Go(func() { x.pullDirect(px, t, req) })
+}
+
+// pullDirect runs our pull on same-node transport t (its own goroutine):
+// one that could not start goes over TCP.
+func (x *inXfer) pullDirect(px *node.Pull, t node.Transport, req *wire.PullRequest) {
+	ss := x.ss
+	err := ss.node.Pull(px)
+	if ss.node.NoteFallback(err) {
+		ss.send(req)
+		return
+	}
+	if err == nil {
+		if err = x.directLanded(x.total); err == nil {
+			ss.link.BytesIn.Add(x.total)
+			ss.link.countDirect(t)
+			return
 		}
 	}
-	ss.node.Start(r.Conf().Transport, wire.Pull, run, finish, tcp)
+	x.fail(err, false)
+	if errCode(err) == wire.CodeInternal {
+		ss.s.log.Warn("direct pull failed", zap.String("peer", ss.peerName), zap.Error(err))
+	}
 }

@@ -114,6 +114,32 @@ func (ox *outXfer) getPlan() (*staging.Plan, error) {
 // state changes unless every check passes. With wait false it does not
 // wait for a session to the peer: routing.ErrNoSession says it would have.
 func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wait bool) (*localXfer, error) {
+	sub, err := h.admit(ctx, group, m, wait)
+	if err != nil {
+		return nil, err
+	}
+	if m.Dir == wire.Push {
+		h.push(sub)
+	} else {
+		h.pull(sub)
+	}
+	return sub.lx, nil
+}
+
+// submitted is an engine's transfer that passed every check and was
+// recorded, with what starting it needs. It holds its regions.
+type submitted struct {
+	m        *wire.Submit
+	lx       *localXfer
+	r        *route
+	regions  []*region.Region
+	chk      *region.Checked
+	checksum bool
+}
+
+// admit checks an engine's transfer (route, regions, rights, bounds), picks
+// its session and records it (xferTable); on any error nothing is kept.
+func (h engineHost) admit(ctx context.Context, group string, m *wire.Submit, wait bool) (*submitted, error) {
 	s := h.s
 	r, err := h.openRoute(m.Route)
 	if err != nil {
@@ -140,7 +166,6 @@ func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wa
 	if err != nil {
 		return nil, err
 	}
-	total, ends := chk.Total, chk.Ends
 	var ss *session
 	if wait {
 		ss, err = r.Pick(ctx, m.Peer)
@@ -150,39 +175,50 @@ func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wa
 	if err != nil {
 		return nil, err
 	}
-	checksum := checksumFor(r, m.Checksum)
 	id := s.newID()
-	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: total, ss: ss, group: group,
+	lx := &localXfer{id: id, wireID: ss.wireID(id), route: m.Route, dir: m.Dir, tag: m.Tag, total: chk.Total, ss: ss, group: group,
 		timeout: r.Conf().ProgressTimeout, state: wire.StateQueued, started: time.Now(), done: make(chan struct{})}
 	s.xfers.add(lx)
 	keep = true
+	return &submitted{m: m, lx: lx, r: r, regions: regions, chk: chk, checksum: checksumFor(r, m.Checksum)}, nil
+}
 
-	if m.Dir == wire.Push {
-		if s.inline.send(ss, lx, regions, m, chk, checksum) {
-			return lx, nil
-		}
-		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions, ops: chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
-		s.outs.put(ox)
-		ss.expect(lx.wireID, corePush(ox.key))
-		// The chunks follow the Announce at once, without waiting for Accept:
-		// the receiver checks the whole transfer when the Announce arrives
-		// and holds any chunk that overtook it until then, so nothing lands
-		// unchecked, and a refusal (Nack) fails the transfer here. The core
-		// hears of the transfer first: a Nack that came back before it did
-		// would find nothing to fail, and the transfer would wait out its
-		// deadline.
-		lx.setState(wire.StateRunning)
-		announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: total, Regions: m.RemoteNames, Ends: ends})
-		ox.startPush(lx, r, m.RemoteNames, announce)
-		return lx, nil
+// push starts our push: on the latency path when it takes it
+// (send_inline.go), else through the sender core or a same-node path
+// (startPush, send_start.go).
+func (h engineHost) push(sub *submitted) {
+	s, m, lx := h.s, sub.m, sub.lx
+	ss := lx.ss
+	if s.inline.send(ss, lx, sub.regions, m, sub.chk, sub.checksum) {
+		return
 	}
+	ox := &outXfer{key: staging.Key(lx.id), wireID: lx.wireID, ss: ss, checksum: sub.checksum, end: ourPush{lx}, regions: sub.regions,
+		ops: sub.chk.Plan, chunk: ss.chunkSize, timeout: lx.timeout, tag: m.Tag}
+	s.outs.put(ox)
+	ss.out.expect(lx.wireID, corePush(ox.key))
+	// The chunks follow the Announce at once, without waiting for Accept:
+	// the receiver checks the whole transfer when the Announce arrives
+	// and holds any chunk that overtook it until then, so nothing lands
+	// unchecked, and a refusal (Nack) fails the transfer here. The core
+	// hears of the transfer first: a Nack that came back before it did
+	// would find nothing to fail, and the transfer would wait out its
+	// deadline.
+	lx.setState(wire.StateRunning)
+	announce := node.NewAnnouncer(ss.send, &wire.Announce{Transfer: lx.wireID, Tag: m.Tag, Total: lx.total, Regions: m.RemoteNames, Ends: sub.chk.Ends})
+	ox.startPush(lx, sub.r, m.RemoteNames, announce)
+}
 
-	// Pull: our regions receive. The inXfer holds its own references so
-	// they outlive any scatter still in flight when the transfer ends.
-	for _, rg := range regions {
+// pull starts our pull: our regions receive, into an incoming transfer
+// opened in the receive core before the request goes out (startPull,
+// send_start.go).
+func (h engineHost) pull(sub *submitted) {
+	s, m, lx := h.s, sub.m, sub.lx
+	// The inXfer holds its own references so they outlive any scatter
+	// still in flight when the transfer ends.
+	for _, rg := range sub.regions {
 		rg.Ref()
 	}
-	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, regions: regions, total: total,
+	x := &inXfer{s: s, ss: lx.ss, wireID: lx.wireID, tag: m.Tag, regions: sub.regions, total: lx.total,
 		end: ourPull{lx}, timeout: lx.timeout}
 	x.dest = bytesInto(x)
 	ops := make([]wire.Op, len(m.Ops))
@@ -190,13 +226,12 @@ func (h engineHost) submit(ctx context.Context, group string, m *wire.Submit, wa
 		ops[i] = wire.Op{Src: op.Remote, Dst: op.Local, SrcOff: op.RemoteOff, DstOff: op.LocalOff, Len: op.Len}
 	}
 	ok := s.expectPull(x)
-	region.ReleaseAll(regions) // the localXfer's own references; x holds its own
+	region.ReleaseAll(sub.regions) // the localXfer's own references; x holds its own
 	if !ok {
-		return lx, nil
+		return
 	}
 	lx.setState(wire.StateRunning)
-	x.startPull(r, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
-	return lx, nil
+	x.startPull(sub.r, m, &wire.PullRequest{Transfer: lx.wireID, Tag: m.Tag, SrcRegions: m.RemoteNames, Ops: ops})
 }
 
 // openRoute is the route an engine's transfer names, while the sidecar
@@ -225,7 +260,7 @@ func checksumFor(r *route, choice uint8) bool {
 // before the request goes out; when the session closed meanwhile, it
 // fails the engine's transfer and reports false.
 func (s *Server) expectPull(x *inXfer) bool {
-	if x.ss.open(x) == nil {
+	if x.ss.in.open(x) == nil {
 		return true
 	}
 	region.ReleaseAll(x.regions)
@@ -305,12 +340,12 @@ func (s *Server) abortLocal(lx *localXfer, err error, peerMsg string, cancel boo
 	ss := lx.ss
 	ss.send(&wire.Nack{Transfer: lx.wireID, Code: errCode(err), Message: peerMsg})
 	if lx.dir == wire.Pull {
-		if x := ss.lookupIn(lx.wireID); x != nil {
+		if x := ss.in.lookup(lx.wireID); x != nil {
 			x.fail(err, false)
 		}
 		return
 	}
-	if ss.takeInline(lx.wireID) != nil {
+	if ss.out.takeInline(lx.wireID) != nil {
 		s.finishLocal(lx, err)
 		return
 	}

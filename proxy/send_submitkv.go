@@ -99,7 +99,7 @@ func (h engineHost) submitKV(ctx context.Context, group string, m *wire.SubmitKV
 			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
 		ox.planOnce.Do(func() {}) // the plan is made
 		s.outs.put(ox)
-		ss.expect(lx.wireID, corePush(ox.key))
+		ss.out.expect(lx.wireID, corePush(ox.key))
 		// As for byte pushes, the core hears of the transfer before the
 		// peer does, and the chunks follow the announce without waiting.
 		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})

@@ -90,7 +90,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
 		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
 	s.sender.s, s.inline.s = s, s
-	s.sessions = newSessionTable(cfg.Limits, (*session).coreUp)
+	s.sessions = newSessionTable(cfg.Limits, coreUp)
 	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
 	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
 	s.kv.init(s.regions, dev.Kind(), s.newID, cfg.Security.RequireGrants)

@@ -17,8 +17,25 @@ import (
 	"github.com/stage-kv/stage/wire"
 )
 
-// session is an authenticated control session with one peer, plus its data
-// streams.
+// session is an authenticated control session with one peer: the link
+// (the control connection, its liveness and lifecycle, send) and its
+// data streams. What moves on it lives in its two halves, each with a
+// lock of its own: in (inbound, recv_inbound.go), the transfers landing
+// here and the receive core that decides about them, and out
+// (answerTable, send_answertable.go), the transfers whose chunks we send
+// (our pushes, the pulls we serve) as the peer's answers name them. The
+// sender core's own state stays in the core.
+//
+// Lock order. Each lock of a session is a leaf: session.mu (the link's
+// connection and lifecycle), in.mu, out.mu, streams.mu and those of its
+// waiting requests (asks.go) are each held only around their own fields
+// (or the pure receive core), never while another lock is taken; frames
+// are sent, transfers finished and the sender core told after letting
+// go. So no order between them can be broken. A step that spans them
+// (close, a small push, a served pull) takes them one after the other:
+// close marks the link closed first, then each half (in: RxClose; out:
+// close; streams: stop), and each half refuses on its own what may not
+// start on a closed session.
 type session struct {
 	s        *Server
 	id       uint64 // local; the Sender core's session key
@@ -34,49 +51,41 @@ type session struct {
 
 	nonceC, nonceS [wire.NonceSize]byte
 	chunkSize      int
-	stripes        int
 	peerWindow     uint32 // credits the peer granted us
 
-	gc      gnet.Conn      // the control connection on gnet (plaintext)
-	tctl    *tlsControl    // or over TLS (security.tls)
-	sent    func(wire.Msg) // tests only: sees every frame send queues
-	streams []*dataStream
-	node    *node.Peer // same-node paths (proxy/node)
+	in      *inbound     // the receiving half (recv_inbound.go)
+	out     *answerTable // the sending half as the peer's answers see it (send_answertable.go)
+	streams streamSet    // the data streams (streams.go)
+	node    *node.Peer   // same-node paths (proxy/node)
 	// recvShare: the receive slots its streams' readers hold, for the
 	// fair shares among peers (staging.Pool.AcquireAs).
 	recvShare staging.Tenant
 	watched   []*dataStream // the stall watchdog's reused copy of streams (loop goroutine)
 
+	catalogs waiting[[]wire.RegionInfo]  // our CatalogRequests waiting for their answers, by Seq
+	tickets  waiting[*wire.TicketAnswer] // our Tickets waiting for their answers, by Seq (tickets.go)
+
 	lastRecv atomic.Int64  // unix nanos of the last control frame from the peer
 	lastSent atomic.Int64  // unix nanos of the last control frame to the peer
 	ready    chan struct{} // closed when every data stream is attached
 
-	mu       sync.Mutex
-	in       map[uint64]*inXfer     // chunks we receive, by wire id
-	answers  map[uint64]answerer    // what the peer's Acks, Nacks, Resends may name, by wire id (send_answers.go)
-	retired  map[uint64]staging.Key // pulls we served that retired: their late Acks still reach the core
-	retRing  []uint64               // their wire ids, oldest first (bounded by maxRetired)
-	rx       *staging.Receiver      // the receive core: rules and tombstones of ss.in (recv_xfer.go)
-	announce *sync.Cond             // signalled when ss.in or rx's tombstones change (on ss.mu)
-	catalog  map[uint64]chan []wire.RegionInfo
-	tickets  map[uint64]chan *wire.TicketAnswer // our Tickets waiting for their answers, by Seq (tickets.go)
-	attached int
-	closed   bool
-	err      error
-	done     chan struct{}
-	ctx      context.Context
-	cancel   context.CancelFunc
+	mu     sync.Mutex     // guards the link: gc, tctl, sent, closed, err
+	gc     gnet.Conn      // the control connection on gnet (plaintext)
+	tctl   *tlsControl    // or over TLS (security.tls)
+	sent   func(wire.Msg) // tests only: sees every frame send queues
+	closed bool
+	err    error
+	done   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func (s *Server) newSession(dialer bool, stripes int) *session {
-	ss := &session{s: s, id: s.newID(), dialer: dialer, stripes: stripes,
-		in: map[uint64]*inXfer{}, answers: map[uint64]answerer{}, retired: map[uint64]staging.Key{},
-		rx:      staging.NewReceiver(s.cfg.Limits.MaxTransfersPerPeer),
-		catalog: map[uint64]chan []wire.RegionInfo{}, tickets: map[uint64]chan *wire.TicketAnswer{}, done: make(chan struct{}), ready: make(chan struct{})}
+	ss := &session{s: s, id: s.newID(), dialer: dialer, out: newAnswerTable(), done: make(chan struct{}), ready: make(chan struct{})}
+	ss.in = newInbound(ss, s.cfg.Limits.MaxTransfersPerPeer)
+	ss.streams.list, ss.streams.stripes = make([]*dataStream, stripes), stripes
 	ss.ctx, ss.cancel = context.WithCancel(s.ctx)
-	ss.streams = make([]*dataStream, stripes)
 	ss.node = s.nodes.NewPeer(nodeSession{ss})
-	ss.announce = sync.NewCond(&ss.mu)
 	now := time.Now().UnixNano()
 	ss.lastRecv.Store(now)
 	ss.lastSent.Store(now)
@@ -94,14 +103,6 @@ func (ss *session) wireID(local uint64) uint64 {
 
 // ours reports whether a wire id was allocated by this side.
 func (ss *session) ours(wireID uint64) bool { return (wireID&1 == 1) == ss.dialer }
-
-// stripeCount is the number of data streams (it grows on the accepting
-// side as streams attach).
-func (ss *session) stripeCount() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.stripes
-}
 
 // send encodes m and queues it on the control connection.
 func (ss *session) send(m wire.Msg) {
@@ -140,10 +141,11 @@ func (ss *session) close(err error) {
 	}
 	ss.closed, ss.err = true, err
 	gc, tctl := ss.gc, ss.tctl
+	ss.mu.Unlock()
 	perr := codeErr(wire.CodePeerUnavailable, "session with %s (%s) closed: %w", ss.peerName, ss.addr, err)
 	var in recvOut // the incoming transfers failed, performed below
-	ss.stepIn(staging.RecvEvent{Kind: staging.RxClose, Err: perr}, nil, &in)
-	ss.mu.Unlock()
+	ss.in.close(perr, &in)
+	ss.out.close()
 	ss.cancel()
 	if gc != nil {
 		_ = gc.Close()
@@ -151,13 +153,13 @@ func (ss *session) close(err error) {
 	if tctl != nil {
 		tctl.close()
 	}
-	ss.closeStreams()
+	ss.streams.stop()
 	ss.node.Shut()
 	s := ss.s
 	s.sessions.remove(ss)
 	s.kv.forgetSession(ss.id)
-	ss.performIn(&in)
-	ss.failInline(perr, nil)
+	ss.in.perform(&in)
+	s.inline.fail(ss, perr, nil)
 	s.sender.post(staging.Event{Kind: staging.EvSessionDown, Session: ss.id, Err: perr, Now: time.Now()})
 	close(ss.done)
 	s.log.Info("session down", zap.String("peer", ss.peerName), zap.String("addr", ss.addr), zap.Error(err))
@@ -173,9 +175,9 @@ const heartbeatEvery = time.Second
 // tick runs on the sender loop's tick: deadlines of incoming transfers,
 // the stall watchdog, inline pushes unanswered, heartbeats.
 func (ss *session) tick(now time.Time) {
-	ss.tickIncoming(now)
+	ss.in.tick(now)
 	ss.watchStreams(now)
-	ss.expireInline(now)
+	ss.s.inline.expire(ss, now)
 	ss.keepAlive(now)
 }
 
@@ -222,23 +224,17 @@ func (g *closerGroup) wait() {
 	g.wg.Wait()
 }
 
-// askCatalog asks the peer for its regions (stagectl's catalog query),
-// as seq.
-func (ss *session) askCatalog(seq uint64) ([]byte, error) {
-	ch := make(chan []wire.RegionInfo, 1)
-	ss.mu.Lock()
-	ss.catalog[seq] = ch
-	ss.mu.Unlock()
-	ss.send(&wire.CatalogRequest{Seq: seq})
-	select {
-	case regs := <-ch:
-		return json.Marshal(regs)
-	case <-ss.done:
+// askCatalog asks the peer of ss for its regions (stagectl's catalog
+// query), as seq.
+func askCatalog(ss *session, seq uint64) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	regs, err := ask(ctx, ss, &ss.catalogs, seq, &wire.CatalogRequest{Seq: seq})
+	switch {
+	case err == errAskGone:
 		return nil, codeErr(wire.CodePeerUnavailable, "session with %s closed", ss.peerName)
-	case <-time.After(5 * time.Second):
-		ss.mu.Lock()
-		delete(ss.catalog, seq)
-		ss.mu.Unlock()
+	case err != nil:
 		return nil, codeErr(wire.CodeTimeout, "peer %s did not answer the catalog request in 5s", ss.peerName)
 	}
+	return json.Marshal(regs)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,9 +11,8 @@ import (
 )
 
 func testSession(dialer bool) *session {
-	ss := &session{dialer: dialer, in: map[uint64]*inXfer{}, answers: map[uint64]answerer{}, retired: map[uint64]staging.Key{},
-		rx: staging.NewReceiver(16)}
-	ss.announce = sync.NewCond(&ss.mu)
+	ss := &session{dialer: dialer, out: newAnswerTable()}
+	ss.in = newInbound(ss, 16)
 	return ss
 }
 
@@ -24,7 +22,7 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 	ss := testSession(true) // we dialed: the peer's ids are even
 	x := &inXfer{wireID: 4, total: 8, dest: byteDest{}}
 	got := make(chan *inXfer, 1)
-	go func() { got <- ss.incoming(4) }()
+	go func() { got <- ss.in.incoming(4) }()
 	time.Sleep(20 * time.Millisecond)
 	select {
 	case <-got:
@@ -32,7 +30,7 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 	default:
 	}
 	x.ss = ss
-	if err := ss.open(x); err != nil {
+	if err := ss.in.open(x); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -44,9 +42,9 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 		t.Fatal("still waiting after the Announce arrived")
 	}
 
-	go func() { got <- ss.incoming(6) }()
+	go func() { got <- ss.in.incoming(6) }()
 	time.Sleep(20 * time.Millisecond)
-	ss.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: 6}, nil) // the Announce was refused
+	ss.in.recv(staging.RecvEvent{Kind: staging.RxRefused, Transfer: 6}, nil) // the Announce was refused
 	select {
 	case g := <-got:
 		if g != nil {
@@ -57,11 +55,11 @@ func TestIncomingWaitsForAnnounce(t *testing.T) {
 	}
 
 	start := time.Now()
-	if g := ss.incoming(3); g != nil || time.Since(start) > 100*time.Millisecond {
+	if g := ss.in.incoming(3); g != nil || time.Since(start) > 100*time.Millisecond {
 		t.Fatalf("our own parity: got %v after %v, want nil at once", g, time.Since(start))
 	}
 	start = time.Now()
-	if g := ss.incoming(8); g != nil || time.Since(start) < announceWait {
+	if g := ss.in.incoming(8); g != nil || time.Since(start) < announceWait {
 		t.Fatalf("never announced: got %v after %v, want nil after %v", g, time.Since(start), announceWait)
 	}
 }
@@ -81,21 +79,21 @@ func TestAttachRefused(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ss := testSession(false)
-			ss.streams = make([]*dataStream, 2)
-			ss.closed = tt.closed
+			ss.streams.list = make([]*dataStream, 2)
+			ss.streams.closed = tt.closed
 			var old *dataStream
 			if tt.old {
 				old = &dataStream{ss: ss, idx: 1}
-				ss.streams[1] = old
-				ss.attached = 1
+				ss.streams.list[1] = old
+				ss.streams.attached = 1
 			}
 			ours, theirs := net.Pipe()
 			defer theirs.Close()
 			if ss.attach(1, ours, nil) {
 				t.Fatal("attached over a live stream or to a closed session")
 			}
-			if ss.streams[1] != old || ss.attached != btoi(tt.old) {
-				t.Fatalf("stream in place %p (attached %d), want %p untouched", ss.streams[1], ss.attached, old)
+			if ss.streams.list[1] != old || ss.streams.attached != btoi(tt.old) {
+				t.Fatalf("stream in place %p (attached %d), want %p untouched", ss.streams.list[1], ss.streams.attached, old)
 			}
 			if old != nil && (old.dead.Load() || old.stopped) {
 				t.Fatal("the live stream was stopped by a refused re-attach")

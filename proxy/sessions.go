@@ -23,7 +23,7 @@ var errShuttingDown = errors.New("sidecar shutting down")
 // a session's own mu; mu is never held while a session's mu is taken.
 type sessionTable struct {
 	limits config.Limits
-	// up tells the sender core of a session (session.coreUp); called
+	// up tells the sender core of a session (coreUp); called
 	// with mu held, so the core hears of a session before its close can
 	// tell it the session went.
 	up func(*session)
@@ -148,13 +148,7 @@ func (t *sessionTable) load() (sessions, streams int) {
 	all := t.allLocked()
 	t.mu.Unlock()
 	for _, ss := range all {
-		ss.mu.Lock()
-		if ss.dialer {
-			streams += len(ss.streams)
-		} else {
-			streams += ss.stripes
-		}
-		ss.mu.Unlock()
+		streams += ss.streams.load(ss.dialer)
 	}
 	return len(all), streams
 }

@@ -11,9 +11,10 @@ import (
 // tableSession is a session as the sessions table counts it: a dialed one
 // has its stripes' streams, an accepted one the streams attached so far.
 func tableSession(id uint64, dialer bool, streams int) *session {
-	ss := &session{id: id, dialer: dialer, streams: make([]*dataStream, streams)}
+	ss := &session{id: id, dialer: dialer}
+	ss.streams.list = make([]*dataStream, streams)
 	if !dialer {
-		ss.stripes = streams
+		ss.streams.stripes = streams
 	}
 	ss.sid[0] = byte(id)
 	return ss

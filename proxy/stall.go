@@ -34,9 +34,7 @@ func (ss *session) watchStreams(now time.Time) {
 	if limit <= 0 {
 		return
 	}
-	ss.mu.Lock()
-	streams := append(ss.watched[:0], ss.streams...)
-	ss.mu.Unlock()
+	streams := ss.streams.snapshot(ss.watched[:0])
 	ss.watched = streams[:0]
 	for _, ds := range streams {
 		if ds == nil || ds.dead.Load() || ds.readerDone.Load() {

@@ -54,8 +54,8 @@ func (s *Server) Snapshot() Stats {
 func inboundPeers(ss []*session) []wire.InboundPeer {
 	out := make([]wire.InboundPeer, 0, len(ss))
 	for _, x := range ss {
-		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.stripeCount(),
-			StreamsUp: x.streamsUp(), InFlight: x.inFlight()})
+		out = append(out, wire.InboundPeer{Node: x.peerName, Addr: x.addr, SameHost: x.sameHost(), Stripes: x.streams.count(),
+			StreamsUp: x.streams.up(), InFlight: routeHost{x.s}.Busy(x)})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Node != out[j].Node {
@@ -72,8 +72,8 @@ func (s *Server) Routes() []RouteInfo {
 	out := make([]RouteInfo, 0, len(rs))
 	for _, r := range rs {
 		out = append(out, r.Info(func(ss *session, pi *PeerInfo) {
-			pi.SameHost, pi.Stripes, pi.Chunk = ss.sameHost(), ss.stripeCount(), ss.chunkSize
-			pi.StreamsUp = ss.streamsUp()
+			pi.SameHost, pi.Stripes, pi.Chunk = ss.sameHost(), ss.streams.count(), ss.chunkSize
+			pi.StreamsUp = ss.streams.up()
 			pi.Transport = ss.node.TransportOf(r.Conf().Transport)
 		}))
 	}

@@ -229,7 +229,7 @@ func (h engineHost) PostTicket(o engine.Owner, m *wire.PostTicket) error {
 	if err != nil {
 		return err
 	}
-	return ss.askTicket(ctx, &wire.Ticket{Seq: s.newID(), Kind: m.Kind, To: m.To, Key: m.Key, Body: m.Body})
+	return askTicket(ctx, ss, &wire.Ticket{Seq: s.newID(), Kind: m.Kind, To: m.To, Key: m.Key, Body: m.Body})
 }
 
 // ticketSession is the session a ticket goes on: to peer of route, as a
@@ -261,50 +261,26 @@ func (s *Server) ticketSession(ctx context.Context, route, peer string) (*sessio
 	return found[0], nil // several sessions to one peer (a route each way): any carries it
 }
 
-// askTicket sends t to the peer and waits for its TicketAnswer.
-func (ss *session) askTicket(ctx context.Context, t *wire.Ticket) error {
-	ch := make(chan *wire.TicketAnswer, 1)
-	ss.mu.Lock()
-	ss.tickets[t.Seq] = ch
-	ss.mu.Unlock()
-	defer func() {
-		ss.mu.Lock()
-		delete(ss.tickets, t.Seq)
-		ss.mu.Unlock()
-	}()
-	ss.send(t)
-	select {
-	case a := <-ch:
-		if a.Code != wire.CodeOK {
-			return codeErr(a.Code, "peer %s refused the ticket for %q: %s", ss.peerName, t.Key, a.Message)
-		}
-		return nil
-	case <-ss.done:
+// askTicket sends t to the peer of ss and waits for its TicketAnswer.
+func askTicket(ctx context.Context, ss *session, t *wire.Ticket) error {
+	a, err := ask(ctx, ss, &ss.tickets, t.Seq, t)
+	switch {
+	case err == errAskGone:
 		return codeErr(wire.CodePeerUnavailable, "session with %s closed before it answered the ticket for %q", ss.peerName, t.Key)
-	case <-ctx.Done():
+	case err != nil:
 		return codeErr(wire.CodeTimeout, "peer %s did not answer the ticket for %q in %s", ss.peerName, t.Key, ticketWait)
+	case a.Code != wire.CodeOK:
+		return codeErr(a.Code, "peer %s refused the ticket for %q: %s", ss.peerName, t.Key, a.Message)
 	}
+	return nil
 }
 
-// ticketArrived queues a peer's ticket and answers it (event loop: never blocks).
-func (ss *session) ticketArrived(m *wire.Ticket) {
+// arrived queues a peer's ticket, come on ss, and answers it (event loop:
+// never blocks).
+func (t *inboxTable) arrived(ss *session, m *wire.Ticket) {
 	a := &wire.TicketAnswer{Seq: m.Seq}
-	if err := ss.s.inboxes.deliver(ss.peerName, m); err != nil {
+	if err := t.deliver(ss.peerName, m); err != nil {
 		a.Code, a.Message = errCode(err), err.Error()
 	}
 	ss.send(a)
-}
-
-// ticketAnswered hands a TicketAnswer to the PostTicket waiting for it;
-// one nobody waits for any more is dropped.
-func (ss *session) ticketAnswered(m *wire.TicketAnswer) {
-	ss.mu.Lock()
-	ch := ss.tickets[m.Seq]
-	ss.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- m:
-		default:
-		}
-	}
 }

@@ -101,12 +101,13 @@ func (p *Peer) Choose(want string, dir wire.Direction) (Transport, error) {
 }
 
 // NoteFallback counts a fallback (err made by Fallback; any other error
-// is not one) on the session's link and in metrics, and logs it once per
-// session and reason.
-func (p *Peer) NoteFallback(err error) {
+// is not one) on the session's link and in metrics, logs it once per
+// session and reason, and reports whether err was one: the transfer then
+// goes over TCP, which the caller starts.
+func (p *Peer) NoteFallback(err error) bool {
 	var fb *fallbackError
 	if !errors.As(err, &fb) {
-		return
+		return false
 	}
 	p.s.Fallback(fb.reason)
 	p.r.h.Fallback(fb.reason)
@@ -121,32 +122,7 @@ func (p *Peer) NoteFallback(err error) {
 		p.broken = fb.reason
 		p.mu.Unlock()
 	}
-}
-
-// Start starts a transfer on a same-node path when the route (asking for
-// transport want) and the peer allow it, running run in its own
-// goroutine, then finish with run's result; run returns a Fallback error
-// when it could not start, and tcp then starts the transfer over TCP, as
-// it does at once when no same-node path applies.
-func (p *Peer) Start(want string, dir wire.Direction, run func(Transport) error, finish func(Transport, error), tcp func()) {
-	t, err := p.Choose(want, dir)
-	p.NoteFallback(err)
-	if t == TCP {
-		tcp()
-		return
-	}
-	p.r.o.WG.Add(1)
-	go func() {
-		defer p.r.o.WG.Done()
-		err := run(t)
-		var fb *fallbackError
-		if errors.As(err, &fb) {
-			p.NoteFallback(err)
-			tcp()
-			return
-		}
-		finish(t, err)
-	}()
+	return true
 }
 
 // TransportOf says what the next transfer on the session would use for a

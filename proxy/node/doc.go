@@ -5,7 +5,10 @@
 // and imported once per allocation, copies device to device, or chunks
 // sent through a memfd ring both sides pinned), and decides per transfer
 // whether a same-node path applies or the transfer falls back to TCP,
-// counted by reason.
+// counted by reason. It only decides: the sidecar asks Peer.Choose,
+// starts the TCP path itself, and runs Peer.Push or Peer.Pull on a
+// goroutine of its own, taking TCP when they return a Fallback error
+// (NoteFallback counts it and says so).
 //
 // What a transfer is, and what landing or failing one means, is the
 // sidecar's: it implements Host (sessions by id, copy streams, metrics),

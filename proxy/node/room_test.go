@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/device/hostmem"
 	"github.com/stage-kv/stage/proxy/region"
+	"github.com/stage-kv/stage/proxy/status"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -192,9 +194,33 @@ func TestChooseAndFallback(t *testing.T) {
 			if got != tc.t {
 				t.Fatalf("transport %s, want %s", got, tc.t)
 			}
-			h.p.NoteFallback(err)
+			if fell := h.p.NoteFallback(err); fell != (tc.reason != "") {
+				t.Fatalf("NoteFallback says fallback %v, want %v: the caller starts TCP on it", fell, tc.reason != "")
+			}
 			if n := len(ss.fellBack); (tc.reason != "") != (n == 1) || h.fallbacks[tc.reason] != n {
 				t.Fatalf("counted %v on the session and %v in metrics, want reason %q once", ss.fellBack, h.fallbacks, tc.reason)
+			}
+		})
+	}
+	// What a same-node Push or Pull returned: only a fallback (wrapped or
+	// not) sends the transfer to TCP; any other error, or none, ends it.
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"none", nil, false},
+		{"a device error", status.Errorf(wire.CodeDevice, "copy failed"), false},
+		{"a fallback", Fallback(fbPeerUnreachable, errors.New("dial")), true},
+		{"a wrapped fallback", fmt.Errorf("push 3: %w", Fallback(fbShmSetup, errors.New("pin"))), true},
+	} {
+		t.Run("run returned "+tc.name, func(t *testing.T) {
+			_, h, ss := room(t, t.TempDir(), true)
+			if got := h.p.NoteFallback(tc.err); got != tc.want {
+				t.Fatalf("NoteFallback(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+			if n := len(ss.fellBack); (n == 1) != tc.want {
+				t.Fatalf("counted %v on the session, want one only for a fallback", ss.fellBack)
 			}
 		})
 	}
