@@ -94,8 +94,10 @@ type benchPlan struct {
 	span          int      // --raw-span
 }
 
-// plan checks the flags and the ROUTE argument, in the order bench has
-// always named the first bad one; it does no I/O.
+// plan checks the flags and the ROUTE argument, naming the first bad one
+// in the order bench always has; it does no I/O. --kv's and --raw-span's
+// checks come last, as before, but now before --spawn starts sidecars
+// rather than after (a bad value is refused without starting them).
 func (b *benchFlags) plan(args []string) (benchPlan, error) {
 	var p benchPlan
 	sz, err := config.ParseByteSize(b.size)
