@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/e2e/e2etest"
 	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
@@ -33,18 +34,18 @@ var (
 // tests are), or $STAGED_BIN on machines without Go.
 func stagedBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv(sidecars.BinEnv); p != "" {
+	if p := os.Getenv(e2etest.BinEnv); p != "" {
 		return p
 	}
 	if testing.Short() {
 		t.Skip("-short: no staged build")
 	}
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skipf("go not found (%v) and %s unset: cannot build staged", err, sidecars.BinEnv)
+		t.Skipf("go not found (%v) and %s unset: cannot build staged", err, e2etest.BinEnv)
 	}
 	stagedOnce.Do(func() {
 		if stagedDir, stagedErr = os.MkdirTemp("", "stage-acl-e2e-"); stagedErr == nil {
-			stagedPath, stagedErr = sidecars.Build(stagedDir, raceBuild)
+			stagedPath, stagedErr = e2etest.Build(stagedDir, raceBuild)
 		}
 	})
 	if stagedErr != nil {
@@ -120,16 +121,16 @@ func (n *node) logHas(s string) bool { return n.LogHas(s) }
 func (n *node) settle(sessions int) {
 	n.t.Helper()
 	var err error
-	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+	if n.base, err = e2etest.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
 		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
 // checkIdle fails unless the node is back to its idle figures (see
-// sidecars.CheckIdle).
+// e2etest.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+	if err := e2etest.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
 		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
 }

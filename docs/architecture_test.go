@@ -1,7 +1,8 @@
 // Package docs holds checks of the documentation against the code.
 //
 // TestPackageTable reads the package table of ARCHITECTURE.md and holds it
-// against what `go list` reports for every Go module of the repository.
+// against what `go list` reports for every Go module of the repository,
+// and holds the packages under internal/ to importing only one another.
 package docs
 
 import (
@@ -145,6 +146,30 @@ func diffTable(rows []row, pkgs map[string][]string, folder func(string) folderK
 	return out
 }
 
+// basement lists every import by which a package under internal/ reaches
+// one of ours outside internal/. internal/ holds the house's shared
+// helpers (the loader, the spin window, the knobs, a process launcher):
+// anything may stand on them, so they stand on nothing above them, and the
+// table's rule that dependencies point down keeps them at its foot.
+func basement(pkgs map[string][]string) []string {
+	var out []string
+	for p, imps := range pkgs {
+		if !internal(p) {
+			continue
+		}
+		for _, imp := range imps {
+			if !internal(imp) {
+				out = append(out, fmt.Sprintf("%s imports %s: a package under internal/ imports only packages under internal/", p, imp))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// internal reports whether the folder p is under internal/.
+func internal(p string) bool { return strings.HasPrefix(p, "internal/") }
+
 // listed is what TestPackageTable reads of one package from go list -json.
 type listed struct {
 	ImportPath   string
@@ -258,6 +283,31 @@ func TestPackageTable(t *testing.T) {
 	}
 	for _, d := range diffTable(rows, pkgs, folder) {
 		t.Errorf("ARCHITECTURE.md: %s", d)
+	}
+	for _, d := range basement(pkgs) {
+		t.Errorf("go list: %s", d)
+	}
+}
+
+// TestBasement checks that an import out of internal/ is reported, and
+// imports into it or among its packages are not.
+func TestBasement(t *testing.T) {
+	tests := []struct {
+		name string
+		pkgs map[string][]string
+		want []string
+	}{
+		{"into and among", map[string][]string{"client": {"wire", "internal/spin"}, "internal/a": {"internal/b"}, "internal/b": {}}, nil},
+		{"out of internal", map[string][]string{"internal/h": {"wire", "client", "internal/b"}, "internal/b": {}, "internal2/c": {"client"}},
+			[]string{"internal/h imports client: a package under internal/ imports only packages under internal/",
+				"internal/h imports wire: a package under internal/ imports only packages under internal/"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := basement(tc.pkgs); !slices.Equal(got, tc.want) {
+				t.Errorf("basement:\n got %q\nwant %q", got, tc.want)
+			}
+		})
 	}
 }
 

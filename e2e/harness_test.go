@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/stage-kv/stage/client"
+	"github.com/stage-kv/stage/e2e/e2etest"
 	"github.com/stage-kv/stage/internal/sidecars"
 	"github.com/stage-kv/stage/wire"
 )
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) {
 	}
 	// On a machine without Go (the GPU machine), STAGED_BIN names a
 	// prebuilt staged.
-	bin, cleanup, err := sidecars.Binary(raceBuild)
+	bin, cleanup, err := e2etest.Binary(raceBuild)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 	stagedBin = bin
 	code := m.Run()
 	cleanup()
-	if code == 0 && os.Getenv(sidecars.BinEnv) == "" {
+	if code == 0 && os.Getenv(e2etest.BinEnv) == "" {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines leaked in the test process:", err)
 			code = 1
@@ -135,16 +136,16 @@ func (n *node) stats() wire.Stats {
 func (n *node) settle(sessions int) {
 	n.t.Helper()
 	var err error
-	if n.base, err = sidecars.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
+	if n.base, err = e2etest.Settle(context.Background(), n.cl, sessions, 10*time.Second); err != nil {
 		n.t.Fatalf("%s: %v\n%s", n.name, err, n.tail())
 	}
 }
 
 // checkIdle fails unless the node is back to its idle figures (see
-// sidecars.CheckIdle).
+// e2etest.CheckIdle).
 func (n *node) checkIdle() {
 	n.t.Helper()
-	if err := sidecars.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
+	if err := e2etest.CheckIdle(context.Background(), n.cl, n.base, 10*time.Second); err != nil {
 		n.t.Errorf("%s leaked: %v", n.name, err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stage-kv/stage/internal/sidecars"
+	"github.com/stage-kv/stage/e2e/e2etest"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/wire"
 )
@@ -52,7 +52,7 @@ func caches(t *testing.T, src, dst *node, layers int, layerBytes uint64) (S, D *
 // scrape GETs path from a sidecar's metrics listener at addr.
 func scrape(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
-	code, body, err := sidecars.Scrape("http://" + addr + path)
+	code, body, err := e2etest.Scrape("http://" + addr + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func scrape(t *testing.T, addr, path string) (int, string) {
 }
 
 // metricValue finds one sample ("name{labels} value") in an exposition.
-func metricValue(body, series string) (float64, bool) { return sidecars.MetricValue(body, series) }
+func metricValue(body, series string) (float64, bool) { return e2etest.MetricValue(body, series) }
 
 // routeYAML is a route named decode with these peers and extra keys.
 func routeYAML(peers []string, extra string) string {

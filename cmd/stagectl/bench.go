@@ -35,264 +35,221 @@ number of streams in the same run (against an in-process sink with --spawn, or a
 with --sweep, right after each row, and each row is a share of its own.`,
 		Args: cobra.RangeArgs(0, 1),
 	}
-	f := cmd.Flags()
-	spawn := f.Bool("spawn", false, "start two local sidecars (route \"bench\") and measure between them")
-	stripes := f.Int("stripes", 4, "with --spawn: data streams between the sidecars; with --raw: TCP streams")
-	staged := f.String("staged", "", "with --spawn: path of the staged binary (default: beside stagectl)")
-	devFlag := f.String("device", "hostmem", "where the local engine memory (and with --spawn, the local sidecar's device) lives: hostmem or cuda:N")
-	rdevFlag := f.String("remote-device", "", "the same for the remote side (default: as --device)")
-	slotSize := f.String("slot-size", "4MiB", "with --spawn: staging slot size")
-	slotsFlag := f.Int("slots", 32, "with --spawn: staging slots per sidecar")
-	remote := f.String("remote-socket", "", "control socket of the peer's sidecar (required without --spawn)")
-	size := f.String("size", "256MiB", "bytes per transfer")
-	block := f.String("block", "1MiB", "block size")
-	pattern := f.String("pattern", "ranges", "ranges | blocks")
-	dir := f.String("dir", "push", "push | pull")
-	iters := f.Int("iters", 5, "transfers to time")
-	warmup := f.Int("warmup", 1, "untimed transfers first")
-	verify := f.Bool("verify", false, "check every byte after each transfer")
-	verifyEnd := f.Bool("verify-end", false, "poison the destination before the timed transfers and check every byte after the last: transfers run back to back, as an engine's do, instead of with a check between each (what --inflight above 1 always does)")
-	asJSON := f.Bool("json", false, "print the results as JSON")
-	sweep := f.Bool("sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
-	raw := f.Bool("raw", false, "also measure raw TCP with the same streams (the ceiling)")
-	rawSpan := f.String("raw-span", "4MiB", "with --raw: each raw stream cycles 4 MiB writes (and reads) over a buffer this large; 4MiB keeps it in the CPU caches, a larger one measures TCP from cold memory as stage's staging slots are")
-	rawPeer := f.String("raw-peer", "", "with --raw and no --spawn: address of a `stagectl sink` on the peer's host")
-	plot := f.String("plot", "", "with --sweep: draw throughput against block size, with the raw TCP line, into this file: PNG, or SVG, PDF, EPS, JPEG or TIFF by its extension (.svg, .pdf, ...)")
-	checksum := f.String("checksum", "route", "CRC32C per chunk: on, off, or route (as the route says)")
-	transport := f.String("transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
-	inflight := f.Int("inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
-	useTLS := f.Bool("tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
-	spinFor := f.Duration("spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); 0 never polls; not given: the defaults (100us on machines of 8+ CPUs, else 0)")
-	splice := f.Bool("splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send). Unset: their default, splice where it applies if a start-up probe finds it faster than writev on this machine (staging.splice_probe); --splice forces it on without the probe, --splice=false off; see docs/OPERATIONS.md, \"Splice send\"")
-	kvArg := f.String("kv", "", "move a synthetic KV cache from layout preset FROM (local) to TO (remote), as FROM[/BLOCK]:TO[/BLOCK] (e.g. ascend/128:vllm-hnd/16), beside the same-layout KV transfer and its byte ops, in the same run")
-	kvTokens := f.Uint32("kv-tokens", 4096, "with --kv: tokens per transfer")
-	kvLayers := f.Int("kv-layers", 8, "with --kv: layers per transfer")
-	kvHeads := f.Uint32("kv-heads", 8, "with --kv: kv heads (both sides hold all)")
-	kvHeadSize := f.Uint32("kv-head-size", 128, "with --kv: head size in elements")
-	kvGrant := f.Bool("kv-grant", false, "with --kv: also time the same-layout transfer into a guarded cache, with a Grant before and a RevokeGrant after each (the vLLM connector's cost per request; docs/PROTOCOL.md 9.20)")
-	profDir := f.String("profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
+	b := &benchFlags{}
+	b.register(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		ctx := cmd.Context()
-		sz, err := config.ParseByteSize(*size)
-		if err != nil {
-			return fmt.Errorf("--size: %w", err)
-		}
-		bl, err := config.ParseByteSize(*block)
-		if err != nil {
-			return fmt.Errorf("--block: %w", err)
-		}
-		var d wire.Direction
-		switch *dir {
-		case "push":
-			d = wire.Push
-		case "pull":
-			d = wire.Pull
-		default:
-			return fmt.Errorf("--dir must be push or pull (got %q)", *dir)
-		}
-		var sum uint8
-		switch *checksum {
-		case "route":
-			sum = wire.ChecksumRoute
-		case "on":
-			sum = wire.ChecksumOn
-		case "off":
-			sum = wire.ChecksumOff
-		default:
-			return fmt.Errorf("--checksum must be on, off or route (got %q)", *checksum)
-		}
-		if *inflight < 1 || *inflight > 64 {
-			return fmt.Errorf("--inflight must be 1 to 64 (got %d)", *inflight)
-		}
-		if *pattern != "ranges" && *pattern != "blocks" {
-			return fmt.Errorf("--pattern must be ranges or blocks (got %q)", *pattern)
-		}
-		ldev, err := parseEngineDevice(*devFlag)
-		if err != nil {
-			return fmt.Errorf("--device: %w", err)
-		}
-		rdev := ldev
-		if *rdevFlag != "" {
-			if rdev, err = parseEngineDevice(*rdevFlag); err != nil {
-				return fmt.Errorf("--remote-device: %w", err)
-			}
-		}
-		route := "bench"
-		if len(args) == 1 {
-			route = args[0]
-		}
-		local := socketPath(cmd)
-		var prof *profiler
-		if *useTLS && !*spawn {
-			return fmt.Errorf("--tls needs --spawn (it configures the sidecars bench starts; for your own, set security.tls in their configs)")
-		}
-		if *profDir != "" && !*spawn {
-			return fmt.Errorf("--profile needs --spawn (it profiles the sidecars bench starts)")
-		}
-		if *spinFor < 0 || *spinFor > config.MaxReadSpin {
-			return fmt.Errorf("--spin must be 0..%s (got %s)", config.MaxReadSpin, *spinFor)
-		}
-		spliceSet := f.Changed("splice")
-		if spliceSet && !*spawn {
-			return fmt.Errorf("--splice needs --spawn (it configures the sidecars bench starts; for your own, set staging.splice_send in their configs)")
-		}
-		if spliceSet {
-			// Both spawned sidecars inherit it (STAGE_ overrides the YAML).
-			if err := os.Setenv("STAGE_STAGING_SPLICE_SEND", strconv.FormatBool(*splice)); err != nil {
-				return fmt.Errorf("--splice: %w", err)
-			}
-			if err := os.Setenv("STAGE_STAGING_SPLICE_PROBE", "false"); err != nil {
-				return fmt.Errorf("--splice: %w", err)
-			}
-		}
-		spinSet := f.Changed("spin")
-		if *spawn && spinSet {
-			// The spawned sidecars inherit it (STAGE_ overrides the YAML).
-			if err := os.Setenv("STAGE_STAGING_READ_SPIN", spinFor.String()); err != nil {
-				return err
-			}
-		}
-		if *spawn {
-			var extra []string
-			if *profDir != "" {
-				extra = []string{"--pprof", "127.0.0.1:0"}
-			}
-			bin, err := stagedPath(*staged)
-			if err != nil {
-				return err
-			}
-			tmp, err := os.MkdirTemp("", "stage-bench-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(tmp)
-			token := randomToken()
-			var decTLS, preTLS string
-			if *useTLS {
-				if decTLS, preTLS, err = throwawayTLS(tmp); err != nil {
-					return err
-				}
-			}
-			dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", rdev, *slotSize, *slotsFlag, "", "", 0, "")+decTLS, token, extra...)
-			if err != nil {
-				return err
-			}
-			defer stopSidecar(dec)
-			pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", ldev, *slotSize, *slotsFlag, route, dec.Peers, *stripes, *transport)+preTLS, token, extra...)
-			if err != nil {
-				return err
-			}
-			defer stopSidecar(pre)
-			local, *remote = pre.Socket, dec.Socket
-			if *profDir != "" {
-				if prof, err = newProfiler(*profDir, pre, dec); err != nil {
-					return err
-				}
-			}
-		} else if len(args) == 0 {
-			return fmt.Errorf("name a ROUTE, or pass --spawn")
-		}
-		if *remote == "" {
-			return fmt.Errorf("--remote-socket is required: bench registers the destination buffer with the peer's sidecar (or pass --spawn)")
-		}
-		if *kvArg != "" {
-			from, to, err := parseKVArg(*kvArg)
-			if err != nil {
-				return err
-			}
-			if *kvTokens == 0 || *kvLayers < 1 || *kvHeads == 0 || *kvHeadSize == 0 {
-				return fmt.Errorf("--kv-tokens, --kv-layers, --kv-heads and --kv-head-size must be positive")
-			}
-			rows, err := runKVBench(ctx, os.Stderr, kvBenchOpts{route: route, local: local, remote: *remote, ldev: ldev, rdev: rdev,
-				from: from, to: to, layers: *kvLayers, tokens: *kvTokens, heads: *kvHeads, headSize: *kvHeadSize,
-				iters: *iters, warmup: *warmup, checksum: sum, prof: prof, grant: *kvGrant})
-			if err != nil {
-				return err
-			}
-			if *asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rows)
-			}
-			return nil
-		}
-		blocks := []uint64{uint64(bl)}
-		blocksPattern := *pattern == "blocks"
-		if *sweep {
-			blocks, blocksPattern = nil, true
-			for b := uint64(4 << 10); b <= 64<<20; b *= 4 {
-				blocks = append(blocks, b)
-			}
-		}
-		span, err := config.ParseByteSize(*rawSpan)
-		if err != nil || span < rawPiece || span%rawPiece != 0 {
-			return fmt.Errorf("--raw-span: want a multiple of 4MiB (got %q)", *rawSpan)
-		}
-		// rawRun measures plain TCP once (nil without --raw).
-		var rawRun func() (*RawResult, error)
-		if *raw {
-			run, stop, err := newRawRunner(ctx, *spawn, *rawPeer, *stripes, max(uint64(sz), 1<<30), int(span))
-			if err != nil {
-				return err
-			}
-			defer stop()
-			rawRun = run
-		}
-		// A sweep measures raw TCP right after each row, and each row is
-		// compared with its own: loopback TCP drifts by 2x within minutes
-		// on a shared machine, so one figure for eight rows says little.
-		var beside []*RawResult
-		var results []*BenchResult
-		for _, b := range blocks {
-			total := uint64(sz)
-			if total < b {
-				total = b
-			}
-			total -= total % b
-			res, err := runBench(ctx, benchOpts{route: route, local: local, remote: *remote, size: total,
-				block: b, blocks: blocksPattern, dir: d, ldev: ldev, rdev: rdev, iters: *iters, warmup: *warmup, verify: *verify || *verifyEnd, verifyEnd: *verifyEnd, prof: prof, checksum: sum, inflight: *inflight, spin: *spinFor, spinSet: spinSet})
-			if err != nil {
-				return fmt.Errorf("block %s: %w", config.ByteSize(b), err)
-			}
-			if rawRun != nil && len(blocks) > 1 {
-				rr, err := rawRun()
-				if err != nil {
-					return fmt.Errorf("raw TCP after the %s row: %w", config.ByteSize(b), err)
-				}
-				res.RawBeside = rr.GBps
-				beside = append(beside, rr)
-			}
-			results = append(results, res)
-			if !*asJSON && len(blocks) > 1 {
-				fmt.Fprintln(os.Stderr, res.String())
-			}
-		}
-		var ceiling *RawResult
-		switch {
-		case len(beside) > 0:
-			ceiling = meanRaw(beside)
-		case rawRun != nil:
-			if ceiling, err = rawRun(); err != nil {
-				return err
-			}
-		}
-		if *plot != "" {
-			host, _ := os.Hostname()
-			title := fmt.Sprintf("stage %s, %d streams, %s per transfer, %s, %s", d, *stripes, config.ByteSize(sz), host, time.Now().Format("2006-01-02"))
-			if err := plotSweep(*plot, results, ceiling, title); err != nil {
-				return fmt.Errorf("--plot %s: %w", *plot, err)
-			}
-			fmt.Fprintln(os.Stderr, "plot written to", *plot)
-		}
-		if *asJSON {
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(BenchReport{Results: results, Raw: ceiling})
-		}
-		printBenchTable(os.Stdout, results, ceiling)
-		return nil
+		b.spliceSet, b.spinSet = cmd.Flags().Changed("splice"), cmd.Flags().Changed("spin")
+		return b.run(cmd.Context(), socketPath(cmd), args)
 	}
 	return cmd
+}
+
+// run is bench: check the flags, start the sidecars (--spawn), measure,
+// report. local is the control socket of the sidecar bench's source
+// registers with, unless it starts its own.
+func (b *benchFlags) run(ctx context.Context, local string, args []string) error {
+	p, err := b.plan(args)
+	if err != nil {
+		return err
+	}
+	if err := b.setEnv(); err != nil {
+		return err
+	}
+	remote := b.remote
+	var prof *profiler
+	if b.spawn {
+		s, err := spawnPair(ctx, b, p)
+		if err != nil {
+			return err
+		}
+		defer s.stop()
+		local, remote, prof = s.local, s.remote, s.prof
+	}
+	if p.kv {
+		rows, err := runKVBench(ctx, os.Stderr, kvBenchOpts{route: p.route, local: local, remote: remote, ldev: p.ldev, rdev: p.rdev,
+			from: p.kvFrom, to: p.kvTo, layers: b.kvLayers, tokens: b.kvTokens, heads: b.kvHeads, headSize: b.kvHeadSize,
+			iters: b.iters, warmup: b.warmup, checksum: p.checksum, prof: prof, grant: b.kvGrant})
+		if err != nil || !b.json {
+			return err
+		}
+		return writeJSON(os.Stdout, rows)
+	}
+	return b.runRows(ctx, p, benchOpts{route: p.route, local: local, remote: remote, blocks: p.blocksPattern, dir: p.dir,
+		ldev: p.ldev, rdev: p.rdev, iters: b.iters, warmup: b.warmup, verify: b.verify || b.verifyEnd, verifyEnd: b.verifyEnd,
+		prof: prof, checksum: p.checksum, inflight: b.inflight, spin: b.spin, spinSet: b.spinSet})
+}
+
+// setEnv passes --splice and --spin on to the sidecars bench starts: they
+// inherit the environment, and STAGE_ variables override their YAML.
+func (b *benchFlags) setEnv() error {
+	if b.spliceSet {
+		if err := os.Setenv("STAGE_STAGING_SPLICE_SEND", strconv.FormatBool(b.splice)); err != nil {
+			return fmt.Errorf("--splice: %w", err)
+		}
+		if err := os.Setenv("STAGE_STAGING_SPLICE_PROBE", "false"); err != nil {
+			return fmt.Errorf("--splice: %w", err)
+		}
+	}
+	if b.spawn && b.spinSet {
+		if err := os.Setenv("STAGE_STAGING_READ_SPIN", b.spin.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spawned is the pair of sidecars bench started (--spawn): the prefill
+// side holds the route to the decode side.
+type spawned struct {
+	local, remote string    // the prefill and decode sidecars' control sockets
+	prof          *profiler // nil without --profile
+	undo          []func()  // run last first by stop
+}
+
+// stop stops the sidecars and removes their folder.
+func (s *spawned) stop() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// spawnPair starts the decode sidecar, then the prefill sidecar with the
+// route to it, in a new temporary folder; on an error, what it started is
+// stopped.
+func spawnPair(ctx context.Context, b *benchFlags, p benchPlan) (s *spawned, err error) {
+	var extra []string
+	if b.profile != "" {
+		extra = []string{"--pprof", "127.0.0.1:0"}
+	}
+	bin, err := stagedPath(b.staged)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "stage-bench-")
+	if err != nil {
+		return nil, err
+	}
+	s = &spawned{undo: []func(){func() { os.RemoveAll(tmp) }}}
+	defer func() {
+		if err != nil {
+			s.stop()
+		}
+	}()
+	token := randomToken()
+	var decTLS, preTLS string
+	if b.tls {
+		if decTLS, preTLS, err = throwawayTLS(tmp); err != nil {
+			return nil, err
+		}
+	}
+	dec, err := startSidecar(ctx, bin, tmp, "decode", sidecarYAML("decode", tmp+"/decode.sock", p.rdev, b.slotSize, b.slots, "", "", 0, "")+decTLS, token, extra...)
+	if err != nil {
+		return nil, err
+	}
+	s.undo = append(s.undo, func() { _ = stopSidecar(dec) })
+	pre, err := startSidecar(ctx, bin, tmp, "prefill", sidecarYAML("prefill", tmp+"/prefill.sock", p.ldev, b.slotSize, b.slots, p.route, dec.Peers, b.stripes, b.transport)+preTLS, token, extra...)
+	if err != nil {
+		return nil, err
+	}
+	s.undo = append(s.undo, func() { _ = stopSidecar(pre) })
+	s.local, s.remote = pre.Socket, dec.Socket
+	if b.profile != "" {
+		if s.prof, err = newProfiler(b.profile, pre, dec); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// runRows measures a row per block size (o with each row's block and
+// size), with raw TCP beside them (--raw), and reports.
+func (b *benchFlags) runRows(ctx context.Context, p benchPlan, o benchOpts) error {
+	// rawRun measures plain TCP once (nil without --raw).
+	var rawRun func() (*RawResult, error)
+	if b.raw {
+		run, stop, err := newRawRunner(ctx, b.spawn, b.rawPeer, b.stripes, max(p.size, 1<<30), p.span)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		rawRun = run
+	}
+	var progress io.Writer // each row as it is measured, in a sweep's table
+	if !b.json && len(p.blocks) > 1 {
+		progress = os.Stderr
+	}
+	results, beside, err := benchRows(ctx, o, p.size, p.blocks, rawRun, progress)
+	if err != nil {
+		return err
+	}
+	var ceiling *RawResult
+	switch {
+	case len(beside) > 0:
+		ceiling = meanRaw(beside)
+	case rawRun != nil:
+		if ceiling, err = rawRun(); err != nil {
+			return err
+		}
+	}
+	if b.plot != "" {
+		host, _ := os.Hostname()
+		if err := plotSweep(b.plot, results, ceiling, plotTitle(p.dir, b.stripes, p.size, host, time.Now())); err != nil {
+			return fmt.Errorf("--plot %s: %w", b.plot, err)
+		}
+		fmt.Fprintln(os.Stderr, "plot written to", b.plot)
+	}
+	return writeBenchReport(os.Stdout, b.json, results, ceiling)
+}
+
+// benchRows runs one row per block size, each moving rowSize(size, block)
+// per transfer. With several rows and rawRun, raw TCP is measured right
+// after each row and each row is compared with its own: loopback TCP
+// drifts by 2x within minutes on a shared machine, so one figure for eight
+// rows says little. Each row is written to progress as it ends (nil:
+// nowhere).
+func benchRows(ctx context.Context, o benchOpts, size uint64, blocks []uint64, rawRun func() (*RawResult, error), progress io.Writer) (results []*BenchResult, beside []*RawResult, err error) {
+	for _, b := range blocks {
+		o.block, o.size = b, rowSize(size, b)
+		res, err := runBench(ctx, o)
+		if err != nil {
+			return nil, nil, fmt.Errorf("block %s: %w", config.ByteSize(b), err)
+		}
+		if rawRun != nil && len(blocks) > 1 {
+			rr, err := rawRun()
+			if err != nil {
+				return nil, nil, fmt.Errorf("raw TCP after the %s row: %w", config.ByteSize(b), err)
+			}
+			res.RawBeside = rr.GBps
+			beside = append(beside, rr)
+		}
+		results = append(results, res)
+		if progress != nil {
+			fmt.Fprintln(progress, res.String())
+		}
+	}
+	return results, beside, nil
+}
+
+// plotTitle is the title of --plot's figure.
+func plotTitle(d wire.Direction, stripes int, size uint64, host string, now time.Time) string {
+	return fmt.Sprintf("stage %s, %d streams, %s per transfer, %s, %s", d, stripes, config.ByteSize(size), host, now.Format("2006-01-02"))
+}
+
+// writeBenchReport writes the rows and the raw TCP ceiling (nil: not
+// measured) as JSON (a BenchReport), or as printBenchTable's table.
+func writeBenchReport(w io.Writer, asJSON bool, results []*BenchResult, ceiling *RawResult) error {
+	if asJSON {
+		return writeJSON(w, BenchReport{Results: results, Raw: ceiling})
+	}
+	printBenchTable(w, results, ceiling)
+	return nil
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // RawResult is plain TCP measured beside stage.

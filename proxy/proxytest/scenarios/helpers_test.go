@@ -11,7 +11,7 @@ import (
 
 	"github.com/stage-kv/stage/client"
 	"github.com/stage-kv/stage/config"
-	"github.com/stage-kv/stage/internal/sidecars"
+	"github.com/stage-kv/stage/e2e/e2etest"
 	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/proxy/proxytest"
 	"github.com/stage-kv/stage/wire"
@@ -154,7 +154,7 @@ func link(t *testing.T, sc *proxytest.Sidecar, name string) wire.LinkStats {
 // scrape GETs path from sc's metrics listener.
 func scrape(t *testing.T, sc *proxytest.Sidecar, path string) (int, string) {
 	t.Helper()
-	code, body, err := sidecars.Scrape(sc.MetricsURL(path))
+	code, body, err := e2etest.Scrape(sc.MetricsURL(path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func scrape(t *testing.T, sc *proxytest.Sidecar, path string) (int, string) {
 }
 
 // metricValue finds one sample ("name{labels} value") in an exposition.
-func metricValue(body, series string) (float64, bool) { return sidecars.MetricValue(body, series) }
+func metricValue(body, series string) (float64, bool) { return e2etest.MetricValue(body, series) }
 
 // waitLogged waits until sc's log contains want.
 func waitLogged(t *testing.T, sc *proxytest.Sidecar, want string) {

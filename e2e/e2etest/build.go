@@ -1,4 +1,4 @@
-package sidecars
+package e2etest
 
 import (
 	"fmt"
