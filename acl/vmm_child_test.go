@@ -151,9 +151,9 @@ func TestVMMChildHelper(t *testing.T) {
 			d.vmmMu.Lock()
 			chunks := len(d.chunks)
 			d.vmmMu.Unlock()
-			d.mu.Lock()
-			mappings := d.mappings
-			d.mu.Unlock()
+			d.Mu.Lock()
+			mappings := d.Mappings
+			d.Mu.Unlock()
 			reply = fmt.Sprintf("maps %d chunks %d mappings %d live %d", maps, chunks, mappings, live)
 		}
 		if _, err := syscall.Write(childFD, []byte(reply)); err != nil {
