@@ -30,6 +30,7 @@ import (
 //	                            KEY2 must be refused (keyChildWork)
 //	close                       close every open mapping, newest first
 //	count                       "maps M chunks C mappings N live L"
+//	mode                        the device's copy mode
 //
 // The child opens the device its environment names (library, ordinal,
 // copy mode) and closes it when the parent closes its end.
@@ -192,6 +193,9 @@ func childAnswer(d *Device, open *[]device.Mapping, f []string) string {
 		mappings := d.Mappings
 		d.Mu.Unlock()
 		return fmt.Sprintf("maps %d chunks %d mappings %d live %d", maps, chunks, mappings, live)
+	case "mode":
+		mode, _ := d.CopyMode()
+		return string(mode)
 	}
 	return fmt.Sprintf("err unknown request %q", f[0])
 }

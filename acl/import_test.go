@@ -116,6 +116,9 @@ func TestFakeIPCChild(t *testing.T) {
 			other, _ := devicetest.Pool(t, d, 65536, seed+1)
 
 			c := startChild(t, so, 0, mode)
+			if r := c.ask("mode"); r != string(mode) {
+				t.Fatalf("the child copies in mode %q, want %q", r, mode)
+			}
 			x, err := d.Export(base+ipcViewOff, c.pid())
 			if err != nil {
 				t.Fatal(err)
