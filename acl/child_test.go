@@ -189,9 +189,9 @@ func childAnswer(d *Device, open *[]device.Mapping, f []string) string {
 		d.vmmMu.Lock()
 		chunks := len(d.chunks)
 		d.vmmMu.Unlock()
-		d.Mu.Lock()
-		mappings := d.Mappings
-		d.Mu.Unlock()
+		d.core.Mu.Lock()
+		mappings := d.core.Mappings
+		d.core.Mu.Unlock()
 		return fmt.Sprintf("maps %d chunks %d mappings %d live %d", maps, chunks, mappings, live)
 	case "mode":
 		mode, _ := d.CopyMode()

@@ -67,7 +67,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // helpers for engines and tests (AllocDevice, Export, CopyHtoD, ...).
 // Safe for concurrent use.
 type Device struct {
-	vendorkit.Core // name, closed flag, lock (Mu), counts
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
 
 	lib  *Library
 	ctx  C.aclrtContext
@@ -125,7 +125,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		chunks: map[uint64]*chunkRec{},
 		physID: -1,
 	}
-	d.Init("acl", ordinal)
+	d.core.Init("acl", ordinal)
 	if d.logf == nil {
 		d.logf = log.Printf
 	}
@@ -161,6 +161,12 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // Kind returns device.KindACL.
 func (d *Device) Kind() device.Kind { return device.KindACL }
 
+// Ordinal returns the ACL device id.
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
+
+// String returns "acl:N".
+func (d *Device) String() string { return d.core.String() }
+
 // Library returns the library the device was opened from.
 func (d *Device) Library() *Library { return d.lib }
 
@@ -189,7 +195,7 @@ func (d *Device) copyMode() CopyMode {
 // copies). Where the runtime does not support host registration (207000),
 // the buffer has no device view (DeviceAddr 0) and that is logged once.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if err := vendorkit.Positive(&d.Core, "AllocPinned", n); err != nil {
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
 		return device.Pinned{}, err
 	}
 	l := d.lib
@@ -217,7 +223,7 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 		}
 	}
 	b := unsafe.Slice((*byte)(host), n)
-	d.pinned.Add(&d.Core, b, registered)
+	d.pinned.Add(&d.core, b, registered)
 	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
@@ -225,7 +231,7 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 // buffer AllocPinned returned, the whole buffer. Both are tried; the error
 // reports either or both.
 func (d *Device) FreePinned(p device.Pinned) error {
-	key, rec, err := vendorkit.TakePin(&d.Core, d.pinned, "FreePinned", p.Host(), nil)
+	key, rec, err := vendorkit.TakePin(&d.core, d.pinned, "FreePinned", p.Host(), nil)
 	if err != nil {
 		return err
 	}
@@ -258,8 +264,8 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewACLStream is NewStream returning the concrete type.
 func (d *Device) NewACLStream() (*Stream, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	l := d.lib
 	var s C.aclrtStream
@@ -278,21 +284,21 @@ func (d *Device) NewACLStream() (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.Count(&d.Streams, 1)
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event (aclrtCreateEventWithFlag, ACL_EVENT_SYNC).
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	l := d.lib
 	var e C.aclrtEvent
 	if err := l.check(C.stacl_event_create(l.c, d.ctx, eventSync, &e), "aclrtCreateEventWithFlag(ACL_EVENT_SYNC)"); err != nil {
 		return nil, err
 	}
-	d.Count(&d.Events, 1)
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
@@ -305,10 +311,10 @@ func (d *Device) openResources() string {
 		}
 	}
 	return vendorkit.Open(
-		vendorkit.Item{N: d.Streams, One: "stream", Many: "streams"},
-		vendorkit.Item{N: d.Events, One: "event", Many: "events"},
+		vendorkit.Item{N: d.core.Streams, One: "stream", Many: "streams"},
+		vendorkit.Item{N: d.core.Events, One: "event", Many: "events"},
 		vendorkit.Item{N: len(d.pinned), One: "pinned buffer", Many: "pinned buffers"},
-		vendorkit.Item{N: d.Mappings, One: "mapping", Many: "mappings"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping", Many: "mappings"},
 		vendorkit.Item{N: len(d.devMem), One: "device allocation", Many: "device allocations"},
 		vendorkit.Item{N: len(d.vmmMem), One: "VMM allocation", Many: "VMM allocations"},
 		vendorkit.Item{N: exported, One: "exported key", Many: "exported keys"})
@@ -320,13 +326,13 @@ func (d *Device) openResources() string {
 // that were not (their Close then returns device.ErrClosed). It never calls
 // aclFinalize.
 func (d *Device) Close() error {
-	leaks, err := d.Shut(d.openResources)
+	leaks, err := d.core.Shut(d.openResources)
 	if err != nil {
 		return err
 	}
 	err = d.lib.check(C.stacl_reset_device(d.lib.c, C.int32_t(d.Ordinal())), "aclrtResetDevice(%d)", d.Ordinal())
 	if leaks != "" {
-		return d.Leaked(leaks)
+		return d.core.Leaked(leaks)
 	}
 	return err
 }

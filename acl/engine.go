@@ -21,7 +21,7 @@ import (
 
 // AllocDevice allocates n bytes of device memory (aclrtMalloc, HUGE_FIRST).
 func (d *Device) AllocDevice(n uint64) (device.Addr, error) {
-	return vendorkit.AllocDevice(&d.Core, d.devMem, n, d.malloc, func(n uint64) *allocRec { return &allocRec{n: n} })
+	return vendorkit.AllocDevice(&d.core, d.devMem, n, d.malloc, func(n uint64) *allocRec { return &allocRec{n: n} })
 }
 
 func (d *Device) malloc(n uint64) (device.Addr, error) {
@@ -35,7 +35,7 @@ func (d *Device) malloc(n uint64) (device.Addr, error) {
 // which must come after every importer closed it), then the memory is freed
 // (aclrtFree). Both are tried; the error reports either or both.
 func (d *Device) FreeDevice(a device.Addr) error {
-	return vendorkit.FreeDevice(&d.Core, d.devMem, a, d.freeDevice)
+	return vendorkit.FreeDevice(&d.core, d.devMem, a, d.freeDevice)
 }
 
 func (d *Device) freeDevice(a device.Addr, rec *allocRec) error {
@@ -56,7 +56,7 @@ func (d *Device) freeDevice(a device.Addr, rec *allocRec) error {
 
 // CopyHtoD copies src to device address dst and waits (aclrtMemcpy H2D).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
-	return vendorkit.CopyHtoD(&d.Core, dst, src, d.htod)
+	return vendorkit.CopyHtoD(&d.core, dst, src, d.htod)
 }
 
 func (d *Device) htod(dst device.Addr, src []byte) error {
@@ -67,7 +67,7 @@ func (d *Device) htod(dst device.Addr, src []byte) error {
 // CopyDtoH copies len(dst) bytes from device address src into dst and waits
 // (aclrtMemcpy D2H).
 func (d *Device) CopyDtoH(dst []byte, src device.Addr) error {
-	return vendorkit.CopyDtoH(&d.Core, dst, src, d.dtoh)
+	return vendorkit.CopyDtoH(&d.core, dst, src, d.dtoh)
 }
 
 func (d *Device) dtoh(dst []byte, src device.Addr) error {

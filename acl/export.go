@@ -28,14 +28,14 @@ import (
 // Later calls return the same key and add their importers to the whitelist
 // (when it is on). FreeDevice closes the key.
 func (d *Device) Export(addr device.Addr, importers ...int32) (device.Export, error) {
-	if d.IsClosed() {
-		return device.Export{}, d.ErrClosed("Export")
+	if d.core.IsClosed() {
+		return device.Export{}, d.core.ErrClosed("Export")
 	}
 	if !d.lib.ipc {
 		return device.Export{}, fmt.Errorf("acl: %s: Export: %s: %w", d, d.lib.ipcWhy, device.ErrNotSupported)
 	}
-	d.Mu.Lock()
-	defer d.Mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	var base device.Addr
 	var rec *allocRec
 	for b, r := range d.devMem {

@@ -41,7 +41,7 @@ import (
 // references. Mapping.Close is aclrtIpcMemClose: importers close before
 // the exporter closes its key and frees the memory.
 func (d *Device) Import(h device.Handle) (device.Mapping, error) {
-	if err := d.Check("Import"); err != nil {
+	if err := d.core.Check("Import"); err != nil {
 		return nil, err
 	}
 	if h.Size == 0 {
@@ -87,7 +87,7 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 	if err := d.probe(device.Addr(p)); err != nil {
 		return nil, d.closeKeyAfter(ck, key, err)
 	}
-	d.Count(&d.Mappings, 1)
+	d.core.Count(&d.core.Mappings, 1)
 	return &mapping{mapHead: mapHead{d: d, base: device.Addr(p), size: h.Size}, key: key}, nil
 }
 
@@ -127,7 +127,7 @@ func (m *mapHead) Size() uint64      { return m.size }
 // close closes the mapping once, uncounts it and runs release (the
 // runtime's unmapping).
 func (m *mapHead) close(release func() error) error {
-	return m.gate.Close(&m.d.Core, "Mapping.Close", &m.d.Mappings, release)
+	return m.gate.Close(&m.d.core, "Mapping.Close", &m.d.core.Mappings, release)
 }
 
 // mapping is an allocation imported by key (device.Mapping).

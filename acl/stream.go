@@ -80,7 +80,7 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 }
 
 func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	return s.gate.Move(&s.d.Core, gather, p, segs, s.enqueue)
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
 }
 
 // enqueue issues a checked move's copies (the gate held).
@@ -88,11 +88,11 @@ func (s *Stream) enqueue(mv vendorkit.Move) error {
 	gather, p, segs, total := mv.Gather, mv.Pinned, mv.Segs, mv.Total
 	if s.sc == nil {
 		if s.sc = C.stacl_scratch_new(); s.sc == nil {
-			return s.d.Errorf("%s: out of host memory for copy descriptors", mv.Op)
+			return s.d.core.Errorf("%s: out of host memory for copy descriptors", mv.Op)
 		}
 	}
 	if C.stacl_scratch_reserve(s.sc, C.size_t(len(segs))) != 0 {
-		return s.d.Errorf("%s: out of host memory for %d copy descriptors", mv.Op, len(segs))
+		return s.d.core.Errorf("%s: out of host memory for %d copy descriptors", mv.Op, len(segs))
 	}
 	n := coalesce(unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.dev)), len(segs)),
 		unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.len)), len(segs)), segs)
@@ -246,11 +246,11 @@ func (s *Stream) Record(ev device.Event) error {
 	if !ok || e.d != s.d {
 		return fmt.Errorf("acl: %s: Record: event %T is not an event of this device", s.d, ev)
 	}
-	if err := s.gate.Enter(&s.d.Core, "Record"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "Record"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
-	if err := e.gate.Enter(&s.d.Core, "Record(closed event)"); err != nil {
+	if err := e.gate.Enter(&s.d.core, "Record(closed event)"); err != nil {
 		return err
 	}
 	defer e.gate.Leave()
@@ -264,7 +264,7 @@ func (s *Stream) Record(ev device.Event) error {
 // Synchronize waits for all enqueued work (aclrtSynchronizeStreamWithTimeout,
 // -1) and returns the stream's error. It blocks the calling OS thread.
 func (s *Stream) Synchronize() error {
-	if err := s.gate.Enter(&s.d.Core, "Synchronize"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "Synchronize"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
@@ -298,7 +298,7 @@ func (s *Stream) probe() (done bool, err error) {
 // Close waits (up to 30 s) for the stream's work, frees its pack ring and
 // scratch, and destroys it.
 func (s *Stream) Close() error {
-	if err := s.gate.Enter(&s.d.Core, "Stream.Close"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "Stream.Close"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
@@ -327,7 +327,7 @@ func (s *Stream) Close() error {
 	if err := l.check(C.stacl_stream_destroy(l.c, s.d.ctx, s.s), "aclrtDestroyStream"); err != nil {
 		errs = append(errs, err)
 	}
-	s.d.Count(&s.d.Streams, -1)
+	s.d.core.Count(&s.d.core.Streams, -1)
 	return errors.Join(errs...)
 }
 
@@ -359,7 +359,7 @@ func (e *Event) status() (bool, error) {
 // error once the event's stream has been seen failed (by Wait, Synchronize
 // or Close), and (false, nil) until then. An event never recorded is done.
 func (e *Event) Query() (bool, error) {
-	if err := e.d.Check("Event.Query"); err != nil {
+	if err := e.d.core.Check("Event.Query"); err != nil {
 		return false, err
 	}
 	s := e.on.Load()
@@ -405,7 +405,7 @@ func (e *Event) Wait() error {
 				if ok, err := e.status(); ok || err != nil {
 					return err
 				}
-				return e.d.Errorf("event still not complete after its stream drained (waited %v): a task before it failed or was dropped", time.Since(start).Round(time.Millisecond))
+				return e.d.core.Errorf("event still not complete after its stream drained (waited %v): a task before it failed or was dropped", time.Since(start).Round(time.Millisecond))
 			}
 			nextProbe = now.Add(probeEvery)
 		}
@@ -416,7 +416,7 @@ func (e *Event) Wait() error {
 
 // Close destroys the event.
 func (e *Event) Close() error {
-	return e.gate.Close(&e.d.Core, "Event.Close", &e.d.Events, func() error {
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
 		return e.d.lib.check(C.stacl_event_destroy(e.d.lib.c, e.d.ctx, e.e), "aclrtDestroyEvent")
 	})
 }

@@ -42,8 +42,8 @@ func (d *Device) VMMGranularity() (uint64, error) {
 // VMMGranularity), allocates each (aclrtMallocPhysical), maps them in
 // order and opens them for reading and writing; FreeVMM undoes it.
 func (d *Device) AllocVMM(chunks []uint64) (_ device.Addr, err error) {
-	if d.IsClosed() {
-		return 0, d.ErrClosed("AllocVMM")
+	if d.core.IsClosed() {
+		return 0, d.core.ErrClosed("AllocVMM")
 	}
 	if !d.lib.vmm || !d.lib.vmmExport || len(chunks) == 0 {
 		return 0, fmt.Errorf("acl: %s: AllocVMM(%d chunks): needs the VMM calls and one chunk at least: %w", d, len(chunks), device.ErrNotSupported)
@@ -79,19 +79,19 @@ func (d *Device) AllocVMM(chunks []uint64) (_ device.Addr, err error) {
 		}
 		at += n
 	}
-	d.Mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmMem[device.Addr(va)] = a
-	d.Mu.Unlock()
+	d.core.Mu.Unlock()
 	return device.Addr(va), nil
 }
 
 // FreeVMM unmaps, frees (exporter side) and releases what AllocVMM made.
 // Importers keep their own references to the chunks.
 func (d *Device) FreeVMM(base device.Addr) error {
-	d.Mu.Lock()
+	d.core.Mu.Lock()
 	a, ok := d.vmmMem[base]
 	delete(d.vmmMem, base)
-	d.Mu.Unlock()
+	d.core.Mu.Unlock()
 	if !ok {
 		return fmt.Errorf("acl: %s: FreeVMM(%#x): not an AllocVMM range of this device", d, uint64(base))
 	}
@@ -128,14 +128,14 @@ func (d *Device) undoVMM(va uint64, a *vmmAlloc, mapped int) error {
 // whitelisted (aclrtMemSetPidToShareableHandle). Without importers the
 // chunks are exported with pid validation off.
 func (d *Device) ExportVMM(addr device.Addr, n uint64, importers ...int32) (device.Handle, error) {
-	if d.IsClosed() {
-		return device.Handle{}, d.ErrClosed("ExportVMM")
+	if d.core.IsClosed() {
+		return device.Handle{}, d.core.ErrClosed("ExportVMM")
 	}
 	if n == 0 || !d.lib.vmmExport || d.lib.c.aclrtMemGetAddressRange == nil {
 		return device.Handle{}, fmt.Errorf("acl: %s: ExportVMM(%#x, %d B): needs a size and the VMM export calls: %w", d, uint64(addr), n, device.ErrNotSupported)
 	}
-	d.Mu.Lock()
-	defer d.Mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	var a *vmmAlloc
 	for b, r := range d.vmmMem {
 		if addr >= b && uint64(addr-b) < r.size && n <= r.size-uint64(addr-b) {

@@ -89,7 +89,7 @@ func (d *Device) importVMM(h device.Handle) (_ device.Mapping, err error) {
 	if err := d.probe(m.base); err != nil {
 		return nil, err
 	}
-	d.Count(&d.Mappings, 1)
+	d.core.Count(&d.core.Mappings, 1)
 	return m, nil
 }
 

@@ -83,7 +83,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // tests (AllocDevice, Export, VMMAlloc, CopyHtoD, ...). Safe for
 // concurrent use.
 type Device struct {
-	vendorkit.Core // name, closed flag, lock (Mu), counts
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
 
 	lib  *Library
 	dev  C.CUdevice
@@ -142,7 +142,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		slabs:      map[uintptr]slotSlab{},
 		devMem:     map[device.Addr]uint64{},
 	}
-	d.Init("cuda", ordinal)
+	d.core.Init("cuda", ordinal)
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
 		return nil, l.check(rc, "cuDeviceGet(%d)", ordinal)
 	}
@@ -235,6 +235,12 @@ func (d *Device) release() error {
 // Kind returns device.KindCUDA.
 func (d *Device) Kind() device.Kind { return device.KindCUDA }
 
+// Ordinal returns the CUDA device ordinal.
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
+
+// String returns "cuda:N".
+func (d *Device) String() string { return d.core.String() }
+
 // Name returns the GPU's name (cuDeviceGetName), e.g. "NVIDIA H100 80GB HBM3".
 func (d *Device) Name() string { return d.name }
 
@@ -254,7 +260,7 @@ func (d *Device) CopyMode() (CopyMode, string) { return d.mode, d.modeWhy }
 // device's address space (cuMemHostAlloc PORTABLE|DEVICEMAP) and returns both
 // views.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if err := vendorkit.Positive(&d.Core, "AllocPinned", n); err != nil {
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
 		return device.Pinned{}, err
 	}
 	var host unsafe.Pointer
@@ -263,7 +269,7 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 		return device.Pinned{}, d.lib.check(rc, "cuMemHostAlloc(%d B, PORTABLE|DEVICEMAP)", n)
 	}
 	b := unsafe.Slice((*byte)(host), n)
-	d.pinned.Add(&d.Core, b, false)
+	d.pinned.Add(&d.core, b, false)
 	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
@@ -288,7 +294,7 @@ func (d *Device) RegisterHost(b []byte) (device.Pinned, error) {
 	if len(b) == 0 {
 		return device.Pinned{}, fmt.Errorf("cuda: %s: RegisterHost: empty buffer", d)
 	}
-	if err := d.Check("RegisterHost"); err != nil {
+	if err := d.core.Check("RegisterHost"); err != nil {
 		return device.Pinned{}, err
 	}
 	key := uintptr(unsafe.Pointer(&b[0]))
@@ -296,7 +302,7 @@ func (d *Device) RegisterHost(b []byte) (device.Pinned, error) {
 	if rc := C.stage_host_register(d.lib.c, d.ctx, C.uintptr_t(key), C.size_t(len(b)), memHostRegPortable|memHostRegDeviceMap, &dev); rc != 0 {
 		return device.Pinned{}, d.lib.check(rc, "cuMemHostRegister(%#x, %d B, PORTABLE|DEVICEMAP)", key, len(b))
 	}
-	d.pinned.Add(&d.Core, b, true)
+	d.pinned.Add(&d.core, b, true)
 	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
@@ -315,7 +321,7 @@ func (d *Device) UnregisterHost(p device.Pinned) error {
 // takePinned removes p from the pinned table for op, refusing a buffer
 // of the other kind (registered: RegisterHost's, else AllocPinned's).
 func (d *Device) takePinned(p device.Pinned, registered bool, op string) (uintptr, error) {
-	key, _, err := vendorkit.TakePin(&d.Core, d.pinned, op, p.Host(), func(reg bool) string {
+	key, _, err := vendorkit.TakePin(&d.core, d.pinned, op, p.Host(), func(reg bool) string {
 		switch {
 		case reg == registered:
 			return ""
@@ -338,22 +344,22 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewCUDAStream is NewStream returning the concrete type (for CopyDtoD).
 func (d *Device) NewCUDAStream() (*Stream, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	var s C.CUstream
 	if rc := C.stage_stream_create(d.lib.c, d.ctx, streamNonBlocking, &s); rc != 0 {
 		return nil, d.lib.check(rc, "cuStreamCreate(NON_BLOCKING)")
 	}
-	d.Count(&d.Streams, 1)
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event without timing (CU_EVENT_DISABLE_TIMING),
 // with CU_EVENT_BLOCKING_SYNC unless the device waits by spinning.
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	var e C.CUevent
 	flags, what := C.uint(eventDisableTiming), "DISABLE_TIMING"
@@ -363,7 +369,7 @@ func (d *Device) NewEvent() (device.Event, error) {
 	if rc := C.stage_event_create(d.lib.c, d.ctx, flags, &e); rc != 0 {
 		return nil, d.lib.check(rc, "cuEventCreate(%s)", what)
 	}
-	d.Count(&d.Events, 1)
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
@@ -378,12 +384,12 @@ func (d *Device) openResources() string {
 		}
 	}
 	return vendorkit.Open(
-		vendorkit.Item{N: d.Streams, One: "stream", Many: "streams"},
-		vendorkit.Item{N: d.Events, One: "event", Many: "events"},
+		vendorkit.Item{N: d.core.Streams, One: "stream", Many: "streams"},
+		vendorkit.Item{N: d.core.Events, One: "event", Many: "events"},
 		vendorkit.Item{N: nAlloc, One: "pinned buffer", Many: "pinned buffers"},
 		vendorkit.Item{N: nReg, One: "registered host buffer", Many: "registered host buffers"},
 		vendorkit.Item{N: len(d.slabs), One: "slot slab", Many: "slot slabs"},
-		vendorkit.Item{N: d.Mappings, One: "mapping", Many: "mappings"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping", Many: "mappings"},
 		vendorkit.Item{N: len(d.devMem), One: "device allocation", Many: "device allocations"},
 		vendorkit.Item{N: d.vmmAllocs, One: "VMM allocation", Many: "VMM allocations"})
 }
@@ -394,13 +400,13 @@ func (d *Device) openResources() string {
 // device.ErrClosed afterwards, and what they held goes with the context if
 // no one else retains it).
 func (d *Device) Close() error {
-	leaks, err := d.Shut(d.openResources)
+	leaks, err := d.core.Shut(d.openResources)
 	if err != nil {
 		return err
 	}
 	err = d.release()
 	if leaks != "" {
-		return d.Leaked(leaks)
+		return d.core.Leaked(leaks)
 	}
 	return err
 }

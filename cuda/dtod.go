@@ -22,7 +22,7 @@ const engineMin = 1 << 20
 // with unified addressing src and dst may sit on different devices, or in
 // memory imported from another process).
 func (s *Stream) CopyDtoD(dst, src device.Addr, n uint64) error {
-	if err := s.gate.Enter(&s.d.Core, "CopyDtoD"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "CopyDtoD"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
@@ -52,7 +52,7 @@ func (s *Stream) CopyDtoDBatch(cs []device.Copy) error {
 			return fmt.Errorf("cuda: %s: CopyDtoDBatch: copy %d (%d B %#x -> %#x) overflows", s.d, i, c.Len, uint64(c.Src), uint64(c.Dst))
 		}
 	}
-	if err := s.gate.Enter(&s.d.Core, "CopyDtoDBatch"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "CopyDtoDBatch"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()

@@ -21,7 +21,7 @@ import (
 
 // AllocDevice allocates n bytes of device memory (cuMemAlloc).
 func (d *Device) AllocDevice(n uint64) (device.Addr, error) {
-	return vendorkit.AllocDevice(&d.Core, d.devMem, n, d.malloc, func(n uint64) uint64 { return n })
+	return vendorkit.AllocDevice(&d.core, d.devMem, n, d.malloc, func(n uint64) uint64 { return n })
 }
 
 func (d *Device) malloc(n uint64) (device.Addr, error) {
@@ -34,7 +34,7 @@ func (d *Device) malloc(n uint64) (device.Addr, error) {
 
 // FreeDevice frees what AllocDevice returned (cuMemFree).
 func (d *Device) FreeDevice(a device.Addr) error {
-	return vendorkit.FreeDevice(&d.Core, d.devMem, a, d.freeDevice)
+	return vendorkit.FreeDevice(&d.core, d.devMem, a, d.freeDevice)
 }
 
 func (d *Device) freeDevice(a device.Addr, _ uint64) error {
@@ -46,7 +46,7 @@ func (d *Device) freeDevice(a device.Addr, _ uint64) error {
 
 // CopyHtoD copies src to device address dst and waits (cuMemcpyHtoD).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
-	return vendorkit.CopyHtoD(&d.Core, dst, src, d.htod)
+	return vendorkit.CopyHtoD(&d.core, dst, src, d.htod)
 }
 
 func (d *Device) htod(dst device.Addr, src []byte) error {
@@ -59,7 +59,7 @@ func (d *Device) htod(dst device.Addr, src []byte) error {
 // CopyDtoH copies len(dst) bytes from device address src into dst and waits
 // (cuMemcpyDtoH).
 func (d *Device) CopyDtoH(dst []byte, src device.Addr) error {
-	return vendorkit.CopyDtoH(&d.Core, dst, src, d.dtoh)
+	return vendorkit.CopyDtoH(&d.core, dst, src, d.dtoh)
 }
 
 func (d *Device) dtoh(dst []byte, src device.Addr) error {
@@ -93,7 +93,7 @@ func (d *Device) VMMAlloc(n uint64) (*VMMAlloc, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("cuda: %s: VMMAlloc(0): size must be positive", d)
 	}
-	if err := d.Check("VMMAlloc"); err != nil {
+	if err := d.core.Check("VMMAlloc"); err != nil {
 		return nil, err
 	}
 	if !d.lib.vmm {
@@ -111,9 +111,9 @@ func (d *Device) VMMAlloc(n uint64) (*VMMAlloc, error) {
 			return nil, fmt.Errorf("%w (after fabric handles were refused: %v)", err, v.fabricErr)
 		}
 	}
-	d.Mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmAllocs++
-	d.Mu.Unlock()
+	d.core.Mu.Unlock()
 	return v, nil
 }
 
@@ -166,8 +166,8 @@ func (v *VMMAlloc) ExportFD() (int, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := v.d
-	if v.freed || d.IsClosed() {
-		return -1, d.ErrClosed("VMMAlloc.ExportFD")
+	if v.freed || d.core.IsClosed() {
+		return -1, d.core.ErrClosed("VMMAlloc.ExportFD")
 	}
 	var fd C.int
 	if rc := C.stage_vmm_export_fd(d.lib.c, d.ctx, v.handle, &fd); rc != 0 {
@@ -182,13 +182,13 @@ func (v *VMMAlloc) Free() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := v.d
-	if v.freed || d.IsClosed() {
-		return d.ErrClosed("VMMAlloc.Free")
+	if v.freed || d.core.IsClosed() {
+		return d.core.ErrClosed("VMMAlloc.Free")
 	}
 	v.freed = true
-	d.Mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmAllocs--
-	d.Mu.Unlock()
+	d.core.Mu.Unlock()
 	var step C.int
 	if rc := C.stage_vmm_teardown(d.lib.c, d.ctx, C.CUdeviceptr(v.addr), C.size_t(v.size), v.handle, &step); rc != 0 {
 		return d.lib.check(rc, "%s(%#x, %d B)", stepName(step), uint64(v.addr), v.size)

@@ -19,7 +19,7 @@ import (
 // handle to the base and adds the offset back. CUDA IPC handles cannot be
 // limited to some processes: importers are ignored.
 func (d *Device) Export(addr device.Addr, importers ...int32) (device.Export, error) {
-	return vendorkit.ExportBase(&d.Core, addr, device.HandleCUDAIPC, d.addressRange, func(b device.Addr, _ uint64) ([]byte, error) {
+	return vendorkit.ExportBase(&d.core, addr, device.HandleCUDAIPC, d.addressRange, func(b device.Addr, _ uint64) ([]byte, error) {
 		var handle [64]byte
 		if rc := C.stage_ipc_get(d.lib.c, d.ctx, C.CUdeviceptr(b), (*C.char)(unsafe.Pointer(&handle[0]))); rc != 0 {
 			return nil, d.lib.check(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))

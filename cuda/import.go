@@ -56,7 +56,7 @@ func stepName(step C.int) string {
 // counts references (an allocation's legacy IPC handle can be open only once
 // per process).
 func (d *Device) Import(h device.Handle) (device.Mapping, error) {
-	if err := d.Check("Import"); err != nil {
+	if err := d.core.Check("Import"); err != nil {
 		return nil, err
 	}
 	if h.Size == 0 {
@@ -77,7 +77,7 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.Count(&d.Mappings, 1)
+	d.core.Count(&d.core.Mappings, 1)
 	return m, nil
 }
 
@@ -172,7 +172,7 @@ func (m *mapping) Size() uint64      { return m.size }
 // Close unmaps the allocation: cuIpcCloseMemHandle, or unmap + address free
 // + release for a VMM import, or unregister + munmap for a memfd.
 func (m *mapping) Close() error {
-	return m.gate.Close(&m.d.Core, "Mapping.Close", &m.d.Mappings, m.release)
+	return m.gate.Close(&m.d.core, "Mapping.Close", &m.d.core.Mappings, m.release)
 }
 
 // release is Close's unmapping, by the kind of import.

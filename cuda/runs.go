@@ -37,7 +37,7 @@ func (s *Stream) moveRuns(gather bool, p device.Pinned, runs []device.Run) error
 		// plain path and its figures.
 		return s.move(gather, p, device.AppendRunSegs(make([]device.Seg, 0, len(runs)), runs))
 	}
-	if err := s.gate.Enter(&s.d.Core, vendorkit.OpName(gather)+"Runs"); err != nil {
+	if err := s.gate.Enter(&s.d.core, vendorkit.OpName(gather)+"Runs"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()

@@ -54,7 +54,7 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 }
 
 func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	return s.gate.Move(&s.d.Core, gather, p, segs, s.enqueue)
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
 }
 
 // enqueue issues a checked move's copies (the gate held).
@@ -98,11 +98,11 @@ func (s *Stream) listMove(gather bool, mode CopyMode, host uintptr, segs []devic
 	if s.sc == nil {
 		s.sc = C.stage_scratch_new()
 		if s.sc == nil {
-			return s.d.Errorf("%s: out of host memory for copy descriptors", vendorkit.OpName(gather))
+			return s.d.core.Errorf("%s: out of host memory for copy descriptors", vendorkit.OpName(gather))
 		}
 	}
 	if C.stage_scratch_reserve(s.sc, C.size_t(nz)) != 0 {
-		return s.d.Errorf("%s: out of host memory for %d copy descriptors", vendorkit.OpName(gather), nz)
+		return s.d.core.Errorf("%s: out of host memory for %d copy descriptors", vendorkit.OpName(gather), nz)
 	}
 	dsts := unsafe.Slice(s.sc.dsts, nz)
 	srcs := unsafe.Slice(s.sc.srcs, nz)
@@ -284,7 +284,7 @@ func (s *Stream) Record(ev device.Event) error {
 	if !ok || e.d != s.d {
 		return fmt.Errorf("cuda: %s: Record: event %T is not an event of this device", s.d, ev)
 	}
-	if err := s.gate.Enter(&s.d.Core, "Record"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "Record"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
@@ -297,7 +297,7 @@ func (s *Stream) Record(ev device.Event) error {
 // Synchronize waits for all enqueued work (cuStreamSynchronize). It blocks
 // the calling OS thread.
 func (s *Stream) Synchronize() error {
-	if err := s.gate.Enter(&s.d.Core, "Synchronize"); err != nil {
+	if err := s.gate.Enter(&s.d.core, "Synchronize"); err != nil {
 		return err
 	}
 	defer s.gate.Leave()
@@ -310,7 +310,7 @@ func (s *Stream) Synchronize() error {
 // Close waits for the stream's work, frees its descriptor ring and scratch
 // and destroys it.
 func (s *Stream) Close() error {
-	return s.gate.Close(&s.d.Core, "Stream.Close", &s.d.Streams, s.destroy)
+	return s.gate.Close(&s.d.core, "Stream.Close", &s.d.core.Streams, s.destroy)
 }
 
 // destroy is Close's part in the driver (the gate held).
@@ -346,7 +346,7 @@ type Event struct {
 // Query reports whether the work before the event is done (cuEventQuery;
 // CUDA_ERROR_NOT_READY means not yet) and that work's error if it failed.
 func (e *Event) Query() (bool, error) {
-	if err := e.d.Check("Event.Query"); err != nil {
+	if err := e.d.core.Check("Event.Query"); err != nil {
 		return false, err
 	}
 	rc := C.stage_event_query(e.d.lib.c, e.d.ctx, e.e)
@@ -363,7 +363,7 @@ func (e *Event) Query() (bool, error) {
 // and returns its error: cuEventSynchronize, after polling for a while
 // when the device waits in WaitHybrid mode (see EventWait).
 func (e *Event) Wait() error {
-	if err := e.d.Check("Event.Wait"); err != nil {
+	if err := e.d.core.Check("Event.Wait"); err != nil {
 		return err
 	}
 	if rc := C.stage_event_wait(e.d.lib.c, e.d.ctx, e.e, C.int64_t(e.d.wait.spin())); rc != 0 {
@@ -374,7 +374,7 @@ func (e *Event) Wait() error {
 
 // Close destroys the event.
 func (e *Event) Close() error {
-	return e.gate.Close(&e.d.Core, "Event.Close", &e.d.Events, func() error {
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
 		if rc := C.stage_event_destroy(e.d.lib.c, e.d.ctx, e.e); rc != 0 {
 			return e.d.lib.check(rc, "cuEventDestroy")
 		}

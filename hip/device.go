@@ -59,7 +59,7 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // plus IPC export for engines and tests (Export, AllocDevice, ...). Safe
 // for concurrent use.
 type Device struct {
-	vendorkit.Core // name, closed flag, lock (Mu), counts
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
 
 	lib  *Library
 	logf func(string, ...any)
@@ -91,7 +91,7 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		devMem:  map[device.Addr]uint64{},
 		imports: map[ipcKey]*importEntry{},
 	}
-	d.Init("hip", ordinal)
+	d.core.Init("hip", ordinal)
 	if d.logf == nil {
 		d.logf = log.Printf
 	}
@@ -104,6 +104,12 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // Kind returns device.KindHIP.
 func (d *Device) Kind() device.Kind { return device.KindHIP }
 
+// Ordinal returns the HIP device id.
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
+
+// String returns "hip:N".
+func (d *Device) String() string { return d.core.String() }
+
 // Library returns the library the device was opened from.
 func (d *Device) Library() *Library { return d.lib }
 
@@ -115,7 +121,7 @@ func (d *Device) dev() C.int { return C.int(d.Ordinal()) }
 // with hipHostGetDevicePointer. Copies take the host view; the device view
 // is for kernels and NICs.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if err := vendorkit.Positive(&d.Core, "AllocPinned", n); err != nil {
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
 		return device.Pinned{}, err
 	}
 	var host unsafe.Pointer
@@ -133,14 +139,14 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 		return device.Pinned{}, err
 	}
 	b := unsafe.Slice((*byte)(host), n)
-	d.pinned.Add(&d.Core, b, struct{}{})
+	d.pinned.Add(&d.core, b, struct{}{})
 	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
 // FreePinned frees (hipHostFree) a buffer AllocPinned returned, the whole
 // buffer.
 func (d *Device) FreePinned(p device.Pinned) error {
-	key, rec, err := vendorkit.TakePin(&d.Core, d.pinned, "FreePinned", p.Host(), nil)
+	key, rec, err := vendorkit.TakePin(&d.core, d.pinned, "FreePinned", p.Host(), nil)
 	if err != nil {
 		return err
 	}
@@ -160,35 +166,35 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewHIPStream is NewStream returning the concrete type.
 func (d *Device) NewHIPStream() (*Stream, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	var s C.hipStream_t
 	if err := d.lib.check(C.sthip_stream_create(d.lib.c, d.dev(), streamNonBlocking, &s), "hipStreamCreateWithFlags(NonBlocking)"); err != nil {
 		return nil, err
 	}
-	d.Count(&d.Streams, 1)
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event (hipEventCreateWithFlags, DisableTiming: stage
 // only asks whether work is done, and timing costs a timestamp per record).
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.IsClosed() {
-		return nil, d.ErrClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	var e C.hipEvent_t
 	if err := d.lib.check(C.sthip_event_create(d.lib.c, d.dev(), eventDisableTiming, &e), "hipEventCreateWithFlags(DisableTiming)"); err != nil {
 		return nil, err
 	}
-	d.Count(&d.Events, 1)
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
 // EnablePeerAccess lets this device's copies reach memory of device peer
 // (hipDeviceEnablePeerAccess). Access already enabled (704) is success.
 func (d *Device) EnablePeerAccess(peer int) error {
-	if err := d.Check("EnablePeerAccess"); err != nil {
+	if err := d.core.Check("EnablePeerAccess"); err != nil {
 		return err
 	}
 	if d.lib.c.hipDeviceEnablePeerAccess == nil {
@@ -204,10 +210,10 @@ func (d *Device) EnablePeerAccess(peer int) error {
 // openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
 func (d *Device) openResources() string {
 	return vendorkit.Open(
-		vendorkit.Item{N: d.Streams, One: "stream(s)", Many: "stream(s)"},
-		vendorkit.Item{N: d.Events, One: "event(s)", Many: "event(s)"},
+		vendorkit.Item{N: d.core.Streams, One: "stream(s)", Many: "stream(s)"},
+		vendorkit.Item{N: d.core.Events, One: "event(s)", Many: "event(s)"},
 		vendorkit.Item{N: len(d.pinned), One: "pinned buffer(s)", Many: "pinned buffer(s)"},
-		vendorkit.Item{N: d.Mappings, One: "mapping(s)", Many: "mapping(s)"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping(s)", Many: "mapping(s)"},
 		vendorkit.Item{N: len(d.imports), One: "open IPC handle(s)", Many: "open IPC handle(s)"},
 		vendorkit.Item{N: len(d.devMem), One: "device allocation(s)", Many: "device allocation(s)"})
 }
@@ -217,9 +223,9 @@ func (d *Device) openResources() string {
 // that were not (their Close then returns device.ErrClosed). HIP keeps no
 // per-device state of ours to release: the runtime stays loaded.
 func (d *Device) Close() error {
-	leaks, err := d.Shut(d.openResources)
+	leaks, err := d.core.Shut(d.openResources)
 	if err != nil {
 		return err
 	}
-	return d.Leaked(leaks)
+	return d.core.Leaked(leaks)
 }

@@ -398,8 +398,8 @@ func TestCloseReportsLeaks(t *testing.T) {
 	// The fake still holds them: release them behind the closed device so
 	// the leak check passes.
 	reopen := openDev(t, l, 0)
-	reopen.pinned.Add(&reopen.Core, p.Host(), struct{}{})
-	reopen.Count(&reopen.Streams, 1)
+	reopen.pinned.Add(&reopen.core, p.Host(), struct{}{})
+	reopen.core.Count(&reopen.core.Streams, 1)
 	if err := reopen.FreePinned(p); err != nil {
 		t.Error(err)
 	}

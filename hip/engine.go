@@ -18,7 +18,7 @@ import (
 
 // AllocDevice allocates n bytes of device memory (hipMalloc).
 func (d *Device) AllocDevice(n uint64) (device.Addr, error) {
-	return vendorkit.AllocDevice(&d.Core, d.devMem, n, d.malloc, func(n uint64) uint64 { return n })
+	return vendorkit.AllocDevice(&d.core, d.devMem, n, d.malloc, func(n uint64) uint64 { return n })
 }
 
 func (d *Device) malloc(n uint64) (device.Addr, error) {
@@ -30,7 +30,7 @@ func (d *Device) malloc(n uint64) (device.Addr, error) {
 // FreeDevice frees what AllocDevice returned (hipFree). Importers of the
 // allocation must have closed their handles first.
 func (d *Device) FreeDevice(a device.Addr) error {
-	return vendorkit.FreeDevice(&d.Core, d.devMem, a, d.freeDevice)
+	return vendorkit.FreeDevice(&d.core, d.devMem, a, d.freeDevice)
 }
 
 func (d *Device) freeDevice(a device.Addr, n uint64) error {
@@ -39,7 +39,7 @@ func (d *Device) freeDevice(a device.Addr, n uint64) error {
 
 // CopyHtoD copies src to device address dst and waits (hipMemcpy H2D).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
-	return vendorkit.CopyHtoD(&d.Core, dst, src, d.htod)
+	return vendorkit.CopyHtoD(&d.core, dst, src, d.htod)
 }
 
 func (d *Device) htod(dst device.Addr, src []byte) error {
@@ -50,7 +50,7 @@ func (d *Device) htod(dst device.Addr, src []byte) error {
 // CopyDtoH copies len(dst) bytes from device address src into dst and
 // waits (hipMemcpy D2H).
 func (d *Device) CopyDtoH(dst []byte, src device.Addr) error {
-	return vendorkit.CopyDtoH(&d.Core, dst, src, d.dtoh)
+	return vendorkit.CopyDtoH(&d.core, dst, src, d.dtoh)
 }
 
 func (d *Device) dtoh(dst []byte, src device.Addr) error {

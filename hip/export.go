@@ -19,7 +19,7 @@ import (
 // BASE, and the result carries Offset = ptr - base. HIP IPC handles cannot
 // be limited to some processes: importers are ignored.
 func (d *Device) Export(ptr device.Addr, importers ...int32) (device.Export, error) {
-	return vendorkit.ExportBase(&d.Core, ptr, device.HandleHIPIPC, d.addressRange, func(b device.Addr, n uint64) ([]byte, error) {
+	return vendorkit.ExportBase(&d.core, ptr, device.HandleHIPIPC, d.addressRange, func(b device.Addr, n uint64) ([]byte, error) {
 		var handle ipcKey
 		if err := d.lib.check(C.sthip_ipc_get(d.lib.c, d.dev(), C.uintptr_t(b), (*C.char)(unsafe.Pointer(&handle[0]))),
 			"hipIpcGetMemHandle(base %#x of %#x, %d B)", uint64(b), uint64(ptr), n); err != nil {

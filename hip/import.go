@@ -58,7 +58,7 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 }
 
 func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
-	if err := d.Check("Import"); err != nil {
+	if err := d.core.Check("Import"); err != nil {
 		return nil, err
 	}
 	if h.Kind != device.HandleHIPIPC {
@@ -72,8 +72,8 @@ func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
 	}
 	var key ipcKey
 	copy(key[:], h.Bytes)
-	d.Mu.Lock()
-	defer d.Mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	e := d.imports[key]
 	if e == nil {
 		var err error
@@ -91,7 +91,7 @@ func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
 		return nil, err
 	}
 	e.refs++
-	d.Mappings++
+	d.core.Mappings++
 	return &Mapping{d: d, e: e, size: h.Size}, nil
 }
 
@@ -143,14 +143,14 @@ func (m *Mapping) Size() uint64 { return m.size }
 // (hipIpcCloseMemHandle).
 func (m *Mapping) Close() error {
 	d := m.d
-	if err := m.gate.Enter(&d.Core, "Mapping.Close"); err != nil {
+	if err := m.gate.Enter(&d.core, "Mapping.Close"); err != nil {
 		return err
 	}
 	defer m.gate.Leave()
 	m.gate.MarkClosed()
-	d.Mu.Lock()
-	defer d.Mu.Unlock()
-	d.Mappings--
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	d.core.Mappings--
 	m.e.refs--
 	if m.e.refs > 0 {
 		return nil

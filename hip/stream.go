@@ -41,13 +41,13 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 
 // begin locks the stream for op, or fails when the stream or its device
 // is closed (then unlocked).
-func (s *Stream) begin(op string) error { return s.gate.Enter(&s.d.Core, op) }
+func (s *Stream) begin(op string) error { return s.gate.Enter(&s.d.core, op) }
 
 // end unlocks what begin locked.
 func (s *Stream) end() { s.gate.Leave() }
 
 func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	return s.gate.Move(&s.d.Core, gather, p, segs, s.enqueue)
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
 }
 
 // enqueue issues a checked move's copies, in one cgo call (the gate held).
@@ -147,7 +147,7 @@ func (s *Stream) Synchronize() error {
 // Close waits for the stream's work and destroys it. Both are tried; the
 // error reports either or both.
 func (s *Stream) Close() error {
-	return s.gate.Close(&s.d.Core, "Stream.Close", &s.d.Streams, s.destroy)
+	return s.gate.Close(&s.d.core, "Stream.Close", &s.d.core.Streams, s.destroy)
 }
 
 // destroy is Close's part in the runtime (the gate held).
@@ -172,7 +172,7 @@ type Event struct {
 
 // use read-locks the event for op (Close waits for it), or fails when the
 // event or its device is closed (then unlocked); done unlocks.
-func (e *Event) use(op string) error { return e.gate.EnterShared(&e.d.Core, op) }
+func (e *Event) use(op string) error { return e.gate.EnterShared(&e.d.core, op) }
 
 func (e *Event) done() { e.gate.LeaveShared() }
 
@@ -203,7 +203,7 @@ func (e *Event) Wait() error {
 
 // Close destroys the event. It waits for a Query or Wait in progress.
 func (e *Event) Close() error {
-	return e.gate.Close(&e.d.Core, "Event.Close", &e.d.Events, func() error {
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
 		return e.d.lib.check(C.sthip_event_destroy(e.d.lib.c, e.d.dev(), e.e), "hipEventDestroy")
 	})
 }
