@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 func init() {
@@ -48,21 +49,16 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// Open opens NPU ordinal as opts.Backend (a Config; nil: the defaults)
-// configures it; it is the opener registered with device.Register, and
-// config.Device.Options builds its Config from device.acl.*. The runtime is
-// loaded on the first call, never at init.
+// Open is the opener registered with device.Register: NPU ordinal as
+// opts.Backend (a Config built from device.acl.*; nil: the defaults) says.
+// The runtime is loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
 	return device.OpenAs(device.KindACL, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens NPU ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := SharedLibrary(cfg.Library)
-	if err != nil {
-		return nil, err
-	}
-	return l.OpenDevice(ordinal, cfg)
+	return vendorkit.OpenShared(ordinal, cfg, cfg.Library, SharedLibrary, (*Library).OpenDevice)
 }
 
 // Device is one Ascend NPU, driven through its default context (the one
@@ -71,10 +67,11 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // helpers for engines and tests (AllocDevice, Export, CopyHtoD, ...).
 // Safe for concurrent use.
 type Device struct {
-	lib     *Library
-	ordinal int
-	ctx     C.aclrtContext
-	logf    func(string, ...any)
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
+
+	lib  *Library
+	ctx  C.aclrtContext
+	logf func(string, ...any)
 
 	mode        CopyMode
 	modeWhy     string
@@ -82,27 +79,17 @@ type Device struct {
 	streamFlags atomic.Uint32 // flags for aclrtCreateStreamWithConfig, 0 once refused
 	hostRegOff  atomic.Bool   // aclrtHostRegister not supported: slots have no device view
 
-	closed atomic.Bool
-
 	physID int32 // the NPU's physical id (aclrtGetPhyDevIdByLogicDevId); -1 unknown
 
-	mu       sync.Mutex
-	pinned   map[uintptr]pinnedRec
-	devMem   map[device.Addr]*allocRec
-	vmmMem   map[device.Addr]*vmmAlloc // engine side: AllocVMM
-	streams  int
-	events   int
-	mappings int
+	// Guarded by Core.Mu.
+	pinned vendorkit.Pins[bool] // registered: aclrtHostRegister succeeded, unregister before free
+	devMem map[device.Addr]*allocRec
+	vmmMem map[device.Addr]*vmmAlloc // engine side: AllocVMM
 
 	// vmmMu serializes VMM imports and releases; chunks are the physical
 	// chunks imported, by shareable handle (vmm_import.go).
 	vmmMu  sync.Mutex
 	chunks map[uint64]*chunkRec
-}
-
-type pinnedRec struct {
-	n          int
-	registered bool // aclrtHostRegister succeeded: unregister before free
 }
 
 type allocRec struct {
@@ -130,15 +117,15 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("acl: device %d: this process sees %d NPUs (check ASCEND_RT_VISIBLE_DEVICES and device.ordinal)", ordinal, int(count))
 	}
 	d := &Device{
-		lib:     l,
-		ordinal: ordinal,
-		logf:    cfg.Logf,
-		pinned:  map[uintptr]pinnedRec{},
-		devMem:  map[device.Addr]*allocRec{},
-		vmmMem:  map[device.Addr]*vmmAlloc{},
-		chunks:  map[uint64]*chunkRec{},
-		physID:  -1,
+		lib:    l,
+		logf:   cfg.Logf,
+		pinned: vendorkit.Pins[bool]{},
+		devMem: map[device.Addr]*allocRec{},
+		vmmMem: map[device.Addr]*vmmAlloc{},
+		chunks: map[uint64]*chunkRec{},
+		physID: -1,
 	}
+	d.core.Init("acl", ordinal)
 	if d.logf == nil {
 		d.logf = log.Printf
 	}
@@ -175,10 +162,10 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 func (d *Device) Kind() device.Kind { return device.KindACL }
 
 // Ordinal returns the ACL device id.
-func (d *Device) Ordinal() int { return d.ordinal }
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
 
 // String returns "acl:N".
-func (d *Device) String() string { return fmt.Sprintf("acl:%d", d.ordinal) }
+func (d *Device) String() string { return d.core.String() }
 
 // Library returns the library the device was opened from.
 func (d *Device) Library() *Library { return d.lib }
@@ -200,10 +187,6 @@ func (d *Device) copyMode() CopyMode {
 	return d.mode
 }
 
-func (d *Device) errClosed(op string) error {
-	return fmt.Errorf("acl: %s: %s: %w", d, op, device.ErrClosed)
-}
-
 // AllocPinned allocates n bytes of page-locked host memory (aclrtMallocHost)
 // and registers it with the device (aclrtHostRegister MAPPED) for a device
 // view of the same pages, kept as the Pinned's DeviceAddr for kernels and
@@ -212,11 +195,8 @@ func (d *Device) errClosed(op string) error {
 // copies). Where the runtime does not support host registration (207000),
 // the buffer has no device view (DeviceAddr 0) and that is logged once.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if n <= 0 {
-		return device.Pinned{}, fmt.Errorf("acl: %s: AllocPinned(%d): size must be positive", d, n)
-	}
-	if d.closed.Load() {
-		return device.Pinned{}, d.errClosed("AllocPinned")
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
+		return device.Pinned{}, err
 	}
 	l := d.lib
 	var host unsafe.Pointer
@@ -242,41 +222,23 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 			return device.Pinned{}, err
 		}
 	}
-	d.mu.Lock()
-	d.pinned[uintptr(host)] = pinnedRec{n: n, registered: registered}
-	d.mu.Unlock()
-	return device.NewPinned(unsafe.Slice((*byte)(host), n), device.Addr(dev)), nil
+	b := unsafe.Slice((*byte)(host), n)
+	d.pinned.Add(&d.core, b, registered)
+	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
 // FreePinned unregisters (aclrtHostUnregister) and frees (aclrtFreeHost) a
 // buffer AllocPinned returned, the whole buffer. Both are tried; the error
 // reports either or both.
 func (d *Device) FreePinned(p device.Pinned) error {
-	h := p.Host()
-	if len(h) == 0 {
-		return fmt.Errorf("acl: %s: FreePinned: empty buffer", d)
+	key, rec, err := vendorkit.TakePin(&d.core, d.pinned, "FreePinned", p.Host(), nil)
+	if err != nil {
+		return err
 	}
-	host := unsafe.Pointer(&h[0])
-	key := uintptr(host)
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		return d.errClosed("FreePinned")
-	}
-	rec, ok := d.pinned[key]
-	switch {
-	case !ok:
-		d.mu.Unlock()
-		return fmt.Errorf("acl: %s: FreePinned(%#x): not a buffer of this device", d, key)
-	case rec.n != len(h):
-		d.mu.Unlock()
-		return fmt.Errorf("acl: %s: FreePinned(%#x): got %d B, the buffer is %d B (pass the whole buffer, not a slice)", d, key, len(h), rec.n)
-	}
-	delete(d.pinned, key)
-	d.mu.Unlock()
+	host := unsafe.Pointer(&p.Host()[0])
 	l := d.lib
 	var errs []error
-	if rec.registered {
+	if rec.Rec {
 		if err := l.check(C.stacl_host_unregister(l.c, d.ctx, host), "aclrtHostUnregister(%#x)", key); err != nil {
 			errs = append(errs, err)
 		}
@@ -302,8 +264,8 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewACLStream is NewStream returning the concrete type.
 func (d *Device) NewACLStream() (*Stream, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	l := d.lib
 	var s C.aclrtStream
@@ -322,53 +284,40 @@ func (d *Device) NewACLStream() (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.streams++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event (aclrtCreateEventWithFlag, ACL_EVENT_SYNC).
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	l := d.lib
 	var e C.aclrtEvent
 	if err := l.check(C.stacl_event_create(l.c, d.ctx, eventSync, &e), "aclrtCreateEventWithFlag(ACL_EVENT_SYNC)"); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.events++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
 // openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
 func (d *Device) openResources() string {
-	var parts []string
-	add := func(n int, one, many string) {
-		switch {
-		case n == 1:
-			parts = append(parts, "1 "+one)
-		case n > 1:
-			parts = append(parts, fmt.Sprintf("%d %s", n, many))
-		}
-	}
 	exported := 0
 	for _, r := range d.devMem {
 		if r.key != "" {
 			exported++
 		}
 	}
-	add(d.streams, "stream", "streams")
-	add(d.events, "event", "events")
-	add(len(d.pinned), "pinned buffer", "pinned buffers")
-	add(d.mappings, "mapping", "mappings")
-	add(len(d.devMem), "device allocation", "device allocations")
-	add(len(d.vmmMem), "VMM allocation", "VMM allocations")
-	add(exported, "exported key", "exported keys")
-	return strings.Join(parts, ", ")
+	return vendorkit.Open(
+		vendorkit.Item{N: d.core.Streams, One: "stream", Many: "streams"},
+		vendorkit.Item{N: d.core.Events, One: "event", Many: "events"},
+		vendorkit.Item{N: len(d.pinned), One: "pinned buffer", Many: "pinned buffers"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping", Many: "mappings"},
+		vendorkit.Item{N: len(d.devMem), One: "device allocation", Many: "device allocations"},
+		vendorkit.Item{N: len(d.vmmMem), One: "VMM allocation", Many: "VMM allocations"},
+		vendorkit.Item{N: exported, One: "exported key", Many: "exported keys"})
 }
 
 // Close releases the device (aclrtResetDevice, the pair of the open's
@@ -377,17 +326,13 @@ func (d *Device) openResources() string {
 // that were not (their Close then returns device.ErrClosed). It never calls
 // aclFinalize.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		return d.errClosed("Close")
+	leaks, err := d.core.Shut(d.openResources)
+	if err != nil {
+		return err
 	}
-	d.closed.Store(true)
-	leaks := d.openResources()
-	d.mu.Unlock()
-	err := d.lib.check(C.stacl_reset_device(d.lib.c, C.int32_t(d.ordinal)), "aclrtResetDevice(%d)", d.ordinal)
+	err = d.lib.check(C.stacl_reset_device(d.lib.c, C.int32_t(d.Ordinal())), "aclrtResetDevice(%d)", d.Ordinal())
 	if leaks != "" {
-		return fmt.Errorf("acl: %s: Close with resources still open: %s", d, leaks)
+		return d.core.Leaked(leaks)
 	}
 	return err
 }

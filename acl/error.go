@@ -5,6 +5,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/internal/dl"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Error is a failed ACL call: the call with the values involved (Op), the
@@ -34,16 +35,12 @@ func codeName(code int) string {
 // Is maps aclErrors onto device's sentinels: memory allocation failures onto
 // ErrOutOfMemory, "feature not supported" onto ErrNotSupported, sync
 // timeouts onto ErrNotReady.
-func (e *Error) Is(target error) bool {
-	switch target {
-	case device.ErrOutOfMemory:
-		return e.Code == codeOutOfMemory || e.Code == codeDeviceOOM || e.Code == codeBadAlloc
-	case device.ErrNotSupported:
-		return e.Code == codeNotSupported || e.Code == codeAPINotSupported || e.Code == codeFeatureUnsupp
-	case device.ErrNotReady:
-		return e.Code == codeStreamTimeout || e.Code == codeEventTimeout
-	}
-	return false
+func (e *Error) Is(target error) bool { return sentinels.Is(e.Code, target) }
+
+var sentinels = vendorkit.Codes{
+	{Err: device.ErrOutOfMemory, Codes: []int{codeOutOfMemory, codeDeviceOOM, codeBadAlloc}},
+	{Err: device.ErrNotSupported, Codes: []int{codeNotSupported, codeAPINotSupported, codeFeatureUnsupp}},
+	{Err: device.ErrNotReady, Codes: []int{codeStreamTimeout, codeEventTimeout}},
 }
 
 // codeNames are the codes stage is likely to meet (CANN's aclError list).

@@ -77,14 +77,19 @@ func buildSO(t testing.TB, name, src string, flags ...string) string {
 	return so
 }
 
-// buildFake compiles testdata/fakeacl.c with flags.
+// buildFake compiles testdata/fakeacl.c with flags (and testdata on the
+// include path, for fakeacl_common.h).
 func buildFake(t testing.TB, flags ...string) string {
 	t.Helper()
 	src, err := os.ReadFile("testdata/fakeacl.c")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return buildSO(t, "libascendcl.so", string(src), flags...)
+	dir, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buildSO(t, "libascendcl.so", string(src), append([]string{"-I" + dir}, flags...)...)
 }
 
 // fakeLibrary builds and opens the emulation; the test fails if the fake

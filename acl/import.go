@@ -9,10 +9,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Import maps an allocation shared by an engine process:
@@ -41,8 +41,8 @@ import (
 // references. Mapping.Close is aclrtIpcMemClose: importers close before
 // the exporter closes its key and frees the memory.
 func (d *Device) Import(h device.Handle) (device.Mapping, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("Import")
+	if err := d.core.Check("Import"); err != nil {
+		return nil, err
 	}
 	if h.Size == 0 {
 		return nil, fmt.Errorf("acl: %s: import %s: size 0: %w", d, h.Kind, device.ErrBadHandle)
@@ -87,9 +87,7 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 	if err := d.probe(device.Addr(p)); err != nil {
 		return nil, d.closeKeyAfter(ck, key, err)
 	}
-	d.mu.Lock()
-	d.mappings++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Mappings, 1)
 	return &mapping{mapHead: mapHead{d: d, base: device.Addr(p), size: h.Size}, key: key}, nil
 }
 
@@ -120,26 +118,16 @@ type mapHead struct {
 	d    *Device
 	base device.Addr
 	size uint64
-
-	mu     sync.Mutex
-	closed bool
+	gate vendorkit.Gate
 }
 
 func (m *mapHead) Base() device.Addr { return m.base }
 func (m *mapHead) Size() uint64      { return m.size }
 
-// closing marks the mapping closed and uncounts it (m.mu held), or says
-// it was closed already.
-func (m *mapHead) closing() error {
-	d := m.d
-	if m.closed || d.closed.Load() {
-		return d.errClosed("Mapping.Close")
-	}
-	m.closed = true
-	d.mu.Lock()
-	d.mappings--
-	d.mu.Unlock()
-	return nil
+// close closes the mapping once, uncounts it and runs release (the
+// runtime's unmapping).
+func (m *mapHead) close(release func() error) error {
+	return m.gate.Close(&m.d.core, "Mapping.Close", &m.d.core.Mappings, release)
 }
 
 // mapping is an allocation imported by key (device.Mapping).
@@ -150,13 +138,10 @@ type mapping struct {
 
 // Close unmaps the allocation (aclrtIpcMemClose of the key, importer side).
 func (m *mapping) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.closing(); err != nil {
-		return err
-	}
-	d := m.d
-	ck := C.CString(m.key)
-	defer C.free(unsafe.Pointer(ck))
-	return d.lib.check(C.stacl_ipc_close(d.lib.c, d.ctx, ck), "aclrtIpcMemClose(%q)", m.key)
+	return m.close(func() error {
+		d := m.d
+		ck := C.CString(m.key)
+		defer C.free(unsafe.Pointer(ck))
+		return d.lib.check(C.stacl_ipc_close(d.lib.c, d.ctx, ck), "aclrtIpcMemClose(%q)", m.key)
+	})
 }

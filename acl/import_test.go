@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,16 +13,11 @@ import (
 	"github.com/stage-kv/stage/device/devicetest"
 )
 
-// Cross-process tests: the test binary re-executes itself as a child (the
-// "sidecar") that imports memory the parent (the "engine") exported by
-// key, and moves bytes through it. They talk over a SOCK_SEQPACKET
-// socketpair, the child's end at fd 3.
+// Cross-process key tests: the child of child_test.go (the "sidecar")
+// imports memory the parent (the "engine") exported by key, and moves
+// bytes through it ("key").
 
 const (
-	childRoleEnv = "STAGE_ACL_TEST_CHILD"
-	childSeedEnv = "STAGE_ACL_TEST_SEED"
-	childFD      = 3
-
 	ipcAllocSize = 8 << 20
 	ipcViewOff   = 1_000_003 // odd: the view is a sub-range of the allocation
 	ipcViewLen   = 3<<20 + 5
@@ -123,32 +115,11 @@ func TestFakeIPCChild(t *testing.T) {
 			base, data := devicetest.Pool(t, d, ipcAllocSize, seed)
 			other, _ := devicetest.Pool(t, d, 65536, seed+1)
 
-			pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
+			c := startChild(t, so, 0, mode)
+			if r := c.ask("mode"); r != string(mode) {
+				t.Fatalf("the child copies in mode %q, want %q", r, mode)
 			}
-			parentEnd := os.NewFile(uintptr(pair[0]), "parent")
-			childEnd := os.NewFile(uintptr(pair[1]), "child")
-			defer parentEnd.Close()
-			var out bytes.Buffer
-			cmd := exec.Command(os.Args[0], "-test.run=^TestFakeIPCChildHelper$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), childRoleEnv+"=import", childSeedEnv+"="+strconv.FormatUint(seed, 10),
-				testLibraryEnv+"="+so, testCopyModeEnv+"="+string(mode))
-			cmd.ExtraFiles = []*os.File{childEnd}
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			childEnd.Close()
-			exited := false
-			defer func() {
-				if !exited {
-					_ = cmd.Process.Kill()
-					_ = cmd.Wait()
-				}
-			}()
-
-			x, err := d.Export(base+ipcViewOff, int32(cmd.Process.Pid))
+			x, err := d.Export(base+ipcViewOff, c.pid())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -161,17 +132,10 @@ func TestFakeIPCChild(t *testing.T) {
 				t.Fatal(err)
 			}
 			key2 := string(x2.Handle.Bytes)
-			if _, err := parentEnd.Write([]byte(fmt.Sprintf("%s %s %d %d", key, key2, off, size))); err != nil {
-				t.Fatal(err)
+			if r := c.ask(fmt.Sprintf("key %s %s %d %d %d", key, key2, off, size, seed)); r != "ok" {
+				t.Fatalf("child: %s\n%s", r, c.out.String())
 			}
-			buf := make([]byte, 4096)
-			parentEnd.SetReadDeadline(time.Now().Add(60 * time.Second))
-			n, err := parentEnd.Read(buf)
-			werr := cmd.Wait()
-			exited = true
-			if err != nil || string(buf[:n]) != "ok" || werr != nil {
-				t.Fatalf("child: reply %q (%v), exit %v\n%s", buf[:n], err, werr, out.String())
-			}
+			c.finish()
 			got := make([]byte, ipcAllocSize)
 			if err := d.CopyDtoH(got, base); err != nil {
 				t.Fatal(err)
@@ -189,49 +153,12 @@ func TestFakeIPCChild(t *testing.T) {
 	}
 }
 
-// TestFakeIPCChildHelper is the child of TestFakeIPCChild; it skips unless
-// started by it.
-func TestFakeIPCChildHelper(t *testing.T) {
-	if os.Getenv(childRoleEnv) == "" {
-		t.Skip("helper process of TestFakeIPCChild")
-	}
-	reply := func(msg string) {
-		if _, err := syscall.Write(childFD, []byte(msg)); err != nil {
-			t.Fatalf("child write: %v", err)
-		}
-	}
-	seed, err := strconv.ParseUint(os.Getenv(childSeedEnv), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := OpenDevice(0, Config{Library: os.Getenv(testLibraryEnv), CopyMode: CopyMode(os.Getenv(testCopyModeEnv)), Logf: t.Logf})
-	if err != nil {
-		reply(err.Error())
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("child Close: %v", err)
-		}
-	}()
-	buf := make([]byte, 4096)
-	n, err := syscall.Read(childFD, buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var key, key2 string
-	var off, size uint64
-	if _, err := fmt.Sscanf(string(buf[:n]), "%s %s %d %d", &key, &key2, &off, &size); err != nil {
-		t.Fatalf("child: bad request %q: %v", buf[:n], err)
-	}
-	if err := childWork(d, key, key2, off, size, seed); err != nil {
-		reply(err.Error())
-		t.Fatal(err)
-	}
-	reply("ok")
-}
-
-func childWork(d *Device, key, key2 string, off, size, seed uint64) error {
+// keyChildWork is the child's "key" request: import key (an allocation of
+// size B) and, through its view at off, gather the view as three
+// segments and check every byte against RandBytes(seed), scatter
+// RandBytes(seed^0xc0ffee) at ipcWriteOff, and close the import; key2,
+// whose whitelist does not name the child, must be refused.
+func keyChildWork(d *Device, key, key2 string, off, size, seed uint64) error {
 	m, err := d.Import(device.Handle{Kind: device.HandleACLKey, Bytes: []byte(key), Size: size, FD: -1})
 	if err != nil {
 		return err

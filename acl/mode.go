@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // CopyMode says how a Stream moves a chunk made of several segments. A chunk
@@ -31,13 +32,7 @@ const (
 // ParseCopyMode reads a mode as device.acl.copy_mode spells it; "" and
 // "auto" mean CopyAuto.
 func ParseCopyMode(s string) (CopyMode, error) {
-	switch s {
-	case "", "auto":
-		return CopyAuto, nil
-	case "batch", "pack", "percopy":
-		return CopyMode(s), nil
-	}
-	return "", fmt.Errorf("acl: copy mode %q: want batch, pack, percopy or auto", s)
+	return vendorkit.ParseMode[CopyMode]("acl", s, "batch", "pack", "percopy")
 }
 
 // chooseCopyMode decides a device's mode: batchErr is why

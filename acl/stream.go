@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Stream tuning.
@@ -37,10 +38,9 @@ type Stream struct {
 	d *Device
 	s C.aclrtStream
 
-	mu     sync.Mutex   // enqueue, Synchronize, Close
-	life   sync.RWMutex // Close (write) against event probes (read)
-	closed bool         // guarded by mu, and by life for probes
-	sc     *C.stacl_scratch
+	gate vendorkit.Gate // enqueue, Synchronize, Close; closed: also under life
+	life sync.RWMutex   // Close (write) against event probes (read)
+	sc   *C.stacl_scratch
 
 	// Pack mode: a device buffer of two halves; consecutive chunks use
 	// alternate halves.
@@ -79,42 +79,20 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 	return s.move(false, src, segs)
 }
 
-func opName(gather bool) string {
-	if gather {
-		return "Gather"
-	}
-	return "Scatter"
+func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
 }
 
-func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	var total uint64
-	for i, sg := range segs {
-		if sg.Len == 0 {
-			continue
-		}
-		if total+sg.Len < total || uint64(sg.Addr)+sg.Len < uint64(sg.Addr) {
-			return fmt.Errorf("acl: %s: %s: segment %d (%#x, %d B) overflows", s.d, opName(gather), i, uint64(sg.Addr), sg.Len)
-		}
-		total += sg.Len
-	}
-	if total != uint64(p.Len()) {
-		return fmt.Errorf("acl: %s: %s: segments add up to %d B, pinned buffer is %d B", s.d, opName(gather), total, p.Len())
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed(opName(gather))
-	}
-	if total == 0 {
-		return nil
-	}
+// enqueue issues a checked move's copies (the gate held).
+func (s *Stream) enqueue(mv vendorkit.Move) error {
+	gather, p, segs, total := mv.Gather, mv.Pinned, mv.Segs, mv.Total
 	if s.sc == nil {
 		if s.sc = C.stacl_scratch_new(); s.sc == nil {
-			return fmt.Errorf("acl: %s: %s: out of host memory for copy descriptors", s.d, opName(gather))
+			return s.d.core.Errorf("%s: out of host memory for copy descriptors", mv.Op)
 		}
 	}
 	if C.stacl_scratch_reserve(s.sc, C.size_t(len(segs))) != 0 {
-		return fmt.Errorf("acl: %s: %s: out of host memory for %d copy descriptors", s.d, opName(gather), len(segs))
+		return s.d.core.Errorf("%s: out of host memory for %d copy descriptors", mv.Op, len(segs))
 	}
 	n := coalesce(unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.dev)), len(segs)),
 		unsafe.Slice((*uint64)(unsafe.Pointer(s.sc.len)), len(segs)), segs)
@@ -136,7 +114,7 @@ func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
 			g = 1
 		}
 		r := C.stacl_move(s.d.lib.c, s.d.ctx, s.sc, C.size_t(n), modeC(mode), g, C.uintptr_t(host),
-			C.uintptr_t(ring), C.uint32_t(s.d.ordinal), s.s)
+			C.uintptr_t(ring), C.uint32_t(s.d.Ordinal()), s.s)
 		if r.rc == 0 {
 			return nil
 		}
@@ -184,13 +162,6 @@ func modeC(m CopyMode) C.int {
 	return C.STACL_PERCOPY
 }
 
-func dirName(gather bool) string {
-	if gather {
-		return "D2H"
-	}
-	return "H2D"
-}
-
 // moveError names the call of stacl_move that failed, with its values.
 func (s *Stream) moveError(r C.stacl_move_ret, gather bool, mode CopyMode, n int, total uint64) error {
 	l := s.d.lib
@@ -201,7 +172,7 @@ func (s *Stream) moveError(r C.stacl_move_ret, gather bool, mode CopyMode, n int
 	case C.STACL_STEP_CTX:
 		op = fmt.Sprintf("aclrtSetCurrentContext(%s)", s.d)
 	case C.STACL_STEP_BATCH:
-		op = fmt.Sprintf("aclrtMemcpyBatchAsync(%d copies, %d B, %s)", n, total, dirName(gather))
+		op = fmt.Sprintf("aclrtMemcpyBatchAsync(%d copies, %d B, %s)", n, total, vendorkit.DirName(gather))
 		if r.idx != C.size_t(^uint(0)) && idx < n {
 			op += fmt.Sprintf(" [copy %d of %d: %d B at %#x]", idx+1, n, s.lenAt(idx), s.devAt(idx))
 		}
@@ -212,7 +183,7 @@ func (s *Stream) moveError(r C.stacl_move_ret, gather bool, mode CopyMode, n int
 			op = fmt.Sprintf("aclrtMemcpyAsync(H2D, %d B chunk into the device ring)", total)
 		}
 	default:
-		kind := dirName(gather)
+		kind := vendorkit.DirName(gather)
 		if mode == CopyPack {
 			kind = "D2D pack"
 			if !gather {
@@ -275,16 +246,14 @@ func (s *Stream) Record(ev device.Event) error {
 	if !ok || e.d != s.d {
 		return fmt.Errorf("acl: %s: Record: event %T is not an event of this device", s.d, ev)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Record")
+	if err := s.gate.Enter(&s.d.core, "Record"); err != nil {
+		return err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return s.d.errClosed("Record(closed event)")
+	defer s.gate.Leave()
+	if err := e.gate.Enter(&s.d.core, "Record(closed event)"); err != nil {
+		return err
 	}
+	defer e.gate.Leave()
 	if err := s.d.lib.check(C.stacl_event_record(s.d.lib.c, s.d.ctx, e.e, s.s), "aclrtRecordEvent"); err != nil {
 		return err
 	}
@@ -295,11 +264,10 @@ func (s *Stream) Record(ev device.Event) error {
 // Synchronize waits for all enqueued work (aclrtSynchronizeStreamWithTimeout,
 // -1) and returns the stream's error. It blocks the calling OS thread.
 func (s *Stream) Synchronize() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Synchronize")
+	if err := s.gate.Enter(&s.d.core, "Synchronize"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	if err := s.d.lib.check(C.stacl_stream_sync(s.d.lib.c, s.d.ctx, s.s, -1), "aclrtSynchronizeStream"); err != nil {
 		s.setFailed(err)
 		return err
@@ -313,7 +281,7 @@ func (s *Stream) Synchronize() error {
 func (s *Stream) probe() (done bool, err error) {
 	s.life.RLock()
 	defer s.life.RUnlock()
-	if s.closed {
+	if s.gate.IsClosed() {
 		return true, nil // Close drained it
 	}
 	err = s.d.lib.check(C.stacl_stream_sync(s.d.lib.c, s.d.ctx, s.s, probeTimeout), "aclrtSynchronizeStreamWithTimeout(%d ms)", probeTimeout)
@@ -330,14 +298,13 @@ func (s *Stream) probe() (done bool, err error) {
 // Close waits (up to 30 s) for the stream's work, frees its pack ring and
 // scratch, and destroys it.
 func (s *Stream) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Stream.Close")
+	if err := s.gate.Enter(&s.d.core, "Stream.Close"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	s.life.Lock()
 	defer s.life.Unlock()
-	s.closed = true
+	s.gate.MarkClosed()
 	l := s.d.lib
 	var errs []error
 	if err := l.check(C.stacl_stream_sync(l.c, s.d.ctx, s.s, closeSyncMS), "aclrtSynchronizeStreamWithTimeout(%d ms, before destroy)", closeSyncMS); err != nil {
@@ -360,9 +327,7 @@ func (s *Stream) Close() error {
 	if err := l.check(C.stacl_stream_destroy(l.c, s.d.ctx, s.s), "aclrtDestroyStream"); err != nil {
 		errs = append(errs, err)
 	}
-	s.d.mu.Lock()
-	s.d.streams--
-	s.d.mu.Unlock()
+	s.d.core.Count(&s.d.core.Streams, -1)
 	return errors.Join(errs...)
 }
 
@@ -374,11 +339,10 @@ func (s *Stream) Close() error {
 // NOT_READY = 1: the inverse. It is deliberately not bound; do not swap it
 // in.
 type Event struct {
-	d      *Device
-	e      C.aclrtEvent
-	mu     sync.Mutex
-	closed bool
-	on     atomic.Pointer[Stream] // stream of the last Record; nil if never recorded
+	d    *Device
+	e    C.aclrtEvent
+	gate vendorkit.Gate
+	on   atomic.Pointer[Stream] // stream of the last Record; nil if never recorded
 }
 
 // status reads the event's recorded status.
@@ -395,8 +359,8 @@ func (e *Event) status() (bool, error) {
 // error once the event's stream has been seen failed (by Wait, Synchronize
 // or Close), and (false, nil) until then. An event never recorded is done.
 func (e *Event) Query() (bool, error) {
-	if e.d.closed.Load() {
-		return false, e.d.errClosed("Event.Query")
+	if err := e.d.core.Check("Event.Query"); err != nil {
+		return false, err
 	}
 	s := e.on.Load()
 	if s == nil {
@@ -441,7 +405,7 @@ func (e *Event) Wait() error {
 				if ok, err := e.status(); ok || err != nil {
 					return err
 				}
-				return fmt.Errorf("acl: %s: event still not complete after its stream drained (waited %v): a task before it failed or was dropped", e.d, time.Since(start).Round(time.Millisecond))
+				return e.d.core.Errorf("event still not complete after its stream drained (waited %v): a task before it failed or was dropped", time.Since(start).Round(time.Millisecond))
 			}
 			nextProbe = now.Add(probeEvery)
 		}
@@ -452,14 +416,7 @@ func (e *Event) Wait() error {
 
 // Close destroys the event.
 func (e *Event) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || e.d.closed.Load() {
-		return e.d.errClosed("Event.Close")
-	}
-	e.closed = true
-	e.d.mu.Lock()
-	e.d.events--
-	e.d.mu.Unlock()
-	return e.d.lib.check(C.stacl_event_destroy(e.d.lib.c, e.d.ctx, e.e), "aclrtDestroyEvent")
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
+		return e.d.lib.check(C.stacl_event_destroy(e.d.lib.c, e.d.ctx, e.e), "aclrtDestroyEvent")
+	})
 }

@@ -1,14 +1,10 @@
 package acl
 
 import (
-	"bytes"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,151 +13,15 @@ import (
 )
 
 // Cross-process VMM tests: the test process is the engine (AllocVMM,
-// ExportVMM); a child re-executed from the test binary is the sidecar. The
-// parent sends one request per message on a SOCK_SEQPACKET pair:
-//
-//	import HEX SIZE SEED OFF   import the handle, gather its SIZE bytes and
-//	                           compare them with RandBytes(SEED)[OFF:], then
-//	                           scatter RandBytes(SEED^1) over its first bytes
-//	                           (kept open until close)
-//	close                      close every open mapping, newest first
-//	count                      "maps M chunks C mappings N live L"
-//
-// and the child answers "ok", "err TEXT" or the count.
+// ExportVMM); the child of child_test.go is the sidecar, asked to import
+// ("import"), close and count.
 
 const (
-	vmmChildEnv    = "STAGE_ACL_TEST_VMM_CHILD"
-	vmmOrdinalEnv  = "STAGE_ACL_TEST_VMM_ORDINAL"
 	vmmGranularity = 65536
 	vmmScatterLen  = 4096 + 7
 )
 
-type vmmChild struct {
-	t    *testing.T
-	end  *os.File
-	cmd  *exec.Cmd
-	out  bytes.Buffer
-	done bool
-}
-
-func startVMMChild(t *testing.T, so string, ordinal int, env ...string) *vmmChild {
-	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &vmmChild{t: t, end: os.NewFile(uintptr(pair[0]), "parent")}
-	childEnd := os.NewFile(uintptr(pair[1]), "child")
-	c.cmd = exec.Command(os.Args[0], "-test.run=^TestVMMChildHelper$", "-test.v", "-test.count=1")
-	c.cmd.Env = append(append(os.Environ(), vmmChildEnv+"=1", testLibraryEnv+"="+so, vmmOrdinalEnv+"="+strconv.Itoa(ordinal)), env...)
-	c.cmd.ExtraFiles = []*os.File{childEnd}
-	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	childEnd.Close()
-	t.Cleanup(func() {
-		c.end.Close()
-		if !c.done {
-			_ = c.cmd.Process.Kill()
-			_ = c.cmd.Wait()
-		}
-	})
-	return c
-}
-
-func (c *vmmChild) pid() int32 { return int32(c.cmd.Process.Pid) }
-
-func (c *vmmChild) ask(req string) string {
-	c.t.Helper()
-	if _, err := c.end.Write([]byte(req)); err != nil {
-		c.t.Fatalf("to child: %v\n%s", err, c.out.String())
-	}
-	buf := make([]byte, 8192)
-	c.end.SetReadDeadline(time.Now().Add(60 * time.Second))
-	n, err := c.end.Read(buf)
-	if err != nil {
-		c.t.Fatalf("child's answer to %.40q: %v\n%s", req, err, c.out.String())
-	}
-	return string(buf[:n])
-}
-
-func (c *vmmChild) importReq(h device.Handle, seed, off uint64) string {
-	return c.ask(fmt.Sprintf("import %s %d %d %d", hex.EncodeToString(h.Bytes), h.Size, seed, off))
-}
-
-// finish ends the child and checks it exited cleanly.
-func (c *vmmChild) finish() {
-	c.t.Helper()
-	c.end.Close()
-	err := c.cmd.Wait()
-	c.done = true
-	if err != nil {
-		c.t.Fatalf("child: %v\n%s", err, c.out.String())
-	}
-}
-
-// TestVMMChildHelper is the sidecar of the VMM tests; it skips unless
-// started by one.
-func TestVMMChildHelper(t *testing.T) {
-	if os.Getenv(vmmChildEnv) == "" {
-		t.Skip("helper process of the VMM tests")
-	}
-	ordinal, _ := strconv.Atoi(os.Getenv(vmmOrdinalEnv))
-	d, err := OpenDevice(ordinal, Config{Library: os.Getenv(testLibraryEnv), Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var open []device.Mapping
-	defer func() {
-		for i := len(open) - 1; i >= 0; i-- {
-			open[i].Close()
-		}
-		if err := d.Close(); err != nil {
-			t.Errorf("child Close: %v", err)
-		}
-	}()
-	buf := make([]byte, 1<<17)
-	for {
-		n, err := syscall.Read(childFD, buf)
-		if err != nil || n == 0 {
-			return
-		}
-		f := strings.Fields(string(buf[:n]))
-		var reply string
-		switch f[0] {
-		case "import":
-			m, err := vmmChildImport(d, f[1:])
-			if err != nil {
-				reply = "err " + err.Error()
-			} else {
-				open = append(open, m)
-				reply = "ok"
-			}
-		case "close":
-			reply = "ok"
-			for i := len(open) - 1; i >= 0; i-- {
-				if err := open[i].Close(); err != nil {
-					reply = "err " + err.Error()
-				}
-			}
-			open = nil
-		case "count":
-			maps, _ := d.lib.Call("fakeacl_vmm_maps")
-			live, _ := d.lib.Call("fakeacl_live")
-			d.vmmMu.Lock()
-			chunks := len(d.chunks)
-			d.vmmMu.Unlock()
-			d.mu.Lock()
-			mappings := d.mappings
-			d.mu.Unlock()
-			reply = fmt.Sprintf("maps %d chunks %d mappings %d live %d", maps, chunks, mappings, live)
-		}
-		if _, err := syscall.Write(childFD, []byte(reply)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
+// vmmChildImport is the child's "import" request.
 func vmmChildImport(d *Device, f []string) (device.Mapping, error) {
 	b, err := hex.DecodeString(f[0])
 	if err != nil {
@@ -261,7 +121,7 @@ func vmmImportCase(t *testing.T, so string, l *Library) {
 	base := vmmEngine(t, d, seed, g, g, g, g, g)
 	other := vmmEngine(t, d, seed+1, g)
 	third := vmmEngine(t, d, seed+2, g)
-	c := startVMMChild(t, so, 0, "FAKEACL_TGID_OFFSET=1000")
+	c := startChild(t, so, 0, CopyAuto, "FAKEACL_TGID_OFFSET=1000")
 	child := c.pid() + 1000 // the child's BareTgid: not its pid
 
 	one, err := d.ExportVMM(base, g, child)
@@ -373,7 +233,7 @@ func TestVMMImportOtherDevice(t *testing.T) {
 	const g = vmmGranularity
 	seed := uint64(time.Now().UnixNano())
 	base := vmmEngine(t, d, seed, g, g)
-	c := startVMMChild(t, so, 0)
+	c := startChild(t, so, 0, CopyAuto)
 	h, err := d.ExportVMM(base+5, g, c.pid())
 	if err != nil {
 		t.Fatal(err)
@@ -392,7 +252,7 @@ func TestVMMImportOtherDevice(t *testing.T) {
 	c.finish()
 
 	// The same NPU, as the sidecar numbers it under ASCEND_RT_VISIBLE_DEVICES.
-	c = startVMMChild(t, so, 1, "ASCEND_RT_VISIBLE_DEVICES=0,1")
+	c = startChild(t, so, 1, CopyAuto, "ASCEND_RT_VISIBLE_DEVICES=0,1")
 	if _, err := d.ExportVMM(base+5, g, c.pid()); err != nil {
 		t.Fatal(err)
 	}

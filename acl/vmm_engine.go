@@ -34,7 +34,7 @@ func (d *Device) VMMGranularity() (uint64, error) {
 		return 0, fmt.Errorf("acl: %s: VMMGranularity: the library lacks the VMM calls: %w", d, device.ErrNotSupported)
 	}
 	var g C.size_t
-	err := d.lib.check(C.stacl_vmm_granularity(d.lib.c, d.ctx, C.uint32_t(d.ordinal), &g), "aclrtMemGetAllocationGranularity(device %d)", d.ordinal)
+	err := d.lib.check(C.stacl_vmm_granularity(d.lib.c, d.ctx, C.uint32_t(d.Ordinal()), &g), "aclrtMemGetAllocationGranularity(device %d)", d.Ordinal())
 	return uint64(g), err
 }
 
@@ -42,8 +42,8 @@ func (d *Device) VMMGranularity() (uint64, error) {
 // VMMGranularity), allocates each (aclrtMallocPhysical), maps them in
 // order and opens them for reading and writing; FreeVMM undoes it.
 func (d *Device) AllocVMM(chunks []uint64) (_ device.Addr, err error) {
-	if d.closed.Load() {
-		return 0, d.errClosed("AllocVMM")
+	if d.core.IsClosed() {
+		return 0, d.core.ErrClosed("AllocVMM")
 	}
 	if !d.lib.vmm || !d.lib.vmmExport || len(chunks) == 0 {
 		return 0, fmt.Errorf("acl: %s: AllocVMM(%d chunks): needs the VMM calls and one chunk at least: %w", d, len(chunks), device.ErrNotSupported)
@@ -66,7 +66,7 @@ func (d *Device) AllocVMM(chunks []uint64) (_ device.Addr, err error) {
 	at := uint64(va)
 	for i, n := range chunks {
 		var h C.uintptr_t
-		if err := l.check(C.stacl_vmm_malloc(l.c, d.ctx, C.uint32_t(d.ordinal), C.size_t(n), &h), "aclrtMallocPhysical(%d B, device %d)", n, d.ordinal); err != nil {
+		if err := l.check(C.stacl_vmm_malloc(l.c, d.ctx, C.uint32_t(d.Ordinal()), C.size_t(n), &h), "aclrtMallocPhysical(%d B, device %d)", n, d.Ordinal()); err != nil {
 			return 0, err
 		}
 		a.chunks, a.sizes = append(a.chunks, h), append(a.sizes, n)
@@ -74,24 +74,24 @@ func (d *Device) AllocVMM(chunks []uint64) (_ device.Addr, err error) {
 			return 0, err
 		}
 		mapped++
-		if err := l.check(C.stacl_vmm_access(l.c, d.ctx, C.uintptr_t(at), C.size_t(n), accessReadWrite, C.uint32_t(d.ordinal)), "aclrtMemSetAccess(%#x, %d B)", at, n); err != nil {
+		if err := l.check(C.stacl_vmm_access(l.c, d.ctx, C.uintptr_t(at), C.size_t(n), accessReadWrite, C.uint32_t(d.Ordinal())), "aclrtMemSetAccess(%#x, %d B)", at, n); err != nil {
 			return 0, err
 		}
 		at += n
 	}
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmMem[device.Addr(va)] = a
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	return device.Addr(va), nil
 }
 
 // FreeVMM unmaps, frees (exporter side) and releases what AllocVMM made.
 // Importers keep their own references to the chunks.
 func (d *Device) FreeVMM(base device.Addr) error {
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	a, ok := d.vmmMem[base]
 	delete(d.vmmMem, base)
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	if !ok {
 		return fmt.Errorf("acl: %s: FreeVMM(%#x): not an AllocVMM range of this device", d, uint64(base))
 	}
@@ -128,14 +128,14 @@ func (d *Device) undoVMM(va uint64, a *vmmAlloc, mapped int) error {
 // whitelisted (aclrtMemSetPidToShareableHandle). Without importers the
 // chunks are exported with pid validation off.
 func (d *Device) ExportVMM(addr device.Addr, n uint64, importers ...int32) (device.Handle, error) {
-	if d.closed.Load() {
-		return device.Handle{}, d.errClosed("ExportVMM")
+	if d.core.IsClosed() {
+		return device.Handle{}, d.core.ErrClosed("ExportVMM")
 	}
 	if n == 0 || !d.lib.vmmExport || d.lib.c.aclrtMemGetAddressRange == nil {
 		return device.Handle{}, fmt.Errorf("acl: %s: ExportVMM(%#x, %d B): needs a size and the VMM export calls: %w", d, uint64(addr), n, device.ErrNotSupported)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	var a *vmmAlloc
 	for b, r := range d.vmmMem {
 		if addr >= b && uint64(addr-b) < r.size && n <= r.size-uint64(addr-b) {

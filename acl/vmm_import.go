@@ -79,8 +79,8 @@ func (d *Device) importVMM(h device.Handle) (_ device.Mapping, err error) {
 			return nil, err
 		}
 		m.mapped = append(m.mapped, at)
-		if err := l.check(C.stacl_vmm_access(l.c, d.ctx, C.uintptr_t(at), C.size_t(rec.size), accessReadWrite, C.uint32_t(d.ordinal)),
-			"aclrtMemSetAccess(%#x, %d B, READWRITE, device %d)", at, rec.size, d.ordinal); err != nil {
+		if err := l.check(C.stacl_vmm_access(l.c, d.ctx, C.uintptr_t(at), C.size_t(rec.size), accessReadWrite, C.uint32_t(d.Ordinal())),
+			"aclrtMemSetAccess(%#x, %d B, READWRITE, device %d)", at, rec.size, d.Ordinal()); err != nil {
 			return nil, err
 		}
 		at += rec.size
@@ -89,9 +89,7 @@ func (d *Device) importVMM(h device.Handle) (_ device.Mapping, err error) {
 	if err := d.probe(m.base); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.mappings++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Mappings, 1)
 	return m, nil
 }
 
@@ -107,8 +105,8 @@ func (d *Device) acquireChunk(c VMMChunk) (*chunkRec, error) {
 	}
 	var h C.uintptr_t
 	l := d.lib
-	if err := l.check(C.stacl_vmm_import(l.c, d.ctx, C.uint64_t(c.Shareable), C.int32_t(d.ordinal), &h),
-		"aclrtMemImportFromShareableHandle(%#x, device %d)", c.Shareable, d.ordinal); err != nil {
+	if err := l.check(C.stacl_vmm_import(l.c, d.ctx, C.uint64_t(c.Shareable), C.int32_t(d.Ordinal()), &h),
+		"aclrtMemImportFromShareableHandle(%#x, device %d)", c.Shareable, d.Ordinal()); err != nil {
 		return nil, err
 	}
 	rec := &chunkRec{shareable: c.Shareable, h: h, size: c.Size, refs: 1}
@@ -145,7 +143,7 @@ func (d *Device) wrongDevice(why string, cause error) error {
 	}
 	err := fmt.Errorf("acl: %s: this sidecar cannot copy the registration's memory: %s; memory imported from another NPU cannot be the source or target of H2D/D2H copies. "+
 		"This sidecar imports on device.ordinal %d (%s). Run one acl sidecar per NPU and register each engine's memory with the sidecar of its own NPU, "+
-		"setting device.ordinal as the sidecar numbers devices (ASCEND_RT_VISIBLE_DEVICES renumbers them from 0): %w", d, why, d.ordinal, phys, device.ErrNotSupported)
+		"setting device.ordinal as the sidecar numbers devices (ASCEND_RT_VISIBLE_DEVICES renumbers them from 0): %w", d, why, d.Ordinal(), phys, device.ErrNotSupported)
 	if cause != nil {
 		err = fmt.Errorf("%w (%v)", err, cause)
 	}
@@ -164,14 +162,11 @@ type vmmMapping struct {
 // Close unmaps the chunks, releases the range and lets go of the chunks,
 // in the reverse order of the import.
 func (m *vmmMapping) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.closing(); err != nil {
-		return err
-	}
-	m.d.vmmMu.Lock()
-	defer m.d.vmmMu.Unlock()
-	return m.release()
+	return m.close(func() error {
+		m.d.vmmMu.Lock()
+		defer m.d.vmmMu.Unlock()
+		return m.release()
+	})
 }
 
 // release undoes whatever part of the import was done, last step first;

@@ -13,11 +13,11 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/stage-kv/stage/cuda/kernels"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 func init() {
@@ -66,22 +66,16 @@ type Config struct {
 	StridedMaxBytes uint64
 }
 
-// Open opens CUDA device ordinal as opts.Backend (a Config; nil: the
-// defaults) configures it; it is the opener registered with
-// device.Register, and config.Device.Options builds its Config from
-// device.cuda.*. The driver library is loaded on the first call, never at
-// init.
+// Open is the opener registered with device.Register: CUDA device ordinal
+// as opts.Backend (a Config built from device.cuda.*; nil: the defaults)
+// says. The driver library is loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
 	return device.OpenAs(device.KindCUDA, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens CUDA device ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := SharedLibrary(cfg.Library)
-	if err != nil {
-		return nil, err
-	}
-	return l.OpenDevice(ordinal, cfg)
+	return vendorkit.OpenShared(ordinal, cfg, cfg.Library, SharedLibrary, (*Library).OpenDevice)
 }
 
 // Device is one CUDA GPU, driven through its primary context (the one
@@ -89,13 +83,14 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // tests (AllocDevice, Export, VMMAlloc, CopyHtoD, ...). Safe for
 // concurrent use.
 type Device struct {
-	lib     *Library
-	ordinal int
-	dev     C.CUdevice
-	ctx     C.CUcontext
-	name    string
-	sms     int
-	cc      [2]int
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
+
+	lib  *Library
+	dev  C.CUdevice
+	ctx  C.CUcontext
+	name string
+	sms  int
+	cc   [2]int
 
 	mod        C.CUmodule
 	fn         C.CUfunction
@@ -109,22 +104,13 @@ type Device struct {
 	kernelErr  error
 	batchErr   error
 
-	closed atomic.Bool
+	slotMu sync.Mutex // serializes RenewSlot and FreeSlots
 
-	mu        sync.Mutex
-	pinned    map[uintptr]pinnedRec
+	// Guarded by Core.Mu.
+	pinned    vendorkit.Pins[bool] // registered: RegisterHost (else AllocPinned)
 	slabs     map[uintptr]slotSlab // AllocSlots slabs by address
-	slotMu    sync.Mutex           // serializes RenewSlot and FreeSlots
 	devMem    map[device.Addr]uint64
-	streams   int
-	events    int
-	mappings  int
 	vmmAllocs int
-}
-
-type pinnedRec struct {
-	n          int
-	registered bool // RegisterHost (else AllocPinned)
 }
 
 // OpenDevice initializes the driver (cuInit), retains device ordinal's
@@ -150,13 +136,13 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	d := &Device{
 		lib:        l,
-		ordinal:    ordinal,
 		wait:       wait,
-		pinned:     map[uintptr]pinnedRec{},
+		pinned:     vendorkit.Pins[bool]{},
 		stridedMax: cmp.Or(cfg.StridedMaxBytes, DefaultStridedMaxBytes),
 		slabs:      map[uintptr]slotSlab{},
 		devMem:     map[device.Addr]uint64{},
 	}
+	d.core.Init("cuda", ordinal)
 	if rc := C.stage_device_get(l.c, C.int(ordinal), &d.dev); rc != 0 {
 		return nil, l.check(rc, "cuDeviceGet(%d)", ordinal)
 	}
@@ -241,7 +227,7 @@ func (d *Device) release() error {
 		d.mod, d.fn, d.fnStrided = nil, nil, nil
 	}
 	if rc := C.stage_primary_release(d.lib.c, d.dev); rc != 0 && first == nil {
-		first = d.lib.check(rc, "cuDevicePrimaryCtxRelease(device %d)", d.ordinal)
+		first = d.lib.check(rc, "cuDevicePrimaryCtxRelease(device %d)", d.Ordinal())
 	}
 	return first
 }
@@ -250,10 +236,10 @@ func (d *Device) release() error {
 func (d *Device) Kind() device.Kind { return device.KindCUDA }
 
 // Ordinal returns the CUDA device ordinal.
-func (d *Device) Ordinal() int { return d.ordinal }
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
 
 // String returns "cuda:N".
-func (d *Device) String() string { return fmt.Sprintf("cuda:%d", d.ordinal) }
+func (d *Device) String() string { return d.core.String() }
 
 // Name returns the GPU's name (cuDeviceGetName), e.g. "NVIDIA H100 80GB HBM3".
 func (d *Device) Name() string { return d.name }
@@ -270,29 +256,21 @@ func (d *Device) Library() *Library { return d.lib }
 // CopyMode returns the mode multi-segment chunks use and why it was chosen.
 func (d *Device) CopyMode() (CopyMode, string) { return d.mode, d.modeWhy }
 
-func (d *Device) errClosed(op string) error {
-	return fmt.Errorf("cuda: %s: %s: %w", d, op, device.ErrClosed)
-}
-
 // AllocPinned allocates n bytes of page-locked host memory mapped into the
 // device's address space (cuMemHostAlloc PORTABLE|DEVICEMAP) and returns both
 // views.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if n <= 0 {
-		return device.Pinned{}, fmt.Errorf("cuda: %s: AllocPinned(%d): size must be positive", d, n)
-	}
-	if d.closed.Load() {
-		return device.Pinned{}, d.errClosed("AllocPinned")
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
+		return device.Pinned{}, err
 	}
 	var host unsafe.Pointer
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_alloc(d.lib.c, d.ctx, C.size_t(n), memHostAllocPortable|memHostAllocDeviceMap, &host, &dev); rc != 0 {
 		return device.Pinned{}, d.lib.check(rc, "cuMemHostAlloc(%d B, PORTABLE|DEVICEMAP)", n)
 	}
-	d.mu.Lock()
-	d.pinned[uintptr(host)] = pinnedRec{n: n}
-	d.mu.Unlock()
-	return device.NewPinned(unsafe.Slice((*byte)(host), n), device.Addr(dev)), nil
+	b := unsafe.Slice((*byte)(host), n)
+	d.pinned.Add(&d.core, b, false)
+	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
 // FreePinned frees a buffer AllocPinned returned (the whole buffer).
@@ -316,17 +294,15 @@ func (d *Device) RegisterHost(b []byte) (device.Pinned, error) {
 	if len(b) == 0 {
 		return device.Pinned{}, fmt.Errorf("cuda: %s: RegisterHost: empty buffer", d)
 	}
-	if d.closed.Load() {
-		return device.Pinned{}, d.errClosed("RegisterHost")
+	if err := d.core.Check("RegisterHost"); err != nil {
+		return device.Pinned{}, err
 	}
 	key := uintptr(unsafe.Pointer(&b[0]))
 	var dev C.CUdeviceptr
 	if rc := C.stage_host_register(d.lib.c, d.ctx, C.uintptr_t(key), C.size_t(len(b)), memHostRegPortable|memHostRegDeviceMap, &dev); rc != 0 {
 		return device.Pinned{}, d.lib.check(rc, "cuMemHostRegister(%#x, %d B, PORTABLE|DEVICEMAP)", key, len(b))
 	}
-	d.mu.Lock()
-	d.pinned[key] = pinnedRec{n: len(b), registered: true}
-	d.mu.Unlock()
+	d.pinned.Add(&d.core, b, true)
 	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
@@ -342,30 +318,19 @@ func (d *Device) UnregisterHost(p device.Pinned) error {
 	return nil
 }
 
+// takePinned removes p from the pinned table for op, refusing a buffer
+// of the other kind (registered: RegisterHost's, else AllocPinned's).
 func (d *Device) takePinned(p device.Pinned, registered bool, op string) (uintptr, error) {
-	h := p.Host()
-	if len(h) == 0 {
-		return 0, fmt.Errorf("cuda: %s: %s: empty buffer", d, op)
-	}
-	key := uintptr(unsafe.Pointer(&h[0]))
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed.Load() {
-		return 0, d.errClosed(op)
-	}
-	rec, ok := d.pinned[key]
-	switch {
-	case !ok:
-		return 0, fmt.Errorf("cuda: %s: %s(%#x): not a buffer of this device", d, op, key)
-	case rec.registered != registered && registered:
-		return 0, fmt.Errorf("cuda: %s: %s(%#x): buffer came from AllocPinned; use FreePinned", d, op, key)
-	case rec.registered != registered:
-		return 0, fmt.Errorf("cuda: %s: %s(%#x): buffer came from RegisterHost; use UnregisterHost", d, op, key)
-	case rec.n != len(h):
-		return 0, fmt.Errorf("cuda: %s: %s(%#x): got %d B, the buffer is %d B (pass the whole buffer, not a slice)", d, op, key, len(h), rec.n)
-	}
-	delete(d.pinned, key)
-	return key, nil
+	key, _, err := vendorkit.TakePin(&d.core, d.pinned, op, p.Host(), func(reg bool) string {
+		switch {
+		case reg == registered:
+			return ""
+		case registered:
+			return "buffer came from AllocPinned; use FreePinned"
+		}
+		return "buffer came from RegisterHost; use UnregisterHost"
+	})
+	return key, err
 }
 
 // NewStream creates a non-blocking stream (CU_STREAM_NON_BLOCKING).
@@ -379,24 +344,22 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewCUDAStream is NewStream returning the concrete type (for CopyDtoD).
 func (d *Device) NewCUDAStream() (*Stream, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	var s C.CUstream
 	if rc := C.stage_stream_create(d.lib.c, d.ctx, streamNonBlocking, &s); rc != 0 {
 		return nil, d.lib.check(rc, "cuStreamCreate(NON_BLOCKING)")
 	}
-	d.mu.Lock()
-	d.streams++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event without timing (CU_EVENT_DISABLE_TIMING),
 // with CU_EVENT_BLOCKING_SYNC unless the device waits by spinning.
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	var e C.CUevent
 	flags, what := C.uint(eventDisableTiming), "DISABLE_TIMING"
@@ -406,40 +369,29 @@ func (d *Device) NewEvent() (device.Event, error) {
 	if rc := C.stage_event_create(d.lib.c, d.ctx, flags, &e); rc != 0 {
 		return nil, d.lib.check(rc, "cuEventCreate(%s)", what)
 	}
-	d.mu.Lock()
-	d.events++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
 // openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
 func (d *Device) openResources() string {
-	var parts []string
-	add := func(n int, one, many string) {
-		switch {
-		case n == 1:
-			parts = append(parts, "1 "+one)
-		case n > 1:
-			parts = append(parts, fmt.Sprintf("%d %s", n, many))
-		}
-	}
 	nAlloc, nReg := 0, 0
 	for _, r := range d.pinned {
-		if r.registered {
+		if r.Rec {
 			nReg++
 		} else {
 			nAlloc++
 		}
 	}
-	add(d.streams, "stream", "streams")
-	add(d.events, "event", "events")
-	add(nAlloc, "pinned buffer", "pinned buffers")
-	add(nReg, "registered host buffer", "registered host buffers")
-	add(len(d.slabs), "slot slab", "slot slabs")
-	add(d.mappings, "mapping", "mappings")
-	add(len(d.devMem), "device allocation", "device allocations")
-	add(d.vmmAllocs, "VMM allocation", "VMM allocations")
-	return strings.Join(parts, ", ")
+	return vendorkit.Open(
+		vendorkit.Item{N: d.core.Streams, One: "stream", Many: "streams"},
+		vendorkit.Item{N: d.core.Events, One: "event", Many: "events"},
+		vendorkit.Item{N: nAlloc, One: "pinned buffer", Many: "pinned buffers"},
+		vendorkit.Item{N: nReg, One: "registered host buffer", Many: "registered host buffers"},
+		vendorkit.Item{N: len(d.slabs), One: "slot slab", Many: "slot slabs"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping", Many: "mappings"},
+		vendorkit.Item{N: len(d.devMem), One: "device allocation", Many: "device allocations"},
+		vendorkit.Item{N: d.vmmAllocs, One: "VMM allocation", Many: "VMM allocations"})
 }
 
 // Close unloads the kernel and releases the primary context. Streams,
@@ -448,17 +400,13 @@ func (d *Device) openResources() string {
 // device.ErrClosed afterwards, and what they held goes with the context if
 // no one else retains it).
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		return d.errClosed("Close")
+	leaks, err := d.core.Shut(d.openResources)
+	if err != nil {
+		return err
 	}
-	d.closed.Store(true)
-	leaks := d.openResources()
-	d.mu.Unlock()
-	err := d.release()
+	err = d.release()
 	if leaks != "" {
-		return fmt.Errorf("cuda: %s: Close with resources still open: %s", d, leaks)
+		return d.core.Leaked(leaks)
 	}
 	return err
 }

@@ -22,11 +22,10 @@ const engineMin = 1 << 20
 // with unified addressing src and dst may sit on different devices, or in
 // memory imported from another process).
 func (s *Stream) CopyDtoD(dst, src device.Addr, n uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("CopyDtoD")
+	if err := s.gate.Enter(&s.d.core, "CopyDtoD"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	if n == 0 {
 		return nil
 	}
@@ -53,11 +52,10 @@ func (s *Stream) CopyDtoDBatch(cs []device.Copy) error {
 			return fmt.Errorf("cuda: %s: CopyDtoDBatch: copy %d (%d B %#x -> %#x) overflows", s.d, i, c.Len, uint64(c.Src), uint64(c.Dst))
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("CopyDtoDBatch")
+	if err := s.gate.Enter(&s.d.core, "CopyDtoDBatch"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	for i := 0; i < len(cs); {
 		if c := cs[i]; c.Len >= engineMin {
 			if err := s.dtod1(c.Dst, c.Src, c.Len); err != nil {
@@ -78,7 +76,7 @@ func (s *Stream) CopyDtoDBatch(cs []device.Copy) error {
 	return nil
 }
 
-// smallDtoD enqueues a run of short copies (s.mu held).
+// smallDtoD enqueues a run of short copies (gate held).
 func (s *Stream) smallDtoD(cs []device.Copy) error {
 	nz := 0
 	var total uint64

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // This file holds what an engine process (or a test standing in for one)
@@ -20,74 +21,35 @@ import (
 
 // AllocDevice allocates n bytes of device memory (cuMemAlloc).
 func (d *Device) AllocDevice(n uint64) (device.Addr, error) {
-	if n == 0 {
-		return 0, fmt.Errorf("cuda: %s: AllocDevice(0): size must be positive", d)
-	}
-	if d.closed.Load() {
-		return 0, d.errClosed("AllocDevice")
-	}
+	return vendorkit.AllocDevice(&d.core, d.devMem, n, d.malloc, func(n uint64) uint64 { return n })
+}
+
+func (d *Device) malloc(n uint64) (device.Addr, error) {
 	var p C.CUdeviceptr
 	if rc := C.stage_mem_alloc(d.lib.c, d.ctx, C.size_t(n), &p); rc != 0 {
 		return 0, d.lib.check(rc, "cuMemAlloc(%d B)", n)
 	}
-	d.mu.Lock()
-	d.devMem[device.Addr(p)] = n
-	d.mu.Unlock()
 	return device.Addr(p), nil
 }
 
 // FreeDevice frees what AllocDevice returned (cuMemFree).
 func (d *Device) FreeDevice(a device.Addr) error {
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		return d.errClosed("FreeDevice")
-	}
-	if _, ok := d.devMem[a]; !ok {
-		d.mu.Unlock()
-		return fmt.Errorf("cuda: %s: FreeDevice(%#x): not an allocation of this device", d, uint64(a))
-	}
-	delete(d.devMem, a)
-	d.mu.Unlock()
+	return vendorkit.FreeDevice(&d.core, d.devMem, a, d.freeDevice)
+}
+
+func (d *Device) freeDevice(a device.Addr, _ uint64) error {
 	if rc := C.stage_mem_free(d.lib.c, d.ctx, C.CUdeviceptr(a)); rc != 0 {
 		return d.lib.check(rc, "cuMemFree(%#x)", uint64(a))
 	}
 	return nil
 }
 
-// Export shares the allocation holding addr by its legacy IPC handle
-// (device.HandleCUDAIPC): it finds the allocation's base
-// (cuMemGetAddressRange), exports the base (cuIpcGetMemHandle), and returns
-// addr's offset inside it and the allocation's size. The importer opens the
-// handle to the base and adds the offset back. CUDA IPC handles cannot be
-// limited to some processes: importers are ignored.
-func (d *Device) Export(addr device.Addr, importers ...int32) (device.Export, error) {
-	if d.closed.Load() {
-		return device.Export{}, d.errClosed("Export")
-	}
-	var b C.CUdeviceptr
-	var n C.size_t
-	if rc := C.stage_mem_range(d.lib.c, d.ctx, C.CUdeviceptr(addr), &b, &n); rc != 0 {
-		return device.Export{}, d.lib.check(rc, "cuMemGetAddressRange(%#x)", uint64(addr))
-	}
-	var handle [64]byte
-	if rc := C.stage_ipc_get(d.lib.c, d.ctx, b, (*C.char)(unsafe.Pointer(&handle[0]))); rc != 0 {
-		return device.Export{}, d.lib.check(rc, "cuIpcGetMemHandle(base %#x of %#x)", uint64(b), uint64(addr))
-	}
-	h := device.Handle{Kind: device.HandleCUDAIPC, Bytes: handle[:], Size: uint64(n), FD: -1}
-	return device.Export{Handle: h, Base: device.Addr(b), Offset: uint64(addr) - uint64(b)}, nil
-}
-
-var _ device.Exporter = (*Device)(nil)
-
 // CopyHtoD copies src to device address dst and waits (cuMemcpyHtoD).
 func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
-	if len(src) == 0 {
-		return nil
-	}
-	if d.closed.Load() {
-		return d.errClosed("CopyHtoD")
-	}
+	return vendorkit.CopyHtoD(&d.core, dst, src, d.htod)
+}
+
+func (d *Device) htod(dst device.Addr, src []byte) error {
 	if rc := C.stage_copy_htod(d.lib.c, d.ctx, C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))); rc != 0 {
 		return d.lib.check(rc, "cuMemcpyHtoD(%d B to %#x)", len(src), uint64(dst))
 	}
@@ -97,12 +59,10 @@ func (d *Device) CopyHtoD(dst device.Addr, src []byte) error {
 // CopyDtoH copies len(dst) bytes from device address src into dst and waits
 // (cuMemcpyDtoH).
 func (d *Device) CopyDtoH(dst []byte, src device.Addr) error {
-	if len(dst) == 0 {
-		return nil
-	}
-	if d.closed.Load() {
-		return d.errClosed("CopyDtoH")
-	}
+	return vendorkit.CopyDtoH(&d.core, dst, src, d.dtoh)
+}
+
+func (d *Device) dtoh(dst []byte, src device.Addr) error {
 	if rc := C.stage_copy_dtoh(d.lib.c, d.ctx, unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst))); rc != 0 {
 		return d.lib.check(rc, "cuMemcpyDtoH(%d B from %#x)", len(dst), uint64(src))
 	}
@@ -133,8 +93,8 @@ func (d *Device) VMMAlloc(n uint64) (*VMMAlloc, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("cuda: %s: VMMAlloc(0): size must be positive", d)
 	}
-	if d.closed.Load() {
-		return nil, d.errClosed("VMMAlloc")
+	if err := d.core.Check("VMMAlloc"); err != nil {
+		return nil, err
 	}
 	if !d.lib.vmm {
 		return nil, fmt.Errorf("cuda: %s: VMMAlloc: %s: %w", d, d.lib.vmmWhy, device.ErrNotSupported)
@@ -151,9 +111,9 @@ func (d *Device) VMMAlloc(n uint64) (*VMMAlloc, error) {
 			return nil, fmt.Errorf("%w (after fabric handles were refused: %v)", err, v.fabricErr)
 		}
 	}
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmAllocs++
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	return v, nil
 }
 
@@ -163,7 +123,7 @@ func (v *VMMAlloc) create(n uint64, types int) error {
 	var step C.int
 	var h C.CUmemGenericAllocationHandle
 	var p C.CUdeviceptr
-	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.ordinal), C.int(types), -1, &size, &h, &p, &step); rc != 0 {
+	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.Ordinal()), C.int(types), -1, &size, &h, &p, &step); rc != 0 {
 		return d.lib.check(rc, "%s(%d B, handle types %s)", stepName(step), n, handleTypesString(types))
 	}
 	v.handle, v.addr, v.size = h, device.Addr(p), uint64(size)
@@ -206,8 +166,8 @@ func (v *VMMAlloc) ExportFD() (int, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := v.d
-	if v.freed || d.closed.Load() {
-		return -1, d.errClosed("VMMAlloc.ExportFD")
+	if v.freed || d.core.IsClosed() {
+		return -1, d.core.ErrClosed("VMMAlloc.ExportFD")
 	}
 	var fd C.int
 	if rc := C.stage_vmm_export_fd(d.lib.c, d.ctx, v.handle, &fd); rc != 0 {
@@ -222,13 +182,13 @@ func (v *VMMAlloc) Free() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := v.d
-	if v.freed || d.closed.Load() {
-		return d.errClosed("VMMAlloc.Free")
+	if v.freed || d.core.IsClosed() {
+		return d.core.ErrClosed("VMMAlloc.Free")
 	}
 	v.freed = true
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	d.vmmAllocs--
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	var step C.int
 	if rc := C.stage_vmm_teardown(d.lib.c, d.ctx, C.CUdeviceptr(v.addr), C.size_t(v.size), v.handle, &step); rc != 0 {
 		return d.lib.check(rc, "%s(%#x, %d B)", stepName(step), uint64(v.addr), v.size)

@@ -3,6 +3,7 @@ package cuda
 import (
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/internal/dl"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // CUresult values stage reacts to.
@@ -31,14 +32,10 @@ func (e *Error) Error() string { return dl.ErrorText("cuda", e.Op, e.Name, e.Msg
 // Is maps CUresults onto device's sentinels: out of memory onto
 // ErrOutOfMemory, not supported and not permitted onto ErrNotSupported, not
 // ready onto ErrNotReady.
-func (e *Error) Is(target error) bool {
-	switch target {
-	case device.ErrOutOfMemory:
-		return e.Code == codeOutOfMemory
-	case device.ErrNotSupported:
-		return e.Code == codeNotSupported || e.Code == codeNotPermitted
-	case device.ErrNotReady:
-		return e.Code == codeNotReady
-	}
-	return false
+func (e *Error) Is(target error) bool { return sentinels.Is(e.Code, target) }
+
+var sentinels = vendorkit.Codes{
+	{Err: device.ErrOutOfMemory, Codes: []int{codeOutOfMemory}},
+	{Err: device.ErrNotSupported, Codes: []int{codeNotSupported, codeNotPermitted}},
+	{Err: device.ErrNotReady, Codes: []int{codeNotReady}},
 }

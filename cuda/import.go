@@ -7,11 +7,11 @@ import "C"
 
 import (
 	"fmt"
-	"sync"
 	"syscall"
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // VMM handle types (CUmemAllocationHandleType).
@@ -56,8 +56,8 @@ func stepName(step C.int) string {
 // counts references (an allocation's legacy IPC handle can be open only once
 // per process).
 func (d *Device) Import(h device.Handle) (device.Mapping, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("Import")
+	if err := d.core.Check("Import"); err != nil {
+		return nil, err
 	}
 	if h.Size == 0 {
 		return nil, fmt.Errorf("cuda: %s: import %s: size 0: %w", d, h.Kind, device.ErrBadHandle)
@@ -77,9 +77,7 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.mappings++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Mappings, 1)
 	return m, nil
 }
 
@@ -118,7 +116,7 @@ func (d *Device) importFD(h device.Handle) (*mapping, error) {
 	var ah C.CUmemGenericAllocationHandle
 	var p C.CUdeviceptr
 	var step C.int
-	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.ordinal), HandleTypePosixFD, C.int(h.FD), &size, &ah, &p, &step); rc != 0 {
+	if rc := C.stage_vmm_setup(d.lib.c, d.ctx, C.int(d.Ordinal()), HandleTypePosixFD, C.int(h.FD), &size, &ah, &p, &step); rc != 0 {
 		return nil, d.lib.check(rc, "%s(import fd %d, %d B)", stepName(step), h.FD, h.Size)
 	}
 	return &mapping{d: d, kind: h.Kind, base: device.Addr(p), size: h.Size, vmmHandle: ah, vmmSize: size}, nil
@@ -165,8 +163,7 @@ type mapping struct {
 	vmmSize   C.size_t                       // posix-fd: size mapped (granularity-aligned)
 	host      []byte                         // memfd: the mmap'd pages
 
-	mu     sync.Mutex
-	closed bool
+	gate vendorkit.Gate
 }
 
 func (m *mapping) Base() device.Addr { return m.base }
@@ -175,16 +172,12 @@ func (m *mapping) Size() uint64      { return m.size }
 // Close unmaps the allocation: cuIpcCloseMemHandle, or unmap + address free
 // + release for a VMM import, or unregister + munmap for a memfd.
 func (m *mapping) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	return m.gate.Close(&m.d.core, "Mapping.Close", &m.d.core.Mappings, m.release)
+}
+
+// release is Close's unmapping, by the kind of import.
+func (m *mapping) release() error {
 	d := m.d
-	if m.closed || d.closed.Load() {
-		return d.errClosed("Mapping.Close")
-	}
-	m.closed = true
-	d.mu.Lock()
-	d.mappings--
-	d.mu.Unlock()
 	l := d.lib
 	switch m.kind {
 	case device.HandleCUDAIPC:

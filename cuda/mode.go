@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // CopyMode says how a Stream moves a chunk made of several segments. A chunk
@@ -26,13 +27,7 @@ const (
 // ParseCopyMode reads a mode name as device.cuda.copy_mode spells it; ""
 // and "auto" mean CopyAuto.
 func ParseCopyMode(s string) (CopyMode, error) {
-	switch s {
-	case "", "auto":
-		return CopyAuto, nil
-	case "kernel", "batch", "percopy":
-		return CopyMode(s), nil
-	}
-	return "", fmt.Errorf("cuda: copy mode %q: want kernel, batch, percopy or auto", s)
+	return vendorkit.ParseMode[CopyMode]("cuda", s, "kernel", "batch", "percopy")
 }
 
 // chooseCopyMode decides the mode of a device from what is available:

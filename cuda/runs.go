@@ -5,6 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // GatherRuns enqueues a copy of runs, in order, into dst contiguously
@@ -26,23 +27,22 @@ func (s *Stream) ScatterRuns(runs []device.Run, src device.Pinned) error {
 func (s *Stream) moveRuns(gather bool, p device.Pinned, runs []device.Run) error {
 	total, strided, err := checkRuns(runs)
 	if err != nil {
-		return fmt.Errorf("cuda: %s: %sRuns: %w", s.d, opName(gather), err)
+		return fmt.Errorf("cuda: %s: %sRuns: %w", s.d, vendorkit.OpName(gather), err)
 	}
 	if total != uint64(p.Len()) {
-		return fmt.Errorf("cuda: %s: %sRuns: runs add up to %d B, pinned buffer is %d B", s.d, opName(gather), total, p.Len())
+		return fmt.Errorf("cuda: %s: %sRuns: runs add up to %d B, pinned buffer is %d B", s.d, vendorkit.OpName(gather), total, p.Len())
 	}
 	if !strided || s.d.fnStrided == nil || s.d.mode != CopyKernel || p.DeviceAddr() == 0 {
 		// Whole segments (a contiguous layout's block runs) keep the
 		// plain path and its figures.
 		return s.move(gather, p, device.AppendRunSegs(make([]device.Seg, 0, len(runs)), runs))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed(opName(gather) + "Runs")
+	if err := s.gate.Enter(&s.d.core, vendorkit.OpName(gather)+"Runs"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	ri, cur, pinned := 0, runCursor{}, uint64(p.DeviceAddr())
-	return s.kernelRun(dirName(gather)+" runs",
+	return s.kernelRun(vendorkit.DirName(gather)+" runs",
 		func() bool { return ri < len(runs) },
 		func(sl *ringSlot) (int, bool) {
 			n := 0

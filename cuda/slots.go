@@ -26,8 +26,8 @@ func (d *Device) AllocSlots(size, n int) ([]device.Pinned, error) {
 	if size <= 0 || n <= 0 || size > math.MaxInt/n {
 		return nil, fmt.Errorf("cuda: %s: AllocSlots(%d x %d B): sizes must be positive and fit an int", d, n, size)
 	}
-	if d.closed.Load() {
-		return nil, d.errClosed("AllocSlots")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("AllocSlots")
 	}
 	b, err := pagemap.Map(size * n)
 	if err != nil {
@@ -45,9 +45,9 @@ func (d *Device) AllocSlots(size, n int) ([]device.Pinned, error) {
 		}
 		slots = append(slots, p)
 	}
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	d.slabs[pagemap.Addr(b)] = slotSlab{b: b, slot: size}
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	return slots, nil
 }
 
@@ -61,9 +61,9 @@ func (d *Device) RenewSlot(slot device.Pinned) (device.Pinned, error) {
 	defer d.slotMu.Unlock()
 	h := slot.Host()
 	a := pagemap.Addr(h)
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	sl, ok := d.slabOf(a)
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	if !ok || (a-pagemap.Addr(sl.b))%uintptr(sl.slot) != 0 || len(h) != sl.slot {
 		return device.Pinned{}, fmt.Errorf("cuda: %s: RenewSlot(%#x, %d B): not a whole slot of an AllocSlots slab: %w", d, a, len(h), device.ErrBadHandle)
 	}
@@ -88,20 +88,20 @@ func (d *Device) FreeSlots(slots []device.Pinned) error {
 		return fmt.Errorf("cuda: %s: FreeSlots: no slots", d)
 	}
 	a := pagemap.Addr(slots[0].Host())
-	d.mu.Lock()
+	d.core.Mu.Lock()
 	sl, ok := d.slabs[a]
 	if !ok || sl.slot*len(slots) != len(sl.b) {
-		d.mu.Unlock()
+		d.core.Mu.Unlock()
 		return fmt.Errorf("cuda: %s: FreeSlots(%#x, %d slots): not every slot of an AllocSlots slab (freed twice?): %w", d, a, len(slots), device.ErrBadHandle)
 	}
 	delete(d.slabs, a)
-	d.mu.Unlock()
+	d.core.Mu.Unlock()
 	var errs []error
 	for _, p := range slots {
-		d.mu.Lock()
+		d.core.Mu.Lock()
 		rec, reg := d.pinned[pagemap.Addr(p.Host())]
-		d.mu.Unlock()
-		if reg && rec.registered {
+		d.core.Mu.Unlock()
+		if reg && rec.Rec {
 			errs = append(errs, d.UnregisterHost(p))
 		}
 	}

@@ -7,11 +7,11 @@ import "C"
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/stage-kv/stage/cuda/kernels"
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Descriptor ring sizing (per stream, kernel mode).
@@ -27,11 +27,10 @@ type Stream struct {
 	d *Device
 	s C.CUstream
 
-	mu     sync.Mutex
-	closed bool
-	ring   *descRing
-	slots  []slotRes
-	sc     *C.stage_scratch
+	gate  vendorkit.Gate
+	ring  *descRing
+	slots []slotRes
+	sc    *C.stage_scratch
 
 	stridedLaunches int // launches of the strided kernel, for tests
 }
@@ -54,41 +53,16 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 	return s.move(false, src, segs)
 }
 
-func opName(gather bool) string {
-	if gather {
-		return "Gather"
-	}
-	return "Scatter"
+func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
 }
 
-func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	var total uint64
-	nz, last := 0, -1
-	for i, sg := range segs {
-		if sg.Len == 0 {
-			continue
-		}
-		if total+sg.Len < total || uint64(sg.Addr)+sg.Len < uint64(sg.Addr) {
-			return fmt.Errorf("cuda: %s: %s: segment %d (%#x, %d B) overflows", s.d, opName(gather), i, sg.Addr, sg.Len)
-		}
-		total += sg.Len
-		nz++
-		last = i
-	}
-	if total != uint64(p.Len()) {
-		return fmt.Errorf("cuda: %s: %s: segments add up to %d B, pinned buffer is %d B", s.d, opName(gather), total, p.Len())
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed(opName(gather))
-	}
-	if total == 0 {
-		return nil
-	}
+// enqueue issues a checked move's copies (the gate held).
+func (s *Stream) enqueue(mv vendorkit.Move) error {
+	gather, p, segs := mv.Gather, mv.Pinned, mv.Segs
 	host := uintptr(unsafe.Pointer(&p.Host()[0]))
-	if nz == 1 {
-		sg := segs[last]
+	if mv.NonEmpty == 1 {
+		sg := segs[mv.Last]
 		return s.copy1(gather, host, sg.Addr, sg.Len)
 	}
 	mode := s.d.mode
@@ -99,7 +73,7 @@ func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
 	case CopyKernel:
 		return s.kernelMove(gather, uint64(p.DeviceAddr()), segs)
 	default:
-		return s.listMove(gather, mode, host, segs, nz, total)
+		return s.listMove(gather, mode, host, segs, mv.NonEmpty, mv.Total)
 	}
 }
 
@@ -124,11 +98,11 @@ func (s *Stream) listMove(gather bool, mode CopyMode, host uintptr, segs []devic
 	if s.sc == nil {
 		s.sc = C.stage_scratch_new()
 		if s.sc == nil {
-			return fmt.Errorf("cuda: %s: %s: out of host memory for copy descriptors", s.d, opName(gather))
+			return s.d.core.Errorf("%s: out of host memory for copy descriptors", vendorkit.OpName(gather))
 		}
 	}
 	if C.stage_scratch_reserve(s.sc, C.size_t(nz)) != 0 {
-		return fmt.Errorf("cuda: %s: %s: out of host memory for %d copy descriptors", s.d, opName(gather), nz)
+		return s.d.core.Errorf("%s: out of host memory for %d copy descriptors", vendorkit.OpName(gather), nz)
 	}
 	dsts := unsafe.Slice(s.sc.dsts, nz)
 	srcs := unsafe.Slice(s.sc.srcs, nz)
@@ -150,7 +124,7 @@ func (s *Stream) listMove(gather bool, mode CopyMode, host uintptr, segs []devic
 	}
 	if mode == CopyBatch {
 		if rc := C.stage_batch(l.c, s.d.ctx, s.sc, C.size_t(nz), s.s); rc != 0 {
-			return l.check(rc, "cuMemcpyBatchAsync(%d copies, %d B, %s)%s", nz, total, dirName(gather), s.failAt(nz))
+			return l.check(rc, "cuMemcpyBatchAsync(%d copies, %d B, %s)%s", nz, total, vendorkit.DirName(gather), s.failAt(nz))
 		}
 		return nil
 	}
@@ -179,13 +153,6 @@ func (s *Stream) failAt(n int) string {
 	return fmt.Sprintf(" [copy %d: %d B %#x -> %#x]", k+1, uint64(sizes[k]), uint64(srcs[k]), uint64(dsts[k]))
 }
 
-func dirName(gather bool) string {
-	if gather {
-		return "D2H"
-	}
-	return "H2D"
-}
-
 // kernelMove writes descriptors into ring slots (host-mapped, so the kernel
 // reads them where they are) and launches a copy kernel once per slot,
 // recording the slot's event behind each launch. Where the device has the
@@ -194,7 +161,7 @@ func dirName(gather bool) string {
 // one is refilled with plain descriptors instead.
 func (s *Stream) kernelMove(gather bool, pinned uint64, segs []device.Seg) error {
 	si, so := 0, uint64(0)
-	return s.kernelRun(dirName(gather)+" segments",
+	return s.kernelRun(vendorkit.DirName(gather)+" segments",
 		func() bool { return si < len(segs) },
 		func(sl *ringSlot) (n int, strided bool) {
 			if s.d.fnStrided != nil {
@@ -317,11 +284,10 @@ func (s *Stream) Record(ev device.Event) error {
 	if !ok || e.d != s.d {
 		return fmt.Errorf("cuda: %s: Record: event %T is not an event of this device", s.d, ev)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Record")
+	if err := s.gate.Enter(&s.d.core, "Record"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	if rc := C.stage_event_record(s.d.lib.c, s.d.ctx, e.e, s.s); rc != 0 {
 		return s.d.lib.check(rc, "cuEventRecord")
 	}
@@ -331,11 +297,10 @@ func (s *Stream) Record(ev device.Event) error {
 // Synchronize waits for all enqueued work (cuStreamSynchronize). It blocks
 // the calling OS thread.
 func (s *Stream) Synchronize() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Synchronize")
+	if err := s.gate.Enter(&s.d.core, "Synchronize"); err != nil {
+		return err
 	}
+	defer s.gate.Leave()
 	if rc := C.stage_stream_sync(s.d.lib.c, s.d.ctx, s.s); rc != 0 {
 		return s.d.lib.check(rc, "cuStreamSynchronize")
 	}
@@ -345,12 +310,11 @@ func (s *Stream) Synchronize() error {
 // Close waits for the stream's work, frees its descriptor ring and scratch
 // and destroys it.
 func (s *Stream) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.d.closed.Load() {
-		return s.d.errClosed("Stream.Close")
-	}
-	s.closed = true
+	return s.gate.Close(&s.d.core, "Stream.Close", &s.d.core.Streams, s.destroy)
+}
+
+// destroy is Close's part in the driver (the gate held).
+func (s *Stream) destroy() error {
 	l := s.d.lib
 	var first error
 	if rc := C.stage_stream_sync(l.c, s.d.ctx, s.s); rc != 0 {
@@ -369,25 +333,21 @@ func (s *Stream) Close() error {
 	if rc := C.stage_stream_destroy(l.c, s.d.ctx, s.s); rc != 0 && first == nil {
 		first = l.check(rc, "cuStreamDestroy")
 	}
-	s.d.mu.Lock()
-	s.d.streams--
-	s.d.mu.Unlock()
 	return first
 }
 
 // Event is a CUDA event without timing (device.Event).
 type Event struct {
-	d      *Device
-	e      C.CUevent
-	mu     sync.Mutex
-	closed bool
+	d    *Device
+	e    C.CUevent
+	gate vendorkit.Gate
 }
 
 // Query reports whether the work before the event is done (cuEventQuery;
 // CUDA_ERROR_NOT_READY means not yet) and that work's error if it failed.
 func (e *Event) Query() (bool, error) {
-	if e.d.closed.Load() {
-		return false, e.d.errClosed("Event.Query")
+	if err := e.d.core.Check("Event.Query"); err != nil {
+		return false, err
 	}
 	rc := C.stage_event_query(e.d.lib.c, e.d.ctx, e.e)
 	switch rc {
@@ -403,8 +363,8 @@ func (e *Event) Query() (bool, error) {
 // and returns its error: cuEventSynchronize, after polling for a while
 // when the device waits in WaitHybrid mode (see EventWait).
 func (e *Event) Wait() error {
-	if e.d.closed.Load() {
-		return e.d.errClosed("Event.Wait")
+	if err := e.d.core.Check("Event.Wait"); err != nil {
+		return err
 	}
 	if rc := C.stage_event_wait(e.d.lib.c, e.d.ctx, e.e, C.int64_t(e.d.wait.spin())); rc != 0 {
 		return e.d.lib.check(rc, "cuEventSynchronize (wait %s)", e.d.wait)
@@ -414,19 +374,12 @@ func (e *Event) Wait() error {
 
 // Close destroys the event.
 func (e *Event) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || e.d.closed.Load() {
-		return e.d.errClosed("Event.Close")
-	}
-	e.closed = true
-	e.d.mu.Lock()
-	e.d.events--
-	e.d.mu.Unlock()
-	if rc := C.stage_event_destroy(e.d.lib.c, e.d.ctx, e.e); rc != 0 {
-		return e.d.lib.check(rc, "cuEventDestroy")
-	}
-	return nil
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
+		if rc := C.stage_event_destroy(e.d.lib.c, e.d.ctx, e.e); rc != 0 {
+			return e.d.lib.check(rc, "cuEventDestroy")
+		}
+		return nil
+	})
 }
 
 // The same-node paths: ipc copies with CopyDtoD, shm pins the shared ring.

@@ -10,11 +10,10 @@ import (
 	"fmt"
 	"log"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 func init() {
@@ -43,21 +42,16 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// Open opens GPU ordinal as opts.Backend (a Config; nil: the defaults)
-// configures it; it is the opener registered with device.Register, and
-// config.Device.Options builds its Config from device.hip.*. The runtime is
-// loaded on the first call, never at init.
+// Open is the opener registered with device.Register: GPU ordinal as
+// opts.Backend (a Config built from device.hip.*; nil: the defaults) says.
+// The runtime is loaded on the first call, never at init.
 func Open(ordinal int, opts device.Options) (device.Device, error) {
 	return device.OpenAs(device.KindHIP, ordinal, opts, OpenDevice)
 }
 
 // OpenDevice opens GPU ordinal with SharedLibrary(cfg.Library).
 func OpenDevice(ordinal int, cfg Config) (*Device, error) {
-	l, err := SharedLibrary(cfg.Library)
-	if err != nil {
-		return nil, err
-	}
-	return l.OpenDevice(ordinal, cfg)
+	return vendorkit.OpenShared(ordinal, cfg, cfg.Library, SharedLibrary, (*Library).OpenDevice)
 }
 
 // Device is one AMD GPU as HIP numbers it in this process (after
@@ -65,19 +59,15 @@ func OpenDevice(ordinal int, cfg Config) (*Device, error) {
 // plus IPC export for engines and tests (Export, AllocDevice, ...). Safe
 // for concurrent use.
 type Device struct {
-	lib     *Library
-	ordinal int
-	logf    func(string, ...any)
+	core vendorkit.Core // name, closed flag, lock (Mu), counts
 
-	closed atomic.Bool
+	lib  *Library
+	logf func(string, ...any)
 
-	mu      sync.Mutex
-	pinned  map[uintptr]int         // host address -> size
+	// Guarded by Core.Mu.
+	pinned  vendorkit.Pins[struct{}]
 	devMem  map[device.Addr]uint64  // AllocDevice allocations
 	imports map[ipcKey]*importEntry // open IPC handles, by handle bytes
-	streams int
-	events  int
-	maps    int // Mapping values not yet closed
 }
 
 // OpenDevice initializes the runtime (hipInit, once per Library) and checks
@@ -96,12 +86,12 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 	}
 	d := &Device{
 		lib:     l,
-		ordinal: ordinal,
 		logf:    cfg.Logf,
-		pinned:  map[uintptr]int{},
+		pinned:  vendorkit.Pins[struct{}]{},
 		devMem:  map[device.Addr]uint64{},
 		imports: map[ipcKey]*importEntry{},
 	}
+	d.core.Init("hip", ordinal)
 	if d.logf == nil {
 		d.logf = log.Printf
 	}
@@ -115,31 +105,24 @@ func (l *Library) OpenDevice(ordinal int, cfg Config) (*Device, error) {
 func (d *Device) Kind() device.Kind { return device.KindHIP }
 
 // Ordinal returns the HIP device id.
-func (d *Device) Ordinal() int { return d.ordinal }
+func (d *Device) Ordinal() int { return d.core.Ordinal() }
 
 // String returns "hip:N".
-func (d *Device) String() string { return fmt.Sprintf("hip:%d", d.ordinal) }
+func (d *Device) String() string { return d.core.String() }
 
 // Library returns the library the device was opened from.
 func (d *Device) Library() *Library { return d.lib }
 
-func (d *Device) errClosed(op string) error {
-	return fmt.Errorf("hip: %s: %s: %w", d, op, device.ErrClosed)
-}
-
 // dev is the ordinal as the trampolines take it.
-func (d *Device) dev() C.int { return C.int(d.ordinal) }
+func (d *Device) dev() C.int { return C.int(d.Ordinal()) }
 
 // AllocPinned allocates n bytes of page-locked host memory with
 // hipHostMalloc(PORTABLE|MAPPED) and reads the device view of the same pages
 // with hipHostGetDevicePointer. Copies take the host view; the device view
 // is for kernels and NICs.
 func (d *Device) AllocPinned(n int) (device.Pinned, error) {
-	if n <= 0 {
-		return device.Pinned{}, fmt.Errorf("hip: %s: AllocPinned(%d): size must be positive", d, n)
-	}
-	if d.closed.Load() {
-		return device.Pinned{}, d.errClosed("AllocPinned")
+	if err := vendorkit.Positive(&d.core, "AllocPinned", n); err != nil {
+		return device.Pinned{}, err
 	}
 	var host unsafe.Pointer
 	var dev C.uintptr_t
@@ -155,38 +138,19 @@ func (d *Device) AllocPinned(n int) (device.Pinned, error) {
 		}
 		return device.Pinned{}, err
 	}
-	d.mu.Lock()
-	d.pinned[uintptr(host)] = n
-	d.mu.Unlock()
-	return device.NewPinned(unsafe.Slice((*byte)(host), n), device.Addr(dev)), nil
+	b := unsafe.Slice((*byte)(host), n)
+	d.pinned.Add(&d.core, b, struct{}{})
+	return device.NewPinned(b, device.Addr(dev)), nil
 }
 
 // FreePinned frees (hipHostFree) a buffer AllocPinned returned, the whole
 // buffer.
 func (d *Device) FreePinned(p device.Pinned) error {
-	h := p.Host()
-	if len(h) == 0 {
-		return fmt.Errorf("hip: %s: FreePinned: empty buffer", d)
+	key, rec, err := vendorkit.TakePin(&d.core, d.pinned, "FreePinned", p.Host(), nil)
+	if err != nil {
+		return err
 	}
-	host := unsafe.Pointer(&h[0])
-	key := uintptr(host)
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		return d.errClosed("FreePinned")
-	}
-	n, ok := d.pinned[key]
-	switch {
-	case !ok:
-		d.mu.Unlock()
-		return fmt.Errorf("hip: %s: FreePinned(%#x): not a buffer of this device", d, key)
-	case n != len(h):
-		d.mu.Unlock()
-		return fmt.Errorf("hip: %s: FreePinned(%#x): got %d B, the buffer is %d B (pass the whole buffer, not a slice)", d, key, len(h), n)
-	}
-	delete(d.pinned, key)
-	d.mu.Unlock()
-	return d.lib.check(C.sthip_host_free(d.lib.c, d.dev(), host), "hipHostFree(%#x, %d B)", key, n)
+	return d.lib.check(C.sthip_host_free(d.lib.c, d.dev(), unsafe.Pointer(&p.Host()[0])), "hipHostFree(%#x, %d B)", key, rec.N)
 }
 
 // NewStream creates a copy stream (hipStreamCreateWithFlags, NonBlocking:
@@ -202,45 +166,41 @@ func (d *Device) NewStream() (device.Stream, error) {
 
 // NewHIPStream is NewStream returning the concrete type.
 func (d *Device) NewHIPStream() (*Stream, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewStream")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewStream")
 	}
 	var s C.hipStream_t
 	if err := d.lib.check(C.sthip_stream_create(d.lib.c, d.dev(), streamNonBlocking, &s), "hipStreamCreateWithFlags(NonBlocking)"); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.streams++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Streams, 1)
 	return &Stream{d: d, s: s}, nil
 }
 
 // NewEvent creates an event (hipEventCreateWithFlags, DisableTiming: stage
 // only asks whether work is done, and timing costs a timestamp per record).
 func (d *Device) NewEvent() (device.Event, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("NewEvent")
+	if d.core.IsClosed() {
+		return nil, d.core.ErrClosed("NewEvent")
 	}
 	var e C.hipEvent_t
 	if err := d.lib.check(C.sthip_event_create(d.lib.c, d.dev(), eventDisableTiming, &e), "hipEventCreateWithFlags(DisableTiming)"); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	d.events++
-	d.mu.Unlock()
+	d.core.Count(&d.core.Events, 1)
 	return &Event{d: d, e: e}, nil
 }
 
 // EnablePeerAccess lets this device's copies reach memory of device peer
 // (hipDeviceEnablePeerAccess). Access already enabled (704) is success.
 func (d *Device) EnablePeerAccess(peer int) error {
-	if d.closed.Load() {
-		return d.errClosed("EnablePeerAccess")
+	if err := d.core.Check("EnablePeerAccess"); err != nil {
+		return err
 	}
 	if d.lib.c.hipDeviceEnablePeerAccess == nil {
 		return fmt.Errorf("hip: %s: EnablePeerAccess(%d): %s lacks hipDeviceEnablePeerAccess: %w", d, peer, d.lib.Path(), device.ErrNotSupported)
 	}
-	err := d.lib.check(C.sthip_enable_peer(d.lib.c, d.dev(), C.int(peer)), "hipDeviceEnablePeerAccess(peer %d, from %d)", peer, d.ordinal)
+	err := d.lib.check(C.sthip_enable_peer(d.lib.c, d.dev(), C.int(peer)), "hipDeviceEnablePeerAccess(peer %d, from %d)", peer, d.Ordinal())
 	if code(err) == codePeerAlreadyEnabled {
 		return nil
 	}
@@ -249,19 +209,13 @@ func (d *Device) EnablePeerAccess(peer int) error {
 
 // openResources says what is still open, e.g. "1 stream, 2 pinned buffers".
 func (d *Device) openResources() string {
-	var parts []string
-	add := func(n int, what string) {
-		if n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, what))
-		}
-	}
-	add(d.streams, "stream(s)")
-	add(d.events, "event(s)")
-	add(len(d.pinned), "pinned buffer(s)")
-	add(d.maps, "mapping(s)")
-	add(len(d.imports), "open IPC handle(s)")
-	add(len(d.devMem), "device allocation(s)")
-	return strings.Join(parts, ", ")
+	return vendorkit.Open(
+		vendorkit.Item{N: d.core.Streams, One: "stream(s)", Many: "stream(s)"},
+		vendorkit.Item{N: d.core.Events, One: "event(s)", Many: "event(s)"},
+		vendorkit.Item{N: len(d.pinned), One: "pinned buffer(s)", Many: "pinned buffer(s)"},
+		vendorkit.Item{N: d.core.Mappings, One: "mapping(s)", Many: "mapping(s)"},
+		vendorkit.Item{N: len(d.imports), One: "open IPC handle(s)", Many: "open IPC handle(s)"},
+		vendorkit.Item{N: len(d.devMem), One: "device allocation(s)", Many: "device allocation(s)"})
 }
 
 // Close releases the device. Streams, events, pinned buffers, mappings and
@@ -269,14 +223,9 @@ func (d *Device) openResources() string {
 // that were not (their Close then returns device.ErrClosed). HIP keeps no
 // per-device state of ours to release: the runtime stays loaded.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed.Load() {
-		return d.errClosed("Close")
+	leaks, err := d.core.Shut(d.openResources)
+	if err != nil {
+		return err
 	}
-	d.closed.Store(true)
-	if leaks := d.openResources(); leaks != "" {
-		return fmt.Errorf("hip: %s: Close with resources still open: %s", d, leaks)
-	}
-	return nil
+	return d.core.Leaked(leaks)
 }

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 func TestPinnedBothAddresses(t *testing.T) {
@@ -397,15 +398,13 @@ func TestCloseReportsLeaks(t *testing.T) {
 	// The fake still holds them: release them behind the closed device so
 	// the leak check passes.
 	reopen := openDev(t, l, 0)
-	reopen.mu.Lock()
-	reopen.pinned[uintptr(unsafe.Pointer(&p.Host()[0]))] = p.Len()
-	reopen.streams++
-	reopen.mu.Unlock()
+	reopen.pinned.Add(&reopen.core, p.Host(), struct{}{})
+	reopen.core.Count(&reopen.core.Streams, 1)
 	if err := reopen.FreePinned(p); err != nil {
 		t.Error(err)
 	}
 	s.(*Stream).d = reopen
-	s.(*Stream).closed = false
+	s.(*Stream).gate = vendorkit.Gate{}
 	if err := s.Close(); err != nil {
 		t.Error(err)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/internal/dl"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // hipError_t values stage reacts to (hip/hip_runtime_api.h; they follow
@@ -41,16 +42,12 @@ func (e *Error) Error() string { return dl.ErrorText("hip", e.Op, e.Name, e.Msg)
 // Is maps hipError_t values onto device's sentinels: out of memory onto
 // ErrOutOfMemory, not supported (and peer access unsupported) onto
 // ErrNotSupported, not ready onto ErrNotReady.
-func (e *Error) Is(target error) bool {
-	switch target {
-	case device.ErrOutOfMemory:
-		return e.Code == codeOutOfMemory
-	case device.ErrNotSupported:
-		return e.Code == codeNotSupported || e.Code == codePeerUnsupported
-	case device.ErrNotReady:
-		return e.Code == codeNotReady
-	}
-	return false
+func (e *Error) Is(target error) bool { return sentinels.Is(e.Code, target) }
+
+var sentinels = vendorkit.Codes{
+	{Err: device.ErrOutOfMemory, Codes: []int{codeOutOfMemory}},
+	{Err: device.ErrNotSupported, Codes: []int{codeNotSupported, codePeerUnsupported}},
+	{Err: device.ErrNotReady, Codes: []int{codeNotReady}},
 }
 
 // code returns err's hipError_t, or 0 when err is not an *Error.

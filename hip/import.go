@@ -9,10 +9,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // IPC with the sub-allocation offset.
@@ -27,37 +27,6 @@ import (
 
 // ipcKey is a handle's bytes: the identity of an allocation in the cache.
 type ipcKey [ipcHandleSize]byte
-
-// Export shares the allocation holding ptr, any device pointer of this
-// device (interior ones included, and memory this package did not
-// allocate), by its IPC handle (device.HandleHIPIPC): hipMemGetAddressRange
-// finds the allocation's base and size, hipIpcGetMemHandle exports the
-// BASE, and the result carries Offset = ptr - base. HIP IPC handles cannot
-// be limited to some processes: importers are ignored.
-func (d *Device) Export(ptr device.Addr, importers ...int32) (device.Export, error) {
-	if d.closed.Load() {
-		return device.Export{}, d.errClosed("Export")
-	}
-	l := d.lib
-	var base C.uintptr_t
-	var size C.size_t
-	if err := l.check(C.sthip_mem_range(l.c, d.dev(), C.uintptr_t(ptr), &base, &size), "hipMemGetAddressRange(%#x)", uint64(ptr)); err != nil {
-		return device.Export{}, err
-	}
-	b, n := device.Addr(base), uint64(size)
-	if n == 0 || ptr < b || uint64(ptr-b) >= n {
-		return device.Export{}, fmt.Errorf("hip: %s: hipMemGetAddressRange(%#x) returned base %#x, %d B, which does not hold the pointer", d, uint64(ptr), uint64(b), n)
-	}
-	var handle ipcKey
-	if err := l.check(C.sthip_ipc_get(l.c, d.dev(), base, (*C.char)(unsafe.Pointer(&handle[0]))),
-		"hipIpcGetMemHandle(base %#x of %#x, %d B)", uint64(b), uint64(ptr), n); err != nil {
-		return device.Export{}, err
-	}
-	h := device.Handle{Kind: device.HandleHIPIPC, Bytes: handle[:], Size: n, FD: -1}
-	return device.Export{Handle: h, Base: b, Offset: uint64(ptr - b)}, nil
-}
-
-var _ device.Exporter = (*Device)(nil)
 
 // importEntry is one open IPC handle: opened once per device, shared by
 // every Mapping of it, closed with the last.
@@ -89,8 +58,8 @@ func (d *Device) Import(h device.Handle) (device.Mapping, error) {
 }
 
 func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
-	if d.closed.Load() {
-		return nil, d.errClosed("Import")
+	if err := d.core.Check("Import"); err != nil {
+		return nil, err
 	}
 	if h.Kind != device.HandleHIPIPC {
 		return nil, fmt.Errorf("hip: %s: import %s: %w by the hip backend (register device memory by HIP IPC handle)", d, h.Kind, device.ErrNotSupported)
@@ -103,8 +72,8 @@ func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
 	}
 	var key ipcKey
 	copy(key[:], h.Bytes)
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	e := d.imports[key]
 	if e == nil {
 		var err error
@@ -122,7 +91,7 @@ func (d *Device) importHandle(h device.Handle) (*Mapping, error) {
 		return nil, err
 	}
 	e.refs++
-	d.maps++
+	d.core.Mappings++
 	return &Mapping{d: d, e: e, size: h.Size}, nil
 }
 
@@ -161,9 +130,7 @@ type Mapping struct {
 	d    *Device
 	e    *importEntry
 	size uint64 // what this import claimed; at most e.size
-
-	mu     sync.Mutex
-	closed bool
+	gate vendorkit.Gate
 }
 
 // Base is the allocation base in this process.
@@ -175,16 +142,15 @@ func (m *Mapping) Size() uint64 { return m.size }
 // Close drops this reference; the last one closes the handle
 // (hipIpcCloseMemHandle).
 func (m *Mapping) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	d := m.d
-	if m.closed || d.closed.Load() {
-		return d.errClosed("Mapping.Close")
+	if err := m.gate.Enter(&d.core, "Mapping.Close"); err != nil {
+		return err
 	}
-	m.closed = true
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.maps--
+	defer m.gate.Leave()
+	m.gate.MarkClosed()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	d.core.Mappings--
 	m.e.refs--
 	if m.e.refs > 0 {
 		return nil

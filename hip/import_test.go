@@ -212,9 +212,9 @@ func TestImportCache(t *testing.T) {
 	if err := d.FreeDevice(a); err == nil {
 		t.Fatal("hipFree of an allocation still imported succeeded (the fake should refuse)")
 	} else {
-		d.mu.Lock()
+		d.core.Mu.Lock()
 		d.devMem[a] = 1 << 20 // FreeDevice forgot it; the fake still holds it
-		d.mu.Unlock()
+		d.core.Mu.Unlock()
 	}
 	for i, c := range []interface{ Close() error }{m1, r} {
 		if err := c.Close(); err != nil {

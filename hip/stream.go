@@ -8,10 +8,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Stream is a non-blocking HIP stream (device.Stream). Its methods may be
@@ -20,9 +20,8 @@ type Stream struct {
 	d *Device
 	s C.hipStream_t
 
-	mu     sync.Mutex
-	closed bool
-	segs   []device.Seg // merged segments of the chunk being enqueued; reused
+	gate vendorkit.Gate
+	segs []device.Seg // merged segments of the chunk being enqueued; reused
 }
 
 // Gather enqueues a copy of segs, in order, into dst contiguously (device
@@ -42,52 +41,18 @@ func (s *Stream) Scatter(segs []device.Seg, src device.Pinned) error {
 
 // begin locks the stream for op, or fails when the stream or its device
 // is closed (then unlocked).
-func (s *Stream) begin(op string) error {
-	s.mu.Lock()
-	if s.closed || s.d.closed.Load() {
-		s.mu.Unlock()
-		return s.d.errClosed(op)
-	}
-	return nil
-}
+func (s *Stream) begin(op string) error { return s.gate.Enter(&s.d.core, op) }
 
-// direction names a move for errors: the call, its kind and its verb.
-func direction(gather bool) (op, kind, prep string) {
-	if gather {
-		return "Gather", "D2H", "from"
-	}
-	return "Scatter", "H2D", "to"
-}
-
-// checkSegs adds up segs' lengths, refusing a segment whose end or whose
-// running total overflows.
-func checkSegs(op string, segs []device.Seg) (uint64, error) {
-	var total uint64
-	for i, sg := range segs {
-		if total+sg.Len < total || uint64(sg.Addr)+sg.Len < uint64(sg.Addr) {
-			return 0, fmt.Errorf("%s: segment %d (%#x, %d B) overflows", op, i, uint64(sg.Addr), sg.Len)
-		}
-		total += sg.Len
-	}
-	return total, nil
-}
+// end unlocks what begin locked.
+func (s *Stream) end() { s.gate.Leave() }
 
 func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
-	op, kind, prep := direction(gather)
-	total, err := checkSegs(op, segs)
-	if err != nil {
-		return fmt.Errorf("hip: %s: %w", s.d, err)
-	}
-	if total != uint64(p.Len()) {
-		return fmt.Errorf("hip: %s: %s: segments add up to %d B, pinned buffer is %d B", s.d, op, total, p.Len())
-	}
-	if err := s.begin(op); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	if total == 0 {
-		return nil
-	}
+	return s.gate.Move(&s.d.core, gather, p, segs, s.enqueue)
+}
+
+// enqueue issues a checked move's copies, in one cgo call (the gate held).
+func (s *Stream) enqueue(mv vendorkit.Move) error {
+	gather, p, segs := mv.Gather, mv.Pinned, mv.Segs
 	s.segs = merge(s.segs[:0], segs)
 	host := uintptr(unsafe.Pointer(&p.Host()[0]))
 	ck := C.int(2) // hipMemcpyDeviceToHost
@@ -106,7 +71,11 @@ func (s *Stream) move(gather bool, p device.Pinned, segs []device.Seg) error {
 		i = len(s.segs) - 1
 	}
 	sg := s.segs[i]
-	what := fmt.Sprintf("hipMemcpyAsync(%s, %d B %s %#x) [copy %d of %d, %s of %d B]", kind, sg.Len, prep, uint64(sg.Addr), i+1, len(s.segs), op, total)
+	prep := "from"
+	if !gather {
+		prep = "to"
+	}
+	what := fmt.Sprintf("hipMemcpyAsync(%s, %d B %s %#x) [copy %d of %d, %s of %d B]", vendorkit.DirName(gather), sg.Len, prep, uint64(sg.Addr), i+1, len(s.segs), mv.Op, mv.Total)
 	if drained != 0 {
 		what += " (copies already queued were waited for)"
 	}
@@ -140,7 +109,7 @@ func (s *Stream) CopyDtoD(dst, src device.Addr, n uint64) error {
 	if err := s.begin("CopyDtoD"); err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
+	defer s.end()
 	if n == 0 {
 		return nil
 	}
@@ -157,11 +126,11 @@ func (s *Stream) Record(ev device.Event) error {
 	if err := s.begin("Record"); err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
+	defer s.end()
 	if err := e.use("Record(closed event)"); err != nil {
 		return err
 	}
-	defer e.mu.RUnlock()
+	defer e.done()
 	return s.d.lib.check(C.sthip_event_record(s.d.lib.c, s.d.dev(), e.e, s.s), "hipEventRecord")
 }
 
@@ -171,18 +140,18 @@ func (s *Stream) Synchronize() error {
 	if err := s.begin("Synchronize"); err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
+	defer s.end()
 	return s.d.lib.check(C.sthip_stream_sync(s.d.lib.c, s.d.dev(), s.s), "hipStreamSynchronize")
 }
 
 // Close waits for the stream's work and destroys it. Both are tried; the
 // error reports either or both.
 func (s *Stream) Close() error {
-	if err := s.begin("Stream.Close"); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	s.closed = true
+	return s.gate.Close(&s.d.core, "Stream.Close", &s.d.core.Streams, s.destroy)
+}
+
+// destroy is Close's part in the runtime (the gate held).
+func (s *Stream) destroy() error {
 	l := s.d.lib
 	var errs []error
 	if err := l.check(C.sthip_stream_sync(l.c, s.d.dev(), s.s), "hipStreamSynchronize(before destroy)"); err != nil {
@@ -191,31 +160,21 @@ func (s *Stream) Close() error {
 	if err := l.check(C.sthip_stream_destroy(l.c, s.d.dev(), s.s), "hipStreamDestroy"); err != nil {
 		errs = append(errs, err)
 	}
-	s.d.mu.Lock()
-	s.d.streams--
-	s.d.mu.Unlock()
 	return errors.Join(errs...)
 }
 
 // Event is a HIP event created with DisableTiming (device.Event).
 type Event struct {
-	d *Device
-	e C.hipEvent_t
-
-	mu     sync.RWMutex // Close (write) against calls on the event (read)
-	closed bool
+	d    *Device
+	e    C.hipEvent_t
+	gate vendorkit.Gate // Close (Enter) against calls on the event (EnterShared)
 }
 
 // use read-locks the event for op (Close waits for it), or fails when the
-// event or its device is closed (then unlocked).
-func (e *Event) use(op string) error {
-	e.mu.RLock()
-	if e.closed || e.d.closed.Load() {
-		e.mu.RUnlock()
-		return e.d.errClosed(op)
-	}
-	return nil
-}
+// event or its device is closed (then unlocked); done unlocks.
+func (e *Event) use(op string) error { return e.gate.EnterShared(&e.d.core, op) }
+
+func (e *Event) done() { e.gate.LeaveShared() }
 
 // Query reports whether the work before the event is done (hipEventQuery:
 // hipSuccess done, hipErrorNotReady pending); any other code is the error
@@ -224,7 +183,7 @@ func (e *Event) Query() (bool, error) {
 	if err := e.use("Event.Query"); err != nil {
 		return false, err
 	}
-	defer e.mu.RUnlock()
+	defer e.done()
 	err := e.d.lib.check(C.sthip_event_query(e.d.lib.c, e.d.dev(), e.e), "hipEventQuery")
 	if code(err) == codeNotReady {
 		return false, nil
@@ -238,22 +197,15 @@ func (e *Event) Wait() error {
 	if err := e.use("Event.Wait"); err != nil {
 		return err
 	}
-	defer e.mu.RUnlock()
+	defer e.done()
 	return e.d.lib.check(C.sthip_event_sync(e.d.lib.c, e.d.dev(), e.e), "hipEventSynchronize")
 }
 
 // Close destroys the event. It waits for a Query or Wait in progress.
 func (e *Event) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || e.d.closed.Load() {
-		return e.d.errClosed("Event.Close")
-	}
-	e.closed = true
-	e.d.mu.Lock()
-	e.d.events--
-	e.d.mu.Unlock()
-	return e.d.lib.check(C.sthip_event_destroy(e.d.lib.c, e.d.dev(), e.e), "hipEventDestroy")
+	return e.gate.Close(&e.d.core, "Event.Close", &e.d.core.Events, func() error {
+		return e.d.lib.check(C.sthip_event_destroy(e.d.lib.c, e.d.dev(), e.e), "hipEventDestroy")
+	})
 }
 
 // sthip_seg is read straight from a []device.Seg: same size, same order.

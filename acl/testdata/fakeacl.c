@@ -61,90 +61,26 @@
  *                                 namespace: the driver's pid differs from getpid)
  * Test hooks (long f(void)): fakeacl_live, fakeacl_pause, fakeacl_resume and
  * counters (see the end of the file). */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
+#define FAKE_NAME "fakeacl"
+#define FAKE_NCTX 8
+#define FAKE_BIND(dev) OK
+#include "fakeacl_common.h"
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
-
-typedef int aclError;
-
-enum {
-	OK = 0,
-	E_INVALID_PARAM = 100000,
-	E_REPEAT_INIT = 100002,
-	E_RT_PARAM = 107000,
-	E_RT_DEVICE = 107001,
-	E_RT_CONTEXT_NULL = 107002,
-	E_RT_HANDLE = 107017,
-	E_FEATURE = 207000,
-	E_MEM_ALLOC = 207001,
-	E_NOT_PERMITTED = 207003,
-	E_NO_PERMISSION = 207006,
-	E_SYS_DMA = 507013,
-	E_IPC = 507022,
-	E_STREAM_TIMEOUT = 507046,
-	E_ALREADY_REGISTERED = 507910,
-	E_NOT_REGISTERED = 507911,
-};
 
 enum { H2H = 0, H2D = 1, D2H = 2, D2D = 3 };
 
-#define PAGE 4096UL
 #define VIEW_BIT (1ULL << 62) /* device views of host memory: not host addresses */
 #define MAGIC 0x41434c46u     /* "FLCA" */
 
-/* ---- errors: per thread, cleared when read ---- */
-
-static __thread char errmsg[512], errout[512];
-
-static aclError fail(aclError rc, const char *fmt, ...) {
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(errmsg, sizeof errmsg, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-const char *aclGetRecentErrMsg(void) {
-	if (!errmsg[0]) return NULL;
-	memcpy(errout, errmsg, sizeof errout);
-	errmsg[0] = 0;
-	return errout;
-}
-
 /* ---- init, devices, contexts ---- */
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev = 1, batch_unsupported, no_host_register, stream_config_err;
 static long fail_copy_at;
 static long n_vmm_maps; /* live aclrtMapMem mappings */
-static long n_init, n_setdevice, n_ctx_sets, n_copies, n_sync_copies, n_batch, n_legacy_query, n_d2d, n_stream_config;
+static long n_init, n_copies, n_sync_copies, n_batch, n_legacy_query, n_d2d, n_stream_config;
 
-struct ctx { int dev; int refs; };
 static int phys_of[8]; /* logical -> physical device (ASCEND_RT_VISIBLE_DEVICES) */
 static size_t granularity = 2UL << 20;
-static struct ctx ctxs[8];
-static __thread struct ctx *cur;
-
-#define NEED_CTX() do { \
-	if (!cur || __atomic_load_n(&cur->refs, __ATOMIC_ACQUIRE) <= 0) \
-		return fail(E_RT_CONTEXT_NULL, "fakeacl: %s: no current context on this thread (aclrtSetDevice or aclrtSetCurrentContext first)", __func__); \
-} while (0)
-
-static long envl(const char *k, long def) {
-	const char *v = getenv(k);
-	return v && *v ? atol(v) : def;
-}
-
 static aclError heap_init(void);
 
 aclError aclInit(const char *cfg) {
@@ -209,33 +145,6 @@ aclError aclrtResetDevice(int32_t dev) {
 	return OK;
 }
 
-aclError aclrtGetCurrentContext(void **c) {
-	if (!cur) return fail(E_RT_CONTEXT_NULL, "fakeacl: no context on this thread");
-	*c = cur;
-	return OK;
-}
-
-aclError aclrtSetCurrentContext(void *c) {
-	struct ctx *x = c;
-	if (x < ctxs || x >= ctxs + 8 || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) <= 0)
-		return fail(E_RT_HANDLE, "fakeacl: aclrtSetCurrentContext(%p): no such live context", c);
-	cur = x;
-	__atomic_add_fetch(&n_ctx_sets, 1, __ATOMIC_RELAXED);
-	return OK;
-}
-
-/* bare_tgid: this process as the driver names it (FAKEACL_TGID_OFFSET
- * emulates a pid namespace, where it is not getpid()). */
-static int32_t bare_tgid(void) { return (int32_t)(getpid() + envl("FAKEACL_TGID_OFFSET", 0)); }
-
-#ifndef FAKEACL_NO_BARE_TGID
-aclError aclrtDeviceGetBareTgid(int32_t *pid) {
-	if (!pid) return fail(E_RT_PARAM, "fakeacl: aclrtDeviceGetBareTgid(NULL)");
-	*pid = bare_tgid();
-	return OK;
-}
-#endif
-
 aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logic, int32_t *const phys) {
 	if (!initialized) return fail(100001, "fakeacl: aclInit first");
 	if (logic < 0 || logic >= ndev || !phys) return fail(E_RT_DEVICE, "fakeacl: aclrtGetPhyDevIdByLogicDevId(%d): device %d of %d", logic, logic, ndev);
@@ -255,7 +164,7 @@ enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG, M_PHYS, M_PIMPORT, M_RESERVE, M_M
 struct meta {
 	uint32_t magic, exported, no_validation, npids;
 	int32_t importers;
-	int32_t pids[64];
+	int32_t pids[MAX_PIDS];
 	uint64_t size;
 	int32_t dev;  /* physical device of the memory */
 	uint32_t vmm; /* 1: a physical chunk (aclrtMallocPhysical), exported by shareable handle */
@@ -883,9 +792,7 @@ aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pids, size_t n) {
 	struct mem *m = find_key(key, M_DEV);
 	aclError rc = OK;
 	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtIpcMemSetImportPid(%s): not a key this process exported", key);
-	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl: more than 64 whitelisted pids");
-	else
-		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	else rc = add_pids(m->meta->pids, &m->meta->npids, pids, n);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -913,10 +820,7 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 		return fail(E_IPC, "fakeacl: key %s is not exported (closed, freed, or not a fakeacl allocation)", key);
 	}
 	if (!meta->no_validation) {
-		int ok = 0;
-		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
-			if (meta->pids[i] == bare_tgid()) ok = 1;
-		if (!ok) {
+		if (!pid_listed(meta->pids, meta->npids, bare_tgid())) {
 			munmap(meta, PAGE);
 			close(f);
 			return fail(E_NO_PERMISSION, "fakeacl: BareTgid %d is not on the import whitelist of key %s (aclrtIpcMemSetImportPid)", (int)bare_tgid(), key);
@@ -974,14 +878,6 @@ aclError aclrtIpcMemClose(const char *key) {
 /* ---- virtual memory: physical chunks, reservations, mappings ---- */
 
 #ifndef FAKEACL_NO_VMM
-
-/* aclrtPhysicalMemProp: {handleType, allocationType, memAttr, location
- * {u32 id; type}, u64 reserve}, 32 bytes. aclrtMemAccessDesc: {flags,
- * location, u8 rsv[12]}, 24 bytes. */
-typedef struct { int32_t handleType, allocationType, memAttr; uint32_t loc_id; int32_t loc_type; uint64_t reserve; } physprop_t;
-typedef struct { int32_t flags; uint32_t loc_id; int32_t loc_type; uint8_t rsv[12]; } accessdesc_t;
-
-enum { ACCESS_NONE = 0, ACCESS_READ = 1, ACCESS_READWRITE = 3 };
 
 
 static struct mem *find_phys(void *h) {
@@ -1267,9 +1163,7 @@ aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pids, size
 		if (x->kind == M_PHYS && x->shareable == shareable) m = x;
 	aclError rc = OK;
 	if (!m) rc = fail(E_RT_PARAM, "fakeacl: aclrtMemSetPidToShareableHandle(%#llx): not a handle this process exported", (unsigned long long)shareable);
-	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl: more than 64 whitelisted pids");
-	else
-		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	else rc = add_pids(m->meta->pids, &m->meta->npids, pids, n);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -1298,10 +1192,7 @@ aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t deviceId,
 		return fail(E_IPC, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): not an exported physical allocation (freed, or not exported)", (unsigned long long)shareable);
 	}
 	if (!meta->no_validation) {
-		int ok = 0;
-		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
-			if (meta->pids[i] == bare_tgid()) ok = 1;
-		if (!ok) {
+		if (!pid_listed(meta->pids, meta->npids, bare_tgid())) {
 			munmap(meta, PAGE);
 			close(f);
 			return fail(E_NO_PERMISSION, "fakeacl: aclrtMemImportFromShareableHandle(%#llx): BareTgid %d is not on the whitelist (aclrtMemSetPidToShareableHandle)", (unsigned long long)shareable, (int)bare_tgid());

@@ -24,20 +24,9 @@
  * caught here. Environment: FAKEACL_FAIL_COPY=N, FAKEACL_BATCH_UNSUPPORTED=1
  * as in fakeacl.c. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <stddef.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
 
 /* ---- the CUDA runtime, by hand ---- */
 typedef int cudaError_t;
@@ -77,35 +66,13 @@ const char *cudaGetErrorString(cudaError_t);
 #define cudaEventDisableTiming 2
 #define cudaIpcMemLazyEnablePeerAccess 1
 
-typedef int aclError;
-enum {
-	OK = 0,
-	E_REPEAT_INIT = 100002,
-	E_RT_PARAM = 107000,
-	E_RT_DEVICE = 107001,
-	E_RT_CONTEXT_NULL = 107002,
-	E_RT_HANDLE = 107017,
-	E_FEATURE = 207000,
-	E_MEM_ALLOC = 207001,
-	E_NO_PERMISSION = 207006,
-	E_SYS_DMA = 507013,
-	E_IPC = 507022,
-	E_STREAM_TIMEOUT = 507046,
-	E_DRV = 507899,
-	E_NOT_REGISTERED = 507911,
-};
-#define PAGE 4096UL
+#define FAKE_NAME "fakeacl_cuda"
+#define FAKE_NCTX 16
+#define FAKE_BIND(dev) cu(cudaSetDevice(dev), "cudaSetDevice")
+static int cu(cudaError_t e, const char *what);
+#include "fakeacl_common.h"
+
 #define MAGIC 0x55434c46u
-
-static __thread char errmsg[512], errout[512];
-
-static aclError fail(aclError rc, const char *fmt, ...) {
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(errmsg, sizeof errmsg, fmt, ap);
-	va_end(ap);
-	return rc;
-}
 
 /* cu maps a CUDA error onto an aclError with CUDA's text. */
 static aclError cu(cudaError_t e, const char *what) {
@@ -113,25 +80,8 @@ static aclError cu(cudaError_t e, const char *what) {
 	return fail(e == cudaErrorMemoryAllocation ? E_MEM_ALLOC : E_DRV, "fakeacl_cuda: %s: CUDA error %d: %s", what, e, cudaGetErrorString(e));
 }
 
-const char *aclGetRecentErrMsg(void) {
-	if (!errmsg[0]) return NULL;
-	memcpy(errout, errmsg, sizeof errout);
-	errmsg[0] = 0;
-	return errout;
-}
-
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev, batch_unsupported;
-static long fail_copy_at, n_copies, n_setdevice, n_ctx_sets, n_batch, n_d2d, n_legacy_query, n_streams, n_events;
-
-struct ctx { int dev; int refs; };
-static struct ctx ctxs[16];
-static __thread struct ctx *cur;
-
-#define NEED_CTX() do { \
-	if (!cur || __atomic_load_n(&cur->refs, __ATOMIC_ACQUIRE) <= 0) \
-		return fail(E_RT_CONTEXT_NULL, "fakeacl_cuda: %s: no current context on this thread", __func__); \
-} while (0)
+static long fail_copy_at, n_copies, n_batch, n_d2d, n_legacy_query, n_streams, n_events;
 
 aclError aclInit(const char *cfg) {
 	(void)cfg;
@@ -169,36 +119,6 @@ aclError aclrtResetDevice(int32_t dev) {
 	return OK;
 }
 
-aclError aclrtGetCurrentContext(void **c) {
-	if (!cur) return fail(E_RT_CONTEXT_NULL, "fakeacl_cuda: no context on this thread");
-	*c = cur;
-	return OK;
-}
-
-aclError aclrtSetCurrentContext(void *c) {
-	struct ctx *x = c;
-	if (x < ctxs || x >= ctxs + 16 || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) <= 0)
-		return fail(E_RT_HANDLE, "fakeacl_cuda: aclrtSetCurrentContext(%p): no such live context", c);
-	aclError rc = cu(cudaSetDevice(x->dev), "cudaSetDevice");
-	if (rc) return rc;
-	cur = x;
-	__atomic_add_fetch(&n_ctx_sets, 1, __ATOMIC_RELAXED);
-	return OK;
-}
-
-/* bare_tgid: this process as the driver names it (FAKEACL_TGID_OFFSET
- * emulates a pid namespace, where it is not getpid()). */
-static int32_t bare_tgid(void) {
-	const char *v = getenv("FAKEACL_TGID_OFFSET");
-	return (int32_t)(getpid() + (v ? atol(v) : 0));
-}
-
-aclError aclrtDeviceGetBareTgid(int32_t *pid) {
-	if (!pid) return fail(E_RT_PARAM, "fakeacl_cuda: aclrtDeviceGetBareTgid(NULL)");
-	*pid = bare_tgid();
-	return OK;
-}
-
 static aclError foreign_copy(const void *a, const void *b);
 static long vmm_live(void);
 static int vmm_range(uintptr_t p, void **base, size_t *size);
@@ -210,7 +130,7 @@ enum { M_DEV = 1, M_IMPORT, M_HOST, M_HOSTREG };
 struct meta {
 	uint32_t magic, exported, no_validation, npids;
 	int32_t importers;
-	int32_t pids[64];
+	int32_t pids[MAX_PIDS];
 	uint64_t off, size;
 	cudaIpcMemHandle_t handle;
 };
@@ -559,9 +479,7 @@ aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pids, size_t n) {
 	struct mem *m = find_key(key, M_DEV);
 	aclError rc = OK;
 	if (!m) rc = fail(E_RT_PARAM, "fakeacl_cuda: %s: not a key this process exported", key);
-	else if (m->meta->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl_cuda: too many pids");
-	else
-		for (size_t i = 0; i < n; i++) m->meta->pids[m->meta->npids++] = pids[i];
+	else rc = add_pids(m->meta->pids, &m->meta->npids, pids, n);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -585,10 +503,7 @@ aclError aclrtIpcMemImportByKey(void **p, const char *key, uint64_t flags) {
 		return fail(E_IPC, "fakeacl_cuda: %s is not exported", key);
 	}
 	if (!meta->no_validation) {
-		int ok = 0;
-		for (uint32_t i = 0; i < meta->npids && i < 64; i++)
-			if (meta->pids[i] == bare_tgid()) ok = 1;
-		if (!ok) {
+		if (!pid_listed(meta->pids, meta->npids, bare_tgid())) {
 			munmap(meta, PAGE);
 			return fail(E_NO_PERMISSION, "fakeacl_cuda: BareTgid %d is not on the import whitelist of %s", (int)bare_tgid(), key);
 		}
@@ -687,9 +602,6 @@ static aclError cd(CUresult e, const char *what) {
 	return fail(e == 2 ? E_MEM_ALLOC : E_DRV, "fakeacl_cuda: %s: CUDA driver error %d: %s", what, e, s ? s : "?");
 }
 
-typedef struct { int32_t handleType, allocationType, memAttr; uint32_t loc_id; int32_t loc_type; uint64_t reserve; } physprop_t;
-typedef struct { int32_t flags; uint32_t loc_id; int32_t loc_type; uint8_t rsv[12]; } accessdesc_t;
-
 /* One physical chunk (M_PHYS: ours; M_PIMPORT: imported), a reservation
  * (M_RESERVE) or a mapping (M_MAPPED), kept in their own list. */
 enum { V_PHYS = 1, V_PIMPORT, V_RESERVE, V_MAPPED };
@@ -703,8 +615,9 @@ struct vmem {
 	long refs, maps;
 	uint64_t shareable;
 	int fd;       /* V_PHYS exported: the POSIX fd */
-	int no_validation, npids;
-	int32_t pids[64];
+	int no_validation;
+	uint32_t npids;
+	int32_t pids[MAX_PIDS];
 	struct vmem *phys;
 	struct vmem *next;
 };
@@ -963,9 +876,7 @@ static void *serve(void *arg) {
 			for (struct vmem *x = vmems; x; x = x->next)
 				if (x->kind == V_PHYS && x->fd >= 0 && x->shareable == q.shareable) v = x;
 			if (v) {
-				int ok = v->no_validation;
-				for (int i = 0; i < v->npids; i++)
-					if (v->pids[i] == q.tgid) ok = 1;
+				int ok = v->no_validation || pid_listed(v->pids, v->npids, q.tgid);
 				a.status = ok ? OK : E_NO_PERMISSION;
 				a.dev = v->dev;
 				a.size = v->n;
@@ -1045,9 +956,7 @@ aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pids, size
 		if (x->kind == V_PHYS && x->fd >= 0 && x->shareable == shareable) v = x;
 	aclError rc = OK;
 	if (!v || !pids) rc = fail(E_RT_PARAM, "fakeacl_cuda: aclrtMemSetPidToShareableHandle(%#llx): not exported here", (unsigned long long)shareable);
-	else if (v->npids + n > 64) rc = fail(E_RT_PARAM, "fakeacl_cuda: more than 64 whitelisted pids");
-	else
-		for (size_t i = 0; i < n; i++) v->pids[v->npids++] = pids[i];
+	else rc = add_pids(v->pids, &v->npids, pids, n);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
