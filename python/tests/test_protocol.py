@@ -3,6 +3,7 @@ old module names (stage_client.wire, stage_client.kvwire) re-exporting it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -11,7 +12,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from stage_client import protocol  # noqa: E402
-from stage_client.protocol import kvwire, messages, wire  # noqa: E402
+from stage_client.protocol import fields, kvwire, messages, wire  # noqa: E402
 
 
 class RegistryTest(unittest.TestCase):
@@ -40,6 +41,50 @@ class RegistryTest(unittest.TestCase):
                 self.assertEqual(h.type, int(cls.TYPE))
                 self.assertIsInstance(got, cls)
                 self.assertEqual(got, msg)
+
+
+class FieldsTest(unittest.TestCase):
+    """protocol.fields: a message that lists its fields gets its codec, errors naming message and field."""
+
+    def setUp(self) -> None:
+        @dataclasses.dataclass
+        class Probe(fields.FieldMessage):
+            TYPE = wire.FrameType.OK
+            FIELDS = (fields.u64("req", "Req"), fields.str16("name", "Name", 4), fields.u8("small", "Small"),
+                      fields.bytes32("blob", "Blob", 8))
+            req: int = 0
+            name: str = ""
+            small: int = 0
+            blob: bytes = b""
+
+            def check(self) -> None:
+                if self.small == 7:
+                    raise ValueError("Probe.Small: 7 is refused")
+
+            def verify(self, d: wire._Dec) -> None:
+                if self.small == 9:
+                    raise d.fail("malformed", "Small", "9 is refused")
+
+        self.Probe = Probe
+
+    def test_round_trip_in_order(self) -> None:
+        m = self.Probe(req=0x0102, name="ab", small=3, blob=b"xyz")
+        body = m.encode()
+        self.assertEqual(body, bytes([2, 1, 0, 0, 0, 0, 0, 0]) + b"\x02\x00ab" + b"\x03" + b"\x03\x00\x00\x00xyz")
+        self.assertEqual(self.Probe.decode(body), m)
+
+    def test_errors(self) -> None:
+        with self.assertRaisesRegex(ValueError, r"^Probe\.Name: "):
+            self.Probe(name="too long").encode()
+        with self.assertRaisesRegex(ValueError, "7 is refused"):
+            self.Probe(small=7).encode()
+        good = self.Probe(req=1, name="a", small=1, blob=b"b").encode()
+        with self.assertRaisesRegex(wire.ProtocolError, r"Probe\.Blob: need"):
+            self.Probe.decode(good[:-1])
+        with self.assertRaisesRegex(wire.ProtocolError, "trailing"):
+            self.Probe.decode(good + b"\x00")
+        with self.assertRaisesRegex(wire.ProtocolError, r"Probe\.Small: 9 is refused"):
+            self.Probe.decode(good[:11] + b"\x09" + good[12:])
 
 
 class ReexportTest(unittest.TestCase):
