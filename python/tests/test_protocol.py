@@ -1,5 +1,6 @@
 """stage_client.protocol: one registry of every local message type, and the
-old module names (stage_client.wire, stage_client.kvwire) re-exporting it."""
+old module names (stage_client.wire, stage_client.kvwire; stage_client.kvpresets,
+kvderive, kvmap for stage_client.layout) re-exporting what moved."""
 
 from __future__ import annotations
 
@@ -99,6 +100,33 @@ class ReexportTest(unittest.TestCase):
             for name in mod.__all__:
                 with self.subTest(module=old, name=name):
                     self.assertIs(getattr(mod, name), getattr(new, name))
+
+    def test_layout_shims_are_the_same_objects(self) -> None:
+        """kvpresets, kvderive and kvmap re-export stage_client.layout's modules, name for name."""
+        for old, new in (("stage_client.kvpresets", "stage_client.layout.presets"),
+                         ("stage_client.kvderive", "stage_client.layout.derive"),
+                         ("stage_client.kvmap", "stage_client.layout.tensors")):
+            mod, now = importlib.import_module(old), importlib.import_module(new)
+            self.assertEqual(sorted(mod.__all__), sorted(now.__all__), old)
+            for name in mod.__all__:
+                with self.subTest(module=old, name=name):
+                    self.assertIs(getattr(mod, name), getattr(now, name))
+
+    def test_layout_keeps_its_names(self) -> None:
+        """What the module stage_client.layout exported before it became a package, the package exports."""
+        layout = importlib.import_module("stage_client.layout")
+        model = importlib.import_module("stage_client.layout.model")
+        tensors = importlib.import_module("stage_client.layout.tensors")
+        for name in ("DType", "Part", "Layout", "LayoutError", "Side", "PRESETS", "TensorRoles", "columns", "check",
+                     "sides", "gather", "scatter", "MAX_PARTS", "MAX_ROW_WIDTH"):
+            with self.subTest(name=name):
+                self.assertIn(name, layout.__all__)
+                self.assertTrue(hasattr(layout, name))
+        self.assertIs(layout.Layout, model.Layout)
+        self.assertIs(layout.gather, tensors.gather)
+        self.assertIs(layout.Layout.from_tensor, tensors.from_tensor)
+        self.assertEqual([f.name for f in dataclasses.fields(layout.Layout)],
+                         ["dtype", "block_size", "blocks", "heads", "head_lo", "head_hi", "parts"])
 
     def test_wire_keeps_its_public_names_outside_all(self) -> None:
         old = importlib.import_module("stage_client.wire")
