@@ -291,11 +291,6 @@ class ImportGraphTest(unittest.TestCase):
         got = problems(self.mods, self.imps)
         self.assertEqual(got, [], "\n".join(got))
 
-    def test_the_walk_sees_function_level_imports(self) -> None:
-        """A guard on the reader itself: a module known to import inside a function shows that edge."""
-        self.assertIn("stage_client.ascend", self.imps["stage_client.vllm.npu"].ours)
-        self.assertIn("stage_client.layout.tensors", self.imps["stage_client.kvcache"].ours)
-
     def test_shims_exist(self) -> None:
         for name in SHIMS:
             self.assertIn(name, self.mods, "SHIMS names a module that is gone")
