@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from stage_client.layout import Layout, sides  # noqa: E402
-from stage_client.kvmap import gather_tensor, scatter  # noqa: E402
+from stage_client.layout import gather_tensor, scatter  # noqa: E402
 # Rank r's kv heads: an even split, or one replicated head when ranks exceed the heads (GQA), as the engines split them.
 from stage_client.engines import head_slice  # noqa: E402,F401
 

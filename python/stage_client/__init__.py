@@ -3,18 +3,17 @@
 Stdlib only; torch is optional (for :meth:`Client.register_tensor`,
 :meth:`PagedKV.from_tensors`, :meth:`Layout.from_tensor`,
 :func:`register_kv_cache`, :class:`HostArena` and the reference KV mapper in
-``stage_client.kvmap``). See ``python/README.md``.
+``stage_client.layout.tensors``). See ``python/README.md``.
 """
 
 from .client import DEFAULT_REQUEST_TIMEOUT, Block, Client, Op, Subscription, TransfersFailed, make_ops
 from .errors import ProtocolError, SidecarConnectionError, StageError, StageTimeout
 from .kv import HostArena, KVCache, PagedKV, coalesce, register_kv_cache
-from .kvwire import KVLayout, RegisterKV, SubmitKV
-from .kvderive import preset
-from .layout import DType, Layout, LayoutError, Part, Side, check, columns, sides
-from .wire import Access, Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
+from .layout import DType, Layout, LayoutError, Part, Side, check, columns, preset, sides
+from .protocol.kvwire import KVLayout, RegisterKV, SubmitKV
+from .protocol.wire import Access, Checksum, Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
-#: What :meth:`Client.wait` and :meth:`Client.status` return (wire.XferStatus).
+#: What :meth:`Client.wait` and :meth:`Client.status` return (protocol.XferStatus).
 Status = XferStatus
 
 __version__ = "0.1.0"

@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .cuda import warn_once
 from .errors import StageError
-from .wire import Code, HandleKind, QueryKind
+from .protocol.wire import Code, HandleKind, QueryKind
 
 __all__ = ["ACL", "ACLError", "register_npu_tensor", "sidecar_bare_tgid", "sidecar_pid"]
 

@@ -22,14 +22,15 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from . import wire
 from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref, warn_once
 from .errors import SidecarConnectionError, StageError, StageTimeout
 from .kvclient import KVRequests
+from .protocol import wire
 from .protocol.group import Join
+from .protocol.messages import decode_body
+from .protocol.wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 from .reconnect import Backoff, Reconnector
 from .ticketclient import TicketRequests
-from .wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 
 __all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_UNREGISTER_WAIT",
            "TransfersFailed"]
@@ -383,7 +384,7 @@ class Client(KVRequests, TicketRequests):
                 body = self._recv_exact(sock, h.length, "body") if h.length else b""
                 assert body is not None
                 wire.verify_crc(h, body)
-                m = wire.decode_body(h.type, body)
+                m = decode_body(h.type, body)
                 if isinstance(m, Notify):
                     with self._lock:
                         subs = list(self._subs)

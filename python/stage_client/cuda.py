@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Tuple
 
 from .errors import StageError
-from .wire import Code
+from .protocol.wire import Code
 
 __all__ = ["CudaExport", "IpcRef", "export_tensor", "allocation_range", "split_share_handle", "release_ipc_ref",
            "ipc_counter_value"]

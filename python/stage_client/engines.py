@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .errors import StageError
-from .wire import MAX_TAG
+from .protocol.wire import MAX_TAG
 
 __all__ = ["head_slice", "primary", "plan", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger", "layer_index",
            "MAX_TP", "MOVER_THREADS"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from .wire import Code, ProtocolError, code_name, to_code
+from .protocol.wire import Code, ProtocolError, code_name, to_code
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .wire import XferStatus
+    from .protocol.wire import XferStatus
 
 __all__ = ["StageError", "StageTimeout", "SidecarConnectionError", "ProtocolError"]
 

@@ -40,7 +40,7 @@ from .client import Client
 # registered from torch tensors by kvcache; re-exported so both kinds of KV
 # registration are found here.
 from .kvcache import HostArena, KVCache, register_kv_cache, sealed_memfd, unregister_all
-from .wire import MAX_NAMES, MAX_OPS, Access, Direction, LocalOp, XferStatus
+from .protocol.wire import MAX_NAMES, MAX_OPS, Access, Direction, LocalOp, XferStatus
 
 __all__ = ["PagedKV", "coalesce", "HostArena", "KVCache", "register_kv_cache"]
 

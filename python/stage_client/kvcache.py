@@ -33,7 +33,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 from .client import DEFAULT_UNREGISTER_WAIT
 from .errors import StageError
 from .layout import Layout, LayoutError
-from .wire import Access, Code, Direction
+from .protocol.wire import Access, Code, Direction
 
 __all__ = ["HostArena", "KVCache", "register_kv_cache", "unregister_all", "KV_ACCESS", "kv_access", "sealed_memfd"]
 
@@ -271,7 +271,7 @@ def register_kv_cache(client: Any, name: str, tensors_per_layer: Sequence[Union[
     cover byte-range transfers naming the cache's regions as well as KV
     transfers.
     """
-    from .kvmap import region_bytes
+    from .layout.tensors import region_bytes
 
     rights = kv_access(access)
     layers = [list(ts) if isinstance(ts, (list, tuple)) else [ts] for ts in tensors_per_layer]

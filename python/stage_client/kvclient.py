@@ -13,15 +13,35 @@ import functools
 import secrets
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
-from . import wire
 from .errors import StageError
-from .kvwire import KVLayout, RegisterKV, SubmitKV
-from .protocol.kvwire import MAX_GRANT_TTL_MS, MIN_GRANT_KEY
+from .layout import DType, Layout, LayoutError, Part
 from .protocol.grants import Grant, RevokeGrant
-from .layout import Layout
-from .wire import Code, Direction, XferStatus, checksum_choice
+from .protocol.kvwire import DTYPE_CODES, MAX_GRANT_TTL_MS, MIN_GRANT_KEY, KVLayout, KVPart, RegisterKV, SubmitKV
+from .protocol.wire import Code, Direction, Submitted, XferStatus, checksum_choice
 
-__all__ = ["KVRequests", "grant_key"]
+__all__ = ["KVRequests", "grant_key", "wire_layout", "layout_of"]
+
+_DTYPE_OF_CODE = {n: DType(name) for name, n in DTYPE_CODES.items()}
+
+
+def wire_layout(lay: Layout) -> KVLayout:
+    """Layout ``lay`` (validated first) as RegisterKV carries it (Go: kvsim.WireLayout)."""
+    lay.validate()
+    parts = tuple(KVPart(p.name, p.width, p.tensor, p.offset, p.block_stride, p.slot_stride, p.head_stride)
+                  for p in lay.parts)
+    return KVLayout(DTYPE_CODES[lay.dtype.value], lay.block_size, lay.blocks, lay.heads, lay.head_lo, lay.head_hi,
+                    parts)
+
+
+def layout_of(w: KVLayout) -> Layout:
+    """The :class:`~stage_client.layout.Layout` of a wire layout (LayoutError for an unknown dtype number);
+    not validated (Go: proxy's layoutFromWire)."""
+    d = _DTYPE_OF_CODE.get(w.dtype)
+    if d is None:
+        raise LayoutError("unknown dtype number %d (known: %s)" % (w.dtype, sorted(_DTYPE_OF_CODE)))
+    parts = tuple(Part(p.name, p.width, p.tensor, p.offset, p.block_stride, p.slot_stride, p.head_stride)
+                  for p in w.parts)
+    return Layout(d, w.block_size, w.blocks, w.heads, w.head_lo, w.head_hi, parts)
 
 
 def grant_key() -> bytes:
@@ -67,7 +87,7 @@ class KVRequests:
         region's length; registering a name again replaces the cache (peers
         that cached its shape are refused once, then ask again).
         """
-        wl = KVLayout.from_layout(layout) if isinstance(layout, Layout) else layout
+        wl = wire_layout(layout) if isinstance(layout, Layout) else layout
         ls = [[n] if isinstance(n, str) else list(n) for n in layers]
         self._call(lambda r: RegisterKV(req=r, name=name, layout=wl, layers=ls))
 
@@ -114,7 +134,7 @@ class KVRequests:
                                           local_blocks=local_blocks, remote_blocks=remote_blocks,
                                           local_first=local_first, remote_first=remote_first, tokens=tokens,
                                           head_lo=lo, head_hi=hi, key=bytes(key)))
-        if not isinstance(a, wire.Submitted):
+        if not isinstance(a, Submitted):
             raise StageError(Code.INTERNAL, "SubmitKV answered with %s" % type(a).__name__)
         return a.transfer
 

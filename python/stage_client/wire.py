@@ -1,6 +1,7 @@
 """Encoders and decoders of the local control socket's frames: the names of
 :mod:`stage_client.protocol` (its ``wire``, ``kvwire`` and ``messages``),
-kept importable here as they were before that package existed.
+kept importable here as they were before that package existed, for users.
+Nothing in stage_client imports this module.
 """
 
 from .protocol.kvwire import KVLayout, KVPart, RegisterKV, SubmitKV

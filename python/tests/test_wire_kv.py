@@ -19,11 +19,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from stage_client import wire  # noqa: E402
-from stage_client.kvwire import DTYPE_CODES, KVLayout, KVPart, RegisterKV, SubmitKV, pack_u32s  # noqa: E402
-from stage_client.kvderive import preset  # noqa: E402
-from stage_client.layout import DType, LayoutError  # noqa: E402
-from stage_client.wire import Checksum, Direction, FrameType, ProtocolError  # noqa: E402
+from stage_client import wire  # noqa: E402  (the old module name, kept for users)
+from stage_client.kvclient import layout_of, wire_layout  # noqa: E402
+from stage_client.layout import DType, LayoutError, preset  # noqa: E402
+from stage_client.protocol.kvwire import DTYPE_CODES, KVLayout, KVPart, RegisterKV, SubmitKV, pack_u32s  # noqa: E402
+from stage_client.protocol.wire import Checksum, Direction, FrameType, ProtocolError  # noqa: E402
 
 
 def hx(s: str) -> bytes:
@@ -119,22 +119,24 @@ class TestGolden(unittest.TestCase):
 
     def test_dtype_numbers(self) -> None:
         # PROTOCOL.md 12.1
-        self.assertEqual({d.value: n for d, n in DTYPE_CODES.items()},
-                         {"f16": 1, "bf16": 2, "f32": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "int8": 6})
+        self.assertEqual(DTYPE_CODES, {"f16": 1, "bf16": 2, "f32": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "int8": 6})
+        self.assertEqual(sorted(DTYPE_CODES), sorted(d.value for d in DType))  # every dtype of the model
+        self.assertEqual(DTYPE_CODES[DType.BF16], 2)  # a DType is its name
 
     def test_layout_conversion(self) -> None:
         lay = preset("ascend", dtype="bf16", blocks=24, block_size=128, heads=8, head_lo=4, head_hi=8, head_size=64)
-        w = KVLayout.from_layout(lay)
+        w = wire_layout(lay)
         self.assertEqual((w.dtype, w.block_size, w.blocks, w.heads, w.head_lo, w.head_hi), (2, 128, 24, 8, 4, 8))
         self.assertEqual([(p.name, p.tensor, p.width) for p in w.parts], [("k", 0, 64), ("v", 1, 64)])
-        self.assertEqual(w.to_layout(), lay)
+        self.assertEqual(layout_of(w), lay)
         back = RegisterKV.decode(RegisterKV(req=1, name="x", layout=w, layers=[["a", "b"]]).encode())
-        self.assertEqual(back.layout.to_layout(), lay)
+        self.assertEqual(back.layout, w)
+        self.assertEqual(layout_of(back.layout), lay)
         with self.assertRaises(LayoutError):
-            KVLayout(9, 1, 1, 1, 0, 1, ()).to_layout()
+            layout_of(KVLayout(9, 1, 1, 1, 0, 1, ()))
         bad = preset("vllm-flash", dtype=DType.F16, blocks=4, block_size=16, heads=2, head_size=8)
         with self.assertRaises(LayoutError):  # validated before it goes out
-            KVLayout.from_layout(type(bad)(bad.dtype, bad.block_size, bad.blocks, bad.heads, 1, 1, bad.parts))
+            wire_layout(type(bad)(bad.dtype, bad.block_size, bad.blocks, bad.heads, 1, 1, bad.parts))
 
 
 class _Listable:

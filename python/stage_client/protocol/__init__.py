@@ -9,8 +9,11 @@
   once, with :func:`decode_body` and :func:`decode_frame`.
 
 ``stage_client.wire`` and ``stage_client.kvwire`` re-export these under
-their old names. Nothing here imports the rest of stage_client but
-:mod:`stage_client.layout` (kvwire's layouts).
+their old names, for users; nothing in stage_client imports those. This
+package imports nothing outside itself but the standard library (as the Go
+package ``wire``): a KV layout travels as its own plain types
+(:class:`KVLayout`, :class:`KVPart`), which ``stage_client.kvclient``
+converts to and from :class:`stage_client.layout.Layout`.
 """
 
 from .group import *  # noqa: F401,F403

@@ -11,9 +11,9 @@ The Go package ``wire`` (local_join.go) is the reference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
-from .wire import FrameType, Message, _Dec, _Enc
+from .fields import FieldMessage, bytes16, u64
+from .wire import FrameType
 
 __all__ = ["Join", "MIN_GROUP", "MAX_GROUP"]
 
@@ -24,24 +24,14 @@ MAX_GROUP = 64
 
 
 @dataclass
-class Join(Message):
+class Join(FieldMessage):
     """Join (153): put this connection into group ``group``; its first request, answered OK."""
 
     TYPE = FrameType.JOIN
+    FIELDS = (u64("req", "Req"), bytes16("group", "Group", MAX_GROUP))
     req: int = 0
     group: bytes = b""
 
-    def encode(self) -> bytes:
+    def check(self) -> None:
         if len(self.group) < MIN_GROUP:
             raise ValueError("Join.Group: %d bytes; the sidecar needs at least %d" % (len(self.group), MIN_GROUP))
-        e = _Enc("Join")
-        e.u64(self.req, "Req")
-        e.bytes16(self.group, MAX_GROUP, "Group")
-        return e.done()
-
-    @classmethod
-    def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "Join":
-        d = _Dec(body, "Join")
-        m = cls(req=d.u64("Req"), group=d.bytes16(MAX_GROUP, "Group"))
-        d.finish()
-        return m

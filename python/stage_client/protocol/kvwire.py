@@ -19,17 +19,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Union
 
-from ..layout import DType, Layout, LayoutError, Part
 from .wire import (MAX_KV_BLOCKS, MAX_KV_LAYERS, MAX_KV_PARTS, MAX_NAME, MAX_TAG, Checksum, Direction, FrameType,
                    Message, _Dec, _Enc)
 
 __all__ = ["DTYPE_CODES", "KVPart", "KVLayout", "RegisterKV", "SubmitKV", "pack_u32s", "MIN_GRANT_KEY", "MAX_GRANT_KEY",
            "MAX_GRANT_TTL_MS", "MAX_GRANT_USES", "check_key", "dec_key"]
 
-#: kvlayout.DType numbers on the wire (PROTOCOL.md 12.1)
-DTYPE_CODES: Dict[DType, int] = {DType.F16: 1, DType.BF16: 2, DType.F32: 3, DType.FP8_E4M3: 4, DType.FP8_E5M2: 5,
-                                 DType.INT8: 6}
-_DTYPE_OF_CODE = {v: k for k, v in DTYPE_CODES.items()}
+#: The dtype numbers on the wire (PROTOCOL.md 12.1), by the dtype's name (the value of
+#: :class:`stage_client.layout.DType`, a ``str``, so a DType is a key too).
+DTYPE_CODES: Dict[str, int] = {"f16": 1, "bf16": 2, "f32": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "int8": 6}
 
 _U32_MAX = 0xFFFFFFFF
 _PART = struct.Struct("<IBQQQQ")  # Width, Tensor, Offset, BlockStride, SlotStride, HeadStride (after the name)
@@ -69,13 +67,25 @@ def _bad_u32(vs: Sequence[Any], what: str) -> None:
     raise ValueError("%s: not a list of u32" % what)  # pragma: no cover
 
 
-#: A part on the wire has exactly the fields of the model's Part (Go: wire.KVPart).
-KVPart = Part
+@dataclass(frozen=True)
+class KVPart:
+    """One part of a layer's layout as RegisterKV carries it (Go: wire.KVPart): where the row of
+    (block, slot, head) of the part lives in tensor ``tensor`` of the layer. Offsets and strides in bytes,
+    ``width`` in elements."""
+
+    name: str
+    width: int
+    tensor: int
+    offset: int
+    block_stride: int
+    slot_stride: int
+    head_stride: int
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """One layer's layout as RegisterKV carries it: dtype as its number (DTYPE_CODES)."""
+    """One layer's layout as RegisterKV carries it (Go: wire.KVLayout): ``dtype`` is its number
+    (DTYPE_CODES). ``stage_client.kvclient`` converts to and from :class:`stage_client.layout.Layout`."""
 
     dtype: int
     block_size: int
@@ -84,20 +94,6 @@ class KVLayout:
     head_lo: int
     head_hi: int
     parts: Sequence[KVPart] = ()
-
-    @classmethod
-    def from_layout(cls, lay: Layout) -> "KVLayout":
-        """The wire form of a :class:`~stage_client.layout.Layout` (validated first)."""
-        lay.validate()
-        return cls(DTYPE_CODES[DType.parse(lay.dtype)], lay.block_size, lay.blocks, lay.heads, lay.head_lo,
-                   lay.head_hi, tuple(lay.parts))
-
-    def to_layout(self) -> Layout:
-        """The :class:`~stage_client.layout.Layout` of this wire form (LayoutError for an unknown dtype)."""
-        d = _DTYPE_OF_CODE.get(self.dtype)
-        if d is None:
-            raise LayoutError("unknown dtype number %d (known: %s)" % (self.dtype, sorted(_DTYPE_OF_CODE)))
-        return Layout(d, self.block_size, self.blocks, self.heads, self.head_lo, self.head_hi, tuple(self.parts))
 
 
 def _enc_layout(e: _Enc, lay: KVLayout) -> None:

@@ -13,9 +13,10 @@ the group's connections takes it (:class:`TakeTickets`, answered
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Union
+from typing import Any, List, Tuple
 
-from .wire import MAX_NAME, MAX_TAG, FrameType, Message, _Dec, _Enc
+from .fields import Field, FieldMessage, bytes32, get_fields, put_fields, str16, u16, u32, u64
+from .wire import MAX_NAME, MAX_TAG, FrameType, _Dec, _Enc
 
 __all__ = ["OpenInbox", "PostTicket", "TakeTickets", "Tickets", "TicketItem", "TICKET_PUSH", "TICKET_FAILURE",
            "MAX_TICKET_BODY", "MAX_TICKETS_OUT"]
@@ -27,47 +28,42 @@ MAX_TICKETS_OUT = 256
 _MIN_ITEM = 2 + 1 + 2 + 2 + 4
 
 
-def _kind(d: _Dec, name: str) -> int:
+def _get_kind(d: _Dec, name: str) -> int:
     k = d.u8(name)
     if k not in (TICKET_PUSH, TICKET_FAILURE):
         raise d.fail("malformed", name, "ticket kind %d (1: push, 2: failure)" % k)
     return k
 
 
-def _check_kind(k: int) -> int:
+def _put_kind(e: _Enc, k: int, name: str) -> None:
     if k not in (TICKET_PUSH, TICKET_FAILURE):
         raise ValueError("ticket kind %r (1: push, 2: failure)" % (k,))
-    return k
+    e.u8(k, name)
+
+
+def _ticket(prefix: str) -> Tuple[Field, ...]:
+    """What a posted ticket and a delivered one share: kind, inbox, key, body (names after ``prefix``)."""
+    return (Field("kind", prefix + "Kind", _put_kind, _get_kind), str16("to", prefix + "To", MAX_NAME),
+            str16("key", prefix + "Key", MAX_TAG), bytes32("body", prefix + "Body", MAX_TICKET_BODY))
 
 
 @dataclass
-class OpenInbox(Message):
+class OpenInbox(FieldMessage):
     """OpenInbox (154): take the tickets peers address to ``name``; answered OK."""
 
     TYPE = FrameType.OPEN_INBOX
+    FIELDS = (u64("req", "Req"), str16("name", "Name", MAX_NAME))
     req: int = 0
     name: str = ""
 
-    def encode(self) -> bytes:
-        e = _Enc("OpenInbox")
-        e.u64(self.req, "Req")
-        e.str16(self.name, MAX_NAME, "Name")
-        return e.done()
-
-    @classmethod
-    def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "OpenInbox":
-        d = _Dec(body, "OpenInbox")
-        m = cls(req=d.u64("Req"), name=d.str16(MAX_NAME, "Name"))
-        d.finish()
-        return m
-
 
 @dataclass
-class PostTicket(Message):
+class PostTicket(FieldMessage):
     """PostTicket (155): send a ticket to inbox ``to`` ("" : the peer's only one) of ``peer`` on ``route``;
     answered OK once the peer queued it, Fail when refused (full: BUSY) or unreachable."""
 
     TYPE = FrameType.POST_TICKET
+    FIELDS = (u64("req", "Req"), str16("route", "Route", MAX_NAME), str16("peer", "Peer", MAX_NAME)) + _ticket("")
     req: int = 0
     route: str = ""
     peer: str = ""
@@ -76,49 +72,16 @@ class PostTicket(Message):
     key: str = ""
     body: bytes = b""
 
-    def encode(self) -> bytes:
-        e = _Enc("PostTicket")
-        e.u64(self.req, "Req")
-        e.str16(self.route, MAX_NAME, "Route")
-        e.str16(self.peer, MAX_NAME, "Peer")
-        e.u8(_check_kind(self.kind), "Kind")
-        e.str16(self.to, MAX_NAME, "To")
-        e.str16(self.key, MAX_TAG, "Key")
-        e.bytes32(self.body, MAX_TICKET_BODY, "Body")
-        return e.done()
-
-    @classmethod
-    def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "PostTicket":
-        d = _Dec(body, "PostTicket")
-        m = cls(req=d.u64("Req"), route=d.str16(MAX_NAME, "Route"), peer=d.str16(MAX_NAME, "Peer"),
-                kind=_kind(d, "Kind"), to=d.str16(MAX_NAME, "To"), key=d.str16(MAX_TAG, "Key"),
-                body=d.bytes32(MAX_TICKET_BODY, "Body"))
-        d.finish()
-        return m
-
 
 @dataclass
-class TakeTickets(Message):
+class TakeTickets(FieldMessage):
     """TakeTickets (156): up to ``max`` waiting tickets, waiting up to ``wait_ms`` for the first."""
 
     TYPE = FrameType.TAKE_TICKETS
+    FIELDS = (u64("req", "Req"), u16("max", "Max"), u32("wait_ms", "WaitMs"))
     req: int = 0
     max: int = MAX_TICKETS_OUT
     wait_ms: int = 0
-
-    def encode(self) -> bytes:
-        e = _Enc("TakeTickets")
-        e.u64(self.req, "Req")
-        e.u16(self.max, "Max")
-        e.u32(self.wait_ms, "WaitMs")
-        return e.done()
-
-    @classmethod
-    def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "TakeTickets":
-        d = _Dec(body, "TakeTickets")
-        m = cls(req=d.u64("Req"), max=d.u16("Max"), wait_ms=d.u32("WaitMs"))
-        d.finish()
-        return m
 
 
 @dataclass
@@ -132,37 +95,26 @@ class TicketItem:
     body: bytes
 
 
+_ITEM = (str16("sender", "Items[].From", MAX_NAME),) + _ticket("Items[].")
+
+
+def _put_items(e: _Enc, items: List[TicketItem], name: str) -> None:
+    if len(items) > MAX_TICKETS_OUT:
+        raise ValueError("Tickets.%s: count %d exceeds limit %d" % (name, len(items), MAX_TICKETS_OUT))
+    e.u32(len(items), name)
+    for it in items:
+        put_fields(e, it, _ITEM)
+
+
+def _get_items(d: _Dec, name: str) -> List[Any]:
+    return [TicketItem(**get_fields(d, _ITEM)) for _ in range(d.count(MAX_TICKETS_OUT, _MIN_ITEM, name))]
+
+
 @dataclass
-class Tickets(Message):
+class Tickets(FieldMessage):
     """Tickets (157): the answer to TakeTickets (maybe none)."""
 
     TYPE = FrameType.TICKETS
+    FIELDS = (u64("req", "Req"), Field("items", "Items", _put_items, _get_items))
     req: int = 0
     items: List[TicketItem] = field(default_factory=list)
-
-    def encode(self) -> bytes:
-        if len(self.items) > MAX_TICKETS_OUT:
-            raise ValueError("Tickets.Items: count %d exceeds limit %d" % (len(self.items), MAX_TICKETS_OUT))
-        e = _Enc("Tickets")
-        e.u64(self.req, "Req")
-        e.u32(len(self.items), "Items")
-        for it in self.items:
-            e.str16(it.sender, MAX_NAME, "Items[].From")
-            e.u8(_check_kind(it.kind), "Items[].Kind")
-            e.str16(it.to, MAX_NAME, "Items[].To")
-            e.str16(it.key, MAX_TAG, "Items[].Key")
-            e.bytes32(it.body, MAX_TICKET_BODY, "Items[].Body")
-        return e.done()
-
-    @classmethod
-    def decode(cls, body: Union[bytes, bytearray, memoryview]) -> "Tickets":
-        d = _Dec(body, "Tickets")
-        m = cls(req=d.u64("Req"))
-        for _ in range(d.count(MAX_TICKETS_OUT, _MIN_ITEM, "Items")):
-            m.items.append(TicketItem(sender=d.str16(MAX_NAME, "Items[].From"), kind=_kind(d, "Items[].Kind"),
-                                      to=d.str16(MAX_NAME, "Items[].To"), key=d.str16(MAX_TAG, "Items[].Key"),
-                                      body=d.bytes32(MAX_TICKET_BODY, "Items[].Body")))
-        d.finish()
-        return m
-
-

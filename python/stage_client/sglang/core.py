@@ -12,7 +12,7 @@ from ..engines import Coverage, Mover, head_slice, make_tag, parse_tag, plan
 from ..errors import SidecarConnectionError, StageError
 from ..client import Op
 from ..kvcache import HostArena, register_kv_cache, unregister_all
-from ..wire import Access, Code
+from ..protocol.wire import Access, Code
 
 __all__ = ["KVPoll", "AuxSlots", "StageKVManager", "StageKVSender", "StageKVReceiver"]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ..client import Client
 from ..errors import SidecarConnectionError, StageError
-from ..wire import Code
+from ..protocol.wire import Code
 from ..ticketclient import TICKET_FAILURE, TICKET_PUSH, TicketItem
 from .compat import LOGGER
 from .config import StageConfig, for_rank

@@ -23,7 +23,7 @@ from ..engines import MAX_TP, Coverage, Mover, head_slice, layer_index, make_tag
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..reconnect import RateLimited
-from ..wire import Code
+from ..protocol.wire import Code
 from . import kvlayout, npu
 from .compat import LOGGER
 from .config import StageConfig, for_rank

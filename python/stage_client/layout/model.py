@@ -14,23 +14,19 @@ hold the same rows, :func:`columns` cuts the logical row at both sides'
 part boundaries, and the bytes travel in one canonical order (layer,
 column range, token, head), so that each side maps only its own layout.
 
-This module is standard-library only. :meth:`Layout.from_tensor` (derive a
-layout from a torch tensor's shape and strides) and the reference mapper
-:func:`gather` / :func:`scatter` need torch and live in ``kvmap``.
+This module is standard-library only and imports nothing of stage_client:
+the presets (:mod:`.presets`), layouts from presets and shapes
+(:mod:`.derive`) and from torch tensors, with the reference mapper
+(:mod:`.tensors`), sit above it in the package :mod:`stage_client.layout`.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-# kvpresets is a leaf (data only), so importing it here makes no cycle; the
-# functions that build layouts from presets live in kvderive, above this module.
-from .kvpresets import PRESETS, TensorRoles
-
-__all__ = ["DType", "Part", "Layout", "LayoutError", "Side", "PRESETS", "TensorRoles", "columns", "check", "sides",
-           "gather", "scatter", "MAX_PARTS", "MAX_ROW_WIDTH"]
+__all__ = ["DType", "Part", "Layout", "LayoutError", "Side", "columns", "check", "sides", "MAX_PARTS", "MAX_ROW_WIDTH"]
 
 MAX_PARTS = 8
 MAX_ROW_WIDTH = 65535
@@ -128,6 +124,12 @@ class Layout:
     head_lo: int
     head_hi: int
     parts: Tuple[Part, ...] = field(default_factory=tuple)
+
+    #: ``Layout.from_tensor(tensors, preset_or_roles, head_lo, head_hi, heads, **kw)``: the layout read off
+    #: torch tensors in the engine's own shape. It is :func:`stage_client.layout.tensors.from_tensor`, which
+    #: the package :mod:`stage_client.layout` (above both modules) sets here, so that this module imports
+    #: nothing of the code that reads tensors.
+    from_tensor: ClassVar[Callable[..., "Layout"]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
@@ -234,12 +236,6 @@ class Layout:
         lay.validate()
         return lay
 
-    @classmethod
-    def from_tensor(cls, tensors: Any, preset_or_roles: Any, head_lo: int, head_hi: int, heads: int,
-                    **kw: Any) -> "Layout":
-        """Derive a layout from torch tensors in the engine's own shape (see kvmap.from_tensor)."""
-        from .kvmap import from_tensor
-        return from_tensor(tensors, preset_or_roles, head_lo, head_hi, heads, **kw)
 
 
 def _check_overlap(lay: Layout) -> None:
@@ -420,16 +416,4 @@ def sides(a: Layout, table_a: Sequence[int], b: Layout, table_b: Sequence[int], 
     sa.validate("source")
     sb.validate("destination")
     return sa, sb
-
-
-def gather(side: Side, tensors: Sequence[Sequence[Any]]) -> bytes:
-    """The canonical bytes of ``side`` read from ``tensors[layer][tensor_index]`` (see kvmap.gather)."""
-    from .kvmap import gather as g
-    return g(side, tensors)
-
-
-def scatter(side: Side, tensors: Sequence[Sequence[Any]], data: Any) -> None:
-    """Write canonical bytes into ``tensors[layer][tensor_index]`` (see kvmap.scatter)."""
-    from .kvmap import scatter as s
-    s(side, tensors, data)
 
