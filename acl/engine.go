@@ -12,7 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // This file holds what an engine process (or a test standing in for one)

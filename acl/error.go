@@ -4,8 +4,8 @@ import (
 	"strconv"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/vendorkit"
 	"github.com/stage-kv/stage/internal/dl"
-	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // Error is a failed ACL call: the call with the values involved (Op), the

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stage-kv/stage/cuda/kernels"
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 func init() {

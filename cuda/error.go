@@ -2,8 +2,8 @@ package cuda
 
 import (
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/vendorkit"
 	"github.com/stage-kv/stage/internal/dl"
-	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // CUresult values stage reacts to.

@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // Export shares the allocation holding addr by its legacy IPC handle

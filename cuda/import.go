@@ -11,7 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // VMM handle types (CUmemAllocationHandleType).

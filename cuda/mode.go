@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // CopyMode says how a Stream moves a chunk made of several segments. A chunk

@@ -5,7 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // GatherRuns enqueues a copy of runs, in order, into dst contiguously

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stage-kv/stage/cuda/kernels"
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // Descriptor ring sizing (per stream, kernel mode).

@@ -4,8 +4,8 @@ import (
 	"errors"
 
 	"github.com/stage-kv/stage/device"
+	"github.com/stage-kv/stage/device/vendorkit"
 	"github.com/stage-kv/stage/internal/dl"
-	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // hipError_t values stage reacts to (hip/hip_runtime_api.h; they follow

@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // Export shares the allocation holding ptr, any device pointer of this

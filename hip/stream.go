@@ -11,7 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/stage-kv/stage/device"
-	"github.com/stage-kv/stage/internal/vendorkit"
+	"github.com/stage-kv/stage/device/vendorkit"
 )
 
 // Stream is a non-blocking HIP stream (device.Stream). Its methods may be

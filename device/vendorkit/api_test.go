@@ -6,8 +6,8 @@ import (
 
 	"github.com/stage-kv/stage/acl"
 	"github.com/stage-kv/stage/cuda"
+	"github.com/stage-kv/stage/device/vendorkit"
 	"github.com/stage-kv/stage/hip"
-	"github.com/stage-kv/stage/internal/vendorkit"
 )
 
 // TestBackendsKeepTheirAPI: the scaffold is the backends' own business.
