@@ -44,7 +44,7 @@ DISCONNECTED = "the sidecar closed its connection (restarted?) while the KV arri
 
 
 def code_text(code: int) -> str:
-    """A notification's code as its name (``NO_ROUTE``), ``code(N)`` for a code this client does not know."""
+    """A notification's code as its name (``UNKNOWN_ROUTE``), ``code(N)`` for a code this client does not know."""
     try:
         return Code(code).name
     except ValueError:
