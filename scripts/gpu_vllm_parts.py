@@ -117,17 +117,71 @@ MIB = 1 << 20
 
 
 def sidecar_config(name: str, listen: str, sock: str, metrics: str, device: str, ordinal: int,
-                   routes: Sequence[Tuple[str, str]], transport: str) -> str:
-    """staged's YAML: node, addresses, device, 4 MiB slots, routes (name, peer address) of ``transport``."""
+                   routes: Sequence[Tuple[str, Any]], transport: str) -> str:
+    """staged's YAML: node, addresses, device, 4 MiB slots, routes (name, peer address or a list of them) of
+    ``transport``."""
     if transport not in ("auto", "tcp", "ipc", "shm"):
         raise ValueError("transport %r: auto, tcp, ipc or shm" % transport)
     cfg = ("node: {name: %s}\nlisten: %s\ncontrol_socket: %s\nmetrics: {listen: %s}\n"
            "device: {kind: %s, ordinal: %d}\nstaging: {slot_size: 4MiB, slots: 64, window: 32}\n"
            % (name, listen, sock, metrics, device, ordinal))
     if routes:
-        cfg += "routes:\n" + "".join("  - name: %s\n    peers: [\"%s\"]\n    transport: %s\n    stripes: 4\n"
-                                     % (r, peer, transport) for r, peer in routes)
+        cfg += "routes:\n" + "".join("  - name: %s\n    peers: [%s]\n    transport: %s\n    stripes: 4\n"
+                                     % (r, ", ".join('"%s"' % p for p in ([peer] if isinstance(peer, str) else peer)),
+                                        transport) for r, peer in routes)
     return cfg
+
+
+def parse_tp_runs(text: str) -> List[Tuple[int, int]]:
+    """``"2:1,2:2"``: the (prefill TP, decode TP) of each run, in order; each TP 1 to 8."""
+    runs = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"([1-8]):([1-8])", part)
+        if not m:
+            raise ValueError("tp run %r: want PREFILL_TP:DECODE_TP, each 1 to 8 (e.g. 2:1,2:2)" % part)
+        runs.append((int(m.group(1)), int(m.group(2))))
+    if not runs:
+        raise ValueError("no tp run in %r (e.g. 2:1,2:2)" % text)
+    return runs
+
+
+def tp_plan(runs: Sequence[Tuple[int, int]], gpus: Sequence[int], share: bool = False) -> Dict[str, Any]:
+    """The GPUs of each side and run: the prefill's group is the first (largest prefill TP) GPUs, the decode's
+    the next (largest decode TP); a run's engine takes the first TP GPUs of its side's group. The sidecars
+    serve the groups, so runs restart only the engines. ``share`` (fewer GPUs than both groups need, as on
+    a 2-GPU machine when no 4-GPU one is lent): the decode's group is the last GPUs, overlapping the
+    prefill's; ``shared`` says so (the engines then start one after the other)."""
+    mp, md = max(p for p, _ in runs), max(d for _, d in runs)
+    if len(gpus) < mp + md and not (share and len(gpus) >= max(mp, md)):
+        raise ValueError("tp runs %s need %d GPUs (prefill %d + decode %d)%s, --gpus gives %d"
+                         % (list(runs), mp + md, mp, md, " or, sharing, %d" % max(mp, md) if share else "",
+                            len(gpus)))
+    pre = list(gpus[:mp])
+    dec = list(gpus[mp:mp + md]) if len(gpus) >= mp + md else list(gpus[len(gpus) - md:])
+    return {"pre_group": pre, "dec_group": dec, "per_rank": mp + md > 2, "shared": bool(set(pre) & set(dec)),
+            "runs": [{"pre_tp": p, "dec_tp": d, "pre": pre[:p], "dec": dec[:d]} for p, d in runs]}
+
+
+def sidecar_specs(side: str, group: Sequence[int], per_rank: bool) -> List[Dict[str, Any]]:
+    """The sidecars of one side: without TP one, named ``side``, seeing its GPU as ordinal 0 (the engine's
+    numbering); per rank, ``side-r`` seeing the whole group (CUDA_VISIBLE_DEVICES as its engine has it) and
+    serving ordinal r, the device index rank r's cache registers with (vLLM puts rank r on device r)."""
+    if not per_rank:
+        return [{"name": side, "visible": str(group[0]), "ordinal": 0, "rank": 0}]
+    vis = ",".join(str(g) for g in group)
+    return [{"name": "%s-%d" % (side, r), "visible": vis, "ordinal": r, "rank": r} for r in range(len(group))]
+
+
+def tp_skip(mode: str, per_rank: bool) -> str:
+    """Why a phase cannot run on this layout ("" : it can). A push with one sidecar per rank: the decode's ticket
+    must reach the prefill's rank 0 sidecar, which a route of several peers only reaches by name, and
+    stage_client.pdproxy names none (it would need to set stage_peer, as the connector's tests do)."""
+    if mode == "push" and per_rank:
+        return ("push with one sidecar per rank needs the router to name the prefill's sidecar (stage_peer) for the "
+                "decode's ticket; stage_client.pdproxy does not yet")
+    return ""
 
 
 def _kv_line(kv: Dict[str, Dict[str, float]]) -> str:
@@ -144,6 +198,22 @@ def _kv_line(kv: Dict[str, Dict[str, float]]) -> str:
             side, b_out / MIB, b_in / MIB, tn, ts / tn if tn else 0.0,
             ", %d same-node fallbacks to TCP" % fb if fb else ""))
     return "; ".join(parts)
+
+
+def _nixl_line(kv: Dict[str, Dict[str, float]]) -> str:
+    """NixlConnector's transfers from the engines' /metrics deltas: MiB, count, mean seconds, failures."""
+    parts = []
+    for side in ("prefill", "decode"):
+        d = kv.get(side) or {}
+        n = sum(v for k, v in d.items() if k.startswith("vllm:nixl_xfer_time_seconds_count"))
+        if not n:
+            continue
+        t = sum(v for k, v in d.items() if k.startswith("vllm:nixl_xfer_time_seconds_sum"))
+        b = sum(v for k, v in d.items() if k.startswith("vllm:nixl_bytes_transferred_sum"))
+        bad = sum(v for k, v in d.items() if k.startswith("vllm:nixl_num_failed"))
+        parts.append("%s (NIXL): %.1f MiB in %d transfers, %.3f s mean%s" % (
+            side, b / MIB, n, t / n, ", %d failed" % bad if bad else ""))
+    return "; ".join(parts) or "no NIXL transfer counted in the engines' /metrics"
 
 
 def _t(x: Optional[float]) -> str:
@@ -178,7 +248,8 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
                 eq += "; control (the decode alone again, one at a time): " + _equal_text(ct)
             out.append("%s | %s | %s/%s vs %s/%s | %s vs %s | %s" % (
                 ph, eq, _t(pd.get("ttft_p50")), _t(pd.get("ttft_p90")), _t(al.get("ttft_p50")),
-                _t(al.get("ttft_p90")), pd.get("tok_per_s"), al.get("tok_per_s"), _kv_line(r.get("kv") or {})))
+                _t(al.get("ttft_p90")), pd.get("tok_per_s"), al.get("tok_per_s"),
+                (_nixl_line if r.get("connector") == "nixl" else _kv_line)(r.get("kv") or {})))
         elif ph == "fault":
             st = [q.get("status") for q in r.get("requests") or []]
             out.append("fault | %s/%s | prefill's staged SIGKILLed at %.2fs (%s); statuses %s; within timeout_s+30: %s"
@@ -192,11 +263,14 @@ def summary_text(rows: Sequence[Dict[str, Any]]) -> str:
                 r.get("restarted"), r.get("kv_moved_again"), r.get("errors") or r.get("error"),
                 _kv_line(r.get("kv") or {})))
         elif ph == "engines":
-            out.append("engines | attempt %s: %s, %s, blocks prefill %s / decode %s, start %ss%s" % (
-                r.get("attempt"), "ok" if r.get("ok") else "FAILED", "--enforce-eager" if r.get("eager") else
+            tp = " TP %s on GPUs %s -> TP %s on GPUs %s," % (r["pre_tp"], r.get("pre_gpus"), r.get("dec_tp"), r.get(
+                "dec_gpus")) if r.get("pre_tp", 1) > 1 or r.get("dec_tp", 1) > 1 else ""
+            out.append("engines | attempt %s: %s,%s%s %s, blocks prefill %s / decode %s, start %ss%s" % (
+                r.get("attempt"), "ok" if r.get("ok") else "FAILED", tp,
+                " vLLM's NixlConnector," if r.get("connector") == "nixl" else "", "--enforce-eager" if r.get("eager") else
                 "CUDA graphs on", r.get("pre_block"), r.get("dec_block"), r.get("start_s"),
                 "" if r.get("ok") else ": " + str(r.get("error", ""))[-300:].replace("\n", " ")))
-        elif ph in ("start", "warmup", "sidecars"):
+        elif ph.split(" ")[0] in ("start", "warmup", "sidecars"):  # "warmup tp2:1": a TP run's
             out.append("%s | %s" % (ph, json.dumps({k: v for k, v in r.items() if k not in ("phase", "at_s")})[:400]))
     return "\n".join(out) + "\n"
 

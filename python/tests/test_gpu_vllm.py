@@ -5,6 +5,7 @@ scripts/gpu-bundle.sh (parts packed, stashed, reassembled; a damaged part refuse
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import unittest
 import zipfile
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -118,6 +120,12 @@ class TestSidecarConfig(unittest.TestCase):
         with self.assertRaises(ValueError):
             parts.sidecar_config("p", "a", "s", "m", "cuda", 0, [], "rdma")
 
+    def test_config_route_of_several_peers(self) -> None:
+        """Under TP each sidecar's route lists every sidecar of the other engine (one per GPU)."""
+        cfg = parts.sidecar_config("decode-0", "127.0.0.1:1", "/s/d.sock", "127.0.0.1:2", "cuda", 0,
+                                   [("prefill", ["127.0.0.1:3", "127.0.0.1:4"])], "auto")
+        self.assertIn("  - name: prefill\n    peers: [\"127.0.0.1:3\", \"127.0.0.1:4\"]\n    transport: auto\n", cfg)
+
     def test_config_loads_in_staged(self) -> None:
         """staged itself accepts the config (--check-config where it exists, else a start it stops)."""
         staged = os.path.join(ROOT, "bin", "staged")
@@ -125,10 +133,15 @@ class TestSidecarConfig(unittest.TestCase):
             self.skipTest("no bin/staged (make build)")
         d = tempfile.mkdtemp(prefix="gv-cfg-")
         self.addCleanup(shutil.rmtree, d, True)
-        cfg = os.path.join(d, "p.yaml")
+        for i, peers in enumerate(("127.0.0.1:9", ["127.0.0.1:9", "127.0.0.1:10"])):
+            with self.subTest(peers=peers):
+                self.check_staged_starts(staged, d, i, peers)
+
+    def check_staged_starts(self, staged: str, d: str, i: int, peers: object) -> None:
+        cfg = os.path.join(d, "p%d.yaml" % i)
         with open(cfg, "w") as f:
-            f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p.sock"), "127.0.0.1:0",
-                                         "hostmem", 0, [("decode", "127.0.0.1:9")], "auto"))
+            f.write(parts.sidecar_config("prefill", "127.0.0.1:0", os.path.join(d, "p%d.sock" % i), "127.0.0.1:0",
+                                         "hostmem", 0, [("decode", peers)], "auto"))
         from test_e2e import sidecar_env  # the token the driver's sidecars get too
 
         p = subprocess.Popen([staged, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -139,6 +152,104 @@ class TestSidecarConfig(unittest.TestCase):
             p.terminate()
             _, err = p.communicate(20)
         self.assertTrue(line.startswith("staged ready"), "staged refused the config: %s %s" % (line, err[-500:]))
+
+
+class TestTPLayout(unittest.TestCase):
+    def test_parse_tp_runs(self) -> None:
+        self.assertEqual(parts.parse_tp_runs("2:1,2:2"), [(2, 1), (2, 2)])
+        self.assertEqual(parts.parse_tp_runs(" 1:1 ,"), [(1, 1)])
+        for bad in ("", "2", "2:0", "0:1", "9:1", "2:1:1", "a:b", "2-1"):
+            with self.assertRaises(ValueError, msg=bad):
+                parts.parse_tp_runs(bad)
+
+    def test_plan_four_gpus(self) -> None:
+        p = parts.tp_plan([(2, 1), (2, 2)], [0, 1, 2, 3])
+        self.assertEqual((p["pre_group"], p["dec_group"], p["per_rank"]), ([0, 1], [2, 3], True))
+        self.assertEqual([(r["pre"], r["dec"]) for r in p["runs"]], [([0, 1], [2]), ([0, 1], [2, 3])])
+        self.assertEqual([(r["pre_tp"], r["dec_tp"]) for r in p["runs"]], [(2, 1), (2, 2)])
+
+    def test_plan_default_pair_unchanged(self) -> None:
+        p = parts.tp_plan([(1, 1)], [0, 1])
+        self.assertEqual((p["pre_group"], p["dec_group"], p["per_rank"]), ([0], [1], False))
+        self.assertEqual(parts.sidecar_specs("decode", p["dec_group"], p["per_rank"]),
+                         [{"name": "decode", "visible": "1", "ordinal": 0, "rank": 0}])
+
+    def test_plan_shared_on_two_gpus(self) -> None:
+        """No 4-GPU machine: --share-gpus puts the decode on the last GPUs, beside the prefill."""
+        plan = parts.tp_plan([(2, 1), (2, 2)], [0, 1], share=True)
+        self.assertTrue(plan["shared"])
+        self.assertEqual([(r["pre"], r["dec"]) for r in plan["runs"]], [([0, 1], [0]), ([0, 1], [0, 1])])
+        self.assertFalse(parts.tp_plan([(2, 1)], [0, 1, 2], share=True)["shared"])  # enough: apart as before
+        with self.assertRaises(ValueError):
+            parts.tp_plan([(4, 1)], [0, 1], share=True)
+
+    def test_plan_too_few_gpus(self) -> None:
+        with self.assertRaisesRegex(ValueError, "need 4 GPUs"):
+            parts.tp_plan([(2, 2)], [0, 1])
+
+    def test_push_skipped_per_rank(self) -> None:
+        self.assertEqual(parts.tp_skip("push", False), "")
+        self.assertEqual(parts.tp_skip("pull", True), "")
+        self.assertIn("stage_peer", parts.tp_skip("push", True))
+
+    def test_sidecars_per_rank(self) -> None:
+        """Rank r of an engine on GPUs 2,3 registers device index r: its sidecar sees 2,3 and serves ordinal r."""
+        self.assertEqual(parts.sidecar_specs("decode", [2, 3], True),
+                         [{"name": "decode-0", "visible": "2,3", "ordinal": 0, "rank": 0},
+                          {"name": "decode-1", "visible": "2,3", "ordinal": 1, "rank": 1}])
+        # a TP 1 decode under a TP 2 prefill: one sidecar, still named per rank (peer_name decode-{rank})
+        self.assertEqual(parts.sidecar_specs("decode", [2], True),
+                         [{"name": "decode-0", "visible": "2", "ordinal": 0, "rank": 0}])
+
+
+class TestPairLayout(unittest.TestCase):
+    """gpu_vllm_pair's sidecars and connector settings per TP layout, built without starting anything."""
+
+    def pair(self, *extra: str) -> object:
+        import gpu_vllm_pair as gp
+
+        d = tempfile.mkdtemp(prefix="gv-pair-")
+        self.addCleanup(shutil.rmtree, d, True)
+        p = gp.Pair(gp.parse(["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", d] + list(extra)))
+        self.addCleanup(p.phases.close)
+        return p
+
+    def test_default_pair_unchanged(self) -> None:
+        p = self.pair()
+        self.assertEqual([(sc.name, sc.visible, sc.ordinal) for sc in p.sidecars],
+                         [("prefill", "0", 0), ("decode", "1", 0)])
+        self.assertEqual(p.pre_sc.routes, [("decode", [p.dec_sc.addr])])
+        self.assertEqual(p.connector("decode"), (p.dec_sc.socket, {}))
+        self.assertEqual(p.plan["runs"], [{"pre_tp": 1, "dec_tp": 1, "pre": [0], "dec": [1]}])
+
+    def test_tp_runs_on_four_gpus(self) -> None:
+        from stage_client.vllm.config import for_rank
+
+        p = self.pair("--gpus", "0,1,2,3", "--tp-runs", "2:1,2:2")
+        self.assertEqual([(sc.name, sc.visible, sc.ordinal) for sc in p.sidecars],
+                         [("prefill-0", "0,1", 0), ("prefill-1", "0,1", 1), ("decode-0", "2,3", 0),
+                          ("decode-1", "2,3", 1)])
+        for side, other in (("prefill", "decode"), ("decode", "prefill")):
+            sock, extra = p.connector(side)
+            self.assertEqual(extra, {"peer_name": side + "-{rank}"})
+            for r, sc in enumerate(p.scs[side]):
+                self.assertEqual(for_rank(sock, r), sc.socket)  # the connector of rank r reaches its sidecar
+                self.assertEqual(sc.routes, [(other, [o.addr for o in p.scs[other]])])
+        self.assertEqual([(r["pre"], r["dec"]) for r in p.plan["runs"]], [([0, 1], [2]), ([0, 1], [2, 3])])
+
+    def test_pre_dec_tp_options(self) -> None:
+        p = self.pair("--gpus", "0,1,2", "--pre-tp", "2")
+        self.assertEqual(p.plan["runs"], [{"pre_tp": 2, "dec_tp": 1, "pre": [0, 1], "dec": [2]}])
+
+    def test_bad_tp_refused(self) -> None:
+        import gpu_vllm_pair as gp
+
+        for argv in (["--tp-runs", "2:2"], ["--tp-runs", "2x1", "--gpus", "0,1,2"], ["--cpu", "--pre-tp", "2",
+                                                                                   "--gpus", "0,1,2"]):
+            with self.subTest(argv=argv), self.assertRaises(SystemExit) as cm, \
+                    mock.patch("sys.stderr", new_callable=io.StringIO):
+                gp.parse(["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", "o"] + argv)
+            self.assertEqual(cm.exception.code, 2)
 
 
 class TestSummary(unittest.TestCase):
@@ -157,6 +268,58 @@ class TestSummary(unittest.TestCase):
         self.assertIn("pd-push-auto | not run: out of time", text)
         self.assertIn("fault | 1/1 | prefill's staged SIGKILLed at 0.50s (mid-transfer)", text)
         json.dumps(rows)
+
+    def test_tp_rows(self) -> None:
+        """A TP run's engines row names the split and GPUs; its phases carry the split in their names."""
+        rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
+                 "start_s": 95, "pre_tp": 2, "dec_tp": 1, "pre_gpus": [0, 1], "dec_gpus": [2]},
+                {"phase": "pd-pull-tcp tp2:1", "tokens": {"equal": 16, "of": 16, "diff": []},
+                 "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0}, "kv": {}},
+                {"phase": "warmup tp2:1", "status": 200, "error": None},
+                {"phase": "start tp2:2", "ok": False, "error": "vLLM decode-run2 exited 1"}]
+        text = parts.summary_text(rows)
+        self.assertIn('warmup tp2:1 | {"status": 200, "error": null}', text)
+        self.assertIn('start tp2:2 | {"ok": false, "error": "vLLM decode-run2 exited 1"}', text)
+        self.assertIn("attempt 1: ok, TP 2 on GPUs [0, 1] -> TP 1 on GPUs [2], CUDA graphs on", text)
+        self.assertIn("pd-pull-tcp tp2:1 | 16/16 | 0.050/0.100", text)
+
+
+class TestNixl(unittest.TestCase):
+    """vLLM's NixlConnector beside stage (issue 34 item 4): its configuration, its row of the summary."""
+
+    def test_config_is_tcp_without_ipc(self) -> None:
+        import gpu_vllm_procs as procs
+
+        ktc, env = procs.nixl_transfer_config(5123)
+        self.assertEqual((ktc["kv_connector"], ktc["kv_role"], ktc["kv_buffer_device"]),
+                         ("NixlConnector", "kv_both", "cuda"))
+        self.assertNotIn("cuda_ipc", env["UCX_TLS"])
+        self.assertIn("tcp", env["UCX_TLS"].split(","))
+        self.assertEqual((env["UCX_NET_DEVICES"], env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), ("lo", "5123"))
+
+    def test_nixl_flag(self) -> None:
+        import gpu_vllm_pair as gp
+
+        base = ["pair", "--model", "m", "--staged", "s", "--stagectl", "c", "--out", "o"]
+        self.assertFalse(gp.parse(base).nixl)
+        self.assertTrue(gp.parse(base + ["--nixl"]).nixl)
+
+    def test_row(self) -> None:
+        d = {"vllm:nixl_xfer_time_seconds_sum": 0.5, "vllm:nixl_xfer_time_seconds_count": 4.0,
+             "vllm:nixl_bytes_transferred_sum": 8.0 * parts.MIB}
+        rows = [{"phase": "engines", "attempt": 1, "ok": True, "eager": False, "pre_block": 16, "dec_block": 64,
+                 "start_s": 90, "connector": "nixl"},
+                {"phase": "pd-nixl-pull", "connector": "nixl", "tokens": {"equal": 16, "of": 16, "diff": []},
+                 "pd": {"ttft_p50": 0.05, "ttft_p90": 0.1, "tok_per_s": 900.0},
+                 "alone": {"ttft_p50": 0.04, "ttft_p90": 0.08, "tok_per_s": 1000.0},
+                 "kv": {"prefill": {}, "decode": d}},
+                {"phase": "pd-nixl-pull", "connector": "nixl", "tokens": {"equal": 1, "of": 1, "diff": []},
+                 "pd": {}, "alone": {}, "kv": {"prefill": {}, "decode": {}}}]
+        text = parts.summary_text(rows)
+        self.assertIn("ok, vLLM's NixlConnector, CUDA graphs on", text)
+        self.assertIn("decode (NIXL): 8.0 MiB in 4 transfers, 0.125 s mean", text)
+        self.assertIn("no NIXL transfer counted", text)
 
 
 class TestWheelStrip(unittest.TestCase):

