@@ -4,9 +4,7 @@ import (
 	"testing"
 
 	"github.com/stage-kv/stage/config"
-	"github.com/stage-kv/stage/kvsim"
 	"github.com/stage-kv/stage/proxy/proxytest"
-	"github.com/stage-kv/stage/wire"
 )
 
 // balanced turns on staging.balance_sockets and staging.tail_chunk (the
@@ -21,30 +19,15 @@ func balanced(o proxytest.Options, tail config.ByteSize) proxytest.Options {
 
 // TestBalancedMoves: with chunks placed by their sockets' bytes and the
 // end of each transfer cut into chunks down to 4 KiB, ranges and
-// scattered blocks, pushed and pulled over 4 streams, land byte-exact
+// scattered blocks (32 MiB), pushed and pulled over 4 streams, land byte-exact
 // (the receiver takes chunks of every length the tail cut).
 func TestBalancedMoves(t *testing.T) {
-	const size, layers = 32 << 20, 4
 	for _, tc := range shapes {
 		t.Run(tc.name, func(t *testing.T) {
 			o := balanced(e2eOpts(), 4*config.KiB)
 			o.Stripes = 4
 			pre, dec := proxytest.Pair(t, o)
-			var S, D *kvsim.Cache
-			if tc.dir == wire.Push {
-				S, D = caches(t, pre, dec, layers, size/layers)
-			} else {
-				S, D = caches(t, dec, pre, layers, size/layers)
-			}
-			ms := tc.moves(S)
-			if tc.dir == wire.Push {
-				run(t, pre.Client, wire.Push, "t", S, D, ms)
-			} else {
-				run(t, pre.Client, wire.Pull, "t", D, S, ms)
-			}
-			if err := kvsim.Verify(S, D, ms, guard); err != nil {
-				t.Fatal(err)
-			}
+			moveAndVerify(t, pre, dec, tc.dir, tc.moves)
 		})
 	}
 }
