@@ -80,7 +80,7 @@ func (s *Sender) dispatchAll() {
 // reading its sockets first when balancing on their bytes; -1 when every
 // live one holds s.queue; alive is false when none lives.
 func (s *Sender) roomyStream(ss *ssess) (best int, alive bool) {
-	if s.probe != nil {
+	if s.probe != nil && len(ss.streams) > 1 {
 		s.readSockets(ss)
 	}
 	return pickStream(ss.streams, s.probe != nil, s.queue)
