@@ -81,7 +81,8 @@ type Staging struct {
 	// false: by unwritten chunks.
 	BalanceSockets bool `mapstructure:"balance_sockets"`
 	// TailChunk cuts the last rounds of a transfer's chunks finer, halving
-	// round by round down to this size, so its streams end together; 0: off.
+	// round by round down to this size, so its streams end together; 0: off
+	// (so is a size above half of SlotSize).
 	TailChunk   ByteSize `mapstructure:"tail_chunk"`
 	SpliceSend  bool     `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
 	SpliceProbe bool     `mapstructure:"splice_probe"` // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev

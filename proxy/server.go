@@ -193,6 +193,10 @@ func (s *Server) Start(ctx context.Context) error {
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
 		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)), zap.Int("stream_queue", s.cfg.Staging.StreamQueue),
 		zap.Bool("balance_sockets", s.cfg.Staging.BalanceSockets), zap.Stringer("tail_chunk", s.cfg.Staging.TailChunk))
+	if tc := s.cfg.Staging.TailChunk; tc > s.cfg.Staging.SlotSize/2 {
+		s.log.Warn("staging.tail_chunk is above half of staging.slot_size: the ends of transfers are not cut; lower it to cut them",
+			zap.Stringer("tail_chunk", tc), zap.Stringer("slot_size", s.cfg.Staging.SlotSize))
+	}
 	return nil
 }
 

@@ -36,3 +36,11 @@ func TestBalancedMoves(t *testing.T) {
 // canonical stream) cut at the tail land where the receiver's layout
 // says.
 func TestBalancedKV(t *testing.T) { kvBlockMajor(t, balanced(e2eOpts(), 4*config.KiB)) }
+
+// TestTailChunkAboveHalfSlot: a tail chunk that could cut nothing (above
+// half a slot) is said at start, and transfers still move whole.
+func TestTailChunkAboveHalfSlot(t *testing.T) {
+	pre, dec := proxytest.Pair(t, balanced(e2eOpts(), config.MiB)) // slots of 1 MiB
+	waitLogged(t, pre, "staging.tail_chunk is above half of staging.slot_size")
+	moveAndVerify(t, pre, dec, shapes[0].dir, shapes[0].moves)
+}
