@@ -1,11 +1,11 @@
 package staging
 
 // Handing gathered chunks to data streams. A gathered chunk goes to the
-// least loaded live stream (balance.go says by what). With a queue set (staging.stream_queue), only
-// while that stream has fewer than queue chunks handed to it and not yet
-// written (2: one in the writer's hands, one behind it, so a writer never
-// waits for the core between two writes); otherwise it waits here, oldest
-// first, for the first stream to free.
+// least loaded live stream (balance.go says by what). With a queue set
+// (staging.stream_queue), only while that stream has fewer than queue
+// chunks handed to it and not yet written (2: one in the writer's hands,
+// one behind it, so a writer never waits for the core between two writes);
+// otherwise it waits here, oldest first, for the first stream to free.
 //
 // Why: gathering runs staging.stream_depth chunks per stream ahead, and
 // without a queue each socket gets that many chunks behind it at once.

@@ -71,9 +71,10 @@ const slabSegs = 4096
 // Plan is a transfer cut into chunks of one slot each. Every chunk but the
 // last carries exactly the chunk size (or, after SplitTail, every chunk
 // before its tail, whose lengths are listed), so the number of chunks and
-// each chunk's length are known at once; their segment lists are cut on demand,
-// in order, the first time Chunk asks for them: the first chunk of a push of
-// many scattered blocks can be gathered while the rest are still ops.
+// each chunk's length are known at once; their segment lists are cut on
+// demand, in order, the first time Chunk asks for them: the first chunk of
+// a push of many scattered blocks can be gathered while the rest are still
+// ops.
 //
 // A Plan is not safe for concurrent use: whoever holds it (the sender core,
 // on its one goroutine) cuts it. A Chunk, once returned, never changes or
