@@ -76,8 +76,16 @@ type Staging struct {
 	StreamDepth  Depth    `mapstructure:"stream_depth"`  // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
 	StreamQueue  int      `mapstructure:"stream_queue"`  // chunks handed to one data stream, unwritten; 0: no limit
 	SocketBuffer ByteSize `mapstructure:"socket_buffer"` // SO_SNDBUF/SO_RCVBUF of data streams; 0: the kernel's autotuning
-	SpliceSend   bool     `mapstructure:"splice_send"`   // send chunks with vmsplice+splice (no kernel copy); slots held until acked
-	SpliceProbe  bool     `mapstructure:"splice_probe"`  // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
+	// BalanceSockets chooses a chunk's data stream by the bytes its socket
+	// holds unacknowledged (SIOCOUTQ) plus its unwritten chunks' bytes;
+	// false: by unwritten chunks.
+	BalanceSockets bool `mapstructure:"balance_sockets"`
+	// TailChunk cuts the last rounds of a transfer's chunks finer, halving
+	// round by round down to this size, so its streams end together; 0: off
+	// (so is a size above half of SlotSize).
+	TailChunk   ByteSize `mapstructure:"tail_chunk"`
+	SpliceSend  bool     `mapstructure:"splice_send"`  // send chunks with vmsplice+splice (no kernel copy); slots held until acked
+	SpliceProbe bool     `mapstructure:"splice_probe"` // with SpliceSend: keep it only if a start-up loopback probe finds it faster than writev
 	// StallTimeout drops a data stream that moved no byte for this long
 	// while it had a chunk to write or half read (its peer stopped
 	// reading or sending); 0: never.

@@ -63,6 +63,7 @@ const (
 	MinStall       = 500 * time.Millisecond
 	MaxStall       = 10 * time.Minute
 	MaxStreamDepth = 64
+	MinTailChunk   = 4 * KiB
 	MaxStripes     = 64
 	MinDNSInterval = 100 * time.Millisecond
 	// Bounds of the peer timing limits.
@@ -133,6 +134,9 @@ func Validate(c *Config) error {
 	}
 	if s.SocketBuffer > 1<<30 {
 		v.add("staging.socket_buffer", fmt.Sprintf("must be at most 1GiB (got %s); 0: the kernel's autotuning", s.SocketBuffer))
+	}
+	if s.TailChunk != 0 && (s.TailChunk < MinTailChunk || s.TailChunk > MaxSlotSize/2) {
+		v.add("staging.tail_chunk", fmt.Sprintf("must be 0 (off) or %s..%s (got %s); it cuts nothing above half of staging.slot_size", MinTailChunk, MaxSlotSize/2, s.TailChunk))
 	}
 	if s.StreamQueue < 0 || s.StreamQueue > MaxStreamDepth {
 		v.add("staging.stream_queue", fmt.Sprintf("must be 0..%d (got %d); 0: no limit", MaxStreamDepth, s.StreamQueue))

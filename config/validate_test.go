@@ -149,6 +149,8 @@ func TestValidateRules(t *testing.T) {
 		{"progress timeout", func(c *Config) { c.Routes[1].ProgressTimeout = -time.Second }, "routes[1].progress_timeout", "must be > 0"},
 		{"stall timeout small", func(c *Config) { c.Staging.StallTimeout = 100 * time.Millisecond }, "staging.stall_timeout", "must be 0 (off) or 500ms..10m0s (got 100ms)"},
 		{"stall timeout negative", func(c *Config) { c.Staging.StallTimeout = -time.Second }, "staging.stall_timeout", "(got -1s)"},
+		{"tail chunk small", func(c *Config) { c.Staging.TailChunk = 100 }, "staging.tail_chunk", "must be 0 (off) or 4KiB..128MiB (got 100B)"},
+		{"tail chunk large", func(c *Config) { c.Staging.TailChunk = 128*MiB + 1 }, "staging.tail_chunk", "(got "},
 		{"stall timeout past progress", func(c *Config) {
 			c.Staging.StallTimeout = 5 * time.Second
 			c.Routes[1].ProgressTimeout = 5 * time.Second

@@ -29,6 +29,7 @@ type streamConn interface {
 	Done()     // once per user; the last closes
 	SetSpin(d time.Duration)
 	Moved() (acked, received uint64, err error) // the kernel's byte counts (stall.go)
+	Queued() (uint64, error)                    // bytes written and not yet acknowledged (balance.go)
 }
 
 // closeUnused closes a stream connection that never got its reader and

@@ -36,6 +36,8 @@ type sender struct {
 	spliceRefused atomic.Bool
 	// spliceProbe replaces the start-up probe in tests (nil: the real one).
 	spliceProbe func(size int) (rawconn.SpliceProbe, error)
+	// sockStreams: socketBytes' buffer (the run goroutine's only).
+	sockStreams []*dataStream
 }
 
 // post queues an event for the core; it never blocks.

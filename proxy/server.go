@@ -124,6 +124,10 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	// After openPool: an auto depth follows whether chunks go by splice.
 	s.sender.core = staging.NewSenderDepth(sendSlots, cfg.Staging.StreamDepth.Resolve(s.sender.splice))
 	s.sender.core.SetStreamQueue(cfg.Staging.StreamQueue)
+	if cfg.Staging.BalanceSockets {
+		s.sender.core.SetSocketProbe(s.sender.socketBytes)
+	}
+	s.sender.core.SetTailChunk(uint32(cfg.Staging.TailChunk))
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.inline.lane, err = staging.NewLane(dev); err != nil {
@@ -187,7 +191,12 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("staged started", zap.String("node", s.cfg.Node.Name), zap.String("peers", s.PeerAddr()),
 		zap.String("socket", s.SocketPath()), zap.String("device", s.dev.String()),
 		zap.Int("slots", s.cfg.Staging.Slots), zap.Stringer("slot_size", s.cfg.Staging.SlotSize),
-		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)), zap.Int("stream_queue", s.cfg.Staging.StreamQueue))
+		zap.Bool("splice_send", s.sender.splice), zap.Int("stream_depth", s.cfg.Staging.StreamDepth.Resolve(s.sender.splice)), zap.Int("stream_queue", s.cfg.Staging.StreamQueue),
+		zap.Bool("balance_sockets", s.cfg.Staging.BalanceSockets), zap.Stringer("tail_chunk", s.cfg.Staging.TailChunk))
+	if tc := s.cfg.Staging.TailChunk; tc > s.cfg.Staging.SlotSize/2 {
+		s.log.Warn("staging.tail_chunk is above half of staging.slot_size: the ends of transfers are not cut; lower it to cut them",
+			zap.Stringer("tail_chunk", tc), zap.Stringer("slot_size", s.cfg.Staging.SlotSize))
+	}
 	return nil
 }
 

@@ -119,6 +119,16 @@ func (t *sessionTable) revokeRegion(r *region.Region) {
 	}
 }
 
+// byID is session id, live or being set up; nil when there is none.
+func (t *sessionTable) byID(id uint64) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ss := t.live[id]; ss != nil {
+		return ss
+	}
+	return t.setup[id]
+}
+
 // count is the number of sessions, live or being set up.
 func (t *sessionTable) count() int {
 	t.mu.Lock()

@@ -1,11 +1,11 @@
 package staging
 
 // Handing gathered chunks to data streams. A gathered chunk goes to the
-// least loaded live stream. With a queue set (staging.stream_queue), only
-// while that stream has fewer than queue chunks handed to it and not yet
-// written (2: one in the writer's hands, one behind it, so a writer never
-// waits for the core between two writes); otherwise it waits here, oldest
-// first, for the first stream to free.
+// least loaded live stream (balance.go says by what). With a queue set
+// (staging.stream_queue), only while that stream has fewer than queue
+// chunks handed to it and not yet written (2: one in the writer's hands,
+// one behind it, so a writer never waits for the core between two writes);
+// otherwise it waits here, oldest first, for the first stream to free.
 //
 // Why: gathering runs staging.stream_depth chunks per stream ahead, and
 // without a queue each socket gets that many chunks behind it at once.
@@ -76,28 +76,21 @@ func (s *Sender) dispatchAll() {
 	}
 }
 
-// roomyStream picks the live stream of ss with the fewest unwritten chunks,
-// or -1 when every live one holds s.queue; alive is false when none lives.
+// roomyStream picks the stream of ss for a gathered chunk (pickStream),
+// reading its sockets first when balancing on their bytes; -1 when every
+// live one holds s.queue; alive is false when none lives.
 func (s *Sender) roomyStream(ss *ssess) (best int, alive bool) {
-	best = -1
-	for i, st := range ss.streams {
-		if st.alive && (best < 0 || st.inflight < ss.streams[best].inflight) {
-			best = i
-		}
+	if s.probe != nil && len(ss.streams) > 1 {
+		s.readSockets(ss)
 	}
-	if best < 0 {
-		return -1, false
-	}
-	if s.queue > 0 && ss.streams[best].inflight >= s.queue {
-		return -1, true
-	}
-	return best, true
+	return pickStream(ss.streams, s.probe != nil, s.queue)
 }
 
 // sendOn emits the write of chunk c of x, in slot, on stream st.
 func (s *Sender) sendOn(x *sxfer, c uint32, slot SendSlot, st int) {
 	ss := x.sess
 	ss.streams[st].inflight++
+	ss.streams[st].unsent += uint64(x.plan.ChunkLen(int(c)))
 	if x.state[c] == chCopying {
 		x.state[c] = chSending
 	}

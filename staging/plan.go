@@ -69,10 +69,12 @@ func (c *Chunk) Sources(buf []device.Seg) []device.Seg {
 const slabSegs = 4096
 
 // Plan is a transfer cut into chunks of one slot each. Every chunk but the
-// last carries exactly the chunk size, so the number of chunks and each
-// chunk's length are known at once; their segment lists are cut on demand,
-// in order, the first time Chunk asks for them: the first chunk of a push of
-// many scattered blocks can be gathered while the rest are still ops.
+// last carries exactly the chunk size (or, after SplitTail, every chunk
+// before its tail, whose lengths are listed), so the number of chunks and
+// each chunk's length are known at once; their segment lists are cut on
+// demand, in order, the first time Chunk asks for them: the first chunk of
+// a push of many scattered blocks can be gathered while the rest are still
+// ops.
 //
 // A Plan is not safe for concurrent use: whoever holds it (the sender core,
 // on its one goroutine) cuts it. A Chunk, once returned, never changes or
@@ -85,6 +87,10 @@ type Plan struct {
 	cs     uint64
 	n      int
 	chunks []Chunk // cut so far; capacity n, so pointers into it stay valid
+	// After SplitTail: chunks from head on have the lengths in tail
+	// (tail.go); nil: only the last chunk may be short.
+	head int
+	tail []uint32
 
 	// The cursor: ops[op] is the next op to cut, done of its bytes are.
 	op   int
@@ -186,6 +192,9 @@ func (p *Plan) Len() int { return p.n }
 
 // ChunkLen is the payload length of chunk i, cut or not.
 func (p *Plan) ChunkLen(i int) uint32 {
+	if p.tail != nil && i >= p.head {
+		return p.tail[i-p.head]
+	}
 	if i == p.n-1 {
 		return uint32(p.Total - uint64(i)*p.cs)
 	}
@@ -212,7 +221,7 @@ func (p *Plan) cut() {
 	src, dst := p.src, p.dst
 	want := p.ChunkLen(len(p.chunks))
 	if p.gather != nil {
-		off := uint64(len(p.chunks)) * p.cs
+		off := p.offset(len(p.chunks))
 		dst = append(dst, DstSeg{Region: p.dstRegion, Len: want, Off: off})
 		p.chunks = append(p.chunks, Chunk{Len: want, Dst: dst[:len(dst):len(dst)], Off: off, gather: p.gather, runs: p.runs})
 		p.dst = dst[len(dst):]

@@ -72,13 +72,18 @@ func (s *Sender) roomAhead(ss *ssess) bool {
 	if s.depth <= 0 {
 		return true
 	}
-	alive := 0
+	return ss.ahead < s.depth*max(ss.aliveStreams(), 1)
+}
+
+// aliveStreams is the number of ss's live data streams.
+func (ss *ssess) aliveStreams() int {
+	n := 0
 	for _, st := range ss.streams {
 		if st.alive {
-			alive++
+			n++
 		}
 	}
-	return ss.ahead < s.depth*max(alive, 1)
+	return n
 }
 
 func (s *Sender) startOne(ss *ssess) bool {

@@ -136,7 +136,9 @@ const (
 
 type sstream struct {
 	alive    bool
-	inflight int
+	inflight int    // chunks handed to its writer, not yet written
+	unsent   uint64 // their payload bytes
+	sock     uint64 // bytes its socket held unacknowledged when last read (balance.go)
 }
 
 type ssess struct {
@@ -148,6 +150,8 @@ type ssess struct {
 	ahead   int        // chunks copying, waiting for a stream or queued on one, not yet written
 	held    int        // send slots its transfers hold (fair.go)
 	waiting []gathered // gathered chunks no stream has room for yet (dispatch.go), oldest first
+	probed  uint64     // the Step whose socket reading sock holds (balance.go)
+	sockBuf []uint64   // the probe's buffer
 }
 
 type sxfer struct {
@@ -185,6 +189,12 @@ type Sender struct {
 	tombs    tombs
 	ready    Ready
 	now      time.Time
+	steps    uint64 // Steps taken
+	// probe reads a session's sockets for balancing on their bytes
+	// (balance.go); nil: balance on unwritten chunks. tail: the smallest
+	// chunk a transfer's end is cut into (tail.go); 0: not cut.
+	probe SocketProbe
+	tail  uint32
 }
 
 // NewSender makes a core that owns slots 0..slots-1 of the send pool.
@@ -226,6 +236,7 @@ func (s *Sender) Step(ev Event) *Ready {
 	s.ready.Progress = s.ready.Progress[:0]
 	s.ready.Retired = s.ready.Retired[:0]
 	s.ready.Taint = s.ready.Taint[:0]
+	s.steps++
 	if !ev.Now.IsZero() {
 		s.now = ev.Now
 	}
@@ -320,6 +331,9 @@ func (s *Sender) submit(ev Event) {
 		s.ready.Retired = append(s.ready.Retired, ev.Transfer)
 		return
 	}
+	if s.tail > 0 {
+		ev.Plan.SplitTail(ss.aliveStreams(), s.tail)
+	}
 	n := ev.Plan.Len()
 	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n), timeout: ev.Timeout, progress: s.now}
 	s.xfers[x.id] = x
@@ -360,7 +374,9 @@ func (s *Sender) written(ev Event) {
 	ss := x.sess
 	ss.ahead--
 	if ev.Stream >= 0 && ev.Stream < len(ss.streams) {
-		ss.streams[ev.Stream].inflight--
+		st := &ss.streams[ev.Stream]
+		st.inflight--
+		st.unsent -= min(st.unsent, uint64(x.plan.ChunkLen(int(ev.Chunk))))
 	}
 	if ev.Spliced && ev.Err == nil && !x.finished && x.state[ev.Chunk] == chSending {
 		x.hold(ev.Chunk, ev.Slot)

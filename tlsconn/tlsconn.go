@@ -121,6 +121,17 @@ func (c *Conn) Moved() (acked, received uint64, err error) {
 	return rawconn.MovedFD(sc)
 }
 
+// Queued reports the socket's unacknowledged bytes (rawconn.Queued): TLS
+// records, a little more than the plaintext, which is all balancing
+// streams against each other needs.
+func (c *Conn) Queued() (uint64, error) {
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return 0, fmt.Errorf("data stream: %T has no file descriptor", c.raw)
+	}
+	return rawconn.QueuedFD(sc)
+}
+
 // TryWrite writes nothing and reports 0: a TLS record cannot be partly
 // sent without blocking until the rest is. Callers queue b for the writer.
 func (c *Conn) TryWrite([]byte) (int, error) { return 0, nil }

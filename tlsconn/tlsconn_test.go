@@ -236,3 +236,40 @@ func BenchmarkChunk4MiB(b *testing.B) {
 		}
 	}
 }
+
+// TestQueued: the socket's unacknowledged bytes grow past a MiB while the
+// peer reads nothing (TLS records: a little over the plaintext) and come
+// back to 0 once it read everything.
+func TestQueued(t *testing.T) {
+	a, b := pair(t)
+	defer closePair(a, b)
+	queued := func(done func(uint64) bool) uint64 {
+		t.Helper()
+		var q uint64
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			var err error
+			if q, err = a.Queued(); err != nil {
+				t.Fatal(err)
+			}
+			if done(q) {
+				break
+			}
+		}
+		return q
+	}
+	msg := bytes.Repeat([]byte{1}, 8<<20)
+	done := make(chan error, 1)
+	go func() { done <- a.Writev([][]byte{msg}) }()
+	if q := queued(func(q uint64) bool { return q > 1<<20 }); q <= 1<<20 {
+		t.Fatalf("Queued = %d with 8 MiB written and nothing read, want over 1 MiB", q)
+	}
+	if err := b.Discard(int64(len(msg)), make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if q := queued(func(q uint64) bool { return q == 0 }); q != 0 {
+		t.Fatalf("Queued = %d after the peer read everything, want 0", q)
+	}
+}

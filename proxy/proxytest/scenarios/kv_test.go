@@ -391,8 +391,11 @@ func TestKVSameNode(t *testing.T) {
 // (HND, packed K|V) with one block size, transfers whose first tokens sit
 // at the same slot of a block move in block-major order, the others in
 // token-major order; rows land right either way.
-func TestKVBlockMajor(t *testing.T) {
-	o := e2eOpts()
+func TestKVBlockMajor(t *testing.T) { kvBlockMajor(t, e2eOpts()) }
+
+// kvBlockMajor is TestKVBlockMajor between sidecars of options o, with
+// slots of 64 KiB.
+func kvBlockMajor(t *testing.T, o proxytest.Options) {
 	o.SlotSize = 64 * config.KiB
 	pre, dec := proxytest.Pair(t, o)
 	p := kvlayout.Params{DType: kvlayout.BF16, Blocks: 64, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
