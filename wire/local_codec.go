@@ -63,9 +63,7 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	if m.Peer != "" {
 		need += strSize(m.Peer)
 	}
-	if cap(dst)-len(dst) < need {
-		dst = append(make([]byte, 0, len(dst)+need), dst...)
-	}
+	dst = grow(dst, need)
 	dst = appendU64(dst, m.Req)
 	dst = appendStr(dst, m.Route)
 	dst = appendU8(dst, uint8(m.Dir))
@@ -73,21 +71,37 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	dst = appendStr(dst, m.Tag)
 	dst = appendStrs(dst, m.LocalNames)
 	dst = appendStrs(dst, m.RemoteNames)
+	dst = appendLocalOps(dst, m.Ops)
+	if m.Peer != "" {
+		dst = appendStr(dst, m.Peer)
+	}
+	return dst
+}
+
+// grow returns dst with room for need more bytes, growing it once.
+func grow(dst []byte, need int) []byte {
+	if cap(dst)-len(dst) < need {
+		dst = append(make([]byte, 0, len(dst)+need), dst...)
+	}
+	return dst
+}
+
+// appendLocalOps appends a LocalOp list (count, then the ops at fixed
+// offsets); dst should have room for it (grow).
+func appendLocalOps(dst []byte, ops []LocalOp) []byte {
+	n := listLen(len(ops))
 	dst = appendU32(dst, uint32(n))
 	start := len(dst)
-	dst = dst[:start+n*localOpSize]
+	dst = append(dst, make([]byte, n*localOpSize)...)
 	b := dst[start:]
-	for i := range m.Ops[:n] {
-		op := &m.Ops[i]
+	for i := range ops[:n] {
+		op := &ops[i]
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
 		le.PutUint32(p[0:], op.Local)
 		le.PutUint32(p[4:], op.Remote)
 		le.PutUint64(p[8:], op.LocalOff)
 		le.PutUint64(p[16:], op.RemoteOff)
 		le.PutUint64(p[24:], op.Len)
-	}
-	if m.Peer != "" {
-		dst = appendStr(dst, m.Peer)
 	}
 	return dst
 }
@@ -121,7 +135,7 @@ func (m *Submit) decode(d *decoder) {
 	m.Tag = d.str("Tag", MaxTag)
 	m.LocalNames = d.strs("LocalNames", MaxNames, MaxName)
 	m.RemoteNames = d.strs("RemoteNames", MaxNames, MaxName)
-	m.decodeOps(d)
+	m.Ops = decodeLocalOps(d, uint64(len(m.LocalNames)), uint64(len(m.RemoteNames)))
 	if d.err == nil && d.rem() > 0 {
 		// The optional tail: present only when a peer is named, so an
 		// empty one is not canonical.
@@ -132,23 +146,23 @@ func (m *Submit) decode(d *decoder) {
 	}
 }
 
-// decodeOps reads Submit.Ops.
-func (m *Submit) decodeOps(d *decoder) {
+// decodeLocalOps reads a LocalOp list (Submit.Ops, SubmitMore.Ops) whose
+// Local and Remote index lists of nl and nr names; nil when empty or bad.
+func decodeLocalOps(d *decoder, nl, nr uint64) []LocalOp {
 	n := d.count("Ops", MaxOps, localOpSize)
 	if d.err != nil || n == 0 {
-		return
+		return nil
 	}
 	// count checked that n ops fit in what remains: take them at once and
 	// decode with fixed offsets, one pass.
 	b := d.take("Ops", n*localOpSize)
 	if b == nil {
-		return
+		return nil
 	}
-	m.Ops = make([]LocalOp, n)
-	nl, nr := uint64(len(m.LocalNames)), uint64(len(m.RemoteNames))
-	for i := range m.Ops {
+	ops := make([]LocalOp, n)
+	for i := range ops {
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
-		op := &m.Ops[i]
+		op := &ops[i]
 		op.Local = le.Uint32(p[0:])
 		op.Remote = le.Uint32(p[4:])
 		op.LocalOff = le.Uint64(p[8:])
@@ -158,10 +172,10 @@ func (m *Submit) decodeOps(d *decoder) {
 			op.LocalOff > math.MaxUint64-op.Len || op.RemoteOff > math.MaxUint64-op.Len {
 			d.idx = i
 			d.badLocalOp(op, nl, nr)
-			m.Ops = nil
-			return
+			return nil
 		}
 	}
+	return ops
 }
 
 // badLocalOp records why op (Submit.Ops[d.idx]) is invalid.

@@ -91,7 +91,7 @@ func samples() []sample {
 		{"QueryReplyEmpty", &QueryReply{Req: 14}},
 		{"OK", &OK{Req: 15}},
 		{"Fail", &Fail{Req: 16, Code: CodeUnknownRoute, Message: "no route \"x\""}},
-	}, append(append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...), grantSamples()...)...)
+	}, append(append(append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...), grantSamples()...), piecesSamples()...)...)
 }
 
 func TestSamplesCoverEveryType(t *testing.T) {
