@@ -12,7 +12,7 @@ import (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // knownFlags are the header flags this build understands.
-const knownFlags = FlagCRC | FlagFD | FlagInline | FlagMore
+const knownFlags = FlagCRC | FlagFD | FlagInline
 
 // knownTypes[t] says whether t is a frame type (one of typeNames), without
 // a map lookup on the chunk path.
@@ -74,9 +74,6 @@ func ParseHeader(b []byte) (Header, error) {
 	}
 	if h.Flags&FlagInline != 0 && h.Type != TypeAnnounce && h.Type != TypeChunk {
 		return Header{}, errorf(ErrMalformed, "header: %s: FlagInline is only for Announce and Chunk", h.Type)
-	}
-	if h.Flags&FlagMore != 0 && h.Type != TypeSubmit && h.Type != TypeSubmitWait {
-		return Header{}, errorf(ErrMalformed, "header: %s: FlagMore is only for Submit and SubmitWait", h.Type)
 	}
 	if h.Flags&FlagCRC == 0 && h.CRC != 0 {
 		return Header{}, errorf(ErrMalformed, "header: %s: CRC field %#08x without FlagCRC", h.Type, h.CRC)
@@ -233,6 +230,10 @@ func decodeMsg(t Type, d *decoder) Msg {
 	case TypeSubmitWait:
 		m := new(SubmitWait)
 		m.Submit.decode(d)
+		return m
+	case TypeSubmitHead:
+		m := new(SubmitHead)
+		m.decode(d)
 		return m
 	case TypeSubmitMore:
 		m := new(SubmitMore)

@@ -57,10 +57,6 @@ const (
 	// travels whole on one data stream: an Announce, then its only chunk,
 	// which the receiver lands at once and acks on the control session.
 	FlagInline Flags = 1 << 2
-	// FlagMore: (control socket only, on Submit and SubmitWait) the
-	// request's ops continue in SubmitMore frames with the same Req, the
-	// last with End set (PROTOCOL.md 9.5b).
-	FlagMore Flags = 1 << 3
 )
 
 // Header is a decoded frame header.

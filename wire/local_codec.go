@@ -65,6 +65,11 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	}
 	dst = grow(dst, need)
 	dst = appendU64(dst, m.Req)
+	return m.appendRest(dst)
+}
+
+// appendRest appends what follows Req in a Submit body.
+func (m *Submit) appendRest(dst []byte) []byte {
 	dst = appendStr(dst, m.Route)
 	dst = appendU8(dst, uint8(m.Dir))
 	dst = appendU8(dst, m.Checksum)
@@ -126,6 +131,11 @@ func strsSize(ss []string) int {
 
 func (m *Submit) decode(d *decoder) {
 	m.Req = d.u64("Req")
+	m.decodeRest(d)
+}
+
+// decodeRest reads what follows Req in a Submit body.
+func (m *Submit) decodeRest(d *decoder) {
 	m.Route = d.str("Route", MaxName)
 	m.Dir = d.direction("Dir")
 	m.Checksum = d.u8("Checksum")
