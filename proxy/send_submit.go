@@ -92,17 +92,24 @@ type outXfer struct {
 	// same-node push copies ops as they are and never needs one. Its
 	// chunks are cut as the core starts them (staging.NewPlan), so the
 	// first chunk of a push of many blocks moves before the rest are cut.
-	ops      []staging.PlanOp
-	chunk    int
-	planOnce sync.Once
-	plan     *staging.Plan
-	planErr  error
+	ops   []staging.PlanOp
+	chunk int
+	// growTotal, when not 0, is the declared length of a push sent in
+	// pieces (send_pieces.go): its plan grows as the pieces come.
+	growTotal uint64
+	planOnce  sync.Once
+	plan      *staging.Plan
+	planErr   error
 }
 
 // getPlan cuts the push into chunks, once.
 func (ox *outXfer) getPlan() (*staging.Plan, error) {
 	ox.planOnce.Do(func() {
-		ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
+		if ox.growTotal > 0 {
+			ox.plan, ox.planErr = staging.NewGrowingPlan(ox.growTotal, ox.chunk, ox.ops)
+		} else {
+			ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
+		}
 		if ox.planErr != nil {
 			ox.planErr = codeErr(wire.CodeBadRequest, "%w", ox.planErr)
 		}

@@ -53,6 +53,8 @@ type client struct {
 	// only).
 	owner   Owner
 	started bool
+
+	pieces pieces // requests sent in pieces (conn_pieces.go)
 }
 
 // conns numbers the control-socket connections of the process.
@@ -190,6 +192,7 @@ func (c *client) readLoop() {
 	// Once every request is answered: what the connection registered goes.
 	defer func() { c.l.b.Closed(c.owner) }()
 	defer c.waits.Wait()
+	defer c.closePieces()
 	defer c.close()
 	var buf []byte
 	for {
@@ -282,6 +285,10 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.submit(m, false)
 	case *wire.SubmitWait:
 		c.submit(&m.Submit, true)
+	case *wire.SubmitHead:
+		c.submitHead(m)
+	case *wire.SubmitMore:
+		c.submitMore(m)
 	case *wire.Status:
 		x, err := b.Lookup(o, m.Transfer)
 		if err != nil {
