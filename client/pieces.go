@@ -28,7 +28,7 @@ const (
 type piecesConf struct {
 	above, first, rest int // above 0: never in pieces
 
-	once  sync.Mutex
+	mu    sync.Mutex
 	asked bool
 	ok    bool // the sidecar takes requests in pieces
 	max   wire.PiecesLimits
@@ -52,8 +52,8 @@ func WithPieces(above, first, rest int) Option {
 // it once (QueryFeatures; an older sidecar answers Fail, which means no).
 func (c *Client) piecesOK(ctx context.Context) (bool, wire.PiecesLimits) {
 	p := &c.pieces
-	p.once.Lock()
-	defer p.once.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if !p.asked {
 		var f wire.Features
 		err := c.query(ctx, wire.QueryFeatures, "", &f)
@@ -89,13 +89,11 @@ func (c *Client) submit(ctx context.Context, t Transfer, wait bool) (wire.Msg, e
 	return c.call(ctx, req, &m, -1)
 }
 
-// fits reports whether n ops in pieces of first, then rest, stay within
+// fits reports whether n ops, first in the head and rest in each later
+// piece (an End at least, empty when the head held them all), stay within
 // the sidecar's limits.
 func fits(n, first, rest int, lim wire.PiecesLimits) bool {
-	pieces := 1 + (max(n-first, 0)+rest-1)/rest
-	if n > first && pieces < 2 {
-		pieces = 2
-	}
+	pieces := 1 + max(1, (max(n-first, 0)+rest-1)/rest)
 	return n <= lim.MaxOps && pieces <= lim.MaxPieces
 }
 
