@@ -197,12 +197,13 @@ func (c *client) readLoop() {
 	var buf []byte
 	for {
 		var (
+			h   wire.Header
 			m   wire.Msg
 			fd  int
 			err error
 		)
 		spin.Readable(c.conn, c.l.readSpin)
-		_, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
+		h, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
 		var bad *unixsock.BadRequest
 		if errors.As(err, &bad) && bad.Req != 0 {
 			code := wire.CodeMalformed
@@ -210,6 +211,9 @@ func (c *client) readLoop() {
 				code = wire.CodeOutOfRange
 			}
 			c.reply(&wire.Fail{Req: bad.Req, Code: code, Message: bad.Err.Error()})
+			if h.Type == wire.TypeSubmitMore {
+				c.badPiece(bad.Req, status.Errorf(code, "a piece of request %d did not decode: %v", bad.Req, bad.Err))
+			}
 			continue
 		}
 		if err != nil {

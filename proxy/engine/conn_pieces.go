@@ -178,6 +178,21 @@ func (c *client) pieceFailed(sk *pieceSink) {
 	c.pieces.mu.Unlock()
 }
 
+// badPiece fails open request req, one of whose pieces did not decode
+// (answered Fail already): the rest of its pieces are dropped.
+func (c *client) badPiece(req uint64, err error) {
+	p := &c.pieces
+	p.mu.Lock()
+	sk := p.sinks[req]
+	if sk == nil {
+		p.mu.Unlock()
+		return
+	}
+	p.book.failed(req)
+	p.mu.Unlock()
+	sk.fail(err)
+}
+
 // expirePieces fails the requests whose End is overdue.
 func (c *client) expirePieces() {
 	p := &c.pieces

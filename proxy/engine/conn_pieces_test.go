@@ -165,3 +165,26 @@ func TestPiecesStray(t *testing.T) {
 		t.Fatalf("a second head with an open Req answered %#v, want Fail BadRequest", m)
 	}
 }
+
+// A SubmitMore that does not decode is answered Fail with its Req and
+// fails its open request at once; its later pieces are dropped.
+func TestPiecesUndecodable(t *testing.T) {
+	path, grows, _ := servePieces(t)
+	c := dial(t, path)
+	write(t, c, head(1, "", 1))
+	readMsg(t, c) // Submitted
+	bad := wire.AppendFrame(nil, &wire.SubmitMore{Req: 1, Ops: ops(1)}, false, 0)
+	bad[wire.HeaderSize+8] = 2 // End neither 0 nor 1
+	if _, err := c.Write(bad); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := readMsg(t, c).(*wire.Fail); !ok || m.Req != 1 || m.Code != wire.CodeMalformed {
+		t.Fatalf("an undecodable piece answered %#v, want Fail Malformed", m)
+	}
+	expectGrows(t, grows, "head 1", "abort malformed")
+	write(t, c, &wire.SubmitMore{Req: 1, End: true, Ops: ops(1)}, &wire.Status{Req: 2, Transfer: 7})
+	if m, ok := readMsg(t, c).(*wire.XferStatus); !ok || m.Req != 2 {
+		t.Fatalf("got %#v, want the End dropped and the Status answered", m)
+	}
+	expectGrows(t, grows)
+}
