@@ -97,7 +97,7 @@ func appendLocalOps(dst []byte, ops []LocalOp) []byte {
 	n := listLen(len(ops))
 	dst = appendU32(dst, uint32(n))
 	start := len(dst)
-	dst = append(dst, make([]byte, n*localOpSize)...)
+	dst = grow(dst, n*localOpSize)[:start+n*localOpSize]
 	b := dst[start:]
 	for i := range ops[:n] {
 		op := &ops[i]
