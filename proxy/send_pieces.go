@@ -25,8 +25,9 @@ import (
 
 // piecedXfer is the Grower of one transfer sent in pieces.
 type piecedXfer struct {
-	h    engineHost
-	head *wire.SubmitHead
+	h     engineHost
+	group string
+	head  *wire.SubmitHead
 	sub  *submitted
 	ox   *outXfer // a push streaming through the core; nil: collecting
 
@@ -56,10 +57,12 @@ func (h engineHost) submitHead(ctx context.Context, group string, m *wire.Submit
 	if err != nil {
 		return nil, err
 	}
-	px := &piecedXfer{h: h, head: m, sub: sub, have: have}
+	px := &piecedXfer{h: h, group: group, head: m, sub: sub, have: have}
 	sub.lx.total = m.Total
 	if m.Dir == wire.Push && (sub.r.Conf().Transport == "tcp" || !sub.lx.ss.sameHost()) {
 		px.stream()
+	} else {
+		sub.lx.collecting.Store(true)
 	}
 	return px, nil
 }
@@ -106,7 +109,7 @@ func (px *piecedXfer) stream() {
 func (px *piecedXfer) Grow(ops []wire.LocalOp, end bool) error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
-	if px.ended {
+	if px.ended || px.endedHere() {
 		return px.failed()
 	}
 	have, err := declared(px.head, px.have, ops)
@@ -136,15 +139,47 @@ func (px *piecedXfer) Grow(ops []wire.LocalOp, end bool) error {
 	return nil
 }
 
-// startWhole starts a collected transfer at its End, checked whole.
+// endedHere reports whether a collected transfer was ended while it
+// collected (cancelled, its engine's connection gone, shutdown), and then
+// lets go of its regions.
+func (px *piecedXfer) endedHere() bool {
+	if px.ox != nil || px.sub.lx.status(0).State != wire.StateFailed {
+		return false
+	}
+	px.ended = true
+	region.ReleaseAll(px.sub.regions)
+	return true
+}
+
+// startWhole starts a collected transfer at its End, checked whole: its
+// regions must still be the ones its head named (none unregistered or
+// registered anew meanwhile), and its ops within them.
 func (px *piecedXfer) startWhole() {
 	sub := px.sub
-	chk, err := region.CheckOps(sub.m, sub.regions, sub.m.Dir == wire.Push)
+	want := wire.AccessLocalRead
+	if sub.m.Dir == wire.Pull {
+		want = wire.AccessLocalWrite
+	}
+	again, err := px.h.s.regions.AcquireOwn(px.group, sub.m.LocalNames, want)
+	if err == nil {
+		for i, r := range again {
+			if r != sub.regions[i] {
+				err = codeErr(wire.CodeUnknownRegion, "region %q was registered anew while the transfer's pieces came: submit it again", r.Name)
+				break
+			}
+		}
+		region.ReleaseAll(again)
+	}
+	var chk *region.Checked
+	if err == nil {
+		chk, err = region.CheckOps(sub.m, sub.regions, sub.m.Dir == wire.Push)
+	}
 	if err != nil {
 		px.fail(err)
 		return
 	}
 	sub.chk = chk
+	sub.lx.collecting.Store(false)
 	if sub.m.Dir == wire.Push {
 		px.h.push(sub)
 	} else {
@@ -156,7 +191,7 @@ func (px *piecedXfer) startWhole() {
 func (px *piecedXfer) Abort(err error) {
 	px.mu.Lock()
 	defer px.mu.Unlock()
-	if !px.ended {
+	if !px.ended && !px.endedHere() {
 		px.abortLocked(err)
 	}
 }
@@ -173,6 +208,8 @@ func (px *piecedXfer) abortLocked(err error) {
 
 // fail ends a collected transfer that never started.
 func (px *piecedXfer) fail(err error) {
+	px.ended = true
+	px.sub.lx.collecting.Store(false)
 	region.ReleaseAll(px.sub.regions)
 	px.h.s.finishLocal(px.sub.lx, err)
 }

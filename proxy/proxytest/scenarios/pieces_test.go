@@ -225,3 +225,67 @@ func TestPiecesRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPiecesCollectingEnds: a pull in pieces (collected until its End) that
+// is cancelled, or whose region is unregistered, before its End fails and
+// lets go of its regions (a confirmed unregister of them then returns at
+// once); its End changes nothing.
+func TestPiecesCollectingEnds(t *testing.T) {
+	pre, dec := proxytest.Pair(t, e2eOpts())
+	S := cacheOn(t, dec, "src", 5)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		end  func(r *rawConn, D *kvsim.Cache, id uint64)
+		code wire.Code
+	}{
+		{"cancelled", func(r *rawConn, _ *kvsim.Cache, id uint64) {
+			r.write(&wire.Cancel{Req: 2, Transfer: id})
+			if _, ok := r.read().(*wire.OK); !ok {
+				t.Fatal("Cancel refused")
+			}
+		}, wire.CodeCancelled},
+		{"unregistered", func(r *rawConn, D *kvsim.Cache, _ uint64) {
+			r.write(&wire.Unregister{Req: 2, Name: D.Regions()[0]})
+			if _, ok := r.read().(*wire.OK); !ok {
+				t.Fatal("Unregister refused")
+			}
+		}, wire.CodeUnknownRegion},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			D := newCache(t, pre, "dst-"+tc.name, 2, 256<<10, 0)
+			ms := kvsim.Blocks(S, 16<<10, 8)
+			tr := kvsim.Transfer(route, wire.Pull, "collect", D, S, ms)
+			h := &wire.SubmitHead{Submit: wire.Submit{Req: 1, Route: tr.Route, Dir: wire.Pull, LocalNames: tr.LocalNames, RemoteNames: tr.RemoteNames,
+				Ops: tr.Ops[:8]}, Ends: make([]uint64, len(tr.RemoteNames))}
+			for _, op := range tr.Ops {
+				h.Total += op.Len
+				h.Ends[op.Remote] = max(h.Ends[op.Remote], op.RemoteOff+op.Len)
+			}
+			r := dialRaw(t, pre)
+			r.write(h)
+			sub, ok := r.read().(*wire.Submitted)
+			if !ok {
+				t.Fatal("SubmitHead not answered Submitted")
+			}
+			tc.end(r, D, sub.Transfer)
+			r.write(&wire.SubmitMore{Req: 1, End: true, Ops: tr.Ops[8:]}, &wire.Wait{Req: 3, Transfer: sub.Transfer})
+			st, ok := r.read().(*wire.XferStatus)
+			if !ok || st.State != wire.StateFailed || st.Code != tc.code {
+				t.Fatalf("got %#v, want failed with %s", st, tc.code)
+			}
+			// Nothing holds the regions: a confirmed unregister returns at once.
+			start := time.Now()
+			for _, name := range D.Regions() {
+				err := pre.Client.UnregisterWait(ctx, name, 5*time.Second)
+				if err != nil && client.CodeOf(err) != wire.CodeUnknownRegion {
+					t.Fatalf("unregister %s: %v", name, err)
+				}
+			}
+			if el := time.Since(start); el > time.Second {
+				t.Fatalf("the regions were held %v after the transfer ended", el)
+			}
+			untouched(t, "the destination", D)
+		})
+	}
+}
