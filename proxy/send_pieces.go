@@ -28,8 +28,8 @@ type piecedXfer struct {
 	h     engineHost
 	group string
 	head  *wire.SubmitHead
-	sub  *submitted
-	ox   *outXfer // a push streaming through the core; nil: collecting
+	sub   *submitted
+	ox    *outXfer // a push streaming through the core; nil: collecting
 
 	mu    sync.Mutex
 	have  uint64 // bytes of the ops given so far
