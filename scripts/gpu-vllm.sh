@@ -25,26 +25,30 @@
 #               hostmem sidecars, float32, --enforce-eager, 32-token blocks, few short
 #               prompts, a budget of 1500 s; skips (exit 0) without that venv or bin/staged
 #
-# TP splits on four GPUs (issue 34 item 3), kind `nvidia-h100-x4`: the same three
-# calls carrying .vw1, .vw2, .vw3 (`bash scripts/gpu-vllm.sh stash` each), the
-# third (limit 480 s) running
+# TP splits on four GPUs (issue 34 item 3), kind `nvidia-h200-x4`: the four stash
+# calls, the last (limit 450 s) running
 #
-#   bash scripts/gpu-vllm.sh stash && GPU_VLLM_BUDGET=450 GPU_VLLM_ARGS="--gpus 0,1,2,3
-#     --tp-runs 2:1,2:2 --modes pull --transports tcp --no-fault" bash scripts/gpu-vllm.sh run
+#   bash scripts/gpu-vllm.sh stash && GPU_VLLM_BUDGET=420 GPU_VLLM_ARGS="--gpus 0,1,2,3
+#     --tp-runs 2:1,2:2 --modes pull --transports tcp --no-fault --eager" bash scripts/gpu-vllm.sh run
 #
-# (one line there). Run 1: prefill TP 2 on GPUs 0,1 -> decode TP 1 on GPU 2; run 2:
-# the same prefill -> decode TP 2 on GPUs 2,3; pulls, tokens against the decode alone
-# (near-tie gaps, the control) as in the 2-GPU pair. Push is not run under TP: the
-# decode's ticket must name the prefill's rank-0 sidecar, and pdproxy names none. One
-# `cuda` staged per GPU, started once: a sidecar serves one device, so rank r of an
-# engine registers on the sidecar `<side>-r`, which sees its engine's GPUs and
-# serves ordinal r (the connector's `socket` and `peer_name` carry `{rank}`; every
-# route lists all sidecars of the other engine). Between runs only the engines
-# restart (both in parallel, ~90 s). Should install leave too little of the 450 s,
-# make the third call `stash && bash scripts/gpu-vllm.sh install` and a fourth
-# the `run` (it finds the install in /tmp while the machine is held).
+# (one line there; 229 s on 2026-11-28). Run 1: prefill TP 2 on GPUs 0,1 -> decode TP 1
+# on GPU 2; run 2: the same prefill -> decode TP 2 on GPUs 2,3; pulls, tokens against
+# the decode alone (near-tie gaps, the control) as in the 2-GPU pair. Push is not run
+# under TP: the decode's ticket must name the prefill's rank-0 sidecar, and pdproxy
+# names none. One `cuda` staged per GPU, started once: a sidecar serves one device, so
+# rank r of an engine registers on the sidecar `<side>-r`, which sees its engine's
+# GPUs and serves ordinal r (the connector's `socket` and `peer_name` carry `{rank}`;
+# every route lists all sidecars of the other engine). Between runs only the engines
+# restart. With no 4-GPU machine lent, `--gpus 0,1 --share-gpus` runs the same splits
+# on two, the decode's engine beside the prefill's (started one after the other).
 #
-# Optional, off by default (item 4 of issue 34 is not prepared here):
+# Beside vLLM's own NixlConnector (issue 34 item 4), on a 2-GPU machine after the
+# stash calls: GPU_VLLM_ARGS="--modes pull --transports tcp --no-fault --nixl
+# --pre-block 64 --dec-block 64" (stage's phases first, then both engines restarted
+# with NixlConnector, UCX tcp,cuda_copy on lo, and the first phase's prompts again;
+# 200 s). NixlConnector needs equal blocks: 16 -> 64 crashed its decode engine.
+#
+# Optional, off by default:
 # GPU_VLLM_ARGS adds words to the driver's `pair` (e.g. "--eager", "--modes pull",
 # "--transports tcp", "--no-fault", "--prompts 24", "--pre-tp 2 --dec-tp 2 --gpus
 # 0,1,2,3", "--tp-runs 2:1,2:2"); GPU_VLLM_ENGINE_ARGS adds words to both vLLM

@@ -1,4 +1,4 @@
-"""A real vLLM P/D pair through stage on the GPU machine (issue 34 items 2, 5, 6); driven by scripts/gpu-vllm.sh.
+"""A real vLLM P/D pair through stage on the GPU machine (issue 34 items 2-6); driven by scripts/gpu-vllm.sh.
 
 Subcommands:
 
@@ -19,7 +19,10 @@ Subcommands:
   fault: the prefill's sidecar SIGKILLed while a batch moves, the requests'
   outcome and time, the sidecar restarted on the same socket and port, and
   whether the next request moves KV again. Each phase writes a JSON line to
-  ``OUT/phases.jsonl``; ``OUT/summary.txt`` is the table.
+  ``OUT/phases.jsonl``; ``OUT/summary.txt`` is the table. ``--tp-runs``: TP
+  splits, one sidecar per GPU and side (``--share-gpus`` on fewer GPUs);
+  ``--nixl``: last, vLLM's NixlConnector on the first run's GPUs and the
+  first phase's prompts (gpu_vllm_procs.nixl_transfer_config).
 
 The prompts: ``--prompts`` (16) token-id lists of 3 to ``--max-len`` (1,600)
 tokens, log-spaced, two sharing a 700-token prefix, sent ``--concurrency``

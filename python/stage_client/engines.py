@@ -31,13 +31,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from .errors import StageError
 from .protocol.wire import MAX_TAG
 
-__all__ = ["head_slice", "primary", "plan", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger", "layer_index",
-           "MAX_TP", "MOVER_THREADS"]
+__all__ = ["head_slice", "primary", "plan", "Tag", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger",
+           "layer_index", "MAX_TP", "MOVER_THREADS"]
 
 log = logging.getLogger("stage_client.engines")
 
@@ -96,6 +96,16 @@ def plan(heads: int, src_tp: int, dst_tp: int) -> List[Tuple[int, int, int, int]
     return out
 
 
+class Tag(NamedTuple):
+    """A parsed tag: transfer ``key``, ``side`` (``p``, ``d`` or ``a``), and the ``rank`` of ``tp`` ranks
+    that started the transfer."""
+
+    key: str
+    side: str
+    rank: int
+    tp: int
+
+
 def make_tag(key: str, side: str, rank: int, tp: int) -> str:
     """``key|<side><rank>/<tp>``: side ``p`` (prefill started it), ``d`` (decode did), or ``a`` (a prefill's aux bytes)."""
     if side not in ("p", "d", "a") or not 0 <= rank < tp <= MAX_TP:
@@ -106,8 +116,8 @@ def make_tag(key: str, side: str, rank: int, tp: int) -> str:
     return tag
 
 
-def parse_tag(tag: str) -> Optional[Tuple[str, str, int, int]]:
-    """(key, side, rank, tp) of a tag :func:`make_tag` made; None for any other tag.
+def parse_tag(tag: str) -> Optional[Tag]:
+    """The :class:`Tag` (key, side, rank, tp) of a tag :func:`make_tag` made; None for any other tag.
 
     Tags come from the other side's sidecar: only ASCII digits count (not
     every character str.isdigit accepts parses as an int), and the ranks
@@ -122,7 +132,7 @@ def parse_tag(tag: str) -> Optional[Tuple[str, str, int, int]]:
     r, t = int(m.group(2)), int(m.group(3))
     if not 0 <= r < t <= MAX_TP:
         return None
-    return key, m.group(1), r, t
+    return Tag(key, m.group(1), r, t)
 
 
 def layer_index(name: str, order: int) -> int:
@@ -138,6 +148,8 @@ class Coverage:
     the whole range; it may be set later (when the first notification says
     how many source ranks there are).
     """
+
+    __slots__ = ("first", "tokens", "expect", "got")
 
     def __init__(self, first: int, tokens: int, expect: Optional[Set[Tuple[int, int]]] = None) -> None:
         self.first, self.tokens = first, tokens
@@ -181,6 +193,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self._changed = threading.Condition(self.lock)  # a request's transfers were queued, started or ended
         self._reqs: Dict[str, _Req] = {}
 
     def queued(self, req: str) -> None:
@@ -194,6 +207,7 @@ class Ledger:
             r.pending.update(tids)
             if err is not None and r.error is None:
                 r.error = err
+            self._changed.notify_all()
 
     def ended(self, req: str, tid: int, err: Optional[BaseException]) -> None:
         with self.lock:
@@ -202,12 +216,21 @@ class Ledger:
             r.done += 1
             if err is not None and r.error is None:
                 r.error = err
+            self._changed.notify_all()
+
+    def _idle(self, req: str) -> bool:
+        r = self._reqs.get(req)
+        return r is None or (not r.pending and r.submitting <= 0)
 
     def idle(self, req: str) -> bool:
         """Nothing queued or in flight for ``req``."""
         with self.lock:
-            r = self._reqs.get(req)
-            return r is None or (not r.pending and r.submitting <= 0)
+            return self._idle(req)
+
+    def wait_idle(self, req: str, timeout: float) -> bool:
+        """Wait until :meth:`idle` (True) or ``timeout`` seconds passed (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._idle(req), max(0.0, timeout))
 
     def error(self, req: str) -> Optional[BaseException]:
         with self.lock:
@@ -222,6 +245,7 @@ class Ledger:
     def forget(self, req: str) -> None:
         with self.lock:
             self._reqs.pop(req, None)
+            self._changed.notify_all()
 
 
 class Mover:
@@ -300,12 +324,17 @@ class Mover:
             e = f.exception()
             if e is not None and isinstance(e, TimeoutError):
                 # outlived its deadline: stop it so it writes nothing later (not from the reader thread)
-                threading.Thread(target=self._cancel, args=(tid,), daemon=True).start()
+                threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
             self.ledger.ended(req, tid, e)
 
         fut.add_done_callback(done)
 
-    def _cancel(self, tid: int) -> None:
+    def wait(self, req: str, timeout: float) -> bool:
+        """Wait until ``req``'s transfers were all submitted and ended (True) or ``timeout`` passed (False)."""
+        return self.ledger.wait_idle(req, timeout)
+
+    def cancel(self, tid: int) -> None:
+        """Cancel transfer ``tid`` (logged when the sidecar refuses: it may have ended already)."""
         try:
             self.client.cancel(tid)
         except (StageError, OSError) as e:

@@ -217,6 +217,35 @@ class TestMover(unittest.TestCase):
         self.assertTrue(m.ledger.idle("b"))
         self.assertIsInstance(m.ledger.error("b"), TimeoutError)
 
+    def test_wait(self) -> None:
+        fc = FakeClient()
+        m = Mover(fc, timeout=5.0, name="test-mover")
+        self.addCleanup(m.close, 1.0)
+        self.assertTrue(m.wait("nothing", 0), "a request with no transfers is not idle")
+        m.submit("r", lambda: [300])  # a transfer that ends when the test says
+        t0 = time.monotonic()
+        self.assertFalse(m.wait("r", 0.1), "wait returned before the transfer ended")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.09)
+        threading.Timer(0.05, lambda: fc.futures[300].set_result("ok")).start()
+        self.assertTrue(m.wait("r", 2), "wait did not see the transfer end")
+        self.assertLess(time.monotonic() - t0, 1.5)
+        self.assertIsNone(m.ledger.error("r"))
+
+    def test_cancel(self) -> None:
+        fc = FakeClient()
+        m = Mover(fc, timeout=5.0, name="test-mover", threads=1)
+        self.addCleanup(m.close, 1.0)
+        m.cancel(7)
+        self.assertEqual(fc.cancelled, [7])
+
+        def refuse(tid: int) -> None:
+            raise OSError("the sidecar is gone")
+
+        fc.cancel = refuse  # type: ignore[method-assign]
+        with self.assertLogs("stage_client.engines", "INFO") as logs:
+            m.cancel(8)  # logged, not raised: the transfer may have ended already
+        self.assertIn("cancelling transfer 8: the sidecar is gone", logs.output[0])
+
     def test_close(self) -> None:
         m = Mover(FakeClient(), timeout=1.0, name="test-mover", threads=2)
         m.close(2)

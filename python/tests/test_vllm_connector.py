@@ -302,7 +302,7 @@ class TestVLLMConnector(unittest.TestCase):
         # The prefill revokes a grant as soon as the pulls it expects were served (its notifications), before
         # vLLM's next step frees the blocks: the same params again load nothing, then or after.
         t0 = time.monotonic()
-        while any(h.key for w in pe.workers for h in w.worker._held.values()) and time.monotonic() - t0 < 10:
+        while any(h.key for w in pe.workers for h in w.worker.core.held.values()) and time.monotonic() - t0 < 10:
             time.sleep(0.01)
         time.sleep(0.05)  # the revoke's round trip
         with self.subTest("the same params after the pull, blocks still held"):

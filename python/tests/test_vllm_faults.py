@@ -288,7 +288,7 @@ class TestVLLMFaults(unittest.TestCase):
         """Layer ``layer`` of every token of ``rid`` is in the decode's cache (its notification came)."""
         w = e.workers[0].worker
         with w.lock:
-            st = w._recv.get(rid)
+            st = w.core.receives.get(rid)
             cov = None if st is None else st.cov
             return cov is not None and any(a <= cov.first and cov.first + cov.tokens <= b
                                            for a, b in cov.got.get((0, layer), ()))

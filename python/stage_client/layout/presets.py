@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["DIMS", "MLA_WIDTHS", "PRESETS", "TensorRoles"]
+__all__ = ["DIMS", "MLA_WIDTHS", "PRESETS", "TensorRoles", "is_mla"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,9 @@ DIMS = ("kv", "block", "slot", "token", "head", "chan")
 
 #: default part widths of the MLA presets (one latent row, or latent + rope)
 MLA_WIDTHS: Dict[str, Tuple[int, ...]] = {"vllm-mla": (576,), "sglang-mla": (576,), "ascend-mla": (512, 64)}
+
+
+def is_mla(preset: str) -> bool:
+    """Whether ``preset`` is a multi-head latent attention cache: one latent row per token, the same on every
+    tensor-parallel rank (no kv heads to split), so each rank registers it as one head."""
+    return preset in MLA_WIDTHS

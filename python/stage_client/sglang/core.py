@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .. import rendezvous as rdv
 from ..client import Client
-from ..engines import Coverage, Mover, head_slice, make_tag, parse_tag, plan
+from ..connector_core import Receive, Receives
+from ..engines import Mover, Tag, head_slice, make_tag, parse_tag, plan
 from ..errors import SidecarConnectionError, StageError
 from ..client import Op
 from ..kvcache import HostArena, register_kv_cache, unregister_all
@@ -141,11 +142,9 @@ class StageKVManager:
                 raise
         self.mover = Mover(self.client, timeout, "stage-sglang-tp%d" % tp_rank)
         self.lock = threading.Lock()
-        self._aux_want: Dict[str, int] = {}  # decode: rooms waiting for aux bytes, with their slot
-        self._aux_landed: set = set()
+        #: decode: the rooms arriving (their rows, aux slot and first error), by room; under ``lock``
+        self.rooms = Receives(kv_heads, tp_size, tp_rank, self.kv.layers)
         self.bootstrap: Any = None
-        self._rooms: Dict[str, Coverage] = {}
-        self._errors: Dict[str, str] = {}
         self._sub: Any = None
         if role == "prefill":
             self.bootstrap = bootstrap
@@ -174,35 +173,37 @@ class StageKVManager:
     def _disconnected(self) -> None:
         """The sidecar closed the connection: rooms still arriving cannot be heard of; they fail now."""
         with self.lock:
-            for room, cov in self._rooms.items():
-                if room not in self._errors and not cov.complete():
-                    self._errors[room] = "the sidecar closed its connection (restarted?) while the KV arrived"
+            self.rooms.disconnected()
 
     def register_to_bootstrap(self) -> None:
         """SGLang's hook; the rendezvous is this manager's own, so nothing to register."""
 
     def expect(self, room: str, tokens: int, aux_slot: Optional[int] = None) -> None:
         with self.lock:
-            self._rooms.setdefault(room, Coverage(0, tokens)).tokens = tokens
+            r = self._room(room)
+            r.tokens = r.cov.tokens = tokens
             if aux_slot is not None:
-                self._aux_want[room] = aux_slot
+                r.aux = aux_slot
+
+    def _room(self, room: str) -> Receive:
+        """Room ``room``'s receive, made when a notification comes before SGLang asked for it (under the lock)."""
+        return self.rooms.get(room) or self.rooms.add(Receive(room, room, 0, 0))
 
     def state(self, room: str) -> Optional[str]:
         """Decode: None while arriving, "" once complete (KV and aux), else the error."""
         with self.lock:
-            if room in self._errors:
-                return self._errors[room]
-            cov = self._rooms.get(room)
-            if cov is None or not cov.complete():
+            r = self.rooms.get(room)
+            if r is None:
                 return None
-            return "" if room not in self._aux_want or room in self._aux_landed else None
+            if r.error:
+                return r.error
+            if not r.cov.complete():
+                return None
+            return "" if r.aux is None or r.aux_landed else None
 
     def forget(self, room: str) -> None:
         with self.lock:
-            self._rooms.pop(room, None)
-            self._errors.pop(room, None)
-            self._aux_want.pop(room, None)
-            self._aux_landed.discard(room)
+            self.rooms.pop(room)
 
     def _read(self) -> None:
         while True:
@@ -211,37 +212,26 @@ class StageKVManager:
             except SidecarConnectionError:
                 return
             t = None if n is None else parse_tag(n.tag)
-            if t is not None and t[1] == "a" and not n.kv:
+            if t is not None and t.side == "a" and not n.kv:
                 self._aux_note(t, n)
                 continue
-            if t is None or n.kv != self.cache_name or t[1] != "p":
+            if t is None or n.kv != self.cache_name or t.side != "p":
                 continue
-            room, _, src, src_tp = t
             with self.lock:
-                if n.code != Code.OK:
-                    self._errors.setdefault(room, "a push from prefill rank %d failed: %s" % (src, n.message))
-                    continue
-                cov = self._rooms.setdefault(room, Coverage(0, 0))
-                if cov.expect is None:
-                    try:
-                        srcs = {s for s, d, _, _ in plan(self.heads, src_tp, self.tp) if d == self.rank}
-                    except ValueError as e:  # the tag names a split of the heads this side cannot make
-                        self._errors.setdefault(room, "a push from prefill rank %d of %d: %s" % (src, src_tp, e))
-                        continue
-                    cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
-                for layer in n.layers:
-                    cov.add(src, int(layer), n.first, n.first + n.tokens)
+                self.rooms.file_note(self._room(t.key), t, n)
 
-    def _aux_note(self, t: Any, n: Any) -> None:
+    def _aux_note(self, t: Tag, n: Any) -> None:
         """A prefill rank's aux push ended; its key is ``room@decode-rank``."""
-        room, _, dst = t[0].rpartition("@")
+        room, _, dst = t.key.rpartition("@")
         if dst != str(self.rank):
             return
         with self.lock:
+            r = self.rooms.get(room)
             if n.code != Code.OK:
-                self._errors.setdefault(room, "the aux push from prefill rank %d failed: %s" % (t[2], n.message))
-            elif room in self._aux_want:
-                self._aux_landed.add(room)
+                r = r or self._room(room)
+                r.error = r.error or "the aux push from prefill rank %d failed: %s" % (t.rank, n.message)
+            elif r is not None and r.aux is not None:
+                r.aux_landed = True
 
     def close(self) -> None:
         self.mover.close()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import rendezvous as rdv
+from ..connector_core import Receive, Receives
 from ..engines import plan
 from ..errors import StageError
 from .compat import LOGGER
@@ -222,7 +223,8 @@ class StageScheduler:
                         "over the sidecars' link; drop rendezvous_listen and the router's --rendezvous")
             self.rendezvous = rdv.RendezvousServer(*rdv.parse_addr(cfg.rendezvous_listen), ttl=cfg.lease_s,
                                                    secret=self.secret, insecure=cfg.rendezvous_insecure)
-        self._xfer_rid: Dict[str, str] = {}  # push receives (decode): transfer key -> request, for failure notices
+        #: push receives (decode), found by transfer key when a failure notice names one; the oldest forgotten
+        self._receives = Receives(cfg.kv_heads, cfg.tp_size, 0, limit=MAX_RECEIVES)
         #: the sidecar connection push tickets and failure notices travel on (PROTOCOL.md 9.19)
         self.link = TicketLink(cfg, self._ticket_arrived)
 
@@ -289,9 +291,7 @@ class StageScheduler:
         # stage_kv (its engine's kv_name, "" : the only engine taking tickets there)
         peer, to = str(p.get("stage_peer") or ""), str(p.get("stage_kv") or "")
         with self._lock:
-            self._xfer_rid[rr.xfer] = rr.req_id
-            while len(self._xfer_rid) > MAX_RECEIVES:
-                del self._xfer_rid[next(iter(self._xfer_rid))]
+            self._receives.add(Receive(rr.req_id, rr.xfer, rr.first, rr.tokens))
         self._poster.send(rr.req_id, "the prefill (route %s%s)" % (self.cfg.route, peer and ", peer " + peer),
                           lambda: self.link.post_ticket(rr.xfer, ticket, peer, to, self._poster.timeout))
         return ""
@@ -301,8 +301,9 @@ class StageScheduler:
         a failure notice fails its request at the next step (decode)."""
         if it.kind == TICKET_FAILURE:
             with self._lock:
-                rid = self._xfer_rid.pop(it.key, None)
-            if rid is not None:
+                r = self._receives.pop_xfer(it.key)
+            if r is not None:
+                rid = r.req
                 why = it.body.decode("utf-8", "replace")
                 log.warning("stage: the prefill (%s) cannot push %s (%s): %s", it.sender, rid, it.key, why)
                 self._poster.fail(rid, "the prefill %s cannot push: %s" % (it.sender, why))

@@ -15,15 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import Client
-from ..engines import MAX_TP, Coverage, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from ..connector_core import Finished, PushDest, Receive, WorkerCore
+from ..engines import MAX_TP, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
+from ..layout.presets import is_mla
 from ..reconnect import RateLimited
-from ..protocol.wire import Code
 from . import kvlayout, npu
 from .compat import LOGGER
 from .config import StageConfig, for_rank
@@ -35,32 +35,12 @@ __all__ = ["StageWorker"]
 
 log = logging.getLogger(LOGGER)
 
-MAX_EARLY = 65536  # notifications kept for transfer keys not known yet
-
 
 #: Pulls one grant of a prefill rank allows: one per decode rank reading it, and a decode may have up to MAX_TP
 #: ranks (an MLA cache is read whole by each). The key is single use in effect: the worker revokes the grant
 #: as soon as the notifications say every decode rank it expects (the first pull's tag names the decode's TP)
 #: was served, and when vLLM frees the blocks.
 GRANT_USES = MAX_TP
-
-
-@dataclass
-class _Recv:
-    rr: RecvReq
-    deadline: float
-    cov: Optional[Coverage] = None
-    error: str = ""
-    granted: bool = False  # push: we granted the prefill's writes with rr.key
-
-
-@dataclass
-class _Hold:
-    xfer: str
-    deadline: float
-    expect: Optional[Set[int]] = None
-    got: Set[int] = field(default_factory=set)
-    key: bytes = b""  # the grant the decode's pulls name; revoked when the blocks go back to vLLM
 
 
 class StageWorker:
@@ -90,16 +70,8 @@ class StageWorker:
         self._npu = 0  # NPU caches: the NPU they live on
         self.layers: Dict[str, int] = {}
         self.lock = threading.Lock()
-        self._recv: Dict[str, _Recv] = {}
-        self._recv_by_xfer: Dict[str, str] = {}
-        self._sealed: Dict[str, str] = {}
-        self._held: Dict[str, _Hold] = {}
-        self._held_by_xfer: Dict[str, str] = {}
-        self._granted: Dict[str, bytes] = {}  # req -> the key its blocks are granted under, until held
-        self._early: Dict[str, List[Any]] = {}
-        self._push_to: Dict[str, Tuple[str, str, str]] = {}  # req -> (xfer, decode's peer, its kv): failure notices
-        self._seen: Set[str] = set()  # request ids vLLM said finished
-        self._errors: Set[int] = set()
+        #: receives, holds, seals, early notifications, load errors (connector_core); under ``lock``
+        self.core = WorkerCore(cfg.kv_heads, self.tp, self.rank, cfg.timeout_s)
         self._absorbed: Optional[StageConnectorMetadata] = None  # the last step's metadata, taken in
         self._saving = False  # pushes were queued this step
         self._sub = self.client.subscribe()
@@ -133,6 +105,8 @@ class StageWorker:
             self._reg = (tensors, preset, heads, lo, hi)
             self.kv = self._register(self.client)
             self.block_tokens = self.kv.layout.block_size * self.gran
+            with self.lock:
+                self.core.layers = self.kv.layers
             kvlayout.check_block_size(self.block_tokens, kvlayout.scheduler_block_size(self.vllm_config))
         except BaseException:
             self._release()
@@ -165,9 +139,7 @@ class StageWorker:
         """The sidecar closed the connection: the pushes arriving now cannot be heard of (their notifications
         went with it): fail them at once (pulls in flight failed with the connection)."""
         with self.lock:
-            for st in self._recv.values():
-                if st.rr.mode != "pull" and not st.error and not (st.cov is not None and st.cov.complete()):
-                    st.error = "the sidecar closed its connection (restarted?) while the KV arrived"
+            self.core.disconnected()
 
     def _load_failed(self, rid: str, xfer: str, why: str) -> None:
         """Count a KV load that failed (vLLM recomputes or fails the request) and say why, rate-limited."""
@@ -182,7 +154,7 @@ class StageWorker:
 
     def _heads(self, preset: str) -> Tuple[int, int, int]:
         """(head_lo, head_hi, heads) this rank registers: one latent "head" on every rank for MLA."""
-        if preset not in ("vllm-mla", "ascend-mla", "sglang-mla"):
+        if not is_mla(preset):
             lo, hi = head_slice(self.cfg.kv_heads, self.tp, self.rank)
             return lo, hi, self.cfg.kv_heads
         if self.cfg.kv_heads != 1:
@@ -262,64 +234,39 @@ class StageWorker:
             return
         deadline = time.monotonic() + self.cfg.timeout_s
         for r in reqs:
-            while not self.mover.ledger.idle(r) and time.monotonic() < deadline:
-                time.sleep(0.002)
+            self.mover.wait(r, deadline - time.monotonic())
             for tid in self.mover.ledger.transfers(r):
-                self.mover._cancel(tid)
+                self.mover.cancel(tid)
             self.mover.ledger.forget(r)
 
     def get_finished(self, meta: Optional[StageConnectorMetadata],
                      finished: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         if meta is not None:
             self._absorb(meta)
-        now = time.monotonic()
-        sending: Set[str] = set()
-        recving: Set[str] = set()
-        revoke: List[bytes] = []
+        led = self.mover.ledger
         with self.lock:
-            self._seen |= finished
-            for rid in [r for r in self._sealed if r in self._seen and self.mover.ledger.idle(r)]:
-                err = self.mover.ledger.error(rid)
-                dest = self._push_to.pop(rid, None)
-                if err is not None:
-                    log.warning("stage: pushing %s (%s) failed: %s", rid, self._sealed[rid], err)
-                    if dest is not None:
-                        self._tell_decode(dest, "pushing from prefill rank %d failed: %s" % (self.rank, err))
-                sending.add(rid)
-                del self._sealed[rid]
-            for rid, h in list(self._held.items()):
-                done = h.expect is not None and h.expect <= h.got
-                if rid in self._seen and (done or now > h.deadline):
-                    if not done:
-                        log.warning("stage: lease of %s (%s) ran out before the decode pulled it", rid, h.xfer)
-                    sending.add(rid)
-                    del self._held[rid]
-                    self._held_by_xfer.pop(h.xfer, None)
-                    if h.key:
-                        revoke.append(h.key)
-            for rid, st in list(self._recv.items()):
-                why = self._recv_state(rid, st, now)
-                if why is None:
-                    continue
-                if why:
-                    self._load_failed(rid, st.rr.xfer, why)
-                    self._errors.update(self._blocks_of(st.rr))
-                recving.add(rid)
-                del self._recv[rid]
-                self._recv_by_xfer.pop(st.rr.xfer, None)
-                if st.granted:
-                    revoke.append(st.rr.key)
-            self._seen -= sending
-        for rid in sending | recving:
-            self.mover.ledger.forget(rid)
-        for key in revoke:  # the blocks go back to vLLM: no peer may read or write them with this key now
+            fin = self.core.finish(finished, time.monotonic(), lambda r: (led.idle(r), led.error(r)))
+        self._report(fin)
+        for rid in fin.sending | fin.recving:
+            led.forget(rid)
+        for key in fin.revoke:  # the blocks go back to vLLM: no peer may read or write them with this key now
             self._revoke(key)
-        return sending or None, recving or None
+        return fin.sending or None, fin.recving or None
+
+    def _report(self, fin: Finished) -> None:
+        """Log and count what get_finished decided failed; tell the decodes whose pushes failed."""
+        for rid, xfer, err, dest in fin.failed_pushes:
+            log.warning("stage: pushing %s (%s) failed: %s", rid, xfer, err)
+            if dest is not None:
+                self._tell_decode(dest, "pushing from prefill rank %d failed: %s" % (self.rank, err))
+        for rid, xfer in fin.expired:
+            log.warning("stage: lease of %s (%s) ran out before the decode pulled it", rid, xfer)
+        for rid, xfer, why in fin.failed_loads:
+            self._load_failed(rid, xfer, why)
 
     def take_load_errors(self) -> Set[int]:
         with self.lock:
-            out, self._errors = self._errors, set()
-        return out
+            return self.core.take_errors()
 
     def shutdown(self) -> None:
         self._reg = None  # a reconnect from now on registers nothing again
@@ -341,36 +288,21 @@ class StageWorker:
             return
         self._absorbed = meta
         now = time.monotonic()
+        replica = primary(self.cfg.kv_heads, self.tp, self.rank) is None  # no decode pulls from a replica
         with self.lock:
-            self._sealed.update(meta.seal)
-            replica = primary(self.cfg.kv_heads, self.tp, self.rank) is None
-            grants = [] if replica else [(k, b) for k, b in meta.grant.values()]
-            revoke = [k for rid, k in meta.revoke if self._granted.pop(rid, None) is not None]
-            if not replica:
-                self._granted.update((rid, k) for rid, (k, _) in meta.grant.items())
-            for rid, (xfer, lease) in meta.hold.items():
-                h = _Hold(xfer, now + lease, key=self._granted.pop(rid, b""))
-                if replica:
-                    h.expect = set()  # a replica: no decode pulls from this rank
-                self._held[rid] = h
-                self._held_by_xfer[xfer] = rid
-                for n in self._early.pop(xfer, ()):
-                    key = self._note_pull(h, n)
-                    if key:
-                        revoke.append(key)
+            todo = self.core.absorb(meta.seal, meta.grant, meta.revoke, meta.hold, now, replica)
+        for why in todo.warnings:
+            log.warning("stage: %s", why)
         # usually the step that computes the prompt's last token, before request_finished hands the key out
-        for key, blocks in grants:
+        for key, blocks in todo.grants:
             self._grant(key, blocks, self.cfg.lease_s + self.cfg.timeout_s, write=False)
-        for key in revoke:
+        for key in todo.revoke:
             self._revoke(key)
         for rr in meta.recv:
             self._start_recv(rr, now)
         if meta.failed:
             with self.lock:
-                for rid, why in meta.failed.items():
-                    st = self._recv.get(rid)
-                    if st is not None and not st.error:
-                        st.error = why
+                self.core.fail(meta.failed)
 
     def _grant(self, key: bytes, blocks: List[int], ttl: float, write: bool) -> str:
         """Grant the peer's requests naming ``key`` on ``blocks`` of our cache; why it failed, else ""."""
@@ -389,10 +321,12 @@ class StageWorker:
             log.warning("stage: revoking a grant on %s: %s", self.name, e)
 
     def _start_recv(self, rr: RecvReq, now: float) -> None:
-        st = _Recv(rr, now + self.cfg.timeout_s, error=rr.error)
+        first, n = self._span(rr.first, rr.tokens)
+        st = Receive(rr.req_id, rr.xfer, first, n, now + self.cfg.timeout_s, pull=rr.mode == "pull",
+                     blocks=self._blocks_of(rr), error=rr.error)
         if rr.mode == "push" and rr.key and not st.error:
             st.error = self._grant(rr.key, rr.blocks, self.cfg.timeout_s + 5.0, write=True)
-            st.granted = not st.error
+            st.key = b"" if st.error else rr.key  # revoked when the receive ends
         if rr.mode == "pull" and not st.error:
             if rr.lease_expires and time.time() + self.cfg.timeout_s > rr.lease_expires:
                 st.error = "the prefill's lease ends before a pull could finish"
@@ -401,10 +335,7 @@ class StageWorker:
                     if d == self.rank:
                         self.mover.submit(rr.req_id, self._puller(rr, s, lo, hi))
         with self.lock:
-            self._recv[rr.req_id] = st
-            self._recv_by_xfer[rr.xfer] = rr.req_id
-            for n in self._early.pop(rr.xfer, ()):
-                self._note_push(st, n)
+            self.core.receive(st)
 
     def _puller(self, rr: RecvReq, src: int, lo: int, hi: int) -> Any:
         kw = {"peer": for_rank(rr.peer, src)} if rr.peer else {}  # the sidecar of prefill rank src
@@ -414,8 +345,8 @@ class StageWorker:
                                      rr.remote_blocks, n, local_first=first, remote_first=first,
                                      heads=(lo, hi), tag=tag, key=rr.key, **kw)]
 
-    def _tell_decode(self, dest: Tuple[str, str, str], why: str) -> None:
-        """Send the decode a failure notice for transfer ``dest[0]`` over the link (a thread of its own: the
+    def _tell_decode(self, dest: PushDest, why: str) -> None:
+        """Send the decode a failure notice for transfer ``dest.xfer`` over the link (a thread of its own: the
         decode's load errors come at once instead of at its timeout_s)."""
         xfer, peer, kv = dest
 
@@ -431,7 +362,7 @@ class StageWorker:
     def _push(self, ch: PushChunk, layers: List[int], event: Any) -> None:
         t = ch.ticket
         with self.lock:
-            self._push_to[ch.req_id] = (ch.xfer, str(t.get("peer") or ""), str(t["kv"]))
+            self.core.pushing(ch.req_id, PushDest(ch.xfer, str(t.get("peer") or ""), str(t["kv"])))
         kw: Dict[str, Any] = {"peer": t["peer"]} if t.get("peer") else {}
         if t.get("grant"):
             kw["key"] = bytes.fromhex(t["grant"])  # the decode's grant of writes (checked with the ticket)
@@ -449,21 +380,6 @@ class StageWorker:
                                      local_first=first, remote_first=first, heads=(lo, hi), tag=tag, **kw)]
 
             self.mover.submit(ch.req_id, fn, event)
-
-    def _recv_state(self, rid: str, st: _Recv, now: float) -> Optional[str]:
-        """None: still arriving; "": arrived; else why it failed."""
-        if st.error:
-            return st.error
-        if st.rr.mode == "pull":
-            led = self.mover.ledger
-            if led.idle(rid):
-                err = led.error(rid)
-                return "" if err is None else str(err)
-        elif st.cov is not None and st.cov.complete():
-            return ""
-        if now > st.deadline + (1.0 if st.rr.mode == "pull" else 0.0):
-            return "not complete after %ss" % self.cfg.timeout_s
-        return None
 
     def _span(self, first: int, tokens: int) -> Tuple[int, int]:
         """Tokens [first, first + tokens) in the registered layout's units: whole blocks for vllm-cpu."""
@@ -489,60 +405,12 @@ class StageWorker:
             t = parse_tag(n.tag)
             if t is None or n.kv != self.name:
                 continue
-            key = self._note(t, n)
-            if key:  # every pull the grant was for was served: revoked now, not at vLLM's next step
-                self._revoke(key)
-
-    def _note(self, t: Tuple[str, str, int, int], n: Any) -> bytes:
-        """File one notification under its request, or keep it until the request is known. A grant's key when
-        this pull was the last one it expected (the caller revokes it)."""
-        with self.lock:
-            if t[1] == "p":
-                rid = self._recv_by_xfer.get(t[0])
-                if rid is not None:
-                    self._note_push(self._recv[rid], n)
-                    return b""
-            else:
-                rid = self._held_by_xfer.get(t[0])
-                if rid is not None:
-                    return self._note_pull(self._held[rid], n)
-            if sum(len(v) for v in self._early.values()) < MAX_EARLY:
-                self._early.setdefault(t[0], []).append(n)
-        return b""
-
-    def _note_push(self, st: _Recv, n: Any) -> None:
-        """A push into this rank's cache ended (under the lock)."""
-        _, _, src, src_tp = parse_tag(n.tag)  # type: ignore[misc]
-        if n.code != Code.OK:
-            st.error = st.error or "a push from prefill rank %d failed: %s (%s)" % (src, n.message, Code(n.code).name)
-            return
-        if st.cov is None:
-            st.cov = Coverage(*self._span(st.rr.first, st.rr.tokens))
-        if st.cov.expect is None:
-            try:
-                srcs = {s for s, d, _, _ in plan(self.cfg.kv_heads, src_tp, self.tp) if d == self.rank}
-            except ValueError as e:  # the tag names a split of the heads this side cannot make
-                st.error = st.error or "a push from prefill rank %d of %d: %s" % (src, src_tp, e)
-                return
-            st.cov.expect = {(s, layer) for s in srcs for layer in range(self.kv.layers)}
-        for layer in n.layers:
-            st.cov.add(src, int(layer), n.first, n.first + n.tokens)
-
-    def _note_pull(self, h: _Hold, n: Any) -> bytes:
-        """A decode rank's pull from this rank's cache ended (under the lock). Its grant's key once every pull
-        expected was served (taken: the caller revokes it), else b""."""
-        _, _, dst, dst_tp = parse_tag(n.tag)  # type: ignore[misc]
-        if h.expect is None:
-            try:
-                h.expect = {d for s, d, _, _ in plan(self.cfg.kv_heads, self.tp, dst_tp) if s == self.rank}
-            except ValueError as e:  # not a decode of this model: the lease frees the blocks
-                log.warning("stage: pull of %s by decode rank %d of %d ignored: %s", h.xfer, dst, dst_tp, e)
-                return b""
-        h.got.add(dst)
-        if h.key and h.expect is not None and h.expect <= h.got:
-            key, h.key = h.key, b""
-            return key
-        return b""
+            with self.lock:
+                noted = self.core.note(t, n)
+            if noted.warning:
+                log.warning("stage: %s", noted.warning)
+            if noted.revoke:  # every pull the grant was for was served: revoked now, not at vLLM's next step
+                self._revoke(noted.revoke)
 
 
 def _event() -> Any:
