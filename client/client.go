@@ -52,6 +52,7 @@ type Client struct {
 	err     error
 	done    chan struct{}
 	spin    time.Duration // see WithSpin
+	pieces  piecesConf    // see WithPieces (pieces.go)
 }
 
 // Option changes how a Client works.
@@ -75,7 +76,7 @@ func Dial(path string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("stage: connect to sidecar at %s: %w; is staged running, and is this its control_socket?", path, err)
 	}
 	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{}),
-		spin: spin.Default()}
+		spin: spin.Default(), pieces: defaultPieces()}
 	for _, o := range opts {
 		o(cl)
 	}
@@ -157,6 +158,29 @@ func reqID(m wire.Msg) uint64 {
 
 // call sends a request (and fd, when >= 0) and waits for its answer.
 func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire.Msg, error) {
+	return c.callWith(ctx, req, m, func() error {
+		var flags wire.Flags
+		var oob []byte
+		if fd >= 0 {
+			flags = wire.FlagFD
+			oob = unix.UnixRights(fd)
+		}
+		frame := wire.AppendFrame(nil, m, false, flags)
+		if oob == nil {
+			_, err := c.conn.Write(frame)
+			return err
+		}
+		n, _, err := c.conn.WriteMsgUnix(frame, oob, nil)
+		if err == nil && n < len(frame) {
+			_, err = c.conn.Write(frame[n:])
+		}
+		return err
+	})
+}
+
+// callWith sends request req, m or its pieces, with send (called with the
+// connection's write lock held) and waits for its answer.
+func (c *Client) callWith(ctx context.Context, req uint64, m wire.Msg, send func() error) (wire.Msg, error) {
 	ch := make(chan wire.Msg, 1)
 	c.mu.Lock()
 	if c.err != nil {
@@ -166,24 +190,8 @@ func (c *Client) call(ctx context.Context, req uint64, m wire.Msg, fd int) (wire
 	}
 	c.pending[req] = ch
 	c.mu.Unlock()
-	var flags wire.Flags
-	var oob []byte
-	if fd >= 0 {
-		flags = wire.FlagFD
-		oob = unix.UnixRights(fd)
-	}
-	frame := wire.AppendFrame(nil, m, false, flags)
 	c.wmu.Lock()
-	var err error
-	if oob != nil {
-		var n int
-		n, _, err = c.conn.WriteMsgUnix(frame, oob, nil)
-		if err == nil && n < len(frame) {
-			_, err = c.conn.Write(frame[n:])
-		}
-	} else {
-		_, err = c.conn.Write(frame)
-	}
+	err := send()
 	c.wmu.Unlock()
 	if err != nil {
 		c.mu.Lock()
@@ -335,9 +343,7 @@ type Transfer struct {
 
 // Submit starts a transfer and returns its id.
 func (c *Client) Submit(ctx context.Context, t Transfer) (uint64, error) {
-	req := c.next()
-	a, err := c.call(ctx, req, &wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
-		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops, Peer: t.Peer}, -1)
+	a, err := c.submit(ctx, t, false)
 	if err != nil {
 		return 0, err
 	}
@@ -384,9 +390,7 @@ func statusResult(a wire.Msg) (*wire.XferStatus, error) {
 // sidecar answers when the transfer has finished. A failed transfer returns
 // its status and an *Error; ctx ending stops the waiting, not the transfer.
 func (c *Client) Do(ctx context.Context, t Transfer) (*wire.XferStatus, error) {
-	req := c.next()
-	a, err := c.call(ctx, req, &wire.SubmitWait{Submit: wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
-		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops, Peer: t.Peer}}, -1)
+	a, err := c.submit(ctx, t, true)
 	if err != nil {
 		return nil, err
 	}

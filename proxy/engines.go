@@ -87,6 +87,8 @@ func (h engineHost) Query(o engine.Owner, q *wire.Query) ([]byte, error) {
 	switch q.What {
 	case wire.QueryStats:
 		return json.Marshal(s.Snapshot())
+	case wire.QueryFeatures:
+		return json.Marshal(wire.OurFeatures())
 	case wire.QueryRoutes:
 		return json.Marshal(s.Routes())
 	case wire.QueryRegions:

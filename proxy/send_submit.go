@@ -36,6 +36,9 @@ type localXfer struct {
 	done    chan struct{}
 	onDone  []func()    // run once when it finishes (SubmitWait answers)
 	inline  atomic.Bool // sent on the latency path (set before it is sent)
+	// collecting: sent in pieces and not started until its End
+	// (send_pieces.go): a cancel ends it here, nothing else holds it.
+	collecting atomic.Bool
 	// doneB is XferStatus.Done: bytes acked (push) or landed (pull) so
 	// far. It only grows, and is written as acks arrive (the sender loop)
 	// or chunks land (a stream's scatter callback), so it takes no lock.
@@ -92,17 +95,24 @@ type outXfer struct {
 	// same-node push copies ops as they are and never needs one. Its
 	// chunks are cut as the core starts them (staging.NewPlan), so the
 	// first chunk of a push of many blocks moves before the rest are cut.
-	ops      []staging.PlanOp
-	chunk    int
-	planOnce sync.Once
-	plan     *staging.Plan
-	planErr  error
+	ops   []staging.PlanOp
+	chunk int
+	// growTotal, when not 0, is the declared length of a push sent in
+	// pieces (send_pieces.go): its plan grows as the pieces come.
+	growTotal uint64
+	planOnce  sync.Once
+	plan      *staging.Plan
+	planErr   error
 }
 
 // getPlan cuts the push into chunks, once.
 func (ox *outXfer) getPlan() (*staging.Plan, error) {
 	ox.planOnce.Do(func() {
-		ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
+		if ox.growTotal > 0 {
+			ox.plan, ox.planErr = staging.NewGrowingPlan(ox.growTotal, ox.chunk, ox.ops)
+		} else {
+			ox.plan, ox.planErr = staging.NewPlan(ox.ops, ox.chunk)
+		}
 		if ox.planErr != nil {
 			ox.planErr = codeErr(wire.CodeBadRequest, "%w", ox.planErr)
 		}
@@ -337,6 +347,10 @@ func (h engineHost) Cancel(o engine.Owner, id uint64) error {
 // (peerMsg); cancel: the sender core ends a push as cancelled, else with
 // err.
 func (s *Server) abortLocal(lx *localXfer, err error, peerMsg string, cancel bool) {
+	if lx.collecting.Load() {
+		s.finishLocal(lx, err) // its Grower lets go of its regions at its next piece
+		return
+	}
 	ss := lx.ss
 	ss.send(&wire.Nack{Transfer: lx.wireID, Code: errCode(err), Message: peerMsg})
 	if lx.dir == wire.Pull {

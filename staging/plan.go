@@ -84,6 +84,7 @@ type Plan struct {
 	Total uint64
 
 	ops    []PlanOp
+	have   uint64 // bytes of ops given: Total, except while a growing plan waits for more
 	cs     uint64
 	n      int
 	chunks []Chunk // cut so far; capacity n, so pointers into it stay valid
@@ -146,7 +147,55 @@ func NewPlan(ops []PlanOp, chunkSize int) (*Plan, error) {
 	if n > math.MaxUint32 {
 		return nil, fmt.Errorf("staging: %d B in %d B chunks makes %d chunks, more than a transfer can count", total, cs, n)
 	}
-	return &Plan{Total: total, ops: ops, cs: cs, n: int(n), chunks: make([]Chunk, 0, n)}, nil
+	return &Plan{Total: total, have: total, ops: ops, cs: cs, n: int(n), chunks: make([]Chunk, 0, n)}, nil
+}
+
+// NewGrowingPlan is a plan of total bytes whose ops come in pieces (a
+// Submit sent in pieces, PROTOCOL.md 9.5b): ops given now, more later with
+// Grow. Its chunk count is known at once, from total; Ready says how many
+// chunks the ops given so far cover, and only those may be asked for.
+func NewGrowingPlan(total uint64, chunkSize int, ops []PlanOp) (*Plan, error) {
+	if total == 0 {
+		return nil, fmt.Errorf("staging: empty transfer")
+	}
+	p, err := NewPlan([]PlanOp{{Len: total}}, chunkSize)
+	if err != nil {
+		return nil, err
+	}
+	p.ops, p.have = nil, 0
+	return p, p.Grow(ops)
+}
+
+// Grow appends ops to a growing plan: none empty, and all ops given never
+// more than Total bytes (on error nothing is appended). ops is kept, not
+// copied.
+func (p *Plan) Grow(ops []PlanOp) error {
+	have := p.have
+	for i := range ops {
+		n := ops[i].Len
+		if n == 0 {
+			return fmt.Errorf("staging: op %d of a piece has length 0", i)
+		}
+		if n > p.Total-have {
+			return fmt.Errorf("staging: the pieces' ops reach past the %d bytes the transfer declared", p.Total)
+		}
+		have += n
+	}
+	p.ops = append(p.ops, ops...)
+	p.have = have
+	return nil
+}
+
+// Complete reports whether the ops given add up to Total.
+func (p *Plan) Complete() bool { return p.have == p.Total }
+
+// Ready is how many chunks, from the first, the ops given so far cover:
+// Len() once Complete.
+func (p *Plan) Ready() int {
+	if p.have == p.Total {
+		return p.n
+	}
+	return int(p.have / p.cs)
 }
 
 // NewMappedPlan is a plan over a stream of total bytes whose source segments
@@ -201,8 +250,8 @@ func (p *Plan) ChunkLen(i int) uint32 {
 	return uint32(p.cs)
 }
 
-// Chunk returns chunk i (0 <= i < Len()), cutting it and any chunk before it
-// not cut yet.
+// Chunk returns chunk i (0 <= i < Ready()), cutting it and any chunk before
+// it not cut yet.
 func (p *Plan) Chunk(i int) *Chunk {
 	for len(p.chunks) <= i {
 		p.cut()

@@ -59,7 +59,7 @@ func (s *Sender) wants(ss *ssess) bool {
 		return false
 	}
 	for _, x := range ss.active {
-		if len(x.redo) > 0 || x.next < x.plan.Len() {
+		if len(x.redo) > 0 || x.next < x.plan.Ready() {
 			return true
 		}
 	}
@@ -95,7 +95,7 @@ func (s *Sender) startOne(ss *ssess) bool {
 		case len(x.redo) > 0:
 			c = x.redo[0]
 			x.redo = x.redo[1:]
-		case x.next < x.plan.Len():
+		case x.next < x.plan.Ready():
 			c = uint32(x.next)
 			x.next++
 		default:

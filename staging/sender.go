@@ -25,6 +25,7 @@ const (
 	EvTick                             // Now
 	EvResend                           // Session, Transfer, Chunk: the chunk arrived damaged; returns its credit
 	EvRenewed                          // Slot, Err: a tainted slot has fresh pages (Err: it could not get them)
+	EvGrow                             // Transfer, Ops: more ops of a growing plan; Err: the rest will not come (fails it)
 )
 
 // SendSlot is a slot of the send half of the pinned pool (slot i of the
@@ -58,6 +59,7 @@ type Event struct {
 	N        int
 	Credits  int
 	Plan     *Plan
+	Ops      []PlanOp // EvGrow
 	Timeout  time.Duration
 	Err      error
 	Now      time.Time
@@ -286,6 +288,8 @@ func (s *Sender) Step(ev Event) *Ready {
 		s.resend(ev)
 	case EvRenewed:
 		s.renewed(ev)
+	case EvGrow:
+		s.grow(ev)
 	}
 	s.dispatchAll()
 	s.schedule()
@@ -338,6 +342,24 @@ func (s *Sender) submit(ev Event) {
 	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n), timeout: ev.Timeout, progress: s.now}
 	s.xfers[x.id] = x
 	ss.active = append(ss.active, x)
+}
+
+// grow gives a growing plan more ops (or, with Err, fails its transfer):
+// the chunks they cover may start.
+func (s *Sender) grow(ev Event) {
+	x := s.xfers[ev.Transfer]
+	if x == nil || x.finished {
+		return // ended meanwhile (cancelled, failed): nothing to grow
+	}
+	err := ev.Err
+	if err == nil {
+		err = x.plan.Grow(ev.Ops)
+	}
+	if err != nil {
+		s.fail(x, err)
+		return
+	}
+	x.progress = s.now
 }
 
 func (s *Sender) copyDone(ev Event) {

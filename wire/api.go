@@ -231,6 +231,14 @@ func decodeMsg(t Type, d *decoder) Msg {
 		m := new(SubmitWait)
 		m.Submit.decode(d)
 		return m
+	case TypeSubmitHead:
+		m := new(SubmitHead)
+		m.decode(d)
+		return m
+	case TypeSubmitMore:
+		m := new(SubmitMore)
+		m.decode(d)
+		return m
 	case TypeSubmitted:
 		m := new(Submitted)
 		m.decode(d)

@@ -280,3 +280,20 @@ func (d *decoder) finish() error {
 	}
 	return d.err
 }
+
+// boolean reads a u8 that must be 0 or 1.
+func (d *decoder) boolean(field string) bool {
+	v := d.u8(field)
+	if d.err == nil && v > 1 {
+		d.fail(ErrMalformed, field, "boolean byte is %d", v)
+	}
+	return v == 1
+}
+
+// appendBool appends b as a u8, 0 or 1.
+func appendBool(dst []byte, b bool) []byte {
+	if b {
+		return append(dst, 1)
+	}
+	return append(dst, 0)
+}

@@ -63,31 +63,50 @@ func (m *Submit) AppendBody(dst []byte) []byte {
 	if m.Peer != "" {
 		need += strSize(m.Peer)
 	}
-	if cap(dst)-len(dst) < need {
-		dst = append(make([]byte, 0, len(dst)+need), dst...)
-	}
+	dst = grow(dst, need)
 	dst = appendU64(dst, m.Req)
+	return m.appendRest(dst)
+}
+
+// appendRest appends what follows Req in a Submit body.
+func (m *Submit) appendRest(dst []byte) []byte {
 	dst = appendStr(dst, m.Route)
 	dst = appendU8(dst, uint8(m.Dir))
 	dst = appendU8(dst, m.Checksum)
 	dst = appendStr(dst, m.Tag)
 	dst = appendStrs(dst, m.LocalNames)
 	dst = appendStrs(dst, m.RemoteNames)
+	dst = appendLocalOps(dst, m.Ops)
+	if m.Peer != "" {
+		dst = appendStr(dst, m.Peer)
+	}
+	return dst
+}
+
+// grow returns dst with room for need more bytes, growing it once.
+func grow(dst []byte, need int) []byte {
+	if cap(dst)-len(dst) < need {
+		dst = append(make([]byte, 0, len(dst)+need), dst...)
+	}
+	return dst
+}
+
+// appendLocalOps appends a LocalOp list (count, then the ops at fixed
+// offsets); dst should have room for it (grow).
+func appendLocalOps(dst []byte, ops []LocalOp) []byte {
+	n := listLen(len(ops))
 	dst = appendU32(dst, uint32(n))
 	start := len(dst)
-	dst = dst[:start+n*localOpSize]
+	dst = grow(dst, n*localOpSize)[:start+n*localOpSize]
 	b := dst[start:]
-	for i := range m.Ops[:n] {
-		op := &m.Ops[i]
+	for i := range ops[:n] {
+		op := &ops[i]
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
 		le.PutUint32(p[0:], op.Local)
 		le.PutUint32(p[4:], op.Remote)
 		le.PutUint64(p[8:], op.LocalOff)
 		le.PutUint64(p[16:], op.RemoteOff)
 		le.PutUint64(p[24:], op.Len)
-	}
-	if m.Peer != "" {
-		dst = appendStr(dst, m.Peer)
 	}
 	return dst
 }
@@ -112,6 +131,11 @@ func strsSize(ss []string) int {
 
 func (m *Submit) decode(d *decoder) {
 	m.Req = d.u64("Req")
+	m.decodeRest(d)
+}
+
+// decodeRest reads what follows Req in a Submit body.
+func (m *Submit) decodeRest(d *decoder) {
 	m.Route = d.str("Route", MaxName)
 	m.Dir = d.direction("Dir")
 	m.Checksum = d.u8("Checksum")
@@ -121,7 +145,7 @@ func (m *Submit) decode(d *decoder) {
 	m.Tag = d.str("Tag", MaxTag)
 	m.LocalNames = d.strs("LocalNames", MaxNames, MaxName)
 	m.RemoteNames = d.strs("RemoteNames", MaxNames, MaxName)
-	m.decodeOps(d)
+	m.Ops = decodeLocalOps(d, uint64(len(m.LocalNames)), uint64(len(m.RemoteNames)))
 	if d.err == nil && d.rem() > 0 {
 		// The optional tail: present only when a peer is named, so an
 		// empty one is not canonical.
@@ -132,23 +156,23 @@ func (m *Submit) decode(d *decoder) {
 	}
 }
 
-// decodeOps reads Submit.Ops.
-func (m *Submit) decodeOps(d *decoder) {
+// decodeLocalOps reads a LocalOp list (Submit.Ops, SubmitMore.Ops) whose
+// Local and Remote index lists of nl and nr names; nil when empty or bad.
+func decodeLocalOps(d *decoder, nl, nr uint64) []LocalOp {
 	n := d.count("Ops", MaxOps, localOpSize)
 	if d.err != nil || n == 0 {
-		return
+		return nil
 	}
 	// count checked that n ops fit in what remains: take them at once and
 	// decode with fixed offsets, one pass.
 	b := d.take("Ops", n*localOpSize)
 	if b == nil {
-		return
+		return nil
 	}
-	m.Ops = make([]LocalOp, n)
-	nl, nr := uint64(len(m.LocalNames)), uint64(len(m.RemoteNames))
-	for i := range m.Ops {
+	ops := make([]LocalOp, n)
+	for i := range ops {
 		p := b[i*localOpSize : (i+1)*localOpSize : (i+1)*localOpSize]
-		op := &m.Ops[i]
+		op := &ops[i]
 		op.Local = le.Uint32(p[0:])
 		op.Remote = le.Uint32(p[4:])
 		op.LocalOff = le.Uint64(p[8:])
@@ -158,10 +182,10 @@ func (m *Submit) decodeOps(d *decoder) {
 			op.LocalOff > math.MaxUint64-op.Len || op.RemoteOff > math.MaxUint64-op.Len {
 			d.idx = i
 			d.badLocalOp(op, nl, nr)
-			m.Ops = nil
-			return
+			return nil
 		}
 	}
+	return ops
 }
 
 // badLocalOp records why op (Submit.Ops[d.idx]) is invalid.

@@ -91,7 +91,7 @@ func samples() []sample {
 		{"QueryReplyEmpty", &QueryReply{Req: 14}},
 		{"OK", &OK{Req: 15}},
 		{"Fail", &Fail{Req: 16, Code: CodeUnknownRoute, Message: "no route \"x\""}},
-	}, append(append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...), grantSamples()...)...)
+	}, append(append(append(append(append(nodeSamples(), kvSamples()...), joinSamples()...), ticketSamples()...), grantSamples()...), piecesSamples()...)...)
 }
 
 func TestSamplesCoverEveryType(t *testing.T) {
@@ -410,7 +410,7 @@ func hasTail(m Msg) bool {
 
 // tailField reports whether err is about an optional tail's field.
 func tailField(err error) bool {
-	for _, f := range []string{"Submit.Peer:", "SubmitWait.Peer:", "Unregister.WaitMs:", "SubmitKV.Key:", "KVAnnounce.Key:", "KVPull.Key:"} {
+	for _, f := range []string{"Submit.Peer:", "SubmitWait.Peer:", "SubmitHead.Peer:", "Unregister.WaitMs:", "SubmitKV.Key:", "KVAnnounce.Key:", "KVPull.Key:"} {
 		if strings.Contains(err.Error(), f) {
 			return true
 		}
@@ -424,6 +424,8 @@ func peerOf(m Msg) string {
 	case *Submit:
 		return m.Peer
 	case *SubmitWait:
+		return m.Peer
+	case *SubmitHead:
 		return m.Peer
 	}
 	return ""

@@ -76,7 +76,7 @@ func (b *benchFlags) run(ctx context.Context, local string, args []string) error
 	}
 	return b.runRows(ctx, p, benchOpts{route: p.route, local: local, remote: remote, blocks: p.blocksPattern, dir: p.dir,
 		ldev: p.ldev, rdev: p.rdev, iters: b.iters, warmup: b.warmup, verify: b.verify || b.verifyEnd, verifyEnd: b.verifyEnd,
-		prof: prof, checksum: p.checksum, inflight: b.inflight, spin: b.spin, spinSet: b.spinSet})
+		prof: prof, checksum: p.checksum, inflight: b.inflight, spin: b.spin, spinSet: b.spinSet, pieces: b.pieces})
 }
 
 // setEnv passes --splice and --spin on to the sidecars bench starts: they
@@ -349,6 +349,7 @@ type benchOpts struct {
 	inflight             int           // transfers in flight at once, each on its own buffers
 	spin                 time.Duration // client.WithSpin, when spinSet
 	spinSet              bool          // --spin given: else the client's default
+	pieces               int           // --pieces: client.WithPieces above this many ops; -1: the client's default
 }
 
 // BenchResult is the summary of a benchmark.

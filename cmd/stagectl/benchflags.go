@@ -37,6 +37,7 @@ type benchFlags struct {
 	kvLayers             int
 	kvGrant              bool
 	profile              string
+	pieces               int  // --pieces; -1: the client's default
 	spliceSet, spinSet   bool // --splice, --spin given (else the sidecars' and client's defaults)
 }
 
@@ -76,6 +77,7 @@ func (b *benchFlags) register(f *pflag.FlagSet) {
 	f.Uint32Var(&b.kvHeads, "kv-heads", 8, "with --kv: kv heads (both sides hold all)")
 	f.Uint32Var(&b.kvHeadSize, "kv-head-size", 128, "with --kv: head size in elements")
 	f.BoolVar(&b.kvGrant, "kv-grant", false, "with --kv: also time the same-layout transfer into a guarded cache, with a Grant before and a RevokeGrant after each (the vLLM connector's cost per request; docs/PROTOCOL.md 9.20)")
+	f.IntVar(&b.pieces, "pieces", -1, "send a transfer of more ops than this in pieces (SubmitHead, SubmitMore: docs/PROTOCOL.md 9.5b), so the sidecar starts on the first while the rest arrive; 0: always one Submit; -1: the client's default (client.DefaultPieceOps)")
 	f.StringVar(&b.profile, "profile", "", "with --spawn: write CPU profiles and execution traces of both sidecars over each row's timed transfers into this folder (go tool pprof, go tool trace)")
 }
 

@@ -87,6 +87,9 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if o.spinSet {
 		opts = append(opts, client.WithSpin(o.spin))
 	}
+	if o.pieces >= 0 {
+		opts = append(opts, client.WithPieces(o.pieces, client.DefaultFirstPiece, client.DefaultPiece))
+	}
 	lc, err := client.Dial(o.local, opts...)
 	if err != nil {
 		return nil, err

@@ -38,6 +38,10 @@ type Backend interface {
 	// ErrWouldWait and the connection calls it again, with wait true,
 	// aside, so the engine's other requests are not held up.
 	Submit(o Owner, m *wire.Submit, wait bool) (Transfer, error)
+	// SubmitHead starts a transfer sent in pieces (PROTOCOL.md 9.5b)
+	// from its first piece, as Submit does (wait and ErrWouldWait alike);
+	// its Grower takes the rest of the ops as they come.
+	SubmitHead(o Owner, m *wire.SubmitHead, wait bool) (Transfer, Grower, error)
 	SubmitKV(o Owner, m *wire.SubmitKV) (Transfer, error)
 	Lookup(o Owner, id uint64) (Transfer, error)
 	Cancel(o Owner, id uint64) error
@@ -66,4 +70,16 @@ type Transfer interface {
 	// WhenDone runs f once the transfer finished (at once if it has); f
 	// must not block.
 	WhenDone(f func())
+}
+
+// Grower takes the rest of a transfer sent in pieces. The connection
+// calls it from one goroutine at a time, in the pieces' order.
+type Grower interface {
+	// Grow hands the transfer its next piece's ops (end: the last piece).
+	// An error means the transfer failed (its status says why): it takes
+	// nothing more.
+	Grow(ops []wire.LocalOp, end bool) error
+	// Abort fails the transfer with err: the rest of its pieces will not
+	// come (their time passed, the connection closed, a piece was refused).
+	Abort(err error)
 }

@@ -53,6 +53,8 @@ type client struct {
 	// only).
 	owner   Owner
 	started bool
+
+	pieces pieces // requests sent in pieces (conn_pieces.go)
 }
 
 // conns numbers the control-socket connections of the process.
@@ -190,16 +192,18 @@ func (c *client) readLoop() {
 	// Once every request is answered: what the connection registered goes.
 	defer func() { c.l.b.Closed(c.owner) }()
 	defer c.waits.Wait()
+	defer c.closePieces()
 	defer c.close()
 	var buf []byte
 	for {
 		var (
+			h   wire.Header
 			m   wire.Msg
 			fd  int
 			err error
 		)
 		spin.Readable(c.conn, c.l.readSpin)
-		_, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
+		h, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
 		var bad *unixsock.BadRequest
 		if errors.As(err, &bad) && bad.Req != 0 {
 			code := wire.CodeMalformed
@@ -207,6 +211,9 @@ func (c *client) readLoop() {
 				code = wire.CodeOutOfRange
 			}
 			c.reply(&wire.Fail{Req: bad.Req, Code: code, Message: bad.Err.Error()})
+			if h.Type == wire.TypeSubmitMore {
+				c.badPiece(bad.Req, status.Errorf(code, "a piece of request %d did not decode: %v", bad.Req, bad.Err))
+			}
 			continue
 		}
 		if err != nil {
@@ -282,6 +289,10 @@ func (c *client) handle(m wire.Msg, fd int) {
 		c.submit(m, false)
 	case *wire.SubmitWait:
 		c.submit(&m.Submit, true)
+	case *wire.SubmitHead:
+		c.submitHead(m)
+	case *wire.SubmitMore:
+		c.submitMore(m)
 	case *wire.Status:
 		x, err := b.Lookup(o, m.Transfer)
 		if err != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"net"
 	"path/filepath"
@@ -25,6 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type fakeBackend struct {
 	done         chan struct{}
 	regs, closed chan Owner
+	grows        chan string // what SubmitHead's Grower was given, when set
 }
 
 type fakeXfer struct{ done chan struct{} }
@@ -87,6 +89,33 @@ func (b fakeBackend) Submit(_ Owner, m *wire.Submit, wait bool) (Transfer, error
 	return fakeXfer{b.done}, nil
 }
 func (b fakeBackend) SubmitKV(Owner, *wire.SubmitKV) (Transfer, error) { return fakeXfer{b.done}, nil }
+func (b fakeBackend) SubmitHead(_ Owner, m *wire.SubmitHead, wait bool) (Transfer, Grower, error) {
+	x, err := b.Submit(Owner{}, &m.Submit, wait)
+	if err != nil {
+		return nil, nil, err
+	}
+	g := &fakeGrower{b: b}
+	g.note("head %d", len(m.Ops))
+	return x, g, nil
+}
+
+// fakeGrower reports what it was given on b.grows, when set.
+type fakeGrower struct{ b fakeBackend }
+
+func (g *fakeGrower) note(format string, args ...any) {
+	if g.b.grows != nil {
+		g.b.grows <- fmt.Sprintf(format, args...)
+	}
+}
+func (g *fakeGrower) Grow(ops []wire.LocalOp, end bool) error {
+	if len(ops) > 0 && ops[0].Len == 13 { // the transfer fails on it
+		g.note("grow refused")
+		return status.Errorf(wire.CodeOutOfRange, "13 bytes")
+	}
+	g.note("grow %d %v", len(ops), end)
+	return nil
+}
+func (g *fakeGrower) Abort(err error) { g.note("abort %s", status.Code(err)) }
 func (b fakeBackend) Lookup(_ Owner, id uint64) (Transfer, error) {
 	if id != 7 {
 		return nil, status.Errorf(wire.CodeUnknownTransfer, "transfer %d is unknown", id)

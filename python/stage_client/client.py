@@ -28,6 +28,7 @@ from .kvclient import KVRequests
 from .protocol import wire
 from .protocol.group import Join
 from .protocol.messages import decode_body
+from .protocol.pieces import SubmitMore, head_of
 from .protocol.wire import Code, Direction, HandleKind, LocalOp, Notify, QueryKind, State, XferStatus
 from .reconnect import Backoff, Reconnector
 from .ticketclient import TicketRequests
@@ -37,6 +38,13 @@ __all__ = ["Client", "Op", "Block", "Subscription", "make_ops", "DEFAULT_REQUEST
 
 #: Default limit, in seconds, for an answer to any request but Wait.
 DEFAULT_REQUEST_TIMEOUT = 60.0
+
+#: A submit of more ops than this goes in pieces when the sidecar takes them (PROTOCOL.md 9.5b): the
+#: head carries DEFAULT_FIRST_PIECE ops, each later piece DEFAULT_PIECE. As the Go client's defaults
+#: (client.DefaultPieceOps, measured there).
+DEFAULT_PIECE_OPS = 16384
+DEFAULT_FIRST_PIECE = 1024
+DEFAULT_PIECE = 8192
 
 #: How long, in seconds, :meth:`Client.unregister` of a tensor region lets
 #: the sidecar wait for the transfers holding it (a route's default
@@ -233,6 +241,10 @@ class Client(KVRequests, TicketRequests):
         self._hooks: List[Callable[["Client"], None]] = []  # on_reconnect callbacks
         self._lost_hooks: List[Callable[[], None]] = []  # on_disconnect callbacks
         self._resuming: Optional[int] = None  # the thread restoring a new connection; others' calls wait out
+        #: A submit of more ops than this goes in pieces (PROTOCOL.md 9.5b) when the sidecar takes them:
+        #: ``first_piece`` ops in the head, ``piece_ops`` in each later piece. 0: always one Submit.
+        self.pieces_above, self.first_piece, self.piece_ops = DEFAULT_PIECE_OPS, DEFAULT_FIRST_PIECE, DEFAULT_PIECE
+        self._pieces: Optional[Dict[str, Any]] = None  # the sidecar's submit_pieces limits ({} none), once asked
         # Everything the reader reads when the connection ends is set before it starts: a sidecar that
         # refuses the connection (a Fail with Req 0) may close it at once.
         self._reconnector: Optional[Reconnector] = None
@@ -427,13 +439,16 @@ class Client(KVRequests, TicketRequests):
                     fn()
                 except Exception as e:  # noqa: BLE001 - a callback's bug must not stop the reconnect
                     _log.warning("stage: an on_disconnect callback failed: %s", e)
+            self._pieces = None  # the sidecar may come back as another version: ask again
             self._reconnector.lost()
 
     # ------------------------------------------------------------------
     # requests
 
-    def _send(self, make: Callable[[int], wire.Message], fd: int = -1) -> Tuple[int, _Future, str]:
-        """Encode the request ``make(req)``, register its future, send it."""
+    def _send(self, make: Callable[[int], wire.Message], fd: int = -1,
+              more: Optional[Callable[[int], Iterator[bytes]]] = None) -> Tuple[int, _Future, str]:
+        """Encode the request ``make(req)``, register its future, send it; then, when given, the frames
+        ``more(req)`` yields (the rest of a request in pieces), each encoded as the one before is sent."""
         with self._lock:
             if self._error is not None:
                 raise self._error
@@ -459,6 +474,8 @@ class Client(KVRequests, TicketRequests):
                         sock.sendall(memoryview(frame)[n:])
                 else:
                     sock.sendall(frame)
+                for f in more(req) if more is not None else ():
+                    sock.sendall(f)
         except OSError as e:
             with self._lock:
                 self._pending.pop(req, None)
@@ -668,11 +685,54 @@ class Client(KVRequests, TicketRequests):
         """
         wops = ops if isinstance(ops, list) and all(isinstance(o, LocalOp) for o in ops) else make_ops(ops)
         ln, rn, ck, d = _names(local_names), _names(remote_names), _checksum(checksum), Direction(direction)
-        a = self._call(lambda r: wire.Submit(req=r, route=route, direction=d, checksum=ck, tag=tag,
-                                             local_names=ln, remote_names=rn, ops=wops, peer=peer))
+
+        def make(r: int) -> wire.Submit:
+            return wire.Submit(req=r, route=route, direction=d, checksum=ck, tag=tag, local_names=ln,
+                               remote_names=rn, ops=wops, peer=peer)
+
+        if 0 < self.pieces_above < len(wops) and self._pieces_fit(len(wops)):
+            a = self._submit_pieces(make, wops)
+        else:
+            a = self._call(make)
         if not isinstance(a, wire.Submitted):
             raise StageError(Code.INTERNAL, "Submit answered with %s" % type(a).__name__)
         return a.transfer
+
+    def _pieces_fit(self, n: int) -> bool:
+        """Whether the sidecar takes requests in pieces and ``n`` ops in them stay inside its limits."""
+        if self._pieces is None:
+            try:
+                f = self.query(QueryKind.FEATURES)
+            except StageError:  # a sidecar that predates pieces: unknown query 6
+                f = None
+            self._pieces = (f or {}).get("submit_pieces") or {}
+        lim = self._pieces
+        if not lim:
+            return False
+        first, rest = max(self.first_piece, 1), max(self.piece_ops, 1)
+        pieces = 1 + max(1, -(-max(n - first, 0) // rest))
+        return n <= lim.get("max_ops", 0) and pieces <= lim.get("max_pieces", 0)
+
+    def _submit_pieces(self, make: Callable[[int], wire.Submit], ops: List[LocalOp]) -> Any:
+        """Send ``make(req)`` as a SubmitHead of its first ops and SubmitMore frames of the rest."""
+        first, rest = max(self.first_piece, 1), max(self.piece_ops, 1)
+
+        def head(r: int) -> wire.Message:
+            h = head_of(make(r))  # Total and Ends over every op; ValueError before anything is sent
+            h.submit.ops = ops[:first]
+            return h
+
+        def more(r: int) -> Iterator[bytes]:
+            i = min(first, len(ops))
+            while True:
+                k = min(i + rest, len(ops))
+                yield wire.encode_frame(SubmitMore(req=r, end=k == len(ops), ops=ops[i:k]))
+                if k == len(ops):
+                    return
+                i = k
+
+        req, fut, what = self._send(head, more=more)
+        return self._result(req, fut, self.request_timeout, what)
 
     def push(self, route: str, local: Union[str, Sequence[str]], remote: Union[str, Sequence[str]],
              ops: Iterable[OpLike], tag: str = "", checksum: Union[None, bool, int] = None, peer: str = "") -> int:

@@ -330,6 +330,20 @@ class TestE2E(unittest.TestCase):
         self.assertEqual(bytes(back.region()), bytes(src.region()))
         self.assertTrue(back.guards_ok())
 
+    def test_push_blocks_in_pieces(self) -> None:
+        # The same 512 scattered blocks, each way, sent as a SubmitHead of 16 ops and SubmitMore frames
+        # of 100 (PROTOCOL.md 9.5b): the push starts on the head and lands byte-exact.
+        c = self.pre.client
+        old = (c.pieces_above, c.first_piece, c.piece_ops)
+        c.pieces_above, c.first_piece, c.piece_ops = 64, 16, 100
+
+        def restore() -> None:
+            c.pieces_above, c.first_piece, c.piece_ops = old
+
+        self.addCleanup(restore)
+        self.test_push_blocks_random_order()
+        self.assertEqual((c._pieces or {}).get("max_pieces"), 4096, "the sidecar did not say it takes pieces")
+
     def test_notify_with_tag(self) -> None:
         src, dst, sname, dname = self.regions(2 * MiB)
         sub = self.dec.client.subscribe()

@@ -5,6 +5,7 @@
 * :mod:`.kvwire`: the KV frames RegisterKV and SubmitKV (12.5, 12.6);
 * :mod:`.group`: Join (9.18), a connection joining an ownership group;
 * :mod:`.grants`: Grant and RevokeGrant (9.20), which peer request may read or write which blocks;
+* :mod:`.pieces`: SubmitHead and SubmitMore (9.5b), a large Submit sent in pieces;
 * :mod:`.messages`: the one registry of every local message type, built
   once, with :func:`decode_body` and :func:`decode_frame`.
 
@@ -24,7 +25,9 @@ from .kvwire import *  # noqa: F401,F403
 from .kvwire import __all__ as _kvwire_all
 from .messages import *  # noqa: F401,F403
 from .messages import __all__ as _messages_all
+from .pieces import *  # noqa: F401,F403
+from .pieces import __all__ as _pieces_all
 from .wire import *  # noqa: F401,F403
 from .wire import __all__ as _wire_all
 
-__all__ = list(_wire_all) + list(_kvwire_all) + list(_group_all) + list(_grants_all) + list(_messages_all)
+__all__ = list(_wire_all) + list(_kvwire_all) + list(_group_all) + list(_grants_all) + list(_messages_all) + list(_pieces_all)

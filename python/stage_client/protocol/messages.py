@@ -2,7 +2,7 @@
 
 Every message class of :mod:`.wire` (sections 5 and 9 of
 ``docs/PROTOCOL.md``) and of :mod:`.kvwire` (12.5, 12.6) is registered here,
-by its frame type (and Join, of :mod:`.group`, 9.18; the tickets of :mod:`.tickets`, 9.19; Grant and RevokeGrant, of :mod:`.grants`, 9.20), once, when this module is imported; nothing adds to the
+by its frame type (and Join, of :mod:`.group`, 9.18; the tickets of :mod:`.tickets`, 9.19; Grant and RevokeGrant, of :mod:`.grants`, 9.20; SubmitHead and SubmitMore, of :mod:`.pieces`, 9.5b), once, when this module is imported; nothing adds to the
 registry afterwards (it is read-only).
 """
 
@@ -13,6 +13,7 @@ from typing import Mapping, Tuple, Type, Union
 
 from .grants import Grant, RevokeGrant
 from .group import Join
+from .pieces import SubmitHead, SubmitMore
 from .tickets import OpenInbox, PostTicket, TakeTickets, Tickets
 from .kvwire import RegisterKV, SubmitKV
 from .wire import (HEADER_SIZE, MAX_CONTROL_BODY, OK, Cancel, Fail, Header, Message, Notify, ProtocolError, Query,
@@ -25,7 +26,8 @@ __all__ = ["MESSAGES", "decode_body", "decode_frame"]
 MESSAGES: Mapping[int, Type[Message]] = MappingProxyType({
     int(c.TYPE): c
     for c in (Register, Unregister, Submit, Submitted, Wait, Status, XferStatus, Cancel, Subscribe, Notify,
-              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets, Grant, RevokeGrant)
+              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets, Grant, RevokeGrant,
+              SubmitHead, SubmitMore)
 })
 
 

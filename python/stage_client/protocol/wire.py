@@ -134,6 +134,8 @@ class FrameType(enum.IntEnum):
     TICKETS = 157
     GRANT = 158  # 9.20; the messages live in grants
     REVOKE_GRANT = 159
+    SUBMIT_MORE = 160  # 9.5b; the messages live in pieces
+    SUBMIT_HEAD = 161
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -249,6 +251,7 @@ class QueryKind(enum.IntEnum):
     REGIONS = 3
     CATALOG = 4  # Arg: route name
     DEVICE = 5  # the sidecar's device (bare_tgid, physical_id for acl)
+    FEATURES = 6  # the optional requests it takes (submit_pieces: PROTOCOL.md 9.5b)
 
 
 class HandleKind(enum.IntEnum):
@@ -708,6 +711,51 @@ class LocalOp:
 _LOCAL_OP = struct.Struct("<IIQQQ")
 
 
+def pack_local_ops(ops: Sequence[LocalOp], nl: int, nr: int, msg: str) -> bytes:
+    """A LocalOp list as the wire has it (u32 count, then 32 bytes each),
+    checked as the sidecar's decoder checks it: indices below ``nl`` local
+    and ``nr`` remote names, lengths above 0, no offset + length past
+    2^64 - 1. ValueError names ``msg`` and the op."""
+    if len(ops) > MAX_OPS:
+        raise ValueError("%s.Ops: count %d exceeds limit %d" % (msg, len(ops), MAX_OPS))
+    pack = _LOCAL_OP.pack
+    out = [struct.pack("<I", len(ops))]
+    for i, op in enumerate(ops):
+        loc, rem, loff, roff, ln = op.local, op.remote, op.local_off, op.remote_off, op.length
+        if not 0 <= loc < nl:
+            raise ValueError("%s.Ops[%d].Local: index %d out of range (%d local names)" % (msg, i, loc, nl))
+        if not 0 <= rem < nr:
+            raise ValueError("%s.Ops[%d].Remote: index %d out of range (%d remote names)" % (msg, i, rem, nr))
+        if not 0 < ln <= _U64_MAX:
+            raise ValueError("%s.Ops[%d].Len: length %d must be in 1..2^64-1" % (msg, i, ln))
+        if not 0 <= loff <= _U64_MAX - ln:
+            raise ValueError("%s.Ops[%d].LocalOff: offset %d + length %d overflows u64" % (msg, i, loff, ln))
+        if not 0 <= roff <= _U64_MAX - ln:
+            raise ValueError("%s.Ops[%d].RemoteOff: offset %d + length %d overflows u64" % (msg, i, roff, ln))
+        out.append(pack(loc, rem, loff, roff, ln))
+    return b"".join(out)
+
+
+def unpack_local_ops(d: "_Dec", nl: int, nr: int) -> List[LocalOp]:
+    """Read a LocalOp list, checked as :func:`pack_local_ops` checks it."""
+    n = d.count(MAX_OPS, LOCAL_OP_SIZE, "Ops")
+    raw = d.take(n * LOCAL_OP_SIZE, "Ops")
+    ops: List[LocalOp] = []
+    for i, (loc, rem, loff, roff, length) in enumerate(_LOCAL_OP.iter_unpack(raw)):
+        if loc >= nl:
+            raise d.fail("malformed", "Ops[%d].Local" % i, "index %d out of range (%d local names)" % (loc, nl))
+        if rem >= nr:
+            raise d.fail("malformed", "Ops[%d].Remote" % i, "index %d out of range (%d remote names)" % (rem, nr))
+        if length == 0:
+            raise d.fail("malformed", "Ops[%d].Len" % i, "zero length")
+        if loff > _U64_MAX - length:
+            raise d.fail("malformed", "Ops[%d].LocalOff" % i, "offset %d + length %d overflows" % (loff, length))
+        if roff > _U64_MAX - length:
+            raise d.fail("malformed", "Ops[%d].RemoteOff" % i, "offset %d + length %d overflows" % (roff, length))
+        ops.append(LocalOp(loc, rem, loff, roff, length))
+    return ops
+
+
 @dataclass
 class Submit(Message):
     """Submit (130): start a transfer on a route; answered by Submitted.
@@ -741,26 +789,7 @@ class Submit(Message):
         e.str16(self.tag, MAX_TAG, "Tag")
         e.strs(self.local_names, MAX_NAMES, MAX_NAME, "LocalNames")
         e.strs(self.remote_names, MAX_NAMES, MAX_NAME, "RemoteNames")
-        ops = self.ops
-        if len(ops) > MAX_OPS:
-            raise ValueError("Submit.Ops: count %d exceeds limit %d" % (len(ops), MAX_OPS))
-        nl, nr = len(self.local_names), len(self.remote_names)
-        pack = _LOCAL_OP.pack
-        out = [struct.pack("<I", len(ops))]
-        for i, op in enumerate(ops):
-            loc, rem, loff, roff, ln = op.local, op.remote, op.local_off, op.remote_off, op.length
-            if not 0 <= loc < nl:
-                raise ValueError("Submit.Ops[%d].Local: index %d out of range (%d local names)" % (i, loc, nl))
-            if not 0 <= rem < nr:
-                raise ValueError("Submit.Ops[%d].Remote: index %d out of range (%d remote names)" % (i, rem, nr))
-            if not 0 < ln <= _U64_MAX:
-                raise ValueError("Submit.Ops[%d].Len: length %d must be in 1..2^64-1" % (i, ln))
-            if not 0 <= loff <= _U64_MAX - ln:
-                raise ValueError("Submit.Ops[%d].LocalOff: offset %d + length %d overflows u64" % (i, loff, ln))
-            if not 0 <= roff <= _U64_MAX - ln:
-                raise ValueError("Submit.Ops[%d].RemoteOff: offset %d + length %d overflows u64" % (i, roff, ln))
-            out.append(pack(loc, rem, loff, roff, ln))
-        e.raw(b"".join(out))
+        e.raw(pack_local_ops(self.ops, len(self.local_names), len(self.remote_names), "Submit"))
         if self.peer:
             e.str16(self.peer, MAX_NAME, "Peer")
         return e.done()
@@ -777,21 +806,7 @@ class Submit(Message):
         tag = d.str16(MAX_TAG, "Tag")
         ln = d.strs(MAX_NAMES, MAX_NAME, "LocalNames")
         rn = d.strs(MAX_NAMES, MAX_NAME, "RemoteNames")
-        n = d.count(MAX_OPS, LOCAL_OP_SIZE, "Ops")
-        raw = d.take(n * LOCAL_OP_SIZE, "Ops")
-        ops: List[LocalOp] = []
-        for i, (loc, rem, loff, roff, length) in enumerate(_LOCAL_OP.iter_unpack(raw)):
-            if loc >= len(ln):
-                raise d.fail("malformed", "Ops[%d].Local" % i, "index %d out of range (%d local names)" % (loc, len(ln)))
-            if rem >= len(rn):
-                raise d.fail("malformed", "Ops[%d].Remote" % i, "index %d out of range (%d remote names)" % (rem, len(rn)))
-            if length == 0:
-                raise d.fail("malformed", "Ops[%d].Len" % i, "zero length")
-            if loff > _U64_MAX - length:
-                raise d.fail("malformed", "Ops[%d].LocalOff" % i, "offset %d + length %d overflows" % (loff, length))
-            if roff > _U64_MAX - length:
-                raise d.fail("malformed", "Ops[%d].RemoteOff" % i, "offset %d + length %d overflows" % (roff, length))
-            ops.append(LocalOp(loc, rem, loff, roff, length))
+        ops = unpack_local_ops(d, len(ln), len(rn))
         peer = ""
         if d.rem() > 0:
             peer = d.str16(MAX_NAME, "Peer")
