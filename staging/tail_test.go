@@ -148,3 +148,52 @@ func TestSplitTailMappedPlan(t *testing.T) {
 		t.Fatalf("chunks cover %d B, want %d", off, total)
 	}
 }
+
+// TestSplitTailGrowingPlan: a push in pieces (a growing plan) whose tail is
+// split when it is submitted, before most of its ops came: Ready never
+// names a chunk whose bytes the ops given so far do not cover, and once
+// complete the plan cuts every chunk at the split's lengths.
+func TestSplitTailGrowingPlan(t *testing.T) {
+	ops := scattered(700, 96) // 67,200 B
+	const chunk = 4096
+	var total uint64
+	for _, o := range ops {
+		total += o.Len
+	}
+	for _, first := range []int{1, 50, 300} {
+		p, err := NewGrowingPlan(total, chunk, ops[:first])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !p.SplitTail(4, 512) {
+			t.Fatalf("first %d ops: SplitTail left the growing plan as it was", first)
+		}
+		have := uint64(0)
+		for _, o := range ops[:first] {
+			have += o.Len
+		}
+		for at := first; ; {
+			for i := 0; i < p.Ready(); i++ {
+				if end := p.offset(i) + uint64(p.ChunkLen(i)); end > have {
+					t.Fatalf("first %d, %d of %d B given: Ready %d names chunk %d ending at %d", first, have, total,
+						p.Ready(), i, end)
+				}
+			}
+			if at == len(ops) {
+				break
+			}
+			next := min(at+37, len(ops))
+			if err := p.Grow(ops[at:next]); err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range ops[at:next] {
+				have += o.Len
+			}
+			at = next
+		}
+		if !p.Complete() || p.Ready() != p.Len() {
+			t.Fatalf("first %d: complete %v, ready %d of %d", first, p.Complete(), p.Ready(), p.Len())
+		}
+		checkPlan(t, ops, p, chunk)
+	}
+}
