@@ -8,6 +8,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from typing import Callable, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,20 +85,33 @@ class FakeSidecar:
             self.error = e
 
     def close(self) -> None:
+        # The serving thread may have accepted a connection and still wait for the GIL to store it (a loaded
+        # machine): closing only what is stored would leave that connection open and the thread in recv, and
+        # the client would never see the end. So close whatever the thread holds until it has ended.
         for _, _, fd in self.got:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        if self.conn is not None:
-            try:
-                self.conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.conn.close()
+        try:
+            self.ln.shutdown(socket.SHUT_RDWR)  # wakes an accept() no client came to (Linux: EINVAL)
+        except OSError:
+            pass
         self.ln.close()
-        self.thread.join(5)
+        shut = None
+        deadline = time.monotonic() + 5
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            conn = self.conn
+            if conn is not None and conn is not shut:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                shut = conn
+            self.thread.join(0.02)
+        if self.conn is not None:
+            self.conn.close()
         if self.dir is not None:
             self.dir.cleanup()
 
