@@ -326,16 +326,16 @@ class TestPDProxy(unittest.TestCase):
         self.error(post(url, {"prompt": "declist"}), 502, "not a JSON object", "decode")
         doc = self.error(post(url, {"prompt": "boom"}), 500, "boom", "prefill")  # the engine's own status
         self.assertIn("prefill engine answered 500", doc["error"])
-        with socket.socket() as s:  # a port nothing listens on
+        with socket.socket() as s:  # a port nothing listens on: held bound (refusing) so none can take it meanwhile
             s.bind(("127.0.0.1", 0))
             dead = "http://127.0.0.1:%d" % s.getsockname()[1]
-        p = start(self.engines, decode=dead, timeout=10)
-        try:
-            for mode in ("pull", "push"):
-                with self.subTest(mode):
-                    self.error(post(p.url, {"prompt": "down-" + mode, "stage_mode": mode}), 502, dead, "decode")
-        finally:
-            stop(p)
+            p = start(self.engines, decode=dead, timeout=10)
+            try:
+                for mode in ("pull", "push"):
+                    with self.subTest(mode):
+                        self.error(post(p.url, {"prompt": "down-" + mode, "stage_mode": mode}), 502, dead, "decode")
+            finally:
+                stop(p)
 
     def test_trickling_engine_cut_at_the_deadline(self) -> None:
         timeout = 1.0

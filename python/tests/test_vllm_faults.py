@@ -241,6 +241,7 @@ class TestVLLMFaults(unittest.TestCase):
         t_dec = time.monotonic()
         de.step()  # the decode's worker takes r0; its deadline runs from here
         self.assertTrue(de.sched.scheduler.tickets_posted(10))  # posted off the scheduler's step
+        pe.tickets_in(1)  # the forward below waits for layer 0 inside the step: its ticket must be there
         pr = Request("p0", prompt, {"do_remote_decode": True, "stage_mode": "push", "stage_xfer": "m0"})
         pe.admit(pr, lambda n: ptable)
         node = self.pre if victim == "prefill" else self.dec

@@ -187,6 +187,16 @@ class Engine:
             if self._count[k] == len(self.workers):
                 into.add(rid)
 
+    def tickets_in(self, n: int, limit: float = 20.0) -> None:
+        """Wait (no step) until this prefill's scheduler holds ``n`` push tickets. A decode's ticket travels
+        over the sidecars' link; a test whose step must find its pushes' destinations waits for it first (on
+        a loaded machine it can land after the step, and the pushes then start one step later)."""
+        rdv, t0 = self.sched.scheduler.rendezvous, time.monotonic()
+        while len(rdv) < n:
+            if time.monotonic() - t0 > limit:
+                raise AssertionError("%d of %d push tickets reached the prefill in %.0fs" % (len(rdv), n, limit))
+            time.sleep(0.01)
+
     def until(self, what: Callable[[], bool], limit: float, tick: float = 0.01) -> float:
         """Step (without a forward) until ``what()``; the seconds it took. Raises AssertionError at ``limit``."""
         t0 = time.monotonic()
