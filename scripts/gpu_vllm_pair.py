@@ -38,15 +38,12 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYDIR = os.path.join(ROOT, "python")
@@ -188,8 +185,10 @@ class Pair:
             out[side] = tot
         return out
 
-    def moved(self, before: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
-        now = self.snapshot()
+    def moved(self, before: Dict[str, Dict[str, float]],
+              snap: Optional[Callable[[], Dict[str, Dict[str, float]]]] = None) -> Dict[str, Dict[str, float]]:
+        """What each side's counters moved since ``before`` (``snap``: how they are read; the sidecars')."""
+        now = (snap or self.snapshot)()
         return {k: delta(now[k], before.get(k, {})) for k in now}
 
     def nixl_snapshot(self) -> Dict[str, Dict[str, float]]:
@@ -221,8 +220,7 @@ class Pair:
         before = snap()
         got, wall2 = batch(self.proxy.url, ps, a.model, a, mode=mode)
         time.sleep(0.5)
-        after = snap()
-        moved = {k: delta(after[k], before.get(k, {})) for k in after}
+        moved = self.moved(before, snap)
         gaps = [r.get("gaps") for r in alone]
         cmp = compare([r.get("tokens") for r in got], [r.get("tokens") for r in alone], gaps)
         # The noise floor: the decode alone again, one request at a time (other batch shapes, no KV moved).

@@ -267,11 +267,7 @@ func (m *KVInfoRequest) decode(d *decoder) {
 func (m *KVInfo) AppendBody(dst []byte) []byte {
 	dst = appendU64(dst, m.Seq)
 	dst = appendStr(dst, m.Name)
-	var found uint8
-	if m.Found {
-		found = 1
-	}
-	dst = appendU8(dst, found)
+	dst = appendBool(dst, m.Found)
 	dst = appendU32(dst, m.Layers)
 	return appendKVShape(dst, &m.Shape)
 }
@@ -279,12 +275,7 @@ func (m *KVInfo) AppendBody(dst []byte) []byte {
 func (m *KVInfo) decode(d *decoder) {
 	m.Seq = d.u64("Seq")
 	m.Name = d.str("Name", MaxName)
-	switch f := d.u8("Found"); f {
-	case 0, 1:
-		m.Found = f == 1
-	default:
-		d.fail(ErrMalformed, "Found", "boolean byte is %d", f)
-	}
+	m.Found = d.boolean("Found")
 	m.Layers = d.u32("Layers")
 	d.kvShape("Shape", &m.Shape)
 }

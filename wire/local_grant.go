@@ -60,11 +60,7 @@ func (m *Grant) AppendBody(dst []byte) []byte {
 	dst = appendU64(dst, m.Req)
 	dst = appendStr(dst, m.Cache)
 	dst = appendBytes16(dst, m.Key)
-	var w uint8
-	if m.Write {
-		w = 1
-	}
-	dst = appendU8(dst, w)
+	dst = appendBool(dst, m.Write)
 	dst = appendU32(dst, m.TTLMs)
 	dst = appendU16(dst, m.Uses)
 	return appendU32s(dst, m.Blocks)
@@ -74,12 +70,7 @@ func (m *Grant) decode(d *decoder) {
 	m.Req = d.u64("Req")
 	m.Cache = d.str("Cache", MaxName)
 	m.Key = d.grantKey("Key")
-	switch w := d.u8("Write"); w {
-	case 0, 1:
-		m.Write = w == 1
-	default:
-		d.fail(ErrMalformed, "Write", "boolean byte is %d", w)
-	}
+	m.Write = d.boolean("Write")
 	m.TTLMs = d.u32("TTLMs")
 	if d.err == nil && (m.TTLMs == 0 || m.TTLMs > MaxGrantTTLMs) {
 		d.fail(ErrMalformed, "TTLMs", "%d ms; want 1 to %d", m.TTLMs, MaxGrantTTLMs)
