@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
-__all__ = ["Backoff", "Reconnector", "RateLimited"]
+__all__ = ["Backoff", "Reconnector", "RateLimited", "failure_kind"]
 
 log = logging.getLogger("stage_client")
 
@@ -53,23 +54,47 @@ class Backoff:
         self._d = self.initial
 
 
-class RateLimited:
-    """A log line at most once per ``every`` seconds; the lines held back in between are counted in the next."""
+_VARYING = re.compile(r'"[^"]*"|\'[^\']*\'|\b[0-9a-f]{8,}\b|[-0-9a-f]{36}|\d+')
 
-    def __init__(self, logger: logging.Logger, every: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.logger, self.every, self._clock = logger, every, clock
-        self._last: Optional[float] = None
-        self._held = 0
+
+def failure_kind(why: str) -> str:
+    """``why`` without what varies from one failure of a cause to the next (names, ids, numbers): a
+    :class:`RateLimited` kind."""
+    return _VARYING.sub("", why)[:120]
+
+
+class RateLimited:
+    """A log line at most once per ``every`` seconds and kind; the lines held back in between are counted in
+    the next of their kind.
+
+    ``kind`` (default: one kind) keeps different causes apart: a run of one failure must not hide the
+    first line of another. At most ``kinds`` kinds are remembered; the one logged longest ago is forgotten
+    first (its next line goes out at once).
+    """
+
+    def __init__(self, logger: logging.Logger, every: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 kinds: int = 16) -> None:
+        self.logger, self.every, self._clock, self._kinds = logger, every, clock, max(1, kinds)
+        self._last: Dict[str, float] = {}  # kind -> when its last line went out
+        self._held: Dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, level: int, msg: str, *args: Any) -> bool:
-        """Log ``msg % args`` unless one went out less than ``every`` seconds ago; True when it was logged."""
+    def __call__(self, level: int, msg: str, *args: Any, kind: str = "") -> bool:
+        """Log ``msg % args`` unless a line of ``kind`` went out less than ``every`` seconds ago; True when
+        it was logged."""
         with self._lock:
             now = self._clock()
-            if self._last is not None and now - self._last < self.every:
-                self._held += 1
+            last = self._last.get(kind)
+            if last is not None and now - last < self.every:
+                self._held[kind] = self._held.get(kind, 0) + 1
                 return False
-            held, self._held, self._last = self._held, 0, now
+            held = self._held.pop(kind, 0)
+            self._last.pop(kind, None)
+            self._last[kind] = now  # dicts keep insertion order: the first key is the oldest line
+            while len(self._last) > self._kinds:
+                old = next(iter(self._last))
+                del self._last[old]
+                self._held.pop(old, None)
         if held:
             msg += " (and %d more like it in the last %.0fs)" % (held, self.every)
         self.logger.log(level, msg, *args)

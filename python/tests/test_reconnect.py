@@ -24,7 +24,7 @@ from fakesidecar import FakeSidecar, ok  # noqa: E402
 from stage_client import wire  # noqa: E402
 from stage_client.client import Client  # noqa: E402
 from stage_client.errors import SidecarConnectionError  # noqa: E402
-from stage_client.reconnect import Backoff, RateLimited  # noqa: E402
+from stage_client.reconnect import Backoff, RateLimited, failure_kind  # noqa: E402
 from stage_client.wire import Code  # noqa: E402
 
 GROUP = "g" * 16
@@ -237,6 +237,39 @@ class TestRateLimited(unittest.TestCase):
         now[0] = 11.0
         self.assertTrue(r(30, "lost %s", "d"))
         self.assertEqual(lines, ["lost a", "lost d (and 2 more like it in the last 10s)"])
+
+    def test_kinds_do_not_hide_each_other(self) -> None:
+        """A run of one cause's lines does not hold back the first line of another; each kind counts its own."""
+        now = [0.0]
+        lines: List[str] = []
+
+        class L:
+            def log(self, level: int, msg: str, *args: Any) -> None:
+                lines.append(msg % args)
+
+        r = RateLimited(L(), 10.0, clock=lambda: now[0], kinds=2)  # type: ignore[arg-type]
+        self.assertTrue(r(30, "timed out %s", 1, kind="timeout"))
+        self.assertFalse(r(30, "timed out %s", 2, kind="timeout"))
+        self.assertTrue(r(30, "refused %s", 3, kind="refused"))
+        self.assertFalse(r(30, "refused %s", 4, kind="refused"))
+        self.assertTrue(r(30, "gone %s", 5, kind="gone"))  # a third kind: "timeout" (the oldest) is forgotten
+        self.assertTrue(r(30, "timed out %s", 6, kind="timeout"))  # and now "refused" is forgotten
+        self.assertTrue(r(30, "refused %s", 7, kind="refused"))
+        now[0] = 5.0
+        self.assertFalse(r(30, "refused %s", 8, kind="refused"))
+        now[0] = 11.0
+        self.assertTrue(r(30, "refused %s", 9, kind="refused"))
+        self.assertEqual(lines, ["timed out 1", "refused 3", "gone 5", "timed out 6", "refused 7",
+                                 "refused 9 (and 1 more like it in the last 10s)"])
+
+    def test_failure_kind(self) -> None:
+        """Failures of one cause share a kind whatever names, ids and counts they carry; other causes do not."""
+        a = failure_kind('peer prefill: pull from KV cache "3cf5-tp0" refused: no live grant (exactly these 2 blocks)')
+        b = failure_kind('peer prefill: pull from KV cache "9a1b-tp1" refused: no live grant (exactly these 17 blocks)')
+        c = failure_kind("transfer 12 timed out after 8.0 s")
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, c)
+        self.assertEqual(failure_kind("cmpl-92ae1684935a7726-0-a35182ff lost"), failure_kind("cmpl-1-0-2 lost"))
 
 
 if __name__ == "__main__":

@@ -347,7 +347,13 @@ class RealPair(unittest.TestCase):
         self.assertEqual(tokens_of(got), want[0], "A's own params: other tokens")
         time.sleep(3)  # the prefill frees A's blocks and revokes its grant at its next steps
         forged("A's params again after the pull", params)
-        self.assertIn("no live grant", self.dec.text(), "the decode logged no refused pull")
+        # the worker logs from its own process: give the line a moment to reach the file
+        deadline = time.monotonic() + 15
+        while "no live grant" not in self.dec.text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        said = [ln for ln in self.dec.text().splitlines() if "stage:" in ln]
+        self.assertTrue(any("no live grant" in ln for ln in said),
+                        "the decode logged no refused pull; its stage lines end with:\n%s" % "\n".join(said[-6:]))
 
     def test_zz_prefill_sidecar_killed(self) -> None:
         """Last (it kills the prefill's staged): the decode's request ends per the policy, then it serves on."""

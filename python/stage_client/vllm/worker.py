@@ -23,7 +23,7 @@ from ..engines import MAX_TP, Mover, head_slice, layer_index, make_tag, parse_ta
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..layout.presets import is_mla
-from ..reconnect import RateLimited
+from ..reconnect import RateLimited, failure_kind
 from . import kvlayout, npu
 from .compat import LOGGER
 from .config import StageConfig, for_rank
@@ -146,7 +146,7 @@ class StageWorker:
         self.counters.add("kv_loads_failed")
         self._warn_load(logging.WARNING, "stage: KV of %s (%s) did not arrive: %s; %d KV loads failed so far "
                         "(kv_load_failure_policy decides: recompute or fail)", rid, xfer, why,
-                        self.counters.total["kv_loads_failed"])
+                        self.counters.total["kv_loads_failed"], kind=failure_kind(why))
 
     def take_stats(self) -> Optional[StageKVStats]:
         """The counts since the last call (vLLM's get_kv_connector_stats); None when nothing happened."""
