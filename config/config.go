@@ -45,6 +45,10 @@ type Node struct {
 	// one node (or pods mounting one directory) find each other there.
 	// Empty: beside the default control socket directory ("node" in it).
 	SocketDir string `mapstructure:"socket_dir"`
+	// CopyStreams is how many device streams one large same-node copy
+	// (ipc) is split across: each stream's copies go to a copy engine of
+	// their own, where one alone leaves the link short of its rate.
+	CopyStreams int `mapstructure:"copy_streams"`
 }
 
 // Device selects the backend and holds each backend's settings (device.go).

@@ -60,12 +60,15 @@ const (
 	MaxCopyStreams = 16
 	MaxInline      = 1 * MiB
 	MaxReadSpin    = 10 * time.Millisecond
-	MinStall       = 500 * time.Millisecond
-	MaxStall       = 10 * time.Minute
-	MaxStreamDepth = 64
-	MinTailChunk   = 4 * KiB
-	MaxStripes     = 64
-	MinDNSInterval = 100 * time.Millisecond
+	// MaxNodeCopyStreams bounds node.copy_streams: more streams than a
+	// GPU has copy engines only queue.
+	MaxNodeCopyStreams = 8
+	MinStall           = 500 * time.Millisecond
+	MaxStall           = 10 * time.Minute
+	MaxStreamDepth     = 64
+	MinTailChunk       = 4 * KiB
+	MaxStripes         = 64
+	MinDNSInterval     = 100 * time.Millisecond
 	// Bounds of the peer timing limits.
 	MinHandshakeTimeout = 100 * time.Millisecond
 	MaxHandshakeTimeout = 5 * time.Minute
@@ -109,6 +112,10 @@ func Validate(c *Config) error {
 
 	if n := len(c.Node.SocketDir) + 1 + NodeSocketName; c.Node.SocketDir != "" && n > maxSocketPath {
 		v.add("node.socket_dir", fmt.Sprintf("path too long for the node sockets in it (got %d bytes, at most %d); use a shorter path", len(c.Node.SocketDir), maxSocketPath-1-NodeSocketName))
+	}
+
+	if c.Node.CopyStreams < 1 || c.Node.CopyStreams > MaxNodeCopyStreams {
+		v.add("node.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxNodeCopyStreams, c.Node.CopyStreams))
 	}
 
 	v.device(c.Device)

@@ -158,16 +158,77 @@ func appendPiece(ps []piece, p piece) []piece {
 	return append(ps, p)
 }
 
-// copyDirect runs the pieces on a fresh stream of our device and waits:
-// as one batch where the stream takes batches (scattered blocks then cost
-// a kernel launch per thousand, not a copy each), else one copy each.
+// splitMin is the smallest copy split across streams: below it a second
+// stream's launch and wait cost more than its copy engine gives.
+const splitMin = 64 << 20
+
+// splitPieces cuts ps into at most n runs of about equal bytes, in order,
+// cutting a piece where a run ends: one run each for node.copy_streams
+// streams. Copies under splitMin in all stay one run.
+func splitPieces(ps []piece, n int) [][]piece {
+	var total uint64
+	for _, p := range ps {
+		total += p.n
+	}
+	if n <= 1 || total < splitMin {
+		return [][]piece{ps}
+	}
+	share := (total + uint64(n) - 1) / uint64(n)
+	runs := make([][]piece, 0, n)
+	var run []piece
+	var have uint64
+	for _, p := range ps {
+		for p.n > 0 {
+			take := min(p.n, share-have)
+			run = append(run, piece{dst: p.dst, src: p.src, n: take})
+			p.dst += device.Addr(take)
+			p.src += device.Addr(take)
+			p.n -= take
+			if have += take; have == share {
+				runs, run, have = append(runs, run), nil, 0
+			}
+		}
+	}
+	if len(run) > 0 {
+		runs = append(runs, run)
+	}
+	return runs
+}
+
+// copyDirect runs the pieces on fresh streams of our device and waits: a
+// large copy split across node.copy_streams streams (splitPieces), each
+// run as one batch where the stream takes batches (scattered blocks then
+// cost a kernel launch per thousand, not a copy each), else one copy each.
 func (r *Room) copyDirect(ps []piece) error {
 	dev := r.o.Dev
-	st, err := dev.NewStream()
-	if err != nil {
-		return status.Errorf(wire.CodeDevice, "direct copy: new stream on %s: %w", dev, err)
+	runs := splitPieces(ps, r.o.CopyStreams)
+	streams := make([]device.Stream, 0, len(runs))
+	defer func() {
+		for _, st := range streams {
+			_ = st.Close()
+		}
+	}()
+	for k, run := range runs {
+		st, err := dev.NewStream()
+		if err != nil {
+			return status.Errorf(wire.CodeDevice, "direct copy: new stream %d of %d on %s: %w", k+1, len(runs), dev, err)
+		}
+		streams = append(streams, st)
+		if err := enqueueDirect(dev, st, run); err != nil {
+			return err
+		}
 	}
-	defer func() { _ = st.Close() }()
+	for _, st := range streams {
+		if err := st.Synchronize(); err != nil {
+			return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
+		}
+	}
+	return nil
+}
+
+// enqueueDirect queues ps on st, a stream of dev: one batch where st takes batches, else
+// one copy each.
+func enqueueDirect(dev device.Device, st device.Stream, ps []piece) error {
 	dd, ok := st.(device.DtoD)
 	if !ok {
 		return Fallback(fbNoPeerCopy, fmt.Errorf("%s streams cannot copy device to device", dev))
@@ -180,15 +241,12 @@ func (r *Room) copyDirect(ps []piece) error {
 		if err := b.CopyDtoDBatch(cs); err != nil {
 			return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
 		}
-	} else {
-		for i, p := range ps {
-			if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
-				return status.Errorf(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), dev, err)
-			}
-		}
+		return nil
 	}
-	if err := st.Synchronize(); err != nil {
-		return status.Errorf(wire.CodeDevice, "direct copy of %d pieces on %s: %w", len(ps), dev, err)
+	for i, p := range ps {
+		if err := dd.CopyDtoD(p.dst, p.src, p.n); err != nil {
+			return status.Errorf(wire.CodeDevice, "direct copy %d of %d (%d B %#x -> %#x) on %s: %w", i, len(ps), p.n, uint64(p.src), uint64(p.dst), dev, err)
+		}
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ type Options struct {
 	Dir              string        // node.socket_dir
 	HandshakeTimeout time.Duration // for a NodeHello
 	FaultImport      bool          // every import fails: a test fault switch (knobs.FaultIPCImportEnv)
+	CopyStreams      int           // node.copy_streams: streams a large direct copy is split across
 	// TrustSocketParent: security.trust_socket_parent (unixsock.MakeDir).
 	TrustSocketParent bool
 	// WG is the sidecar's wait group: goroutines of node connections and
