@@ -323,7 +323,7 @@ func printBenchTable(w io.Writer, rs []*BenchResult, raw *RawResult) {
 		fmt.Fprintln(w)
 	}
 	for _, r := range rs {
-		fmt.Fprintf(w, "%s blocks: sidecars used %.3f CPU s/GB (both)", config.ByteSize(r.Block), r.CPUSecPerGB)
+		fmt.Fprintf(w, "%s blocks: sidecars used %.3f CPU s/GB (both: %.3f here, %.3f at the peer)", config.ByteSize(r.Block), r.CPUSecPerGB, r.CPULocal, r.CPURemote)
 		if raw != nil && raw.CPUSecPerGB > 0 {
 			fmt.Fprintf(w, " = %.2fx raw TCP's", r.CPUSecPerGB/raw.CPUSecPerGB)
 		}
@@ -374,6 +374,13 @@ type BenchResult struct {
 	// CPU seconds both sidecars used per GB moved, the larger sidecar's
 	// resident size at the end, and its pinned pool.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`
+	// The same for each side alone (the bench's own sidecar, which a push
+	// sends from, and the remote one) and for bench itself (the engine's
+	// client, with its --verify checks); with the transfers' busy time
+	// they give GB/s per core.
+	CPULocal  float64 `json:"cpu_s_per_gb_local"`
+	CPURemote float64 `json:"cpu_s_per_gb_remote"`
+	CPUClient float64 `json:"cpu_s_per_gb_client"`
 	// CPU microseconds both sidecars used per timed transfer, and the CPU
 	// they and bench itself used in the idleWindow after the last one (percent
 	// of one core): what polling readers cost, busy and idle.
@@ -403,12 +410,23 @@ func (r BenchResult) String() string {
 // sidecarsCPU returns the CPU seconds both sidecars used so far, the larger
 // resident size of the two, and that sidecar's pinned pool size.
 func sidecarsCPU(ctx context.Context, cls ...*client.Client) (cpu float64, rss, pool uint64, err error) {
-	for _, c := range cls {
+	each, rss, pool, err := eachCPU(ctx, cls...)
+	for _, c := range each {
+		cpu += c
+	}
+	return cpu, rss, pool, err
+}
+
+// eachCPU is sidecarsCPU with each sidecar's CPU seconds apart, in the
+// order of cls.
+func eachCPU(ctx context.Context, cls ...*client.Client) (cpu []float64, rss, pool uint64, err error) {
+	cpu = make([]float64, len(cls))
+	for i, c := range cls {
 		st, err := c.Stats(ctx)
 		if err != nil {
-			return 0, 0, 0, err
+			return nil, 0, 0, err
 		}
-		cpu += st.CPUSeconds
+		cpu[i] = st.CPUSeconds
 		if st.RSSBytes > rss {
 			rss, pool = st.RSSBytes, uint64(st.SlotSize)*uint64(st.SendSlots+st.RecvSlots)
 		}

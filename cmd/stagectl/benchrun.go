@@ -121,10 +121,11 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 			}
 		}
 	}
-	cpu0, _, _, err := sidecarsCPU(ctx, lc, rc)
+	cpu0, _, _, err := eachCPU(ctx, lc, rc)
 	if err != nil {
 		return nil, err
 	}
+	self0 := selfCPU()
 	if o.prof != nil {
 		// The profile spans about the timed transfers: their count times
 		// the last warm-up's time, divided among those in flight.
@@ -140,7 +141,8 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	cpu1, rss, pool, err := sidecarsCPU(ctx, lc, rc)
+	self1 := selfCPU()
+	cpu1, rss, pool, err := eachCPU(ctx, lc, rc)
 	if err != nil {
 		return nil, err
 	}
@@ -163,11 +165,14 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		return float64(lat[i].Nanoseconds()) / 1e3
 	}
 	moved := float64(uint64(len(lat)) * o.size)
+	gb := moved / 1e9
+	local, remote := cpu1[0]-cpu0[0], cpu1[1]-cpu0[1]
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat), Inflight: o.inflight,
 		GBps: moved / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
 		MaxUs: pct(1), Verified: o.verify, VerifiedAtEnd: o.verify && (o.verifyEnd || o.inflight > 1), TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
-		CPUSecPerGB: (cpu1 - cpu0) / (moved / 1e9), CPUusPerXfer: (cpu1 - cpu0) * 1e6 / float64(max(len(lat), 1)),
-		IdleCPUPct: idle, IdleCPUSelfPct: idleSelf, MaxRSS: rss, PoolBytes: pool}, nil
+		CPUSecPerGB: (local + remote) / gb, CPULocal: local / gb, CPURemote: remote / gb, CPUClient: (self1 - self0) / gb,
+		CPUusPerXfer: (local + remote) * 1e6 / float64(max(len(lat), 1)),
+		IdleCPUPct:   idle, IdleCPUSelfPct: idleSelf, MaxRSS: rss, PoolBytes: pool}, nil
 }
 
 // idleWindow is how long bench watches the sidecars do nothing after the
