@@ -95,6 +95,16 @@ type Adaptive struct {
 // Policy is the policy a was made with.
 func (a *Adaptive) Policy() Policy { return a.p }
 
+// Waits are the waits a remembers, oldest first (for tests and
+// debugging).
+func (a *Adaptive) Waits() []time.Duration {
+	out := make([]time.Duration, 0, a.n)
+	for i := range a.n {
+		out = append(out, a.gaps[(a.next-a.n+i+historyLen)%historyLen])
+	}
+	return out
+}
+
 // Observe records a wait of d that ended with data.
 func (a *Adaptive) Observe(d time.Duration) {
 	if !a.p.Adaptive() {

@@ -112,3 +112,22 @@ func TestPolicy(t *testing.T) {
 		}
 	}
 }
+
+func TestAdaptiveWaits(t *testing.T) {
+	a := Auto().New()
+	if w := a.Waits(); len(w) != 0 {
+		t.Fatalf("fresh: %v", w)
+	}
+	for i := range historyLen + 3 {
+		a.Observe(time.Duration(i))
+	}
+	w := a.Waits()
+	if len(w) != historyLen || w[0] != 3 || w[historyLen-1] != historyLen+2 {
+		t.Fatalf("after %d waits: %v, want 3..%d oldest first", historyLen+3, w, historyLen+2)
+	}
+	f := Fixed(Window).New()
+	f.Observe(time.Second)
+	if len(f.Waits()) != 0 {
+		t.Fatal("a fixed window recorded a wait")
+	}
+}
