@@ -77,7 +77,7 @@ func (p Policy) String() string {
 }
 
 // New is a reader's state under p: one per reader.
-func (p Policy) New() Adaptive { return Adaptive{p: p} }
+func (p Policy) New() Adaptive { return Adaptive{p: p, win: max(p.Base, 0)} }
 
 // Adaptive is one reader's polling window. It keeps the waits the reader
 // saw before data arrived (Observe: from when it started waiting, polling
@@ -88,8 +88,9 @@ func (p Policy) New() Adaptive { return Adaptive{p: p} }
 type Adaptive struct {
 	p    Policy
 	gaps [historyLen]time.Duration
-	n    int // waits recorded, up to historyLen
-	next int // where the next one goes
+	n    int           // waits recorded, up to historyLen
+	next int           // where the next one goes
+	win  time.Duration // Next's answer, set when a wait is recorded
 }
 
 // Policy is the policy a was made with.
@@ -113,15 +114,19 @@ func (a *Adaptive) Observe(d time.Duration) {
 	a.gaps[a.next] = d
 	a.next = (a.next + 1) % historyLen
 	a.n = min(a.n+1, historyLen)
+	a.win = a.window()
 }
 
 // Next is how long to poll before sleeping: the base, unless the recent
 // waits show a pace between the base and the cap; then the second longest
 // of them plus a quarter, at most the cap. A pace above the cap (idle
-// stretches, or work slower than that) leaves the base.
-func (a *Adaptive) Next() time.Duration {
-	if !a.p.Adaptive() || a.n < minHistory {
-		return max(a.p.Base, 0)
+// stretches, or work slower than that) leaves the base. It is worked out
+// when a wait is recorded, so a reader may ask before every read.
+func (a *Adaptive) Next() time.Duration { return a.win }
+
+func (a *Adaptive) window() time.Duration {
+	if a.n < minHistory {
+		return a.p.Base
 	}
 	var s [historyLen]time.Duration
 	g := s[:a.n]
