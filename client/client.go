@@ -51,7 +51,8 @@ type Client struct {
 	notify  chan *wire.Notify
 	err     error
 	done    chan struct{}
-	spin    time.Duration // see WithSpin
+	spin    spin.Policy   // see WithSpin, WithAdaptiveSpin
+	rwait   spin.Adaptive // the reader's window: readLoop's alone
 	pieces  piecesConf    // see WithPieces (pieces.go)
 }
 
@@ -64,10 +65,24 @@ type Option func(*Client)
 // 5-10 us to wake on bare metal and 50 us or more on a virtual machine;
 // for small pushes that is a large part of the latency. The price is a
 // busy core (two while a call waits) for up to d at a time. 0 never
-// polls. Without this option the client polls for spin.Window on
-// machines of spin.MinCPUs or more and never below, as the sidecar's
-// staging.read_spin does by default.
-func WithSpin(d time.Duration) Option { return func(c *Client) { c.spin = max(d, 0) } }
+// polls. Without this option (or WithAdaptiveSpin) the client polls as
+// WithAdaptiveSpin(100us, 1ms) does on machines of spin.MinCPUs (8) CPUs
+// or more and never below, as the sidecar's staging.read_spin does by
+// default.
+func WithSpin(d time.Duration) Option { return func(c *Client) { c.spin = spin.Fixed(d) } }
+
+// WithAdaptiveSpin is WithSpin with a window that follows the pace of the
+// answers: the reader polls for base after each frame, and for up to
+// limit when the frames it waited for came at a steady pace longer than
+// base (each answer checked before the next call, say), so that it is
+// still awake when the next one comes. When the waits grow past limit
+// (the client idle) the window goes back to base; either way the reader
+// polls once, for at most limit, after the last frame and then sleeps. A
+// caller polls for its own answer for base. limit <= base is
+// WithSpin(base); base <= 0 never polls.
+func WithAdaptiveSpin(base, limit time.Duration) Option {
+	return func(c *Client) { c.spin = spin.Policy{Base: max(base, 0), Max: max(limit, base, 0)} }
+}
 
 // Dial connects to the control socket at path.
 func Dial(path string, opts ...Option) (*Client, error) {
@@ -76,7 +91,7 @@ func Dial(path string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("stage: connect to sidecar at %s: %w; is staged running, and is this its control_socket?", path, err)
 	}
 	cl := &Client{conn: c, pending: map[uint64]chan wire.Msg{}, notify: make(chan *wire.Notify, 4096), done: make(chan struct{}),
-		spin: spin.Default(), pieces: defaultPieces()}
+		spin: spin.DefaultPolicy(), pieces: defaultPieces()}
 	for _, o := range opts {
 		o(cl)
 	}
@@ -97,10 +112,11 @@ func (c *Client) readLoop() {
 	var err error
 	// Buffered, so a frame's header and body usually arrive in one read.
 	r := bufio.NewReaderSize(c.conn, 64<<10)
+	c.rwait = c.spin.New()
 	for {
 		var m wire.Msg
-		if c.spin > 0 && r.Buffered() == 0 {
-			spin.Readable(c.conn, c.spin)
+		if r.Buffered() == 0 {
+			spin.Await(c.conn, &c.rwait)
 		}
 		_, m, buf, err = wire.ReadFrame(r, buf)
 		if err != nil {
@@ -199,10 +215,10 @@ func (c *Client) callWith(ctx context.Context, req uint64, m wire.Msg, send func
 		c.mu.Unlock()
 		return nil, c.sendErr(m, err)
 	}
-	if c.spin > 0 {
+	if c.spin.Base > 0 {
 		// Poll for the answer before blocking: the reader hands it over
 		// without having to wake this goroutine's thread.
-		deadline := time.Now().Add(c.spin)
+		deadline := time.Now().Add(c.spin.Base)
 		for i := 0; ; i++ {
 			select {
 			case a, ok := <-ch:

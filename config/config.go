@@ -76,7 +76,7 @@ type Staging struct {
 	Window       int      `mapstructure:"window"`        // credits granted to each peer session
 	CopyStreams  int      `mapstructure:"copy_streams"`  // device streams for staging copies
 	InlineMax    ByteSize `mapstructure:"inline_max"`    // pushes up to this size take the latency path; 0: never
-	ReadSpin     Spin     `mapstructure:"read_spin"`     // data-stream and engine-connection readers poll this long before sleeping; auto: 100us on 8+ CPUs; 0: never
+	ReadSpin     Spin     `mapstructure:"read_spin"`     // data-stream and engine-connection readers poll this long before sleeping; auto: adaptive (100us, up to 1ms for a steady pace) on 8+ CPUs, else never; adaptive; 0: never
 	StreamDepth  Depth    `mapstructure:"stream_depth"`  // chunks gathered ahead per data stream; auto: by send mode; 0: as slots and credits allow
 	StreamQueue  int      `mapstructure:"stream_queue"`  // chunks handed to one data stream, unwritten; 0: no limit
 	SocketBuffer ByteSize `mapstructure:"socket_buffer"` // SO_SNDBUF/SO_RCVBUF of data streams; 0: the kernel's autotuning

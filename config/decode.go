@@ -276,7 +276,7 @@ func leafWant(t reflect.Type) string {
 	case t == depthType:
 		return "must be auto or a whole number"
 	case t == spinType:
-		return "must be auto or a duration like 100us"
+		return "must be auto, adaptive or a duration like 100us"
 	}
 	switch t.Kind() {
 	case reflect.String:

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stage-kv/stage/internal/spin"
 )
 
 // TestDepthFromYAMLAndEnv: staging.stream_depth takes auto (any case) or
@@ -75,8 +77,8 @@ func TestDepthResolve(t *testing.T) {
 	}
 }
 
-// TestSpinFromYAMLAndEnv: staging.read_spin takes auto (the default) or a
-// duration 0..10ms, from a file or an env var.
+// TestSpinFromYAMLAndEnv: staging.read_spin takes auto (the default),
+// adaptive or a duration 0..10ms, from a file or an env var.
 func TestSpinFromYAMLAndEnv(t *testing.T) {
 	tests := []struct {
 		name, value string
@@ -92,6 +94,9 @@ func TestSpinFromYAMLAndEnv(t *testing.T) {
 		{name: "bare zero", value: "0", want: 0},
 		{name: "env auto", value: "auto", env: true, want: SpinAuto},
 		{name: "env 50us", value: "50us", env: true, want: Spin(50 * time.Microsecond)},
+		{name: "adaptive", value: "adaptive", want: SpinAdaptive},
+		{name: "env Adaptive", value: " Adaptive ", env: true, want: SpinAdaptive},
+		{name: "adaptive's own number", value: "-2ns", wantErr: true},
 		{name: "negative", value: "-1us", wantErr: true},
 		{name: "env negative", value: "-1ns", env: true, wantErr: true},
 		{name: "above max", value: "11ms", wantErr: true},
@@ -128,13 +133,27 @@ func TestSpinFromYAMLAndEnv(t *testing.T) {
 }
 
 func TestSpinResolve(t *testing.T) {
-	const auto = 77 * time.Microsecond
+	auto := spin.Policy{Base: 77 * time.Microsecond, Max: 700 * time.Microsecond}
 	for _, tc := range []struct {
 		s    Spin
-		want time.Duration
-	}{{SpinAuto, auto}, {0, 0}, {Spin(time.Millisecond), time.Millisecond}} {
+		want spin.Policy
+	}{
+		{SpinAuto, auto},
+		{SpinAdaptive, spin.Auto()},
+		{0, spin.Policy{}},
+		{Spin(time.Millisecond), spin.Fixed(time.Millisecond)},
+		{Spin(100 * time.Microsecond), spin.Fixed(100 * time.Microsecond)},
+	} {
 		if got := tc.s.resolve(auto); got != tc.want {
 			t.Errorf("%s.resolve(%s) = %s, want %s", tc.s, auto, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		s    Spin
+		want bool
+	}{{SpinAuto, true}, {SpinAdaptive, true}, {0, true}, {Spin(MaxReadSpin), true}, {Spin(MaxReadSpin + 1), false}, {-3, false}} {
+		if got := tc.s.Valid(); got != tc.want {
+			t.Errorf("Spin(%d).Valid() = %v, want %v", int64(tc.s), got, tc.want)
 		}
 	}
 }

@@ -148,8 +148,8 @@ func Validate(c *Config) error {
 	if s.StreamQueue < 0 || s.StreamQueue > MaxStreamDepth {
 		v.add("staging.stream_queue", fmt.Sprintf("must be 0..%d (got %d); 0: no limit", MaxStreamDepth, s.StreamQueue))
 	}
-	if (s.ReadSpin < 0 && s.ReadSpin != SpinAuto) || time.Duration(s.ReadSpin) > MaxReadSpin {
-		v.add("staging.read_spin", fmt.Sprintf("must be auto or 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
+	if !s.ReadSpin.Valid() {
+		v.add("staging.read_spin", fmt.Sprintf("must be auto, adaptive or 0..%s (got %s)", MaxReadSpin, s.ReadSpin))
 	}
 	if s.StallTimeout != 0 && (s.StallTimeout < MinStall || s.StallTimeout > MaxStall) {
 		v.add("staging.stall_timeout", fmt.Sprintf("must be 0 (off) or %s..%s (got %s)", MinStall, MaxStall, s.StallTimeout))

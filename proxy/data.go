@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/rawconn"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/tlsconn"
@@ -27,7 +28,7 @@ type streamConn interface {
 	Discard(n int64, scratch []byte) error
 	Shutdown() // wakes reader and writer
 	Done()     // once per user; the last closes
-	SetSpin(d time.Duration)
+	SetSpin(p spin.Policy)
 	Moved() (acked, received uint64, err error) // the kernel's byte counts (stall.go)
 	Queued() (uint64, error)                    // bytes written and not yet acknowledged (balance.go)
 }

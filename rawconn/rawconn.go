@@ -20,12 +20,14 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stage-kv/stage/internal/spin"
 )
 
 // Conn is a TCP socket in blocking mode.
 type Conn struct {
 	fd     int
-	spin   time.Duration // ReadFull polls this long before it blocks
+	spin   spin.Adaptive // ReadFull's polling window; only the reader touches it
 	mu     sync.Mutex
 	users  int // reader and writer still inside; the last one out closes
 	closed bool
@@ -35,12 +37,14 @@ type Conn struct {
 	pipeCap int
 }
 
-// SetSpin makes ReadFull poll the socket (recv with MSG_DONTWAIT) for up
-// to d before it blocks: a frame that arrives within d is read without the
-// reader's thread being put to sleep and woken, which is most of a small
-// message's latency on one host. The thread stays busy for d after the
-// last frame. Call it before the reader starts.
-func (r *Conn) SetSpin(d time.Duration) { r.spin = d }
+// SetSpin makes ReadFull poll the socket (recv with MSG_DONTWAIT) before
+// it blocks, for p's window: a frame that arrives within it is read
+// without the reader's thread being put to sleep and woken, which is most
+// of a small message's latency on one host. Under an adaptive p the
+// window follows the waits ReadFull saw (spin.Adaptive); either way the
+// thread stays busy for one window after the last frame, then sleeps.
+// Call it before the reader starts.
+func (r *Conn) SetSpin(p spin.Policy) { r.spin = p.New() }
 
 // New takes over c's socket: it keeps a duplicate in blocking mode and
 // closes c. users is how many goroutines will call Done (1 or 2).
@@ -192,32 +196,54 @@ func (r *Conn) Read(p []byte) (int, error) {
 // ReadFull fills p, asking the kernel to return only once it is full
 // (after polling for a while, see SetSpin).
 func (r *Conn) ReadFull(p []byte) error {
-	if r.spin > 0 && len(p) > 0 {
-		n, err := r.poll(p)
+	if w := r.spin.Next(); w > 0 && len(p) > 0 {
+		n, start, err := r.poll(p, w)
 		if err != nil {
 			return err
+		}
+		if n == 0 && r.spin.Policy().Adaptive() {
+			// Asleep until the first bytes come, to time the wait.
+			if n, err = r.recv(p, 0); err != nil {
+				return err
+			}
+		}
+		if n > 0 && !start.IsZero() {
+			r.spin.Observe(time.Since(start))
 		}
 		p = p[n:]
 	}
 	for len(p) > 0 {
-		n, _, err := unix.Recvfrom(r.fd, p, unix.MSG_WAITALL)
+		n, err := r.recv(p, unix.MSG_WAITALL)
 		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
 			return err
-		}
-		if n == 0 {
-			return io.ErrUnexpectedEOF
 		}
 		p = p[n:]
 	}
 	return nil
 }
 
-// poll reads what arrives in p within r.spin, without blocking; it stops
-// at the first bytes.
-func (r *Conn) poll(p []byte) (int, error) {
+// recv is one blocking recv into p (len(p) > 0) with flags; the peer's
+// close is io.ErrUnexpectedEOF.
+func (r *Conn) recv(p []byte, flags int) (int, error) {
+	for {
+		n, _, err := unix.Recvfrom(r.fd, p, flags)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return 0, err
+		}
+		if n == 0 {
+			return 0, io.ErrUnexpectedEOF
+		}
+		return n, nil
+	}
+}
+
+// poll reads what arrives in p within d, without blocking; it stops at
+// the first bytes. start is when it began to wait (zero when the first
+// recv found bytes: no wait); n is 0 when d passed without any.
+func (r *Conn) poll(p []byte, d time.Duration) (n int, start time.Time, err error) {
 	var deadline time.Time
 	for i := 0; ; i++ {
 		// A raw system call: the scheduler is not told, so the goroutine
@@ -226,21 +252,21 @@ func (r *Conn) poll(p []byte) (int, error) {
 		n := int(r1)
 		switch {
 		case errno == 0 && n == 0:
-			return 0, io.ErrUnexpectedEOF
+			return 0, start, io.ErrUnexpectedEOF
 		case errno == 0:
-			return n, nil
+			return n, start, nil
 		case errno == unix.EAGAIN, errno == unix.EINTR:
 		default:
-			return 0, errno
+			return 0, start, errno
 		}
 		// The clock is read every few polls only: a poll is a system call
 		// of well under a microsecond.
 		if i%16 == 0 {
 			now := time.Now()
-			if deadline.IsZero() {
-				deadline = now.Add(r.spin)
+			if start.IsZero() {
+				start, deadline = now, now.Add(d)
 			} else if now.After(deadline) {
-				return 0, nil
+				return 0, start, nil
 			}
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/stage-kv/stage/internal/spin"
 )
 
 func pair(t testing.TB) (a, b *Conn) {
@@ -116,9 +118,16 @@ func TestTryWriteNeverBlocks(t *testing.T) {
 	}
 }
 
-// TestSpinRead: with polling on, frames that arrive during the poll, after
-// it, and in pieces all read whole and in order; EOF still reports.
+// TestSpinRead: with polling on, fixed or adaptive, frames that arrive
+// during the poll, after it, and in pieces all read whole and in order;
+// EOF still reports.
 func TestSpinRead(t *testing.T) {
+	for _, p := range []spin.Policy{spin.Fixed(2 * time.Millisecond), {Base: 2 * time.Millisecond, Max: 10 * time.Millisecond}} {
+		t.Run(p.String(), func(t *testing.T) { spinRead(t, p) })
+	}
+}
+
+func spinRead(t *testing.T, p spin.Policy) {
 	a, b := pair(t)
 	defer func() {
 		a.Shutdown()
@@ -127,8 +136,8 @@ func TestSpinRead(t *testing.T) {
 		b.Done()
 		b.Done()
 	}()
-	b.SetSpin(2 * time.Millisecond)
-	for _, gap := range []time.Duration{0, 500 * time.Microsecond, 20 * time.Millisecond} {
+	b.SetSpin(p)
+	for _, gap := range []time.Duration{0, 500 * time.Microsecond, 20 * time.Millisecond, 0, 3 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond} {
 		want := bytes.Repeat([]byte{byte(gap.Microseconds())}, 100000)
 		go func() {
 			time.Sleep(gap)

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/rawconn"
 )
 
@@ -53,7 +54,7 @@ func New(c *tls.Conn, users int) (*Conn, error) {
 
 // SetSpin does nothing: the socket stays on Go's netpoller, which has no
 // use for polling before it blocks.
-func (c *Conn) SetSpin(time.Duration) {}
+func (c *Conn) SetSpin(spin.Policy) {}
 
 // Shutdown wakes the reader and writer out of blocking calls and tells the
 // peer (its reads end); the connection is closed when both called Done.

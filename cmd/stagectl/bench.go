@@ -343,13 +343,13 @@ type benchOpts struct {
 	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
-	verifyEnd            bool          // check once after the timed transfers, not after each
-	prof                 *profiler     // nil: no profiles
-	checksum             uint8         // wire.ChecksumRoute, On or Off
-	inflight             int           // transfers in flight at once, each on its own buffers
-	spin                 time.Duration // client.WithSpin, when spinSet
-	spinSet              bool          // --spin given: else the client's default
-	pieces               int           // --pieces: client.WithPieces above this many ops; -1: the client's default
+	verifyEnd            bool        // check once after the timed transfers, not after each
+	prof                 *profiler   // nil: no profiles
+	checksum             uint8       // wire.ChecksumRoute, On or Off
+	inflight             int         // transfers in flight at once, each on its own buffers
+	spin                 config.Spin // the clients' polling, when spinSet
+	spinSet              bool        // --spin given: else the client's default
+	pieces               int         // --pieces: client.WithPieces above this many ops; -1: the client's default
 }
 
 // BenchResult is the summary of a benchmark.

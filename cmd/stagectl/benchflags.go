@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -29,7 +28,7 @@ type benchFlags struct {
 	transport            string
 	inflight             int
 	tls                  bool
-	spin                 time.Duration
+	spin                 config.Spin
 	splice               bool
 	kv                   string
 	kvTokens, kvHeads    uint32
@@ -69,7 +68,7 @@ func (b *benchFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&b.transport, "transport", "tcp", "with --spawn: the route's transport; tcp measures the staging path, auto/ipc/shm the same-node paths")
 	f.IntVar(&b.inflight, "inflight", 1, "transfers in flight at once, each between its own pair of buffers, as an engine pushing layer after layer keeps them; above 1, latency is per transfer and --verify checks each pair once after the timed transfers")
 	f.BoolVar(&b.tls, "tls", false, "with --spawn: the sidecars talk mutual TLS (security.tls), with a throwaway CA and certificates made for the run")
-	f.DurationVar(&b.spin, "spin", 0, "poll instead of sleeping for up to this long after each message: in bench's client (client.WithSpin) and, with --spawn, in the sidecars (staging.read_spin); 0 never polls; not given: the defaults (100us on machines of 8+ CPUs, else 0)")
+	f.Var(&b.spin, "spin", "how readers poll instead of sleeping after each message, in bench's clients (client.WithSpin, WithAdaptiveSpin) and, with --spawn, in the sidecars (staging.read_spin): a duration polls that long (fixed window), 0 never polls, adaptive polls 100us widened up to 1ms to cover a steady pace (on any machine), auto is the defaults; not given: the defaults (adaptive on machines of 8+ CPUs, else never)")
 	f.BoolVar(&b.splice, "splice", true, "with --spawn: whether the sidecars send chunk payloads with vmsplice+splice (staging.splice_send). Unset: their default, splice where it applies if a start-up probe finds it faster than writev on this machine (staging.splice_probe); --splice forces it on without the probe, --splice=false off; see docs/OPERATIONS.md, \"Splice send\"")
 	f.StringVar(&b.kv, "kv", "", "move a synthetic KV cache from layout preset FROM (local) to TO (remote), as FROM[/BLOCK]:TO[/BLOCK] (e.g. ascend/128:vllm-hnd/16), beside the same-layout KV transfer and its byte ops, in the same run")
 	f.Uint32Var(&b.kvTokens, "kv-tokens", 4096, "with --kv: tokens per transfer")
@@ -203,8 +202,8 @@ func (b *benchFlags) spawnOnly(args []string) error {
 	if b.profile != "" && !b.spawn {
 		return fmt.Errorf("--profile needs --spawn (it profiles the sidecars bench starts)")
 	}
-	if b.spin < 0 || b.spin > config.MaxReadSpin {
-		return fmt.Errorf("--spin must be 0..%s (got %s)", config.MaxReadSpin, b.spin)
+	if !b.spin.Valid() {
+		return fmt.Errorf("--spin must be auto, adaptive or 0..%s (got %s)", config.MaxReadSpin, b.spin)
 	}
 	if b.spliceSet && !b.spawn {
 		return fmt.Errorf("--splice needs --spawn (it configures the sidecars bench starts; for your own, set staging.splice_send in their configs)")

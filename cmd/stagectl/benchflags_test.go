@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/stage-kv/stage/config"
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/wire"
 )
 
@@ -34,8 +37,9 @@ func TestBenchCmdRefuses(t *testing.T) {
 		{ok + " --remote-device cuda:x", `--remote-device: device "cuda:x": ordinal must be a number >= 0`},
 		{ok + " --tls", "--tls needs --spawn"},
 		{ok + " --profile /tmp/p", "--profile needs --spawn"},
-		{ok + " --spin -1us", "--spin must be 0.."},
-		{ok + " --spin 1h", "--spin must be 0.."},
+		{ok + " --spin -1us", `"--spin" flag: must be auto, adaptive or a duration >= 0`},
+		{ok + " --spin fast", `"--spin" flag: must be auto, adaptive or a duration like 100us`},
+		{ok + " --spin 1h", "--spin must be auto, adaptive or 0..10ms (got 1h0m0s)"},
 		{ok + " --splice=false", "--splice needs --spawn"},
 		{"--remote-socket /nonexistent/r.sock", "name a ROUTE, or pass --spawn"},
 		{"decode", "--remote-socket is required"},
@@ -109,7 +113,7 @@ func TestBenchPlan(t *testing.T) {
 		{"a bad --kv with --spawn", "--spawn --kv ascend", benchPlan{}, "--kv wants FROM:TO"},
 		{"no kv tokens with --spawn", "--spawn --kv ascend:vllm-hnd --kv-tokens 0", benchPlan{}, "must be positive"},
 		{"a bad --raw-span with --spawn", "--spawn --raw-span 5MiB", benchPlan{}, "--raw-span: want a multiple of 4MiB"},
-		{"--spin too long with --spawn", "--spawn --spin 2s", benchPlan{}, "--spin must be 0.."},
+		{"--spin too long with --spawn", "--spawn --spin 2s", benchPlan{}, "--spin must be auto, adaptive or 0.."},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, args := parseBench(t, tc.line)
@@ -194,6 +198,51 @@ func TestWriteBenchReport(t *testing.T) {
 			}
 			if !tc.check(b.String()) {
 				t.Errorf("wrote:\n%s", b.String())
+			}
+		})
+	}
+}
+
+// TestBenchSpin: --spin reaches the sidecars bench starts as
+// staging.read_spin (STAGE_STAGING_READ_SPIN, read back as the sidecars
+// read it) and bench's clients as the same policy: a fixed window, none,
+// the adaptive one, or the defaults.
+func TestBenchSpin(t *testing.T) {
+	for _, tc := range []struct {
+		arg     string
+		want    config.Spin
+		policy  spin.Policy
+		setsEnv bool
+	}{
+		{"", config.SpinAuto, spin.DefaultPolicy(), false},
+		{"--spin 100us", config.Spin(100 * time.Microsecond), spin.Fixed(100 * time.Microsecond), true},
+		{"--spin 0", 0, spin.Policy{}, true},
+		{"--spin adaptive", config.SpinAdaptive, spin.Auto(), true},
+		{"--spin auto", config.SpinAuto, spin.DefaultPolicy(), true},
+	} {
+		t.Run(tc.arg, func(t *testing.T) {
+			t.Setenv("STAGE_STAGING_READ_SPIN", "")
+			_ = os.Unsetenv("STAGE_STAGING_READ_SPIN")
+			b, _ := parseBench(t, "--spawn "+tc.arg)
+			if err := b.setEnv(); err != nil {
+				t.Fatal(err)
+			}
+			env, set := os.LookupEnv("STAGE_STAGING_READ_SPIN")
+			if set != tc.setsEnv {
+				t.Fatalf("STAGE_STAGING_READ_SPIN set: %v (%q), want %v", set, env, tc.setsEnv)
+			}
+			if !b.spinSet {
+				if tc.policy != spin.DefaultPolicy() {
+					t.Fatal("unset --spin must leave the defaults")
+				}
+				return
+			}
+			got, err := config.ParseSpin(env)
+			if err != nil || got != tc.want {
+				t.Fatalf("the sidecars read %q as %v, %v; want %v", env, got, err, tc.want)
+			}
+			if p := b.spin.Resolve(); p != tc.policy {
+				t.Fatalf("the clients poll %s, want %s", p, tc.policy)
 			}
 		})
 	}

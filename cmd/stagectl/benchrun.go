@@ -83,10 +83,12 @@ func benchPairs(ctx context.Context, o benchOpts, lc, rc *client.Client, tag str
 
 func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	o.inflight = max(o.inflight, 1)
-	var opts []client.Option
+	var spinOpts []client.Option // both clients poll as --spin says
 	if o.spinSet {
-		opts = append(opts, client.WithSpin(o.spin))
+		p := o.spin.Resolve()
+		spinOpts = append(spinOpts, client.WithAdaptiveSpin(p.Base, p.Max))
 	}
+	opts := append([]client.Option(nil), spinOpts...)
 	if o.pieces >= 0 {
 		opts = append(opts, client.WithPieces(o.pieces, client.DefaultFirstPiece, client.DefaultPiece))
 	}
@@ -95,7 +97,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		return nil, err
 	}
 	defer lc.Close()
-	rc, err := client.Dial(o.remote)
+	rc, err := client.Dial(o.remote, spinOpts...)
 	if err != nil {
 		return nil, err
 	}

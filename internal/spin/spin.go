@@ -4,6 +4,13 @@
 // woken); a thread that polls finds the bytes within a microsecond or
 // two. The sidecar's node-socket and engine-connection readers and the Go
 // client use it; the price is a busy core while it polls.
+//
+// A fixed window misses a steady pace just longer than itself (a push
+// checked after each, the check lasting 150 us: the readers fall asleep
+// before every next message), and a longer fixed window burns a core after
+// every idle stretch. Adaptive sets each reader's window from the waits it
+// saw: covering a steady pace up to MaxWindow, back to Window when the
+// waits grow past that (adaptive.go).
 package spin
 
 import (
@@ -16,7 +23,7 @@ import (
 )
 
 // Window is how long a reader polls by default, where polling is on
-// (Default). Measured on 2 x H200 (docs/BENCHMARKS.md): 100 us took a 4
+// (Default), and the base of the adaptive window (Auto). Measured on 2 x H200 (docs/BENCHMARKS.md): 100 us took a 4
 // KiB push from p50 54-63 us to 30-33 us; 30 us was worse than none (the
 // reader gives up just before the answer comes).
 const Window = 100 * time.Microsecond
@@ -27,8 +34,9 @@ const Window = 100 * time.Microsecond
 // spins only where there are spare cores).
 const MinCPUs = 8
 
-// Default is the polling window a reader uses unless told otherwise:
-// Window on machines of MinCPUs or more, 0 (never poll) below.
+// Default is the fixed polling window of this machine: Window on machines
+// of MinCPUs or more, 0 (never poll) below. Readers that adapt their
+// window use DefaultPolicy.
 func Default() time.Duration { return For(runtime.NumCPU()) }
 
 // For is Default's rule for a machine of ncpu CPUs.
@@ -53,18 +61,60 @@ func Readable(c syscall.Conn, d time.Duration) {
 	_ = rc.Control(func(fd uintptr) { Poll(int(fd), d) })
 }
 
+// Await waits, for a reader under a, until c has bytes to read (or an
+// error, or the peer's close): it polls for a.Next(), then sleeps in Go's
+// poller, and tells a how long it waited. A reader whose policy is off
+// returns at once, as does one whose bytes are already there (that is not
+// a wait). The read that follows finds the bytes without sleeping.
+func Await(c syscall.Conn, a *Adaptive) {
+	w := a.Next()
+	if w <= 0 {
+		return
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	var start time.Time
+	polled := false
+	_ = rc.Control(func(fd uintptr) {
+		if ready(int(fd)) {
+			return
+		}
+		start = time.Now()
+		polled = Poll(int(fd), w)
+	})
+	if start.IsZero() {
+		return
+	}
+	if !polled {
+		// Asleep until the bytes come: rc.Read calls the function again
+		// each time the poller says the socket became readable. An error
+		// (a deadline, the socket closed) is the read's to report.
+		if err := rc.Read(func(fd uintptr) bool { return ready(int(fd)) }); err != nil {
+			return
+		}
+	}
+	a.Observe(time.Since(start))
+}
+
+// ready reports whether fd has input (or an error condition) now.
+func ready(fd int) bool {
+	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	var zero unix.Timespec
+	n, _, errno := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
+	return n > 0 || (errno != 0 && errno != unix.EINTR)
+}
+
 // Poll polls fd for input for up to d; it reports whether input (or an
 // error condition) is there.
 func Poll(fd int, d time.Duration) bool {
-	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	var zero unix.Timespec
 	var deadline time.Time
 	for i := 0; ; i++ {
-		// A raw system call: the Go scheduler is not told, so the
+		// A raw system call (ready): the Go scheduler is not told, so the
 		// goroutine keeps its processor instead of handing it off (and
 		// having to win it back) on every one of thousands of polls.
-		n, _, errno := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
-		if n > 0 || (errno != 0 && errno != unix.EINTR) {
+		if ready(fd) {
 			return true
 		}
 		// The clock is read every few polls: a poll costs well under a

@@ -73,3 +73,61 @@ func TestFor(t *testing.T) {
 		}
 	}
 }
+
+// TestAwait: a reader under an adaptive policy records how long it waited
+// for each message, polling (the message came within the window) or
+// asleep (it came after), and not a message that was there at once.
+func TestAwait(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	cl, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	srv := <-acc
+	defer srv.Close()
+	tc := srv.(*net.TCPConn)
+	a := Policy{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond}.New()
+	buf := make([]byte, 1)
+	for i, delay := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 0} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if delay > 0 {
+				time.Sleep(delay)
+			}
+			_, _ = cl.Write([]byte("x"))
+		}()
+		if delay == 0 {
+			<-done
+			time.Sleep(10 * time.Millisecond) // the byte is there before the wait
+		}
+		before := a.n
+		Await(tc, &a)
+		<-done
+		if _, err := srv.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		if delay == 0 {
+			if a.n != before {
+				t.Fatalf("message %d was there at once, yet a wait was recorded", i)
+			}
+			continue
+		}
+		if a.n != before+1 {
+			t.Fatalf("message %d: %d waits recorded, want %d", i, a.n, before+1)
+		}
+		if g := a.gaps[before]; g < delay*9/10 || g > delay+2*time.Second {
+			t.Fatalf("message %d sent after %s: wait recorded as %s", i, delay, g)
+		}
+	}
+}

@@ -55,6 +55,8 @@ type client struct {
 	started bool
 
 	pieces pieces // requests sent in pieces (conn_pieces.go)
+
+	rwait spin.Adaptive // the reader's polling window: readLoop's alone
 }
 
 // conns numbers the control-socket connections of the process.
@@ -195,6 +197,7 @@ func (c *client) readLoop() {
 	defer c.closePieces()
 	defer c.close()
 	var buf []byte
+	c.rwait = c.l.readSpin.New()
 	for {
 		var (
 			h   wire.Header
@@ -202,7 +205,7 @@ func (c *client) readLoop() {
 			fd  int
 			err error
 		)
-		spin.Readable(c.conn, c.l.readSpin)
+		spin.Await(c.conn, &c.rwait)
 		h, m, fd, buf, err = unixsock.ReadFrame(c.conn, buf)
 		var bad *unixsock.BadRequest
 		if errors.As(err, &bad) && bad.Req != 0 {

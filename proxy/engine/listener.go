@@ -14,14 +14,15 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
 )
 
 // Options are the control socket's limits.
 type Options struct {
-	MaxClients int           // connections at once, admitted or not; one more is refused at once
-	ReadSpin   time.Duration // how long a reader polls before it sleeps in a read
+	MaxClients int         // connections at once, admitted or not; one more is refused at once
+	ReadSpin   spin.Policy // how long a reader polls before it sleeps in a read
 	// FirstRequestTimeout: a connection that sent nothing this long after
 	// it connected is refused (admit.go); 0: never.
 	FirstRequestTimeout time.Duration
@@ -35,7 +36,7 @@ type Listener struct {
 	b        Backend
 	log      *zap.Logger
 	max      int
-	readSpin time.Duration
+	readSpin spin.Policy
 	firstReq time.Duration
 	closing  atomic.Bool
 	wg       sync.WaitGroup // the accept loop and every connection's goroutines
