@@ -16,7 +16,9 @@
 #           32 slots of 4 MiB over 8 streams)
 #   sndbuf  0 (autotuning) and 4 MiB (SO_SNDBUF and SO_RCVBUF both ends)
 #   conns   8 and 1
-# 56 runs a round (7 paths x 2 rings x 2 sndbufs x 2 conns). Totals per connection: TOTAL8 (default 2GiB) with 8
+# and, with the 16 MiB ring and autotuning only, Go net and Go writev with
+# their goroutines not locked to threads (as stage's are; no per-side CPU
+# then, bench/tcpmodes's doc says why): 60 runs a round. Totals per connection: TOTAL8 (default 2GiB) with 8
 # connections, 16 GiB in all, about 0.6 s at ~28 GB/s; TOTAL1 (default
 # 4GiB) with one, about 0.5-0.9 s at 5-8 GB/s. 3 rounds: about 2.5 minutes
 # (hot-ring zerocopy waits for each send's completion before the next one,
@@ -55,9 +57,13 @@ for ((r = 1; r <= rounds; r++)); do
     total=$total8; ((conns == 1)) && total=$total1
     for ring in $rings; do
       for sndbuf in $sndbufs; do
-        for p in "${order[@]}"; do
-          bin=$gobin; [ "${p%%:*}" = c ] && bin=$tmp/tcpmodes-c
-          args=(--conns "$conns" --total "$total" --chunk 4MiB --ring "$ring" --sndbuf "$sndbuf" --head "$head" --mode "${p#*:}" --json)
+        cell=("${order[@]}")
+        [ "$ring" = 16MiB ] && [ "$sndbuf" = 0 ] && cell+=(go:net:unlocked go:writev:unlocked)
+        for p in "${cell[@]}"; do
+          IFS=: read -r impl mode unlocked <<< "$p"
+          bin=$gobin; [ "$impl" = c ] && bin=$tmp/tcpmodes-c
+          args=(--conns "$conns" --total "$total" --chunk 4MiB --ring "$ring" --sndbuf "$sndbuf" --head "$head" --mode "$mode" --json)
+          [ -n "$unlocked" ] && args+=(--lock=false)
           if line=$(timeout 60 "$bin" "${args[@]}" 2> "$tmp/err"); then
             echo "${line%\}},\"round\":$r}" >> "$jsonl"
           else
@@ -75,13 +81,14 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 cells = {}
 for r in runs:
-    cells.setdefault((r["conns"], r["ring"], r["sndbuf"], r["impl"], r["mode"]), []).append(r)
+    mode = r["mode"] + ("" if r["locked"] else "/unlocked")
+    cells.setdefault((r["conns"], r["ring"], r["sndbuf"], r["impl"], mode), []).append(r)
 def mib(n):
     return "0" if n == 0 else f"{n >> 20}MiB"
 def med(rs, k):
     return statistics.median(r[k] for r in rs)
 print(f"{len(runs)} runs; GB/s median (min..max over rounds); CPU s/GB medians; per core: GB per CPU-second of senders+receivers")
-print(f"{'conns':>5} {'ring':>6} {'sndbuf':>6} {'path':<12} {'GB/s':>24} {'vs C write':>10} {'send s/GB':>9} {'recv s/GB':>9} {'proc s/GB':>9} {'host s/GB':>9} {'GB/s/core':>9}  zerocopy copied")
+print(f"{'conns':>5} {'ring':>6} {'sndbuf':>6} {'path':<20} {'GB/s':>24} {'vs C write':>10} {'send s/GB':>9} {'recv s/GB':>9} {'proc s/GB':>9} {'host s/GB':>9} {'GB/s/core':>9}  zerocopy copied")
 for key in sorted(cells, key=lambda k: (-k[0], k[1], k[2], k[3], k[4])):
     conns, ring, sndbuf, impl, mode = key
     rs = cells[key]
@@ -91,7 +98,7 @@ for key in sorted(cells, key=lambda k: (-k[0], k[1], k[2], k[3], k[4])):
     spread = f"{med(rs, 'gbps'):6.2f} ({min(g):6.2f}..{max(g):6.2f})"
     zc = f"{sum(r['zc_copied'] for r in rs)}/{sum(r['zc_sends'] for r in rs)}" if mode == "zerocopy" else ""
     ringname = "hot" if ring == rs[0]["chunk"] else mib(ring)
-    print(f"{conns:>5} {ringname:>6} {mib(sndbuf):>6} {impl + ' ' + mode:<12} {spread:>24} {vs:>10} {med(rs, 'send_cpu_s_per_gb'):9.4f} "
+    print(f"{conns:>5} {ringname:>6} {mib(sndbuf):>6} {impl + ' ' + mode:<20} {spread:>24} {vs:>10} {med(rs, 'send_cpu_s_per_gb'):9.4f} "
           f"{med(rs, 'recv_cpu_s_per_gb'):9.4f} {med(rs, 'proc_cpu_s_per_gb'):9.4f} {med(rs, 'host_cpu_s_per_gb'):9.4f} {med(rs, 'gbps_per_core'):9.2f}  {zc}")
 EOF
 [ -s "$failed" ] && echo "gpu-tcpmodes: $(wc -l < "$failed") runs failed: $failed" >&2

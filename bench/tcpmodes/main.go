@@ -31,7 +31,11 @@
 // Receivers always recv(MSG_WAITALL) chunk by chunk into a ring of their
 // own (rawconn.Conn.ReadFull). Every sender and receiver goroutine is locked
 // to its thread and reads getrusage(RUSAGE_THREAD) around its loop, so CPU
-// seconds per GB come out per side. Two wider figures come with them: the
+// seconds per GB come out per side. Stage's own writers and readers are not
+// locked, and a locked goroutine that parks (net mode, on a full socket)
+// costs a hand-off to its own thread when it wakes: --lock=false runs them
+// unlocked, with the per-side figures -1 and the per-core figure from the
+// process's CPU instead. Two wider figures come with them: the
 // process's CPU (RUSAGE_SELF; in net mode the netpoller's wake-ups run on
 // other threads and show only there) and the whole host's busy CPU from
 // /proc/stat, softirq apart. Loopback's receive path runs as softirq on
@@ -45,7 +49,7 @@
 // Usage:
 //
 //	tcpmodes [--conns 8] [--total 4GiB] [--chunk 4MiB] [--ring 16MiB]
-//	         [--sndbuf 0] [--head 0] [--mode writev] [--json]
+//	         [--sndbuf 0] [--head 0] [--mode writev] [--lock=true] [--json]
 //
 // --total is per connection; sizes take B, KiB, MiB, GiB (or K, M, G).
 // --sndbuf > 0 sets SO_SNDBUF and SO_RCVBUF on both ends (stage's
@@ -75,6 +79,7 @@ type options struct {
 	sndbuf int
 	head   int
 	mode   string
+	lock   bool // each goroutine on its own thread, CPU counted per thread
 }
 
 // modes are the sender paths this probe knows.
@@ -117,9 +122,10 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.Func("sndbuf", "SO_SNDBUF and SO_RCVBUF on both ends; 0: autotuning", func(s string) error { sndbuf = s; return nil })
 	fs.IntVar(&o.head, "head", 0, "bytes of head written before each chunk")
 	fs.StringVar(&o.mode, "mode", "writev", "sender path: "+strings.Join(modes, ", "))
+	fs.BoolVar(&o.lock, "lock", true, "lock each sender and receiver goroutine to its thread (per-side CPU)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := fs.Parse(args); err != nil {
-		return o, false, fmt.Errorf("%w (flags: --conns --total --chunk --ring --sndbuf --head --mode --json)", err)
+		return o, false, fmt.Errorf("%w (flags: --conns --total --chunk --ring --sndbuf --head --mode --lock --json)", err)
 	}
 	if fs.NArg() > 0 {
 		return o, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,9 @@ func openFDs(t *testing.T) int {
 func checkResult(t *testing.T, r Result, impl, mode string, conns int, total, chunk int64) {
 	t.Helper()
 	want := total * int64(conns)
+	if !r.Locked {
+		t.Errorf("%s %s: not locked, want per-thread CPU", impl, mode)
+	}
 	if r.Impl != impl || r.Mode != mode || r.Conns != conns || r.Total != total || r.Chunk != chunk {
 		t.Errorf("result names %s %s conns %d total %d chunk %d, want %s %s %d %d %d", r.Impl, r.Mode, r.Conns, r.Total, r.Chunk, impl, mode, conns, total, chunk)
 	}
@@ -133,15 +137,79 @@ func TestHotRingLine(t *testing.T) {
 	}
 }
 
+// TestUnlocked runs net and writev with goroutines free to move between
+// threads: no per-side CPU, the per-core figure from the process's.
+func TestUnlocked(t *testing.T) {
+	for _, mode := range []string{"net", "writev"} {
+		var out bytes.Buffer
+		if err := cli([]string{"--conns", "2", "--total", "8MiB", "--chunk", "1MiB", "--ring", "2MiB", "--lock=false", "--mode", mode, "--json"}, &out); err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		r := decodeStrict(t, out.Bytes())
+		if r.Locked || r.SendCPU != -1 || r.RecvCPU != -1 || r.SendPerGB != -1 || r.ProcCPU <= 0 || r.PerCore <= 0 || r.Received != 16<<20 {
+			t.Errorf("%s unlocked: %+v: want locked false, -1 per side, process CPU and per core > 0, 16 MiB", mode, r)
+		}
+		var line bytes.Buffer
+		if err := cli([]string{"--conns", "1", "--total", "1MiB", "--chunk", "1MiB", "--ring", "1MiB", "--lock=false", "--mode", mode}, &line); err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		if !strings.HasPrefix(line.String(), "go "+mode+"/unlocked") {
+			t.Errorf("%s unlocked: line %q does not say unlocked", mode, line.String())
+		}
+	}
+}
+
+// failing fails its third send, as a peer that went away would.
+type failing struct {
+	sender
+	n int
+}
+
+func (f *failing) send(slot int, head, payload []byte) error {
+	if f.n++; f.n == 3 {
+		return unix.EPIPE
+	}
+	return f.sender.send(slot, head, payload)
+}
+
+// TestSendFails: one sender failing mid-run wakes every receiver and
+// sender, and the run fails naming it, with no goroutine or fd left.
+func TestSendFails(t *testing.T) {
+	defer func(f func(options, net.Conn) (sender, error)) { newSenderFn = f }(newSenderFn)
+	calls := 0
+	newSenderFn = func(o options, c net.Conn) (sender, error) {
+		s, err := newSender(o, c)
+		if calls++; calls == 2 && err == nil {
+			s = &failing{sender: s}
+		}
+		return s, err
+	}
+	fds := openFDs(t)
+	for _, mode := range modes {
+		calls = 0
+		_, err := run(options{conns: 3, total: 64 << 20, chunk: 1 << 20, ring: 2 << 20, mode: mode, lock: true})
+		if mode == "zerocopy" && zcRefused(err) {
+			continue
+		}
+		if !errors.Is(err, unix.EPIPE) || !strings.Contains(err.Error(), "sender 1: send 1048576 B at 2097152") {
+			t.Errorf("%s: %v, want sender 1's EPIPE at its third chunk", mode, err)
+		}
+	}
+	if n := openFDs(t); n != fds {
+		t.Errorf("%d fds open after the failed runs, %d before", n, fds)
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want options
 		err  string
 	}{
-		{nil, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "writev"}, ""},
+		{nil, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "writev", lock: true}, ""},
+		{[]string{"--lock=false", "--mode", "net"}, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "net"}, ""},
 		{[]string{"--conns", "1", "--total", "64K", "--chunk", "4096", "--ring", "8KiB", "--sndbuf", "4MiB", "--head", "56", "--mode", "splice"},
-			options{conns: 1, total: 64 << 10, chunk: 4096, ring: 8192, sndbuf: 4 << 20, head: 56, mode: "splice"}, ""},
+			options{conns: 1, total: 64 << 10, chunk: 4096, ring: 8192, sndbuf: 4 << 20, head: 56, mode: "splice", lock: true}, ""},
 		{[]string{"--mode", "sendfile"}, options{}, `--mode "sendfile"`},
 		{[]string{"--ring", "6MiB"}, options{}, "whole number"},
 		{[]string{"--ring", "1MiB"}, options{}, "whole number"},
@@ -174,6 +242,10 @@ func TestSummarize(t *testing.T) {
 	r := summarize(raw{sent: 4e9, received: 4e9, seconds: 0.5, sendCPU: 0.4, recvCPU: 0.6, procCPU: 1.2, hostCPU: 2, hostSoft: 0.5, mode: "splice", conns: 8})
 	if !near(r.GBps, 8) || !near(r.SendPerGB, 0.1) || !near(r.RecvPerGB, 0.15) || !near(r.ProcPerGB, 0.3) || !near(r.HostPerGB, 0.5) || !near(r.PerCore, 4) {
 		t.Errorf("figures %+v: want 8 GB/s, 0.1 and 0.15 s/GB, proc 0.3, host 0.5, 4 GB/s per core", r)
+	}
+	u := summarize(raw{received: 2e9, seconds: 1, sendCPU: -1, recvCPU: -1, procCPU: 0.5})
+	if u.SendPerGB != -1 || u.RecvPerGB != -1 || !near(u.PerCore, 4) {
+		t.Errorf("unlocked figures %+v: want -1 per side and 4 GB/s per core from the process's CPU", u)
 	}
 	z := summarize(raw{mode: "net"})
 	if z.GBps != 0 || z.SendPerGB != -1 || z.PerCore != -1 {

@@ -16,6 +16,7 @@ type Result struct {
 	Ring      int64   `json:"ring"`
 	Sndbuf    int64   `json:"sndbuf"`
 	Head      int64   `json:"head"`
+	Locked    bool    `json:"locked"`   // per-thread CPU measured (C: always)
 	Sent      int64   `json:"sent"`     // payload bytes all senders wrote
 	Received  int64   `json:"received"` // payload bytes all receivers read
 	Seconds   float64 `json:"seconds"`  // start to the last receiver's end
@@ -29,7 +30,7 @@ type Result struct {
 	RecvPerGB float64 `json:"recv_cpu_s_per_gb"`
 	ProcPerGB float64 `json:"proc_cpu_s_per_gb"`
 	HostPerGB float64 `json:"host_cpu_s_per_gb"`
-	PerCore   float64 `json:"gbps_per_core"` // GB per CPU second of senders and receivers
+	PerCore   float64 `json:"gbps_per_core"` // GB per CPU second of senders and receivers (unlocked: of the process)
 	ZCSends   int64   `json:"zc_sends"`      // zerocopy: completions reaped (sendmsg calls)
 	ZCCopied  int64   `json:"zc_copied"`     // of those, the ones the kernel copied
 }
@@ -46,6 +47,7 @@ type raw struct {
 	total, chunk, ring int64
 	sndbuf, head       int64
 	mode               string
+	locked             bool
 }
 
 // summarize derives the per-GB and per-core figures from r.
@@ -59,7 +61,7 @@ func summarize(r raw) Result {
 	}
 	res := Result{
 		Impl: "go", Mode: r.mode, Conns: r.conns, Total: r.total, Chunk: r.chunk, Ring: r.ring,
-		Sndbuf: r.sndbuf, Head: r.head, Sent: r.sent, Received: r.received, Seconds: r.seconds,
+		Sndbuf: r.sndbuf, Head: r.head, Locked: r.locked, Sent: r.sent, Received: r.received, Seconds: r.seconds,
 		SendCPU: r.sendCPU, RecvCPU: r.recvCPU, ProcCPU: r.procCPU, HostCPU: r.hostCPU, HostSoft: r.hostSoft,
 		SendPerGB: per(r.sendCPU), RecvPerGB: per(r.recvCPU), ProcPerGB: per(r.procCPU), HostPerGB: per(r.hostCPU),
 		PerCore: -1, ZCSends: r.zcSends, ZCCopied: r.zcCopied,
@@ -67,7 +69,11 @@ func summarize(r raw) Result {
 	if r.seconds > 0 {
 		res.GBps = gb / r.seconds
 	}
-	if busy := r.sendCPU + r.recvCPU; busy > 0 && r.sendCPU >= 0 && r.recvCPU >= 0 {
+	busy := r.sendCPU + r.recvCPU
+	if r.sendCPU < 0 || r.recvCPU < 0 {
+		busy = r.procCPU
+	}
+	if busy > 0 {
 		res.PerCore = gb / busy
 	}
 	return res
@@ -76,8 +82,12 @@ func summarize(r raw) Result {
 // String is the human-readable line of r.
 func (r Result) String() string {
 	var b strings.Builder
+	mode := r.Mode
+	if !r.Locked {
+		mode += "/unlocked"
+	}
 	fmt.Fprintf(&b, "%-2s %-8s conns %d chunk %s ring %s sndbuf %s head %d: %.2f GB in %.3f s = %6.2f GB/s",
-		r.Impl, r.Mode, r.Conns, size(r.Chunk), size(r.Ring), size(r.Sndbuf), r.Head,
+		r.Impl, mode, r.Conns, size(r.Chunk), size(r.Ring), size(r.Sndbuf), r.Head,
 		float64(r.Received)/1e9, r.Seconds, r.GBps)
 	fmt.Fprintf(&b, "; cpu s/GB send %.4f recv %.4f proc %.4f host %.4f (softirq %.2f s); %.2f GB/s per busy core",
 		r.SendPerGB, r.RecvPerGB, r.ProcPerGB, r.HostPerGB, r.HostSoft, r.PerCore)

@@ -104,7 +104,7 @@ func connect(o options) (p *pairs, err error) {
 			return p, fmt.Errorf("connection %d: receiver in blocking mode: %w", i, err)
 		}
 		p.recv = append(p.recv, rc)
-		s, err := newSender(o, c)
+		s, err := newSenderFn(o, c)
 		if err != nil {
 			return p, fmt.Errorf("connection %d: %s sender: %w", i, o.mode, err)
 		}
@@ -154,6 +154,9 @@ func touched(n int, fill byte) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// newSenderFn is newSender; a test wraps it to fail a send.
+var newSenderFn = newSender
 
 // newSender makes c's sending end for o.mode; c is taken over.
 func newSender(o options, c net.Conn) (sender, error) {
@@ -238,8 +241,8 @@ func measure(o options, p *pairs) (Result, error) {
 	for i := 0; i < o.conns; i++ {
 		ready.Add(2)
 		wg.Add(2)
-		go timed(&ready, &wg, start, &sends[i], abort, func() (int64, error) { return sendLoop(o, p.send[i], p.sring[i], head) })
-		go timed(&ready, &wg, start, &recvs[i], abort, func() (int64, error) { return recvLoop(o, p.recv[i], p.rring[i]) })
+		go timed(o.lock, &ready, &wg, start, &sends[i], abort, func() (int64, error) { return sendLoop(o, p.send[i], p.sring[i], head) })
+		go timed(o.lock, &ready, &wg, start, &recvs[i], abort, func() (int64, error) { return recvLoop(o, p.recv[i], p.rring[i]) })
 	}
 	ready.Wait()
 	proc0, perr := rusageCPU(unix.RUSAGE_SELF)
@@ -256,15 +259,14 @@ func measure(o options, p *pairs) (Result, error) {
 	proc1, perr := rusageCPU(unix.RUSAGE_SELF)
 	host1, herr := readHostStat()
 	r := raw{procCPU: proc1 - proc0, hostCPU: host1.busy - host0.busy, hostSoft: host1.softirq - host0.softirq,
-		conns: o.conns, total: o.total, chunk: int64(o.chunk), ring: int64(o.ring), sndbuf: int64(o.sndbuf), head: int64(o.head), mode: o.mode}
+		conns: o.conns, total: o.total, chunk: int64(o.chunk), ring: int64(o.ring), sndbuf: int64(o.sndbuf), head: int64(o.head), mode: o.mode, locked: o.lock}
 	errs := []error{perr, herr}
 	for i := range sends {
 		s, v := sends[i], recvs[i]
 		errs = append(errs, wrap("sender", i, s.err), wrap("receiver", i, v.err))
 		r.sent += s.bytes
 		r.received += v.bytes
-		r.sendCPU += s.cpu
-		r.recvCPU += v.cpu
+		r.sendCPU, r.recvCPU = addCPU(r.sendCPU, s.cpu, i), addCPU(r.recvCPU, v.cpu, i)
 		r.seconds = max(r.seconds, v.end.Sub(t0).Seconds(), s.end.Sub(t0).Seconds())
 		if z, ok := p.send[i].(*zcSender); ok {
 			r.zcSends += z.completions
@@ -280,6 +282,15 @@ func measure(o options, p *pairs) (Result, error) {
 	return summarize(r), nil
 }
 
+// addCPU adds the CPU of connection i's side to sum; -1 (not measured)
+// stays -1.
+func addCPU(sum, cpu float64, i int) float64 {
+	if cpu < 0 || (i > 0 && sum < 0) {
+		return -1
+	}
+	return sum + cpu
+}
+
 // wrap names the connection of a failed side.
 func wrap(what string, i int, err error) error {
 	if err == nil {
@@ -288,21 +299,31 @@ func wrap(what string, i int, err error) error {
 	return fmt.Errorf("%s %d: %w", what, i, err)
 }
 
-// timed runs body on a locked thread once start closes and records its
-// bytes, thread CPU and end time in out; a failure wakes the others.
-func timed(ready, wg *sync.WaitGroup, start <-chan struct{}, out *side, abort func(), body func() (int64, error)) {
+// timed runs body once start closes and records its bytes, end time and,
+// on a locked thread, its thread's CPU in out (-1 unlocked); a failure
+// wakes the others.
+func timed(lock bool, ready, wg *sync.WaitGroup, start <-chan struct{}, out *side, abort func(), body func() (int64, error)) {
 	defer wg.Done()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	if lock {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	ready.Done()
 	<-start
-	c0, err := rusageCPU(unix.RUSAGE_THREAD)
+	cpu := func() (float64, error) { return -1, nil }
+	if lock {
+		cpu = func() (float64, error) { return rusageCPU(unix.RUSAGE_THREAD) }
+	}
+	c0, err := cpu()
 	if err == nil {
 		out.bytes, err = body()
 	}
 	out.end = time.Now()
-	c1, cerr := rusageCPU(unix.RUSAGE_THREAD)
+	c1, cerr := cpu()
 	out.cpu, out.err = c1-c0, errors.Join(err, cerr)
+	if !lock {
+		out.cpu = -1
+	}
 	if out.err != nil {
 		abort()
 	}

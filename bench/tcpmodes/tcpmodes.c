@@ -26,14 +26,22 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <getopt.h>
+#if defined(__has_include) && __has_include(<linux/errqueue.h>)
 #include <linux/errqueue.h>
+#else // no kernel headers: the layout of linux/errqueue.h's struct
+struct sock_extended_err {
+	uint32_t ee_errno;
+	uint8_t ee_origin, ee_type, ee_code, ee_pad;
+	uint32_t ee_info, ee_data;
+};
+#endif
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +67,11 @@
 
 enum { M_WRITE, M_SPLICE, M_ZEROCOPY };
 static const char *mode_names[] = {"write", "splice", "zerocopy"};
+// What a failed send was doing, by mode.
+static const char *mode_calls[] = {
+	"write()/writev() of the chunk",
+	"send(head, MSG_MORE), vmsplice or splice of the chunk",
+	"sendmsg(MSG_ZEROCOPY) or reaping its completions (EPROTO: an entry that is not the next completion; ETIMEDOUT: none within 10 s)"};
 
 static struct {
 	int conns, mode, json;
@@ -74,7 +87,7 @@ struct conn {
 	long long zc_completions, zc_copied;
 	long long sent, got;
 	double send_cpu, recv_cpu, send_end, recv_end;
-	char err[256];
+	char err[512];
 };
 static struct conn *conns;
 static pthread_barrier_t ready, go;
@@ -259,7 +272,7 @@ static void *sender(void *arg) {
 			struct iovec iov[2] = {{c->head, opt.head}, {p, n}};
 			rc = opt.head ? write_all(c->sfd, iov, 2) : write_all(c->sfd, iov + 1, 1);
 		}
-		if (rc) return fail(c, "sender", mode_names[opt.mode], c->sent);
+		if (rc) return fail(c, "sender", mode_calls[opt.mode], c->sent);
 		c->sent += n;
 	}
 	if (opt.mode == M_ZEROCOPY && zc_wait(c, c->zc_next)) return fail(c, "sender", "last zerocopy completions", c->sent);
@@ -468,7 +481,7 @@ int main(int argc, char **argv) {
 	double percore = scpu + rcpu > 0 ? gb / (scpu + rcpu) : -1;
 	const char *m = mode_names[opt.mode];
 	if (opt.json) {
-		printf("{\"impl\":\"c\",\"mode\":\"%s\",\"conns\":%d,\"total\":%lld,\"chunk\":%lld,\"ring\":%lld,\"sndbuf\":%lld,\"head\":%lld,"
+		printf("{\"impl\":\"c\",\"mode\":\"%s\",\"conns\":%d,\"total\":%lld,\"chunk\":%lld,\"ring\":%lld,\"sndbuf\":%lld,\"head\":%lld,\"locked\":true,"
 		       "\"sent\":%lld,\"received\":%lld,\"seconds\":%.9f,\"gbps\":%.6f,\"send_cpu_s\":%.6f,\"recv_cpu_s\":%.6f,"
 		       "\"proc_cpu_s\":%.6f,\"host_cpu_s\":%.6f,\"host_softirq_s\":%.6f,\"send_cpu_s_per_gb\":%.6f,\"recv_cpu_s_per_gb\":%.6f,"
 		       "\"proc_cpu_s_per_gb\":%.6f,\"host_cpu_s_per_gb\":%.6f,\"gbps_per_core\":%.6f,\"zc_sends\":%lld,\"zc_copied\":%lld}\n",
