@@ -18,11 +18,14 @@
 #   conns   8 and 1
 # and, with the 16 MiB ring and autotuning only, Go net and Go writev with
 # their goroutines not locked to threads (as stage's are; no per-side CPU
-# then, bench/tcpmodes's doc says why): 60 runs a round. Totals per connection: TOTAL8 (default 2GiB) with 8
-# connections, 16 GiB in all, about 0.6 s at ~28 GB/s; TOTAL1 (default
-# 4GiB) with one, about 0.5-0.9 s at 5-8 GB/s. 3 rounds: about 2.5 minutes
-# (hot-ring zerocopy waits for each send's completion before the next one,
-# so it runs longer). 4 GiB per connection for every cell would take ~6.
+# then, bench/tcpmodes's doc says why), and Go writev with its receivers
+# polling SPIN (default 100us) before each recv as stage's data readers do
+# (staging.read_spin on 8+ CPUs): 62 runs a round. Totals per connection:
+# TOTAL8 (default 2GiB) with 8 connections, 16 GiB in all, about 0.6 s at
+# ~28 GB/s; TOTAL1 (default 4GiB) with one, about 0.5-0.9 s at 5-8 GB/s.
+# 3 rounds: about 2.5-3 minutes (hot-ring zerocopy waits for each send's
+# completion before the next one, so it runs longer). 4 GiB per connection
+# for every cell would take ~6.
 #
 # Writes $OUT/tcpmodes.jsonl (one JSON result a run, "round" added),
 # $OUT/tcpmodes-table.txt (medians and spread per cell, printed too) and
@@ -33,7 +36,7 @@
 set -eu
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
 rounds=${ROUNDS:-3}; total8=${TOTAL8:-2GiB}; total1=${TOTAL1:-4GiB}; head=${HEAD:-0}
-conns_list=${CONNS:-8 1}; rings=${RINGS:-4MiB 16MiB}; sndbufs=${SNDBUFS:-0 4MiB}
+spin=${SPIN:-100us}; conns_list=${CONNS:-8 1}; rings=${RINGS:-4MiB 16MiB}; sndbufs=${SNDBUFS:-0 4MiB}
 gobin=$PWD/.dev/bench/tcpmodes; csrc=$PWD/.dev/bench/tcpmodes.c
 [ -x "$gobin" ] && [ -f "$csrc" ] || { echo "gpu-tcpmodes: run 'make gpu-build' first ($gobin, $csrc missing)" >&2; exit 2; }
 tmp=$(mktemp -d)
@@ -58,12 +61,12 @@ for ((r = 1; r <= rounds; r++)); do
     for ring in $rings; do
       for sndbuf in $sndbufs; do
         cell=("${order[@]}")
-        [ "$ring" = 16MiB ] && [ "$sndbuf" = 0 ] && cell+=(go:net:unlocked go:writev:unlocked)
+        [ "$ring" = 16MiB ] && [ "$sndbuf" = 0 ] && cell+=(go:net:unlocked go:writev:unlocked go:writev:spin)
         for p in "${cell[@]}"; do
-          IFS=: read -r impl mode unlocked <<< "$p"
+          IFS=: read -r impl mode variant <<< "$p"
           bin=$gobin; [ "$impl" = c ] && bin=$tmp/tcpmodes-c
           args=(--conns "$conns" --total "$total" --chunk 4MiB --ring "$ring" --sndbuf "$sndbuf" --head "$head" --mode "$mode" --json)
-          [ -n "$unlocked" ] && args+=(--lock=false)
+          case $variant in unlocked) args+=(--lock=false) ;; spin) args+=(--spin "$spin") ;; esac
           if line=$(timeout 60 "$bin" "${args[@]}" 2> "$tmp/err"); then
             echo "${line%\}},\"round\":$r}" >> "$jsonl"
           else
@@ -81,13 +84,13 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 cells = {}
 for r in runs:
-    mode = r["mode"] + ("" if r["locked"] else "/unlocked")
+    mode = r["mode"] + ("" if r["locked"] else "/unlocked") + (f"/spin{r['spin_us']}us" if r["spin_us"] else "")
     cells.setdefault((r["conns"], r["ring"], r["sndbuf"], r["impl"], mode), []).append(r)
 def mib(n):
     return "0" if n == 0 else f"{n >> 20}MiB"
 def med(rs, k):
     return statistics.median(r[k] for r in rs)
-print(f"{len(runs)} runs; GB/s median (min..max over rounds); CPU s/GB medians; per core: GB per CPU-second of senders+receivers")
+print(f"{len(runs)} runs; GB/s median (min..max over rounds); CPU s/GB medians; per core: GB per CPU-second of senders+receivers (unlocked: of the process)")
 print(f"{'conns':>5} {'ring':>6} {'sndbuf':>6} {'path':<20} {'GB/s':>24} {'vs C write':>10} {'send s/GB':>9} {'recv s/GB':>9} {'proc s/GB':>9} {'host s/GB':>9} {'GB/s/core':>9}  zerocopy copied")
 for key in sorted(cells, key=lambda k: (-k[0], k[1], k[2], k[3], k[4])):
     conns, ring, sndbuf, impl, mode = key

@@ -49,13 +49,17 @@
 // Usage:
 //
 //	tcpmodes [--conns 8] [--total 4GiB] [--chunk 4MiB] [--ring 16MiB]
-//	         [--sndbuf 0] [--head 0] [--mode writev] [--lock=true] [--json]
+//	         [--sndbuf 0] [--head 0] [--mode writev] [--lock=true] [--spin 0]
+//	         [--json]
 //
 // --total is per connection; sizes take B, KiB, MiB, GiB (or K, M, G).
 // --sndbuf > 0 sets SO_SNDBUF and SO_RCVBUF on both ends (stage's
 // staging.socket_buffer), which turns off autotuning. --head > 0 writes a
 // head of that many bytes before each chunk (stage's chunk head is 56 B
 // for one segment) and the receiver reads it apart, as stage's does.
+// --spin (Go only) makes receivers poll for that long before each blocking
+// recv, as stage's data-stream readers do (staging.read_spin: 100us on 8+
+// CPUs by default); 0, the default, is the C probe's plain blocking recv.
 // Output: one line per run, or one JSON object with --json.
 package main
 
@@ -68,6 +72,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // options are the flags of one run.
@@ -80,6 +85,7 @@ type options struct {
 	head   int
 	mode   string
 	lock   bool // each goroutine on its own thread, CPU counted per thread
+	spin   time.Duration
 }
 
 // modes are the sender paths this probe knows.
@@ -122,10 +128,11 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.Func("sndbuf", "SO_SNDBUF and SO_RCVBUF on both ends; 0: autotuning", func(s string) error { sndbuf = s; return nil })
 	fs.IntVar(&o.head, "head", 0, "bytes of head written before each chunk")
 	fs.StringVar(&o.mode, "mode", "writev", "sender path: "+strings.Join(modes, ", "))
+	fs.DurationVar(&o.spin, "spin", 0, "receivers poll this long before each blocking recv (rawconn.SetSpin, stage's staging.read_spin)")
 	fs.BoolVar(&o.lock, "lock", true, "lock each sender and receiver goroutine to its thread (per-side CPU)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := fs.Parse(args); err != nil {
-		return o, false, fmt.Errorf("%w (flags: --conns --total --chunk --ring --sndbuf --head --mode --lock --json)", err)
+		return o, false, fmt.Errorf("%w (flags: --conns --total --chunk --ring --sndbuf --head --mode --lock --spin --json)", err)
 	}
 	if fs.NArg() > 0 {
 		return o, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -164,6 +171,8 @@ func (o options) check() error {
 		return errors.New("--total must be at least 1 B")
 	case o.ring < o.chunk || o.ring%o.chunk != 0:
 		return fmt.Errorf("--ring %d must be a whole number (>= 1) of --chunk %d", o.ring, o.chunk)
+	case o.spin < 0 || o.spin > time.Second:
+		return fmt.Errorf("--spin %v: want 0..1s", o.spin)
 	case o.sndbuf < 0:
 		return errors.New("--sndbuf must not be negative")
 	case o.head < 0 || o.head > 1<<20:

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -137,6 +138,19 @@ func TestHotRingLine(t *testing.T) {
 	}
 }
 
+// TestSpin runs stage's readers' polling window on the receivers.
+func TestSpin(t *testing.T) {
+	var out bytes.Buffer
+	if err := cli([]string{"--conns", "2", "--total", "8MiB", "--chunk", "1MiB", "--ring", "2MiB", "--spin", "50us", "--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	r := decodeStrict(t, out.Bytes())
+	checkResult(t, r, "go", "writev", 2, 8<<20, 1<<20)
+	if r.SpinUS != 50 {
+		t.Errorf("spin_us %d, want 50", r.SpinUS)
+	}
+}
+
 // TestUnlocked runs net and writev with goroutines free to move between
 // threads: no per-side CPU, the per-core figure from the process's.
 func TestUnlocked(t *testing.T) {
@@ -207,7 +221,8 @@ func TestParseFlags(t *testing.T) {
 		err  string
 	}{
 		{nil, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "writev", lock: true}, ""},
-		{[]string{"--lock=false", "--mode", "net"}, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "net"}, ""},
+		{[]string{"--lock=false", "--mode", "net", "--spin", "100us"}, options{conns: 8, total: 4 << 30, chunk: 4 << 20, ring: 16 << 20, mode: "net", spin: 100 * time.Microsecond}, ""},
+		{[]string{"--spin", "2s"}, options{}, "--spin 2s"},
 		{[]string{"--conns", "1", "--total", "64K", "--chunk", "4096", "--ring", "8KiB", "--sndbuf", "4MiB", "--head", "56", "--mode", "splice"},
 			options{conns: 1, total: 64 << 10, chunk: 4096, ring: 8192, sndbuf: 4 << 20, head: 56, mode: "splice", lock: true}, ""},
 		{[]string{"--mode", "sendfile"}, options{}, `--mode "sendfile"`},

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Result is one run's figures; tcpmodes.c prints the same JSON keys.
@@ -17,6 +18,7 @@ type Result struct {
 	Sndbuf    int64   `json:"sndbuf"`
 	Head      int64   `json:"head"`
 	Locked    bool    `json:"locked"`   // per-thread CPU measured (C: always)
+	SpinUS    int64   `json:"spin_us"`  // receivers' polling window (C: 0)
 	Sent      int64   `json:"sent"`     // payload bytes all senders wrote
 	Received  int64   `json:"received"` // payload bytes all receivers read
 	Seconds   float64 `json:"seconds"`  // start to the last receiver's end
@@ -48,6 +50,7 @@ type raw struct {
 	sndbuf, head       int64
 	mode               string
 	locked             bool
+	spin               time.Duration
 }
 
 // summarize derives the per-GB and per-core figures from r.
@@ -61,7 +64,7 @@ func summarize(r raw) Result {
 	}
 	res := Result{
 		Impl: "go", Mode: r.mode, Conns: r.conns, Total: r.total, Chunk: r.chunk, Ring: r.ring,
-		Sndbuf: r.sndbuf, Head: r.head, Locked: r.locked, Sent: r.sent, Received: r.received, Seconds: r.seconds,
+		Sndbuf: r.sndbuf, Head: r.head, Locked: r.locked, SpinUS: r.spin.Microseconds(), Sent: r.sent, Received: r.received, Seconds: r.seconds,
 		SendCPU: r.sendCPU, RecvCPU: r.recvCPU, ProcCPU: r.procCPU, HostCPU: r.hostCPU, HostSoft: r.hostSoft,
 		SendPerGB: per(r.sendCPU), RecvPerGB: per(r.recvCPU), ProcPerGB: per(r.procCPU), HostPerGB: per(r.hostCPU),
 		PerCore: -1, ZCSends: r.zcSends, ZCCopied: r.zcCopied,
@@ -85,6 +88,9 @@ func (r Result) String() string {
 	mode := r.Mode
 	if !r.Locked {
 		mode += "/unlocked"
+	}
+	if r.SpinUS > 0 {
+		mode += fmt.Sprintf("/spin%dus", r.SpinUS)
 	}
 	fmt.Fprintf(&b, "%-2s %-8s conns %d chunk %s ring %s sndbuf %s head %d: %.2f GB in %.3f s = %6.2f GB/s",
 		r.Impl, mode, r.Conns, size(r.Chunk), size(r.Ring), size(r.Sndbuf), r.Head,

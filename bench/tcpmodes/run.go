@@ -103,6 +103,7 @@ func connect(o options) (p *pairs, err error) {
 			a.Close()
 			return p, fmt.Errorf("connection %d: receiver in blocking mode: %w", i, err)
 		}
+		rc.SetSpin(o.spin)
 		p.recv = append(p.recv, rc)
 		s, err := newSenderFn(o, c)
 		if err != nil {
@@ -259,7 +260,7 @@ func measure(o options, p *pairs) (Result, error) {
 	proc1, perr := rusageCPU(unix.RUSAGE_SELF)
 	host1, herr := readHostStat()
 	r := raw{procCPU: proc1 - proc0, hostCPU: host1.busy - host0.busy, hostSoft: host1.softirq - host0.softirq,
-		conns: o.conns, total: o.total, chunk: int64(o.chunk), ring: int64(o.ring), sndbuf: int64(o.sndbuf), head: int64(o.head), mode: o.mode, locked: o.lock}
+		conns: o.conns, total: o.total, chunk: int64(o.chunk), ring: int64(o.ring), sndbuf: int64(o.sndbuf), head: int64(o.head), mode: o.mode, locked: o.lock, spin: o.spin}
 	errs := []error{perr, herr}
 	for i := range sends {
 		s, v := sends[i], recvs[i]

@@ -481,7 +481,7 @@ int main(int argc, char **argv) {
 	double percore = scpu + rcpu > 0 ? gb / (scpu + rcpu) : -1;
 	const char *m = mode_names[opt.mode];
 	if (opt.json) {
-		printf("{\"impl\":\"c\",\"mode\":\"%s\",\"conns\":%d,\"total\":%lld,\"chunk\":%lld,\"ring\":%lld,\"sndbuf\":%lld,\"head\":%lld,\"locked\":true,"
+		printf("{\"impl\":\"c\",\"mode\":\"%s\",\"conns\":%d,\"total\":%lld,\"chunk\":%lld,\"ring\":%lld,\"sndbuf\":%lld,\"head\":%lld,\"locked\":true,\"spin_us\":0,"
 		       "\"sent\":%lld,\"received\":%lld,\"seconds\":%.9f,\"gbps\":%.6f,\"send_cpu_s\":%.6f,\"recv_cpu_s\":%.6f,"
 		       "\"proc_cpu_s\":%.6f,\"host_cpu_s\":%.6f,\"host_softirq_s\":%.6f,\"send_cpu_s_per_gb\":%.6f,\"recv_cpu_s_per_gb\":%.6f,"
 		       "\"proc_cpu_s_per_gb\":%.6f,\"host_cpu_s_per_gb\":%.6f,\"gbps_per_core\":%.6f,\"zc_sends\":%lld,\"zc_copied\":%lld}\n",
