@@ -188,10 +188,13 @@ static int send_splice(struct conn *c, char *p, size_t n) {
 // first waits (10 s at most) for one. -1 with errno set on failure.
 static int zc_reap(struct conn *c, int block) {
 	for (;;) {
-		char ctl[CMSG_SPACE(sizeof(struct sock_extended_err)) + 64];
+		union {
+			char buf[CMSG_SPACE(sizeof(struct sock_extended_err)) + 64];
+			struct cmsghdr align;
+		} ctl;
 		struct msghdr m = {0};
-		m.msg_control = ctl;
-		m.msg_controllen = sizeof ctl;
+		m.msg_control = ctl.buf;
+		m.msg_controllen = sizeof ctl.buf;
 		if (recvmsg(c->sfd, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
 			if (errno == EINTR) continue;
 			if (errno != EAGAIN || !block) return errno == EAGAIN ? 0 : -1;

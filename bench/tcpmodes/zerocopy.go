@@ -29,6 +29,7 @@ type zcSender struct {
 	done    uint64   // ids below this completed
 	slotEnd []uint64 // per ring slot: its last send's ids are below this
 	oob     []byte
+	one     []byte // recvmsg's data buffer (a notification carries none)
 
 	completions, copied int64
 }
@@ -47,7 +48,7 @@ func newZCSender(c net.Conn, slots int) (*zcSender, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("setsockopt TCP_NODELAY: %w", err)
 	}
-	return &zcSender{fd: fd, slotEnd: make([]uint64, slots), oob: make([]byte, unix.CmsgSpace(64))}, nil
+	return &zcSender{fd: fd, slotEnd: make([]uint64, slots), oob: make([]byte, unix.CmsgSpace(64)), one: make([]byte, 1)}, nil
 }
 
 // dupBlocking returns a blocking duplicate of c's socket and closes c.
@@ -138,7 +139,7 @@ func (z *zcSender) waitFor(id uint64) error {
 // first waits (up to zcWait) for at least one.
 func (z *zcSender) reap(block bool) error {
 	for {
-		_, oobn, _, _, err := unix.Recvmsg(z.fd, nil, z.oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+		_, oobn, _, _, err := unix.Recvmsg(z.fd, z.one, z.oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
