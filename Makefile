@@ -107,7 +107,9 @@ fuzz:
 	  done; \
 	done
 
-# GPU test binaries and daemons for the GPU machine (see docs/BENCHMARKS.md).
+# GPU test binaries and daemons for the GPU machine (see docs/BENCHMARKS.md), and
+# the loopback TCP probes (bench/tcpmodes: the Go one built, the C one as source
+# for scripts/gpu-tcpmodes.sh to build there).
 # Stripped (-s -w): what travels to the GPU machine must stay under 64 MiB.
 gpu-build:
 	@mkdir -p .dev/bench
@@ -117,6 +119,8 @@ gpu-build:
 	$(GO) build -ldflags='-s -w' -o .dev/ ./cmd/staged ./cmd/stagectl
 	cp ../shared/bench/* .dev/bench/
 	$(GO) build -o .dev/bench/gotcp ../shared/bench/gotcp.go
+	$(GO) build -ldflags='-s -w' -o .dev/bench/tcpmodes ./bench/tcpmodes
+	cp bench/tcpmodes/tcpmodes.c .dev/bench/tcpmodes.c
 
 # What tests/test_vllm_ascend.py's GPU class needs beyond the GPU machine's image, in one carry folder
 # .vac/ (ignored: /.vac/ in .git/info/exclude): vllm 0.23.0's Python files, the distributions the test
