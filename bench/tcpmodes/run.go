@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stage-kv/stage/internal/spin"
 	"github.com/stage-kv/stage/rawconn"
 )
 
@@ -103,7 +104,7 @@ func connect(o options) (p *pairs, err error) {
 			a.Close()
 			return p, fmt.Errorf("connection %d: receiver in blocking mode: %w", i, err)
 		}
-		rc.SetSpin(o.spin)
+		rc.SetSpin(spin.Fixed(o.spin))
 		p.recv = append(p.recv, rc)
 		s, err := newSenderFn(o, c)
 		if err != nil {
