@@ -18,7 +18,9 @@
 #   ROUNDS=3 STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-item37.sh  # there
 #
 # Every JSON, the ceilings and bench.log go to $OUT (or ./gpu-out); the
-# table is printed and kept in $OUT/item37.txt.
+# table is printed and kept in $OUT/item37.txt. NO_GPU=1 runs the same on
+# hostmem, to try the script on a machine without a GPU (with TOTAL8 and
+# TOTAL1 small for the tcp part: scripts/gpu-tcpmodes.sh).
 set -u
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -26,6 +28,7 @@ src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-1}
 rounds=${ROUNDS:-3}
 parts=${PARTS:-ipc tcp rows latency}
 G=(--device "cuda:$src" --remote-device "cuda:$dst")
+[ "${NO_GPU:-0}" = 1 ] && G=() # a dry run of the script on hostmem (CPU machine)
 
 # staged with settings: a wrapper that sets the environment and runs .dev/staged
 wrap() { # name, env assignments...
