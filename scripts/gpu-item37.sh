@@ -17,6 +17,10 @@
 #   make gpu-build                                                 # here
 #   ROUNDS=3 STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-item37.sh  # there
 #
+# All four parts with 3 rounds take about 10-11 minutes on 2 x H200, more
+# than one device call may run: split them, e.g. PARTS="ipc latency" and
+# then PARTS="tcp rows" (each call measures its own ceilings).
+#
 # Every JSON, the ceilings and bench.log go to $OUT (or ./gpu-out); the
 # table is printed and kept in $OUT/item37.txt. NO_GPU=1 runs the same on
 # hostmem, to try the script on a machine without a GPU (with TOTAL8 and
