@@ -118,11 +118,13 @@ def parse_object(data: bytes, max_depth: int = MAX_DEPTH) -> Dict[str, Any]:
     return doc
 
 
-def halves(body: Dict[str, Any], mode: str, rendezvous: str = "",
-           xfer: str = "") -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def halves(body: Dict[str, Any], mode: str, rendezvous: str = "", xfer: str = "", peer: str = "",
+           kv: str = "") -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The prefill's and the decode's request bodies for the client's ``body`` (pure; ValueError for a bad mode).
 
-    Pull: the decode's kv_transfer_params are the prefill's answer's, set by the caller."""
+    Pull: the decode's kv_transfer_params are the prefill's answer's, set by the caller. Push: ``peer`` and
+    ``kv``, where given, name the prefill's sidecar (``stage_peer``; ``{rank}`` in it is its rank 0 under TP)
+    and its engine's ``kv_name`` (``stage_kv``) for the decode's ticket."""
     pre = dict(body, max_tokens=1, stream=False)
     for k in ("max_completion_tokens", "stream_options"):  # vLLM refuses stream_options without stream
         pre.pop(k, None)
@@ -137,6 +139,9 @@ def halves(body: Dict[str, Any], mode: str, rendezvous: str = "",
     dec["kv_transfer_params"] = {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": xfer}
     if rendezvous:  # deprecated: without it the decode's ticket travels over the sidecars' link
         dec["kv_transfer_params"]["stage_rendezvous"] = rendezvous
+    for key, v in (("stage_peer", peer), ("stage_kv", kv)):
+        if v:
+            dec["kv_transfer_params"][key] = v
     return pre, dec
 
 
@@ -200,7 +205,7 @@ class _Router:
         body = await self._read_request(request)
         mode = str(body.pop("stage_mode", None) or self.cfg.mode)
         try:
-            pre, dec = halves(body, mode, self.cfg.rendezvous)
+            pre, dec = halves(body, mode, self.cfg.rendezvous, peer=self.cfg.prefill_peer, kv=self.cfg.prefill_kv)
         except ValueError as e:
             raise Failure(400, str(e)) from None
         stream = body.get("stream") is True
@@ -412,7 +417,8 @@ class PDProxy:
 
     def __init__(self, addr: Tuple[str, int], prefill: str, decode: str, mode: str = "pull",
                  rendezvous: str = "", timeout: float = 300.0, *, max_body: int = MAX_BODY,
-                 max_depth: int = MAX_DEPTH, backlog: int = BACKLOG) -> None:
+                 max_depth: int = MAX_DEPTH, backlog: int = BACKLOG, prefill_peer: str = "",
+                 prefill_kv: str = "") -> None:
         if web is None:
             raise RuntimeError(_WHY)
         if mode not in ("pull", "push"):
@@ -422,6 +428,7 @@ class PDProxy:
         self.prefill, self.decode = prefill.rstrip("/"), decode.rstrip("/")
         self.mode, self.rendezvous, self.timeout = mode, rendezvous, float(timeout)
         self.max_body, self.max_depth, self.backlog = max_body, max_depth, backlog
+        self.prefill_peer, self.prefill_kv = prefill_peer, prefill_kv  # push: where the decode's ticket goes
         self.socket = _listen(addr, backlog)
         self.server_address = self.socket.getsockname()
         self._lock = threading.Lock()
@@ -496,6 +503,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--mode", choices=("pull", "push"), default="pull")
     ap.add_argument("--rendezvous", default="", help="push, deprecated: the prefill's rendezvous host:port (without "
                     "it the decode's ticket travels over the sidecars' link)")
+    ap.add_argument("--prefill-peer", default="", help="push: the prefill's sidecar as the decode's names it "
+                    "(stage_peer; {rank} stands for a rank, the ticket goes to rank 0's); needed when the decode's "
+                    "route has several peers, as with one sidecar per GPU under TP")
+    ap.add_argument("--prefill-kv", default="", help="push: the prefill engine's kv_name (stage_kv); needed when "
+                    "several engines take tickets at its sidecar")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds for a whole request: both engines, the decode's stream included (504 past it)")
     ap.add_argument("--max-body", type=int, default=MAX_BODY,
@@ -507,7 +519,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         srv = PDProxy((a.host, a.port), a.prefill, a.decode, a.mode, a.rendezvous, a.timeout,
-                      max_body=a.max_body, backlog=a.backlog)
+                      max_body=a.max_body, backlog=a.backlog, prefill_peer=a.prefill_peer, prefill_kv=a.prefill_kv)
     except (ValueError, OSError) as e:
         sys.exit("pdproxy: %s" % e)
     print("stage pdproxy on %s: prefill %s, decode %s, %s" % (srv.url, a.prefill, a.decode, a.mode), flush=True)

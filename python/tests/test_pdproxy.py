@@ -277,6 +277,23 @@ class TestPDProxy(unittest.TestCase):
                 self.assertEqual(dec[0]["kv_transfer_params"], params_for(prompt))
                 self.assertEqual(ans["got_params"], params_for(prompt))
 
+    def test_push_names_the_prefill(self) -> None:
+        """--prefill-peer/--prefill-kv: a push's decode half names the prefill's sidecar and engine for the
+        ticket (TP with a sidecar per GPU); a pull's halves are unchanged by them."""
+        p = start(self.engines, timeout=30, prefill_peer="prefill-{rank}", prefill_kv="pre")
+        try:
+            for mode in ("push", "pull"):
+                prompt = "named-" + mode
+                code, _, body = post(p.url, {"model": "m", "prompt": prompt, "max_tokens": 3, "stage_mode": mode})
+                self.assertEqual(code, 200, body[:300])
+                got = json.loads(body)["got_params"]
+                if mode == "push":
+                    self.assertEqual((got["stage_peer"], got["stage_kv"]), ("prefill-{rank}", "pre"), got)
+                else:
+                    self.assertEqual(got, params_for(prompt))
+        finally:
+            stop(p)
+
     def test_bad_requests_answered(self) -> None:
         url = self.proxy.url
         deep = b"[" * 100000
@@ -447,6 +464,12 @@ class TestPure(unittest.TestCase):
         # without a rendezvous (deprecated) the decode's ticket goes over the sidecars' link: no address to pass
         self.assertEqual(halves(body, "push", "", "pd-y")[1]["kv_transfer_params"],
                          {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "pd-y"})
+        # TP with a sidecar per GPU: the decode's ticket names the prefill's rank-0 sidecar and its engine
+        pre, dec = halves(body, "push", "", "pd-z", peer="prefill-{rank}", kv="pre")
+        self.assertEqual(dec["kv_transfer_params"], {"do_remote_prefill": True, "stage_mode": "push", "stage_xfer": "pd-z",
+                                                     "stage_peer": "prefill-{rank}", "stage_kv": "pre"})
+        self.assertNotIn("stage_peer", pre["kv_transfer_params"])
+        self.assertNotIn("stage_peer", halves(body, "pull", peer="prefill-{rank}")[0]["kv_transfer_params"])
         with self.assertRaisesRegex(ValueError, "pull or push"):
             halves(body, "teleport", "h:1")
 
