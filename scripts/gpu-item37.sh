@@ -128,12 +128,31 @@ def line(name, base=None, what="gb_per_s"):
     if rb:
         s += "  raw beside %.2f" % rb[0]
     print(s)
+# Item 3's ceilings at stage's footprint (16 MiB of distinct memory per
+# connection, 8 connections, autotuned buffers), from the tcp part's runs.
+foot = {}
+jl = os.path.join(d, "tcpmodes", "tcpmodes.jsonl")
+if os.path.exists(jl):
+    for l in open(jl):
+        if not l.strip():
+            continue
+        r = json.loads(l)
+        if r.get("conns") == 8 and r.get("ring") == 16 << 20 and r.get("sndbuf") == 0 and r.get("locked", True) \
+                and not r.get("spin_us"):
+            foot.setdefault("%s %s" % (r["impl"], r["mode"]), []).append(r["gbps"])
+    foot = {k: statistics.median(v) for k, v in foot.items()}
+    print("raw TCP at stage's footprint (8 conns, 16 MiB each): " +
+          ", ".join("%s %.2f GB/s" % (k, v) for k, v in sorted(foot.items())))
 pk = statistics.mean(peer) if peer else None
 for k in (1, 2, 4):
     for m in ("checked", "b2b"):
         line("ipc-cs%d-%s" % (k, m), pk)
 for n in ("ranges", "blocks", "ranges2", "blocks2", "gib64"):
     line(n, ceiling)
+    for k in ("c write", "go writev"):
+        xs = rounds(n)
+        if k in foot and xs:
+            print("%-22s = %.1f%% of %s at stage's footprint" % ("", 100 * med(xs, "gb_per_s")[0] / foot[k], k))
 for n in ("lat-auto-checked", "lat-100us-checked", "lat-off-checked", "lat-auto-b2b", "lat-100us-b2b"):
     xs = rounds(n)
     if xs:
