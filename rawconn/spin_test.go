@@ -19,18 +19,23 @@ func threadCPU(t *testing.T) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// TestAdaptiveSpinIdle: a reader under spin.Auto fed messages at a steady
-// 300 us pace (longer than the base window) ends up polling long enough to
-// cover the pace (at some point: a loaded machine stalls the sender now
-// and then for milliseconds, and two stalls in 16 waits rightly put the
-// window back to the base; the rule itself is TestAdaptiveNext's), and when the messages stop it polls once, for at most
-// the cap, and then sleeps: over an idle 50 ms its thread's CPU time stays
-// far below the wall time. A reader that kept polling would use about all
-// of it. The bound is 50%, not the ~2% an idle machine shows (1 ms of
-// polling in 50 ms): on a loaded 2-core machine the thread's wake-up and
-// the scheduler's slices add CPU time, and a thread that polled throughout
-// would still get at least half a core on such a machine over 50 ms, so
-// the bound stays a test of the behaviour and not of the machine.
+// TestAdaptiveSpinIdle: a reader under spin.Auto times its waits for
+// messages and applies the adaptive rule to them, and when the messages
+// stop it polls once, for at most the cap, and then sleeps.
+//
+// Each message of the steady phase goes out a 300 us pace after the
+// reader took the last one, so each is a wait of about the pace. What the
+// reader's window then is depends on how steady the machine kept that
+// pace (a loaded machine stalls threads for milliseconds, and two stalls
+// in 16 waits rightly keep the base), so the test does not assert a
+// window: it asserts that the reader timed its waits and that its window
+// is the rule's for those waits (spin.Policy.WindowAfter; the rule itself
+// is TestAdaptiveNext's). Over each idle 50 ms the reader's thread must
+// use far less CPU than the wall time: a reader that kept polling would
+// use about all of it. The bound is 50%, not the ~2% an idle machine shows
+// (1 ms of polling in 50 ms): on a loaded 2-core machine the thread's
+// wake-up and the scheduler's slices add CPU time, and a thread that
+// polled throughout would still get at least half a core over 50 ms.
 func TestAdaptiveSpinIdle(t *testing.T) {
 	a, b := pair(t)
 	defer func() {
@@ -47,14 +52,23 @@ func TestAdaptiveSpinIdle(t *testing.T) {
 		idle   = 50 * time.Millisecond
 	)
 	type use struct{ cpu, wall time.Duration }
+	type state struct {
+		waits []time.Duration
+		win   time.Duration
+	}
 	uses := make(chan use, steady+2)
-	windows := make(chan time.Duration, steady+3)
+	windows := make(chan time.Duration, steady+2)
+	took := make(chan struct{}, 1) // the reader has taken a message
+	after := make(chan state, 2)   // after the steady phase, and after the idle one
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		buf := make([]byte, 64)
-		for range steady + 2 {
+		for i := range steady + 2 {
+			if i == steady {
+				after <- state{b.spin.Waits(), b.spin.Next()}
+			}
 			windows <- b.spin.Next()
 			c0, w0 := threadCPU(t), time.Now()
 			if err := b.ReadFull(buf); err != nil {
@@ -62,8 +76,9 @@ func TestAdaptiveSpinIdle(t *testing.T) {
 				return
 			}
 			uses <- use{threadCPU(t) - c0, time.Since(w0)}
+			took <- struct{}{}
 		}
-		windows <- b.spin.Next() // after two idle stretches
+		after <- state{b.spin.Waits(), b.spin.Next()}
 		errc <- nil
 	}()
 	msg := make([]byte, 64)
@@ -72,7 +87,10 @@ func TestAdaptiveSpinIdle(t *testing.T) {
 			t.Errorf("send: %v", err)
 		}
 	}
-	for range steady {
+	for i := range steady {
+		if i > 0 {
+			<-took
+		}
 		// A busy wait holds the pace better than a timer on a loaded
 		// machine.
 		for d := time.Now().Add(pace); time.Now().Before(d); {
@@ -80,25 +98,36 @@ func TestAdaptiveSpinIdle(t *testing.T) {
 		send()
 	}
 	for range 2 {
+		<-took
 		time.Sleep(idle)
 		send()
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	covered := false
 	for i := range steady + 2 {
-		w := <-windows
-		covered = covered || w >= pace
-		if w > spin.MaxWindow {
+		if w := <-windows; w > spin.MaxWindow {
 			t.Errorf("read %d polled for %s, past the cap %s", i, w, spin.MaxWindow)
 		}
 	}
-	if !covered {
-		t.Errorf("a steady %s pace never widened the window past it", pace)
+	st := <-after
+	if len(st.waits) < 4 {
+		t.Fatalf("the reader timed %d waits of %d messages sent after it took the last", len(st.waits), steady)
 	}
-	if w := <-windows; w != spin.Window {
-		t.Errorf("after two idle stretches the window is %s, want the base %s (waits: %v)", w, spin.Window, b.spin)
+	long := 0
+	for _, w := range st.waits {
+		if w >= pace/2 {
+			long++
+		}
+	}
+	if long < len(st.waits)/2 {
+		t.Errorf("messages came %s after the reader took the last; most of its waits are shorter than half that: %v", pace, st.waits)
+	}
+	if want := spin.Auto().WindowAfter(st.waits...); st.win != want {
+		t.Errorf("after waits %v the window is %s, the rule gives %s", st.waits, st.win, want)
+	}
+	if st := <-after; st.win != spin.Window {
+		t.Errorf("after two idle stretches the window is %s, want the base %s (waits: %v)", st.win, spin.Window, st.waits)
 	}
 	for range steady {
 		<-uses

@@ -138,3 +138,14 @@ func (a *Adaptive) window() time.Duration {
 	}
 	return min(q+q/4, a.p.Max)
 }
+
+// WindowAfter is the window a reader under p reaches once it has seen
+// waits, oldest first (a reader's Waits): how a test checks that a reader
+// applied the rule to the waits it timed, whatever those were.
+func (p Policy) WindowAfter(waits ...time.Duration) time.Duration {
+	a := p.New()
+	for _, w := range waits {
+		a.Observe(w)
+	}
+	return a.Next()
+}

@@ -131,3 +131,22 @@ func TestAdaptiveWaits(t *testing.T) {
 		t.Fatal("a fixed window recorded a wait")
 	}
 }
+
+// TestWindowAfter: replaying a reader's remembered waits gives the window
+// the reader reached, also when it saw more waits than it remembers.
+func TestWindowAfter(t *testing.T) {
+	us := time.Microsecond
+	a := Auto().New()
+	for i := range 40 {
+		a.Observe(time.Duration(200+10*i) * us) // the last 16: 440..590 us
+	}
+	if got, want := Auto().WindowAfter(a.Waits()...), a.Next(); got != want || want == Window {
+		t.Fatalf("replayed window %s, the reader's %s (and not the base %s)", got, want, Window)
+	}
+	if got := Auto().WindowAfter(300*us, 300*us, 300*us); got != Window {
+		t.Fatalf("three waits: %s, want the base (too few to see a pace)", got)
+	}
+	if got := Fixed(50 * us).WindowAfter(300*us, 300*us, 300*us, 300*us); got != 50*us {
+		t.Fatalf("a fixed window moved: %s", got)
+	}
+}
