@@ -146,7 +146,7 @@ func TestWindowAfter(t *testing.T) {
 	if got := Auto().WindowAfter(300*us, 300*us, 300*us); got != Window {
 		t.Fatalf("three waits: %s, want the base (too few to see a pace)", got)
 	}
-	if got := Fixed(50 * us).WindowAfter(300*us, 300*us, 300*us, 300*us); got != 50*us {
+	if got := Fixed(50*us).WindowAfter(300*us, 300*us, 300*us, 300*us); got != 50*us {
 		t.Fatalf("a fixed window moved: %s", got)
 	}
 }

@@ -98,20 +98,31 @@ func TestAwait(t *testing.T) {
 	tc := srv.(*net.TCPConn)
 	a := Policy{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond}.New()
 	buf := make([]byte, 1)
-	for i, delay := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 0} {
+	// The first delay ends within the polling window, the second after it
+	// (Await then sleeps in the poller). The sender's clock starts when
+	// this goroutine is about to wait, and the recorded wait must hold at
+	// least half the delay: a loaded machine may stall this goroutine for
+	// a while between the two.
+	for i, delay := range []time.Duration{4 * time.Millisecond, 20 * time.Millisecond, 0} {
 		done := make(chan struct{})
+		ready := make(chan struct{})
 		go func() {
 			defer close(done)
+			<-ready
 			if delay > 0 {
 				time.Sleep(delay)
 			}
 			_, _ = cl.Write([]byte("x"))
 		}()
 		if delay == 0 {
+			close(ready)
 			<-done
 			time.Sleep(10 * time.Millisecond) // the byte is there before the wait
 		}
 		before := a.n
+		if delay > 0 {
+			close(ready)
+		}
 		Await(tc, &a)
 		<-done
 		if _, err := srv.Read(buf); err != nil {
@@ -126,7 +137,7 @@ func TestAwait(t *testing.T) {
 		if a.n != before+1 {
 			t.Fatalf("message %d: %d waits recorded, want %d", i, a.n, before+1)
 		}
-		if g := a.gaps[before]; g < delay*9/10 || g > delay+2*time.Second {
+		if g := a.gaps[before]; g < delay/2 || g > delay+2*time.Second {
 			t.Fatalf("message %d sent after %s: wait recorded as %s", i, delay, g)
 		}
 	}
