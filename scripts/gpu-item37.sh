@@ -12,7 +12,8 @@
 #            side's CPU per GB (item 5) and raw TCP beside
 #   latency  4 KiB pushes until landed, each checked and back to back, with
 #            the readers' default (adaptive where the binary has it), a fixed
-#            100 us window and none, interleaved by round
+#            100 us window and none, interleaved by round; host memory as in
+#            gpu-targets.sh, and each checked between the GPUs too
 #
 #   make gpu-build                                                 # here
 #   ROUNDS=3 STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-item37.sh  # there
@@ -85,6 +86,9 @@ for part in $parts; do
       run "lat-off-checked.$i" "$off" "${L[@]}" --verify --spin 0s
       run "lat-auto-b2b.$i" .dev/staged "${L[@]}" --verify-end
       run "lat-100us-b2b.$i" "$fixed" "${L[@]}" --verify-end --spin 100us
+      # the same between the GPUs (the rows above are host memory, as gpu-targets.sh's)
+      run "lat-gpu-auto-checked.$i" .dev/staged "${G[@]}" "${L[@]}" --verify
+      run "lat-gpu-100us-checked.$i" "$fixed" "${G[@]}" "${L[@]}" --verify --spin 100us
     done ;;
   *) echo "gpu-item37: unknown part $part (ipc, tcp, rows, latency)" >&2; exit 2 ;;
   esac
@@ -153,7 +157,8 @@ for n in ("ranges", "blocks", "ranges2", "blocks2", "gib64"):
         xs = rounds(n)
         if k in foot and xs:
             print("%-22s = %.1f%% of %s at stage's footprint" % ("", 100 * med(xs, "gb_per_s")[0] / foot[k], k))
-for n in ("lat-auto-checked", "lat-100us-checked", "lat-off-checked", "lat-auto-b2b", "lat-100us-b2b"):
+for n in ("lat-auto-checked", "lat-100us-checked", "lat-off-checked", "lat-auto-b2b", "lat-100us-b2b",
+          "lat-gpu-auto-checked", "lat-gpu-100us-checked"):
     xs = rounds(n)
     if xs:
         p50, p99 = med(xs, "p50_us"), med(xs, "p99_us")
