@@ -129,13 +129,7 @@ func TestSpinRead(t *testing.T) {
 
 func spinRead(t *testing.T, p spin.Policy) {
 	a, b := pair(t)
-	defer func() {
-		a.Shutdown()
-		a.Done()
-		a.Done()
-		b.Done()
-		b.Done()
-	}()
+	defer closePair(a, b, 2)
 	b.SetSpin(p)
 	for _, gap := range []time.Duration{0, 500 * time.Microsecond, 20 * time.Millisecond, 0, 3 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond, 3 * time.Millisecond} {
 		want := bytes.Repeat([]byte{byte(gap.Microseconds())}, 100000)

@@ -39,13 +39,7 @@ func threadCPU(t *testing.T) time.Duration {
 // polled throughout would still get at least half a core over 50 ms.
 func TestAdaptiveSpinIdle(t *testing.T) {
 	a, b := pair(t)
-	defer func() {
-		a.Shutdown()
-		a.Done()
-		a.Done()
-		b.Done()
-		b.Done()
-	}()
+	defer closePair(a, b, 2)
 	b.SetSpin(spin.Auto())
 	const (
 		steady = 64

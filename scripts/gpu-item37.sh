@@ -109,7 +109,11 @@ def rounds(name):
     out = []
     for f in sorted(glob.glob(os.path.join(d, name + ".[0-9]*.json"))) or glob.glob(os.path.join(d, name + ".json")):
         try:
-            out.append(json.load(open(f))["results"][0])
+            doc = json.load(open(f))
+            r = doc["results"][0]
+            if doc.get("raw_tcp"):  # --raw: plain TCP measured after the row
+                r["raw_tcp_beside_gb_per_s"] = doc["raw_tcp"]["gb_per_s"]
+            out.append(r)
         except Exception:
             pass
     return out

@@ -99,19 +99,27 @@ func TestGrowingPlanRefuses(t *testing.T) {
 	}
 }
 
+// growing is a harness whose session 1 is up and whose transfer 7, 20
+// bytes in chunks of 8, has only first of its ops so far.
+func growing(t *testing.T, first []PlanOp) *harness {
+	t.Helper()
+	h := newHarness(t, 8)
+	h.step(Event{Kind: EvSessionUp, Session: 1, N: 2, Credits: 8})
+	p, err := NewGrowingPlan(20, 8, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 7, Plan: p})
+	return h
+}
+
 // TestSenderGrowingPlan: the core starts a growing transfer's chunks as
 // their ops arrive, completes it once the rest came and every chunk is
 // acked, and fails it (freeing everything) when the rest will not come.
 func TestSenderGrowingPlan(t *testing.T) {
 	ops := []PlanOp{{Src: 4096, Len: 8}, {Src: 8192, Len: 8}, {Src: 12288, Len: 4}}
 	t.Run("completes", func(t *testing.T) {
-		h := newHarness(t, 8)
-		h.step(Event{Kind: EvSessionUp, Session: 1, N: 2, Credits: 8})
-		p, err := NewGrowingPlan(20, 8, ops[:1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 7, Plan: p})
+		h := growing(t, ops[:1])
 		if len(h.copies) != 1 || h.copies[0].Chunk != 0 {
 			t.Fatalf("copies %+v after the first piece, want chunk 0 only", h.copies)
 		}
@@ -136,13 +144,7 @@ func TestSenderGrowingPlan(t *testing.T) {
 		{"cancelled", Event{Kind: EvCancel, Transfer: 7}, "cancelled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, 8)
-			h.step(Event{Kind: EvSessionUp, Session: 1, N: 2, Credits: 8})
-			p, err := NewGrowingPlan(20, 8, ops[:1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			h.step(Event{Kind: EvSubmit, Session: 1, Transfer: 7, Plan: p})
+			h := growing(t, ops[:1])
 			h.step(tc.ev)
 			h.run()
 			if err := h.done[7]; err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -6,7 +6,10 @@ import (
 	"time"
 )
 
-func TestReadable(t *testing.T) {
+// tcpPair is a loopback TCP connection: the client's end and the
+// server's, both closed when the test ends.
+func tcpPair(t *testing.T) (cl net.Conn, srv *net.TCPConn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -17,14 +20,21 @@ func TestReadable(t *testing.T) {
 		c, _ := ln.Accept()
 		acc <- c
 	}()
-	cl, err := net.Dial("tcp", ln.Addr().String())
+	cl, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	srv := <-acc
-	defer srv.Close()
-	tc := srv.(*net.TCPConn)
+	t.Cleanup(func() { cl.Close() })
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { s.Close() })
+	return cl, s.(*net.TCPConn)
+}
+
+func TestReadable(t *testing.T) {
+	cl, tc := tcpPair(t)
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +61,7 @@ func TestReadable(t *testing.T) {
 	}
 	Readable(tc, time.Second) // returns at once: the byte is there
 	buf := make([]byte, 1)
-	if n, err := srv.Read(buf); n != 1 || err != nil {
+	if n, err := tc.Read(buf); n != 1 || err != nil {
 		t.Fatalf("read after Readable: %d, %v", n, err)
 	}
 	// The peer's close counts as readable (the read returns EOF).
@@ -78,24 +88,7 @@ func TestFor(t *testing.T) {
 // for each message, polling (the message came within the window) or
 // asleep (it came after), and not a message that was there at once.
 func TestAwait(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		acc <- c
-	}()
-	cl, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	srv := <-acc
-	defer srv.Close()
-	tc := srv.(*net.TCPConn)
+	cl, tc := tcpPair(t)
 	a := Policy{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond}.New()
 	buf := make([]byte, 1)
 	// The first delay ends within the polling window, the second after it
@@ -125,7 +118,7 @@ func TestAwait(t *testing.T) {
 		}
 		Await(tc, &a)
 		<-done
-		if _, err := srv.Read(buf); err != nil {
+		if _, err := tc.Read(buf); err != nil {
 			t.Fatal(err)
 		}
 		if delay == 0 {

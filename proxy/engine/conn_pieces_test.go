@@ -2,12 +2,8 @@ package engine
 
 import (
 	"net"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/stage-kv/stage/proxy/unixsock"
 	"github.com/stage-kv/stage/wire"
@@ -16,16 +12,8 @@ import (
 // servePieces is serve whose backend reports what its Growers are given.
 func servePieces(t *testing.T) (path string, grows chan string, finish func()) {
 	t.Helper()
-	path = filepath.Join(t.TempDir(), "s", "c.sock")
-	done, grows := make(chan struct{}), make(chan string, 64)
-	l, err := Listen(path, fakeBackend{done: done, grows: grows}, zap.NewNop(), Options{MaxClients: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Serve()
-	var once sync.Once
-	finish = func() { once.Do(func() { close(done) }) }
-	t.Cleanup(func() { finish(); l.Close() })
+	grows = make(chan string, 64)
+	_, path, finish = serveBackend(t, 4, grows)
 	return path, grows, finish
 }
 

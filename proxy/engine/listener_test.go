@@ -136,9 +136,16 @@ func (b fakeBackend) TakeTickets(_ Owner, m *wire.TakeTickets, cancel <-chan str
 // serve runs a listener on a fake backend; finish ends its transfer.
 func serve(t *testing.T, max int) (l *Listener, path string, finish func()) {
 	t.Helper()
+	return serveBackend(t, max, nil)
+}
+
+// serveBackend is serve with a backend that reports on grows what its
+// Growers are given (nil: nothing reported).
+func serveBackend(t *testing.T, max int, grows chan string) (l *Listener, path string, finish func()) {
+	t.Helper()
 	path = filepath.Join(t.TempDir(), "s", "c.sock")
 	done := make(chan struct{})
-	l, err := Listen(path, fakeBackend{done: done}, zap.NewNop(), Options{MaxClients: max})
+	l, err := Listen(path, fakeBackend{done: done, grows: grows}, zap.NewNop(), Options{MaxClients: max})
 	if err != nil {
 		t.Fatal(err)
 	}
