@@ -390,6 +390,9 @@ class TestVLLMAscend(unittest.TestCase):
             self.assertEqual(de.admit(r, lambda n, s=s: dec_tabs[s]), (PROMPT_LEN, True))
         de.step()
         self.assertTrue(de.sched.scheduler.tickets_posted(10))
+        # the step's save_kv_layer must find each push's destination: wait for the decode's tickets (on a
+        # loaded machine they can land after the step, and the pushes then start one step later, unordered)
+        pe.tickets_in(len(preqs))
         for s, r in enumerate(preqs):
             pe.admit(r, lambda n, s=s: pre_tabs[s])
         so = SchedulerOutput([NewRequestData(r.request_id, r.prompt_token_ids, (pre_tabs[s],), 0)
