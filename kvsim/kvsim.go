@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/stage-kv/stage/client"
@@ -28,7 +29,31 @@ type Cache struct {
 	LayerBytes uint64
 	Guard      uint64
 	mem        Memory
+
+	// Buffers kept between Verify and Poison calls, so a bench that checks
+	// after every transfer does not allocate a layer's worth each time
+	// (its garbage collections then showed up in the transfers' p99).
+	// Taken and put back whole: safe from several goroutines.
+	scratch atomic.Pointer[[]byte]
+	fill    atomic.Pointer[fillBuf]
 }
+
+// fillBuf is a buffer of one repeated byte, for Poison.
+type fillBuf struct {
+	v byte
+	b []byte
+}
+
+// takeScratch returns a buffer of n bytes, the kept one when it is large
+// enough; putScratch keeps it for the next call.
+func (c *Cache) takeScratch(n uint64) []byte {
+	if p := c.scratch.Swap(nil); p != nil && uint64(cap(*p)) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func (c *Cache) putScratch(b []byte) { c.scratch.Store(&b) }
 
 // New allocates a cache in shared host memory (the hostmem backend's
 // device memory).
@@ -81,6 +106,9 @@ func (c *Cache) ReadLayer(i int) ([]byte, error) {
 	return b, c.mem.ReadAt(b, c.layerOff(i))
 }
 
+// readLayerInto is ReadLayer into b (LayerBytes long).
+func (c *Cache) readLayerInto(i int, b []byte) error { return c.mem.ReadAt(b, c.layerOff(i)) }
+
 // Snapshot copies the whole allocation out, guards included.
 func (c *Cache) Snapshot() ([]byte, error) {
 	b := make([]byte, 2*c.Guard+uint64(c.Layers)*c.LayerBytes)
@@ -130,7 +158,12 @@ func (c *Cache) Fill(seed uint64) error {
 // Poison sets every byte to v.
 func (c *Cache) Poison(v byte) error {
 	size := 2*c.Guard + uint64(c.Layers)*c.LayerBytes
-	buf := bytes.Repeat([]byte{v}, int(min(fillChunk, size)))
+	f := c.fill.Load()
+	if f == nil || f.v != v || uint64(len(f.b)) < min(fillChunk, size) {
+		f = &fillBuf{v: v, b: bytes.Repeat([]byte{v}, int(min(fillChunk, size)))}
+		c.fill.Store(f)
+	}
+	buf := f.b
 	for off := uint64(0); off < size; off += fillChunk {
 		if err := c.mem.WriteAt(buf[:min(fillChunk, size-off)], off); err != nil {
 			return err
@@ -204,13 +237,19 @@ func Transfer(route string, dir wire.Direction, tag string, local, remote *Cache
 // Verify checks that every move's destination bytes equal its source bytes,
 // and that dst's guard bytes still hold guard.
 func Verify(src, dst *Cache, ms []Move, guard byte) error {
+	s := src.takeScratch(src.LayerBytes)
+	defer src.putScratch(s)
+	if src == dst {
+		// One cache both sides: its kept buffer is s already.
+		dst = &Cache{Name: src.Name, Layers: src.Layers, LayerBytes: src.LayerBytes, Guard: src.Guard, mem: src.mem}
+	}
+	d := dst.takeScratch(max(dst.LayerBytes, dst.Guard))
+	defer dst.putScratch(d)
 	for _, layer := range layersOf(ms) {
-		s, err := src.ReadLayer(layer)
-		if err != nil {
+		if err := src.readLayerInto(layer, s); err != nil {
 			return err
 		}
-		d, err := dst.ReadLayer(layer)
-		if err != nil {
+		if err := dst.readLayerInto(layer, d[:dst.LayerBytes]); err != nil {
 			return err
 		}
 		for i, m := range ms {
@@ -228,7 +267,7 @@ func Verify(src, dst *Cache, ms []Move, guard byte) error {
 			}
 		}
 	}
-	g := make([]byte, dst.Guard)
+	g := d[:dst.Guard]
 	for _, off := range []uint64{0, dst.Guard + uint64(dst.Layers)*dst.LayerBytes} {
 		if err := dst.mem.ReadAt(g, off); err != nil {
 			return err

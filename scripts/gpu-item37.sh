@@ -4,7 +4,8 @@
 # runs (default: all of them, in this order):
 #
 #   ipc      same-node ipc 4 GiB, one transfer, each checked and back to
-#            back, with node.copy_streams 1, 2 and 4, interleaved by round
+#            back, with node.copy_streams 1, 2 and 4 (CS narrows the list),
+#            interleaved by round
 #   tcp      bench/tcpmodes' matrix: C and Go raw sockets, each write path
 #            (scripts/gpu-tcpmodes.sh), when .dev/bench/tcpmodes is there
 #   rows     the one-transfer rows (1 MiB ranges, 65,536 x 16 KiB blocks, 8
@@ -54,9 +55,9 @@ CONNS=8 bash .dev/bench/ceilings.sh > "$out/ceilings.txt" 2>&1
 for part in $parts; do
   case $part in
   ipc)
-    for k in 1 2 4; do eval "s$k=\$(wrap cs$k STAGE_NODE_COPY_STREAMS=$k)"; done
+    for k in ${CS:-1 2 4}; do eval "s$k=\$(wrap cs$k STAGE_NODE_COPY_STREAMS=$k)"; done
     for i in $(seq 1 "$rounds"); do
-      for k in 1 2 4; do
+      for k in ${CS:-1 2 4}; do
         eval "st=\$s$k"
         run "ipc-cs$k-checked.$i" "$st" "${G[@]}" --transport auto --size 4GiB --block 1GiB --iters 5 --verify
         run "ipc-cs$k-b2b.$i" "$st" "${G[@]}" --transport auto --size 4GiB --block 1GiB --iters 10 --verify-end
