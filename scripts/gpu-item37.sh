@@ -14,7 +14,8 @@
 #   latency  4 KiB pushes until landed, each checked and back to back, with
 #            the readers' default (adaptive where the binary has it), a fixed
 #            100 us window and none, interleaved by round; host memory as in
-#            gpu-targets.sh, and each checked between the GPUs too
+#            gpu-targets.sh, and each checked between the GPUs too (not with
+#            NO_GPU_LAT=1)
 #
 #   make gpu-build                                                 # here
 #   ROUNDS=3 STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-item37.sh  # there
@@ -88,8 +89,8 @@ for part in $parts; do
       run "lat-auto-b2b.$i" .dev/staged "${L[@]}" --verify-end
       run "lat-100us-b2b.$i" "$fixed" "${L[@]}" --verify-end --spin 100us
       # the same between the GPUs (the rows above are host memory, as gpu-targets.sh's)
-      run "lat-gpu-auto-checked.$i" .dev/staged "${G[@]}" "${L[@]}" --verify
-      run "lat-gpu-100us-checked.$i" "$fixed" "${G[@]}" "${L[@]}" --verify --spin 100us
+      [ "${NO_GPU_LAT:-0}" = 1 ] || run "lat-gpu-auto-checked.$i" .dev/staged "${G[@]}" "${L[@]}" --verify
+      [ "${NO_GPU_LAT:-0}" = 1 ] || run "lat-gpu-100us-checked.$i" "$fixed" "${G[@]}" "${L[@]}" --verify --spin 100us
     done ;;
   *) echo "gpu-item37: unknown part $part (ipc, tcp, rows, latency)" >&2; exit 2 ;;
   esac

@@ -125,11 +125,14 @@ func spawnPair(ctx context.Context, b *benchFlags, p benchPlan) (s *spawned, err
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp("", "stage-bench-")
+	tmp, keep, err := spawnDir(b.logs)
 	if err != nil {
 		return nil, err
 	}
-	s = &spawned{undo: []func(){func() { os.RemoveAll(tmp) }}}
+	s = &spawned{}
+	if !keep {
+		s.undo = []func(){func() { os.RemoveAll(tmp) }}
+	}
 	defer func() {
 		if err != nil {
 			s.stop()
@@ -446,4 +449,23 @@ func selfCPU() float64 {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// spawnDir is where the sidecars bench starts keep their configs, logs and
+// sockets: dir (made if missing, kept afterwards: --logs) or a temporary
+// directory removed at the end.
+func spawnDir(dir string) (path string, keep bool, err error) {
+	if dir == "" {
+		path, err = os.MkdirTemp("", "stage-bench-")
+		return path, false, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", false, fmt.Errorf("--logs %s: %w", dir, err)
+	}
+	// Sockets and tokens live there: a directory others can enter would
+	// make the sidecars refuse their socket directory anyway.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return "", false, fmt.Errorf("--logs %s: %w", dir, err)
+	}
+	return dir, true, nil
 }

@@ -12,6 +12,7 @@ import (
 // benchFlags are bench's flags as given.
 type benchFlags struct {
 	spawn                bool
+	logs                 string // --logs: keep the spawned sidecars' directory here
 	stripes              int
 	staged               string
 	device, remoteDevice string
@@ -45,6 +46,7 @@ func (b *benchFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&b.spawn, "spawn", false, "start two local sidecars (route \"bench\") and measure between them")
 	f.IntVar(&b.stripes, "stripes", 4, "with --spawn: data streams between the sidecars; with --raw: TCP streams")
 	f.StringVar(&b.staged, "staged", "", "with --spawn: path of the staged binary (default: beside stagectl)")
+	f.StringVar(&b.logs, "logs", "", "with --spawn: keep the sidecars' configs and logs (NAME.yaml, NAME.log) in this directory, made 0700 if missing, instead of a temporary one removed at the end; with STAGE_LOG_LEVEL=debug their logs time each same-node push's steps")
 	f.StringVar(&b.device, "device", "hostmem", "where the local engine memory (and with --spawn, the local sidecar's device) lives: hostmem or cuda:N")
 	f.StringVar(&b.remoteDevice, "remote-device", "", "the same for the remote side (default: as --device)")
 	f.StringVar(&b.slotSize, "slot-size", "4MiB", "with --spawn: staging slot size")
@@ -204,6 +206,9 @@ func (b *benchFlags) spawnOnly(args []string) error {
 	}
 	if !b.spin.Valid() {
 		return fmt.Errorf("--spin must be auto, adaptive or 0..%s (got %s)", config.MaxReadSpin, b.spin)
+	}
+	if b.logs != "" && !b.spawn {
+		return fmt.Errorf("--logs needs --spawn (it keeps the logs of the sidecars bench starts)")
 	}
 	if b.spliceSet && !b.spawn {
 		return fmt.Errorf("--splice needs --spawn (it configures the sidecars bench starts; for your own, set staging.splice_send in their configs)")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -41,6 +42,7 @@ func TestBenchCmdRefuses(t *testing.T) {
 		{ok + " --spin fast", `"--spin" flag: must be auto, adaptive or a duration like 100us`},
 		{ok + " --spin 1h", "--spin must be auto, adaptive or 0..10ms (got 1h0m0s)"},
 		{ok + " --splice=false", "--splice needs --spawn"},
+		{ok + " --logs /tmp/l", "--logs needs --spawn"},
 		{"--remote-socket /nonexistent/r.sock", "name a ROUTE, or pass --spawn"},
 		{"decode", "--remote-socket is required"},
 		{ok + " --kv vllm", "--kv wants FROM:TO"},
@@ -243,6 +245,49 @@ func TestBenchSpin(t *testing.T) {
 			}
 			if p := b.spin.Resolve(); p != tc.policy {
 				t.Fatalf("the clients poll %s, want %s", p, tc.policy)
+			}
+		})
+	}
+}
+
+func TestSpawnDir(t *testing.T) {
+	// No --logs: a temporary directory, not kept.
+	tmp, keep, err := spawnDir("")
+	if err != nil || keep {
+		t.Fatalf("spawnDir(\"\") = %q, %v, %v; want a temporary directory, not kept", tmp, keep, err)
+	}
+	os.RemoveAll(tmp)
+
+	base := t.TempDir()
+	open := filepath.Join(base, "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir, err string
+	}{
+		{"made", filepath.Join(base, "a", "b"), ""},
+		{"existing, made private", open, ""},
+		{"a file", file, "--logs " + file},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, keep, err := spawnDir(tc.dir)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("spawnDir(%s) = %v, want an error with %q", tc.dir, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.dir || !keep {
+				t.Fatalf("spawnDir(%s) = %q, %v, %v; want it kept", tc.dir, got, keep, err)
+			}
+			fi, err := os.Stat(got)
+			if err != nil || fi.Mode().Perm() != 0o700 {
+				t.Fatalf("%s: %v, %v; want a 0700 directory", got, fi.Mode(), err)
 			}
 		})
 	}

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/stage-kv/stage/device"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/proxy/status"
@@ -97,6 +99,7 @@ func (p *Peer) takeHandles(nc *nodeConn, req *wire.HandleRequest, want wire.Acce
 
 // ipcPush copies a push straight into the receiver's regions and tells it.
 func (p *Peer) ipcPush(x *Push) (err error) {
+	t0 := time.Now()
 	nc, err := p.getConn()
 	if err != nil {
 		return Fallback(fbPeerUnreachable, err)
@@ -115,10 +118,20 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 	if err := p.CheckNack(x.ID); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := p.r.copyDirect(ps); err != nil {
 		return err
 	}
-	return nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
+	t2 := time.Now()
+	err = nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
+	// Where a same-node push's time goes (docs/BENCHMARKS.md profiles the
+	// ipc row with these): the handles' round trip to the peer, the copy,
+	// and the peer's answer to DirectDone.
+	if ce := p.r.o.Log.Check(zap.DebugLevel, "same-node push"); ce != nil {
+		ce.Write(zap.Uint64("transfer", x.ID), zap.Uint64("bytes", x.Total), zap.Int("pieces", len(ps)),
+			zap.Duration("handles", t1.Sub(t0)), zap.Duration("copy", t2.Sub(t1)), zap.Duration("done", time.Since(t2)))
+	}
+	return err
 }
 
 // opPieces turns a push's ops into copies, each destination resolved (and

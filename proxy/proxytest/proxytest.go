@@ -57,7 +57,7 @@ type Sidecar struct {
 	// its regions, KV caches, transfers and notifications.
 	Client *client.Client
 	Group  []byte
-	Logs   *observer.ObservedLogs // what the sidecar logged, from info up
+	Logs   *observer.ObservedLogs // what the sidecar logged, debug lines too
 }
 
 // Start runs a sidecar called name; with peer set, it has one route, Route,
@@ -65,7 +65,7 @@ type Sidecar struct {
 func Start(t testing.TB, name, peer string, o Options) *Sidecar {
 	t.Helper()
 	c := o.config(t, name, peer)
-	core, logs := observer.New(zapcore.InfoLevel)
+	core, logs := observer.New(zapcore.DebugLevel)
 	s, err := proxy.New(c, zap.New(core).Named(name))
 	if err != nil {
 		t.Fatalf("proxytest: sidecar %s: %v", name, err)

@@ -51,6 +51,19 @@ func TestSameNodeIPC(t *testing.T) {
 			if l.XfersIPC == 0 || l.ChunksOut+l.ChunksIn != 0 || len(l.Fallbacks) != 0 {
 				t.Fatalf("link decode: %d ipc transfers, %d+%d chunks over TCP, fallbacks %v; want ipc only", l.XfersIPC, l.ChunksOut, l.ChunksIn, l.Fallbacks)
 			}
+			if tc.dir == wire.Push {
+				// The debug line that times a same-node push's steps.
+				lines := pre.Logs.FilterMessage("same-node push").All()
+				if len(lines) == 0 {
+					t.Fatal("no \"same-node push\" debug line for an ipc push")
+				}
+				f := lines[0].ContextMap()
+				for _, k := range []string{"handles", "copy", "done", "bytes"} {
+					if _, ok := f[k]; !ok {
+						t.Errorf("same-node push line lacks %q: %v", k, f)
+					}
+				}
+			}
 		})
 	}
 }
