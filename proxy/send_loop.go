@@ -126,6 +126,9 @@ func (sd *sender) perform(r *staging.Ready) {
 					zap.String("peer", ox.ss.peerName), zap.Int("streams", n))
 			}
 		}
+		if d.Err == nil {
+			sd.logShape(ox, d)
+		}
 		ox.end.done(ox, d.Bytes, d.Err)
 	}
 	if len(r.Progress) > 0 {
@@ -137,6 +140,21 @@ func (sd *sender) perform(r *staging.Ready) {
 	if len(r.Taint) > 0 {
 		sd.renewSlots(append([]staging.SendSlot(nil), r.Taint...))
 	}
+}
+
+// logShape writes, at debug level, where a push's time went over TCP
+// (staging.Shape): the first gather and the first write after the submit,
+// the tail while streams ran out unevenly, the drain after the last write
+// (docs/BENCHMARKS.md profiles one-transfer rows with these).
+func (sd *sender) logShape(ox *outXfer, d staging.Completion) {
+	ce := sd.s.log.Check(zap.DebugLevel, "tcp push")
+	if ce == nil {
+		return
+	}
+	h := d.Shape
+	ce.Write(zap.Uint64("transfer", ox.wireID), zap.String("peer", ox.ss.peerName), zap.Uint64("bytes", d.Bytes),
+		zap.Int("streams", h.Streams), zap.Duration("gathered", h.Gather()),
+		zap.Duration("ramp", h.Ramp()), zap.Duration("tail", h.Tail()), zap.Duration("drain", h.Drain()), zap.Duration("total", h.Total()))
 }
 
 // coreErr gives the core's errors their wire codes.

@@ -91,6 +91,7 @@ type Completion struct {
 	Session  uint64
 	Bytes    uint64 // acked bytes
 	Err      error
+	Shape    Shape // when its chunks moved (shape.go)
 }
 
 // Progress: Transfer has Bytes acked so far (it grew in this Step).
@@ -173,6 +174,7 @@ type sxfer struct {
 	timeout  time.Duration
 	progress time.Time
 	finished bool // completion emitted
+	shape    shapeClock
 }
 
 // Sender schedules outgoing chunks over all peer sessions. It is not safe
@@ -340,6 +342,7 @@ func (s *Sender) submit(ev Event) {
 	}
 	n := ev.Plan.Len()
 	x := &sxfer{id: ev.Transfer, sess: ss, plan: ev.Plan, state: make([]uint8, n), onStream: make([]uint16, n), timeout: ev.Timeout, progress: s.now}
+	x.shape.Submitted = s.now
 	s.xfers[x.id] = x
 	ss.active = append(ss.active, x)
 }
@@ -384,6 +387,7 @@ func (s *Sender) copyDone(ev Event) {
 		}
 		return
 	}
+	x.shape.gathered(s.now)
 	s.enqueueGathered(x, ev.Chunk, ev.Slot)
 }
 
@@ -426,6 +430,9 @@ func (s *Sender) written(ev Event) {
 	if x.finished {
 		return
 	}
+	// Also when the chunk's ack came first (the peer can answer before
+	// this report is handled).
+	x.shape.written(ev.Stream, s.now)
 	if x.state[ev.Chunk] == chSending {
 		x.state[ev.Chunk] = chSent
 		if ev.Stream >= 0 && ev.Stream < len(ss.streams) && !ss.streams[ev.Stream].alive {
@@ -467,7 +474,7 @@ func (s *Sender) finish(x *sxfer, err error) {
 	s.taintHeld(x)   // before finished is set: letGo must not retire x here
 	s.dropWaiting(x) // likewise
 	x.finished = true
-	s.ready.Done = append(s.ready.Done, Completion{Transfer: x.id, Session: x.sess.id, Bytes: x.bytes, Err: err})
+	s.ready.Done = append(s.ready.Done, Completion{Transfer: x.id, Session: x.sess.id, Bytes: x.bytes, Err: err, Shape: x.shape.done(s.now)})
 	act := x.sess.active
 	for i, a := range act {
 		if a == x {

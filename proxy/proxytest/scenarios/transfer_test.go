@@ -213,3 +213,40 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("cancel of an unknown transfer: got %v", err)
 	}
 }
+
+// TestPushShapeLogged: at debug level the sending sidecar logs where each
+// TCP push's time went (staging.Shape): streams, ramp, tail, drain, total.
+func TestPushShapeLogged(t *testing.T) {
+	o := e2eOpts()
+	pre, dec := proxytest.Pair(t, o)
+	S, D := caches(t, pre, dec, 1, 8<<20)
+	ms := kvsim.Ranges(S, 1<<20)
+	run(t, pre.Client, wire.Push, "shape", S, D, ms)
+	if err := kvsim.Verify(S, D, ms, guard); err != nil {
+		t.Fatal(err)
+	}
+	lines := pre.Logs.FilterMessage("tcp push").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d \"tcp push\" lines, want 1 for one push", len(lines))
+	}
+	f := lines[0].ContextMap()
+	if f["bytes"] != uint64(8<<20) || f["peer"] != "decode" {
+		t.Errorf("tcp push line %v: want 8 MiB to decode", f)
+	}
+	total, ok := f["total"].(time.Duration)
+	if !ok || total <= 0 {
+		t.Fatalf("tcp push line %v: want a total above zero", f)
+	}
+	for _, k := range []string{"gathered", "ramp", "tail", "drain"} {
+		d, ok := f[k].(time.Duration)
+		if !ok || d < 0 || d > total {
+			t.Errorf("tcp push line: %s = %v, want 0..total (%v)", k, f[k], total)
+		}
+	}
+	if n, _ := f["streams"].(int64); n < 1 || n > int64(pre.Config.Routes[0].Stripes) {
+		t.Errorf("tcp push line: streams %v, want 1..%d", f["streams"], pre.Config.Routes[0].Stripes)
+	}
+	if len(dec.Logs.FilterMessage("tcp push").All()) != 0 {
+		t.Error("the receiving sidecar logged a tcp push line; only the sender does")
+	}
+}
