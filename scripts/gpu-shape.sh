@@ -13,6 +13,12 @@
 # the tail and the drain, as a share of the push) go to
 # $OUT/shape.txt. NO_GPU=1 runs it on hostmem with SIZE (default 1GiB) for a
 # dry run on a machine without a GPU, e.g. NO_GPU=1 SIZE=64MiB.
+#
+# VARIANTS (default "default") also runs the rows with the knobs that act
+# on a transfer's ends, each as NAME=ENV (space-separated, interleaved by
+# round), to see which part of the shape each moves, e.g.
+#   VARIANTS="default balance=STAGE_STAGING_BALANCE_SOCKETS=true,STAGE_STAGING_TAIL_CHUNK=256KiB sockbuf=STAGE_STAGING_SOCKET_BUFFER=4MiB"
+# (commas separate a variant's variables).
 set -u
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,21 +26,36 @@ src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-1}
 rounds=${ROUNDS:-2}; size=${SIZE:-1GiB}
 G=(--device "cuda:$src" --remote-device "cuda:$dst")
 [ "${NO_GPU:-0}" = 1 ] && G=()
-bin=${BIN:-.dev}
-row() { # name, bench flags...
-  local name=$1; shift
+bin=${BIN:-.dev}; bin=$(cd "$bin" && pwd)
+variants=${VARIANTS:-default}
+row() { # name, staged, bench flags...
+  local name=$1 staged=$2; shift 2
   rm -rf "$out/logs-$name"
-  STAGE_LOG_LEVEL=debug "$bin/stagectl" bench --spawn --staged "$bin/staged" "${G[@]}" --stripes 8 --slots 64 --size "$size" \
+  echo "== $name: $*" >> "$out/bench.log"
+  STAGE_LOG_LEVEL=debug "$bin/stagectl" bench --spawn --staged "$staged" "${G[@]}" --stripes 8 --slots 64 --size "$size" \
     --logs "$out/logs-$name" --json "$@" > "$out/$name.json" 2>> "$out/bench.log" ||
     { echo "bench $name failed (see $out/bench.log)"; tail -3 "$out/bench.log"; }
 }
+# staged of a variant: a wrapper that sets its variables
+staged_of() { # NAME=ENV
+  local v=$1 name=${1%%=*} env=""
+  [ "$v" = "$name" ] || env=$(echo "${v#*=}" | tr ',' ' ')
+  [ -z "$env" ] && { echo "$bin/staged"; return; }
+  mkdir -p "$out/bin-$name"
+  printf '#!/bin/sh\n%s exec %s "$@"\n' "$env" "$bin/staged" > "$out/bin-$name/staged"
+  chmod +x "$out/bin-$name/staged"
+  echo "$out/bin-$name/staged"
+}
 for i in $(seq 1 "$rounds"); do
-  row "ranges.$i" --block 1MiB --iters 6 --verify-end
-  row "blocks.$i" --block 16KiB --pattern blocks --iters 6 --verify-end
-  row "ranges2.$i" --block 1MiB --iters 6 --verify-end --inflight 2
-  row "blocks2.$i" --block 16KiB --pattern blocks --iters 6 --verify-end --inflight 2
+  for v in $variants; do
+    n=${v%%=*}; st=$(staged_of "$v"); p=""; [ "$n" = default ] || p="$n-"
+    row "${p}ranges.$i" "$st" --block 1MiB --iters 6 --verify-end
+    row "${p}blocks.$i" "$st" --block 16KiB --pattern blocks --iters 6 --verify-end
+    row "${p}ranges2.$i" "$st" --block 1MiB --iters 6 --verify-end --inflight 2
+    row "${p}blocks2.$i" "$st" --block 16KiB --pattern blocks --iters 6 --verify-end --inflight 2
+  done
 done
-OUT_DIR=$out python3 - <<'PY' | tee "$out/shape.txt"
+OUT_DIR=$out VARIANTS="$variants" python3 - <<'PY' | tee "$out/shape.txt"
 import glob, json, os, re, statistics
 d = os.environ["OUT_DIR"]
 unit = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -44,8 +65,9 @@ def ms(v):  # zap's console encoder writes durations as Go prints them
         total += float(num) * unit[u]
     return total
 keys = ("gathered", "ramp", "tail", "drain", "total")
-print("%-8s %6s %9s %9s %9s %9s %9s %8s %10s" % ("row", "pushes", "gather", "ramp", "tail", "drain", "total", "GB/s", "lost"))
-for name in ("ranges", "blocks", "ranges2", "blocks2"):
+print("%-16s %6s %9s %9s %9s %9s %9s %8s %10s" % ("row", "pushes", "gather", "ramp", "tail", "drain", "total", "GB/s", "lost"))
+prefixes = ["" if v.split("=")[0] == "default" else v.split("=")[0] + "-" for v in os.environ["VARIANTS"].split()]
+for name in [p + r for r in ("ranges", "blocks", "ranges2", "blocks2") for p in prefixes]:
     rows, gbs = [], []
     for f in sorted(glob.glob(os.path.join(d, "logs-%s.[0-9]*" % name, "prefill.log"))):
         lines = [l for l in open(f) if "\ttcp push\t" in l]
@@ -62,7 +84,7 @@ for name in ("ranges", "blocks", "ranges2", "blocks2"):
     # what the ramp, the tail (half of it: streams run out one by one) and
     # the drain cost against the whole push
     lost = (med["ramp"] + med["tail"] / 2 + med["drain"]) / med["total"] if med["total"] else 0
-    print("%-8s %6d %7.2fms %7.2fms %7.2fms %7.2fms %7.2fms %8.2f %9.1f%%" % (
+    print("%-16s %6d %7.2fms %7.2fms %7.2fms %7.2fms %7.2fms %8.2f %9.1f%%" % (
         name, len(rows), med["gathered"], med["ramp"], med["tail"], med["drain"], med["total"],
         statistics.median(gbs) if gbs else float("nan"), 100 * lost))
 PY
