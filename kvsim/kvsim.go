@@ -103,7 +103,7 @@ func (c *Cache) layerOff(i int) uint64 { return c.Guard + uint64(i)*c.LayerBytes
 // ReadLayer copies layer i out.
 func (c *Cache) ReadLayer(i int) ([]byte, error) {
 	b := make([]byte, c.LayerBytes)
-	return b, c.mem.ReadAt(b, c.layerOff(i))
+	return b, c.readLayerInto(i, b)
 }
 
 // readLayerInto is ReadLayer into b (LayerBytes long).
@@ -237,12 +237,10 @@ func Transfer(route string, dir wire.Direction, tag string, local, remote *Cache
 // Verify checks that every move's destination bytes equal its source bytes,
 // and that dst's guard bytes still hold guard.
 func Verify(src, dst *Cache, ms []Move, guard byte) error {
+	// With one cache both sides, s holds its kept buffer and d is a new
+	// one (takeScratch finds none); whichever goes back last is kept.
 	s := src.takeScratch(src.LayerBytes)
 	defer src.putScratch(s)
-	if src == dst {
-		// One cache both sides: its kept buffer is s already.
-		dst = &Cache{Name: src.Name, Layers: src.Layers, LayerBytes: src.LayerBytes, Guard: src.Guard, mem: src.mem}
-	}
 	d := dst.takeScratch(max(dst.LayerBytes, dst.Guard))
 	defer dst.putScratch(d)
 	for _, layer := range layersOf(ms) {
