@@ -122,6 +122,7 @@ gpu-build:
 	$(GO) build -ldflags='-s -w' -o .dev/bench/tcpmodes ./bench/tcpmodes
 	cp bench/tcpmodes/tcpmodes.c .dev/bench/tcpmodes.c
 	cp bench/peercopy/peercopy.cu .dev/bench/peercopy.cu
+	cp bench/idletcp/idletcp.c .dev/bench/idletcp.c
 
 # What tests/test_vllm_ascend.py's GPU class needs beyond the GPU machine's image, in one carry folder
 # .vac/ (ignored: /.vac/ in .git/info/exclude): vllm 0.23.0's Python files, the distributions the test

@@ -54,6 +54,9 @@ type Client struct {
 	spin    spin.Policy   // see WithSpin, WithAdaptiveSpin
 	rwait   spin.Adaptive // the reader's window: readLoop's alone
 	pieces  piecesConf    // see WithPieces (pieces.go)
+	dues    dueBook       // the Do answers the reader foresees (due.go)
+	kick    *spin.Kick    // wakes the reader to plan for a Do (nil: never)
+	closing atomic.Bool   // Close has begun: the reader no longer sleeps in AwaitOr
 }
 
 // Option changes how a Client works.
@@ -95,14 +98,28 @@ func Dial(path string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(cl)
 	}
+	if !cl.spin.Off() {
+		// Without one the reader waits as if nothing were due.
+		cl.kick, _ = spin.NewKick()
+	}
 	go cl.readLoop()
 	return cl, nil
 }
 
 // Close closes the connection; calls in flight fail with ErrClosed.
 func (c *Client) Close() error {
+	if c.kick != nil {
+		// A reader asleep in AwaitOr holds the socket, and closing it
+		// waits for that: wake the reader first, and it then waits in
+		// a plain read, which the close ends.
+		c.closing.Store(true)
+		c.kick.Wake()
+	}
 	err := c.conn.Close()
 	<-c.done
+	if c.kick != nil {
+		_ = c.kick.Close() // the reader is gone; a Do's late Wake does nothing
+	}
 	return err
 }
 
@@ -116,7 +133,7 @@ func (c *Client) readLoop() {
 	for {
 		var m wire.Msg
 		if r.Buffered() == 0 {
-			spin.Await(c.conn, &c.rwait)
+			c.await()
 		}
 		_, m, buf, err = wire.ReadFrame(r, buf)
 		if err != nil {
@@ -135,6 +152,7 @@ func (c *Client) readLoop() {
 		delete(c.pending, req)
 		c.mu.Unlock()
 		if ch != nil {
+			c.dues.answered(req)
 			ch <- m
 		} else if f, ok := m.(*wire.Fail); ok && req == 0 {
 			err = &Error{Code: f.Code, Msg: f.Message}
@@ -152,6 +170,26 @@ func (c *Client) readLoop() {
 	}
 	c.mu.Unlock()
 	close(c.notify)
+}
+
+// await waits until the connection has bytes to read: for an answer due
+// (a Do of known pace, due.go) asleep until a little before it and polling
+// through it, else polling the usual window and then asleep until bytes
+// come or a Do wakes the reader to plan for its answer.
+func (c *Client) await() {
+	for {
+		if sleep, poll := c.dues.next().Plan(time.Now()); poll > 0 {
+			spin.AwaitDue(c.conn, sleep, poll)
+			return
+		}
+		if c.kick == nil || c.closing.Load() {
+			spin.Await(c.conn, &c.rwait)
+			return
+		}
+		if !spin.AwaitOr(c.conn, &c.rwait, c.kick) {
+			return
+		}
+	}
 }
 
 func reqID(m wire.Msg) uint64 {

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/stage-kv/stage/wire"
 )
@@ -75,8 +76,15 @@ func (c *Client) piecesOK(ctx context.Context) (bool, wire.PiecesLimits) {
 
 // submit sends t as Submit (wait: SubmitWait), in pieces when it is large
 // and the sidecar takes them, and returns the answer.
-func (c *Client) submit(ctx context.Context, t Transfer, wait bool) (wire.Msg, error) {
+func (c *Client) submit(ctx context.Context, t Transfer, wait bool) (a wire.Msg, err error) {
 	req := c.next()
+	if wait && !c.spin.Off() {
+		key, n, start := paceKey(&t), opsBytes(&t), time.Now()
+		if c.dues.expect(req, key, n, start) && c.kick != nil {
+			c.kick.Wake() // the reader plans for the answer
+		}
+		defer func() { c.dues.settle(req, key, n, start, time.Now(), err == nil && moved(a)) }()
+	}
 	m := wire.Submit{Req: req, Route: t.Route, Dir: t.Dir, Checksum: t.Checksum, Tag: t.Tag,
 		LocalNames: t.LocalNames, RemoteNames: t.RemoteNames, Ops: t.Ops, Peer: t.Peer}
 	if p := &c.pieces; p.above > 0 && len(t.Ops) > p.above {

@@ -20,12 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // still went out (the reader takes the Fail) or met the closed socket (a
 // broken pipe), the call fails with the sidecar's reason as an *Error.
 func TestRefusalReasonSurfaces(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "c.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	path, ln := listenSidecar(t)
 	const why = "the sidecar has limits.max_clients (1) control connections open"
 	refusal := wire.AppendFrame(nil, &wire.Fail{Code: wire.CodeBusy, Message: why}, false, 0)
 	served := make(chan struct{})
@@ -56,4 +51,17 @@ func TestRefusalReasonSurfaces(t *testing.T) {
 	}
 	_ = ln.Close()
 	<-served
+}
+
+// listenSidecar listens on a Unix socket in a temporary directory, as a
+// sidecar's control socket for a test to play; closed when the test ends.
+func listenSidecar(t *testing.T) (string, *net.UnixListener) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return path, ln
 }

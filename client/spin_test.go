@@ -1,8 +1,6 @@
 package client
 
 import (
-	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -45,12 +43,7 @@ func TestSpinOptions(t *testing.T) {
 // (spin.Policy.WindowAfter), not a window (the rule is spin's
 // TestAdaptiveNext).
 func TestAdaptiveSpinReader(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "c.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	path, ln := listenSidecar(t)
 	const (
 		frames = 48
 		pace   = 300 * time.Microsecond

@@ -49,6 +49,10 @@ type Node struct {
 	// (ipc) is split across: each stream's copies go to a copy engine of
 	// their own, where one alone leaves the link short of its rate.
 	CopyStreams int `mapstructure:"copy_streams"`
+	// IdleConnTimeout is how long an unused node connection to a peer
+	// on this node is kept for the next same-node transfer; one that
+	// holds a shared ring goes after at most 2 s.
+	IdleConnTimeout time.Duration `mapstructure:"idle_conn_timeout"`
 }
 
 // Device selects the backend and holds each backend's settings (device.go).

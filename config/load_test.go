@@ -76,6 +76,8 @@ func TestDefaultLoadsAndValidates(t *testing.T) {
 		{"staging.slots", c.Staging.Slots, 64},
 		{"staging.window", c.Staging.Window, 32},
 		{"staging.copy_streams", c.Staging.CopyStreams, 2},
+		{"node.copy_streams", c.Node.CopyStreams, 1},
+		{"node.idle_conn_timeout", c.Node.IdleConnTimeout, 30 * time.Second},
 		{"routes", len(c.Routes), 0},
 		{"security.token", c.Security.Token, "t0ken"},
 		{"security.token_file", c.Security.TokenFile, ""},

@@ -63,12 +63,17 @@ const (
 	// MaxNodeCopyStreams bounds node.copy_streams: more streams than a
 	// GPU has copy engines only queue.
 	MaxNodeCopyStreams = 8
-	MinStall           = 500 * time.Millisecond
-	MaxStall           = 10 * time.Minute
-	MaxStreamDepth     = 64
-	MinTailChunk       = 4 * KiB
-	MaxStripes         = 64
-	MinDNSInterval     = 100 * time.Millisecond
+	// MinNodeIdle and MaxNodeIdle bound node.idle_conn_timeout: below a
+	// second connections churn between an engine's transfers; an idle one
+	// costs an fd and a goroutine on each side, so not for ever.
+	MinNodeIdle    = time.Second
+	MaxNodeIdle    = 10 * time.Minute
+	MinStall       = 500 * time.Millisecond
+	MaxStall       = 10 * time.Minute
+	MaxStreamDepth = 64
+	MinTailChunk   = 4 * KiB
+	MaxStripes     = 64
+	MinDNSInterval = 100 * time.Millisecond
 	// Bounds of the peer timing limits.
 	MinHandshakeTimeout = 100 * time.Millisecond
 	MaxHandshakeTimeout = 5 * time.Minute
@@ -116,6 +121,9 @@ func Validate(c *Config) error {
 
 	if c.Node.CopyStreams < 1 || c.Node.CopyStreams > MaxNodeCopyStreams {
 		v.add("node.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxNodeCopyStreams, c.Node.CopyStreams))
+	}
+	if t := c.Node.IdleConnTimeout; t < MinNodeIdle || t > MaxNodeIdle {
+		v.add("node.idle_conn_timeout", fmt.Sprintf("must be %s..%s (got %s)", MinNodeIdle, MaxNodeIdle, t))
 	}
 
 	v.device(c.Device)

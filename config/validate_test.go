@@ -132,6 +132,8 @@ func TestValidateRules(t *testing.T) {
 		{"window > slots", func(c *Config) { c.Staging.Window = 65 }, "staging.window", "must be 1..staging.slots (64) (got 65)"},
 		{"copy streams 0", func(c *Config) { c.Staging.CopyStreams = 0 }, "staging.copy_streams", "must be 1..16 (got 0)"},
 		{"copy streams 17", func(c *Config) { c.Staging.CopyStreams = 17 }, "staging.copy_streams", "(got 17)"},
+		{"node idle 500ms", func(c *Config) { c.Node.IdleConnTimeout = 500 * time.Millisecond }, "node.idle_conn_timeout", "must be 1s..10m0s (got 500ms)"},
+		{"node idle 1h", func(c *Config) { c.Node.IdleConnTimeout = time.Hour }, "node.idle_conn_timeout", "(got 1h0m0s)"},
 		{"route name empty", func(c *Config) { c.Routes[0].Name = "" }, "routes[0].name", "empty"},
 		{"route name chars", func(c *Config) { c.Routes[1].Name = "Pre fill" }, "routes[1].name", `(got "Pre fill")`},
 		{"route name long", func(c *Config) { c.Routes[1].Name = strings.Repeat("a", 64) }, "routes[1].name", "1..63"},

@@ -98,7 +98,9 @@ func startNode(t *testing.T, name string, o nodeOpts) *node {
 	if o.nodeDir != "" {
 		hostID, sockDir = "e2e-one-node", o.nodeDir
 	}
-	cfg := sidecars.Config{Name: name, Socket: sock, Listen: o.listen, HostID: hostID, SocketDir: sockDir, SlotSize: o.slot, Slots: o.slots, Extra: o.extra}
+	// Node connections go after 2 s unused, well inside checkIdle's wait.
+	cfg := sidecars.Config{Name: name, Socket: sock, Listen: o.listen, HostID: hostID, SocketDir: sockDir, NodeIdle: "2s",
+		SlotSize: o.slot, Slots: o.slots, Extra: o.extra}
 	if o.route != "" {
 		cfg.Route, cfg.Peer, cfg.Stripes, cfg.Transport = o.route, o.peer, o.stripes, o.transport
 		cfg.ConnectTimeout, cfg.ProgressTimeout = 2*time.Second, 10*time.Second

@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -169,28 +167,4 @@ func hostCache(t *testing.T, name string, layers int, layerBytes uint64) *kvsim.
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// oneNode returns a node socket directory for sidecars that share a node.
-func oneNode(t *testing.T) string {
-	t.Helper()
-	// Short: a Unix socket path has at most 107 bytes.
-	dir, err := os.MkdirTemp("", "stn-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "n")
-}
-
-// link returns the stats of the named link.
-func link(t *testing.T, n *node, name string) wire.LinkStats {
-	t.Helper()
-	for _, l := range n.stats().Links {
-		if l.Name == name {
-			return l
-		}
-	}
-	t.Fatalf("%s has no link %q", n.name, name)
-	return wire.LinkStats{}
 }

@@ -70,6 +70,7 @@ func (n nodeSession) ServedPull(id uint64, tag string, bytes uint64, regions []*
 type nodeIn struct{ x *inXfer }
 
 func (n nodeIn) Regions() []*region.Region     { return n.x.regions }
+func (n nodeIn) Total() uint64                 { return n.x.total }
 func (n nodeIn) Touch()                        { n.x.touch() }
 func (n nodeIn) Fail(err error, tellPeer bool) { n.x.fail(err, tellPeer) }
 func (n nodeIn) Release()                      { n.x.release() }

@@ -28,7 +28,8 @@ func (ox *outXfer) startPush(lx *localXfer, r *route, remote []string, announce 
 		ox.pushTCP(lx, announce)
 		return
 	}
-	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: lx.total, Plan: ox.getPlan, Announce: announce}
+	px := &node.Push{ID: ox.wireID, Tag: ox.tag, Regions: remote, Ops: ox.ops, Total: lx.total, Plan: ox.getPlan, Announce: announce, Submitted: lx.started}
+	px.Spawned = time.Now()
 	ss.s.wg.Go(func() { ox.pushDirect(lx, px, t) })
 }
 

@@ -155,7 +155,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	}
 	s.nodes = node.Listen(nodeHost{s}, node.Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
 		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: cfg.Knobs.FaultIPCImport, WG: &s.wg, CopyStreams: cfg.Node.CopyStreams,
-		TrustSocketParent: cfg.Security.TrustSocketParent})
+		IdleConn: cfg.Node.IdleConnTimeout, TrustSocketParent: cfg.Security.TrustSocketParent})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err

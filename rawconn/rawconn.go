@@ -269,6 +269,11 @@ func (r *Conn) poll(p []byte, d time.Duration) (n int, start time.Time, err erro
 				return 0, start, nil
 			}
 		}
+		if i == 0 {
+			// What this reader just handed on runs first; the wait counts
+			// from before it.
+			spin.YieldFirst()
+		}
 	}
 }
 

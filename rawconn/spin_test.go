@@ -133,3 +133,44 @@ func TestAdaptiveSpinIdle(t *testing.T) {
 		}
 	}
 }
+
+// TestPollLetsWokenRun: a goroutine the reader woke just before it polls
+// runs during the poll (spin.YieldFirst). With one processor and a poll
+// shorter than Go's 10 ms preemption, the woken goroutine can only run if
+// the poll yields; it writes what the poll waits for, so a poll that does
+// not yield gives up empty, every time. One that yields sees the write
+// unless the thread lost its core for the whole poll (a loaded machine):
+// at least one round of five must see it.
+func TestPollLetsWokenRun(t *testing.T) {
+	a, b := pair(t)
+	defer closePair(a, b, 2)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	buf := make([]byte, 1)
+	seen := 0
+	for i := range 5 {
+		wake := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			<-wake
+			_ = a.Writev([][]byte{{byte(i)}})
+		}()
+		runtime.Gosched()  // the writer is now parked on wake
+		wake <- struct{}{} // readies it on this processor
+		n, _, err := b.poll(buf, 8*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if n == 0 { // the byte is read by the next round's poll
+			if err := b.ReadFull(buf); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			seen++
+		}
+	}
+	if seen == 0 {
+		t.Fatal("in none of 5 rounds did the poll let the goroutine it had just woken run")
+	}
+}

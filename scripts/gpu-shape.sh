@@ -18,41 +18,44 @@
 # on a transfer's ends, each as NAME=ENV (space-separated, interleaved by
 # round), to see which part of the shape each moves, e.g.
 #   VARIANTS="default balance=STAGE_STAGING_BALANCE_SOCKETS=true,STAGE_STAGING_TAIL_CHUNK=256KiB sockbuf=STAGE_STAGING_SOCKET_BUFFER=4MiB"
-# (commas separate a variant's variables).
+# (commas separate a variant's variables). STAGED_<NAME>=path and
+# STAGECTL_<NAME>=path run a variant on other binaries (an older build).
+#
+# CHECKED=1 checks every transfer (--verify, as gpu-item37.sh's rows do:
+# each push then starts after the sidecars sat idle through the check)
+# instead of once at the end; ROWS narrows the rows (default "ranges blocks
+# ranges2 blocks2"). PAUSE=D instead sits idle D before each push
+# (stagectl bench --pause) and checks once at the end: the idle without
+# the check's memory traffic.
 set -u
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-src=${STAGE_GPU_SRC:-0}; dst=${STAGE_GPU_DST:-1}
 rounds=${ROUNDS:-2}; size=${SIZE:-1GiB}
-G=(--device "cuda:$src" --remote-device "cuda:$dst")
-[ "${NO_GPU:-0}" = 1 ] && G=()
 bin=${BIN:-.dev}; bin=$(cd "$bin" && pwd)
-variants=${VARIANTS:-default}
+. "$(dirname "$0")/gpu-variants.sh"
+rows=${ROWS:-ranges blocks ranges2 blocks2}
+verify=--verify-end; [ "${CHECKED:-0}" = 1 ] && verify=--verify
+[ -n "${PAUSE:-}" ] && verify="--verify-end --pause $PAUSE"
 row() { # name, staged, bench flags...
   local name=$1 staged=$2; shift 2
   rm -rf "$out/logs-$name"
   echo "== $name: $*" >> "$out/bench.log"
-  STAGE_LOG_LEVEL=debug "$bin/stagectl" bench --spawn --staged "$staged" "${G[@]}" --stripes 8 --slots 64 --size "$size" \
+  STAGE_LOG_LEVEL=debug "$ctl" bench --spawn --staged "$staged" "${G[@]}" --stripes 8 --slots 64 --size "$size" \
     --logs "$out/logs-$name" --json "$@" > "$out/$name.json" 2>> "$out/bench.log" ||
     { echo "bench $name failed (see $out/bench.log)"; tail -3 "$out/bench.log"; }
-}
-# staged of a variant: a wrapper that sets its variables
-staged_of() { # NAME=ENV
-  local v=$1 name=${1%%=*} env=""
-  [ "$v" = "$name" ] || env=$(echo "${v#*=}" | tr ',' ' ')
-  [ -z "$env" ] && { echo "$bin/staged"; return; }
-  mkdir -p "$out/bin-$name"
-  printf '#!/bin/sh\n%s exec %s "$@"\n' "$env" "$bin/staged" > "$out/bin-$name/staged"
-  chmod +x "$out/bin-$name/staged"
-  echo "$out/bin-$name/staged"
 }
 for i in $(seq 1 "$rounds"); do
   for v in $variants; do
     n=${v%%=*}; st=$(staged_of "$v"); p=""; [ "$n" = default ] || p="$n-"
-    row "${p}ranges.$i" "$st" --block 1MiB --iters 6 --verify-end
-    row "${p}blocks.$i" "$st" --block 16KiB --pattern blocks --iters 6 --verify-end
-    row "${p}ranges2.$i" "$st" --block 1MiB --iters 6 --verify-end --inflight 2
-    row "${p}blocks2.$i" "$st" --block 16KiB --pattern blocks --iters 6 --verify-end --inflight 2
+    ctl=$(stagectl_of "$n")
+    for r in $rows; do
+      case $r in
+      ranges) row "${p}ranges.$i" "$st" --block 1MiB --iters 6 $verify ;;
+      blocks) row "${p}blocks.$i" "$st" --block 16KiB --pattern blocks --iters 6 $verify ;;
+      ranges2) row "${p}ranges2.$i" "$st" --block 1MiB --iters 6 $verify --inflight 2 ;;
+      blocks2) row "${p}blocks2.$i" "$st" --block 16KiB --pattern blocks --iters 6 $verify --inflight 2 ;;
+      *) echo "gpu-shape: unknown row $r (ranges, blocks, ranges2, blocks2)" >&2; exit 2 ;;
+      esac
+    done
   done
 done
 OUT_DIR=$out VARIANTS="$variants" python3 - <<'PY' | tee "$out/shape.txt"
@@ -65,17 +68,22 @@ def ms(v):  # zap's console encoder writes durations as Go prints them
         total += float(num) * unit[u]
     return total
 keys = ("gathered", "ramp", "tail", "drain", "total")
-print("%-16s %6s %9s %9s %9s %9s %9s %8s %10s" % ("row", "pushes", "gather", "ramp", "tail", "drain", "total", "GB/s", "lost"))
+# p50: the bench's own median transfer (from its Submit to the answer), so
+# p50 - total is the engine socket both ways and the wake-ups around it
+print("%-16s %6s %9s %9s %9s %9s %9s %9s %8s %10s" % ("row", "pushes", "gather", "ramp", "tail", "drain", "total", "p50",
+                                                     "GB/s", "lost"))
 prefixes = ["" if v.split("=")[0] == "default" else v.split("=")[0] + "-" for v in os.environ["VARIANTS"].split()]
 for name in [p + r for r in ("ranges", "blocks", "ranges2", "blocks2") for p in prefixes]:
-    rows, gbs = [], []
+    rows, gbs, p50 = [], [], []
     for f in sorted(glob.glob(os.path.join(d, "logs-%s.[0-9]*" % name, "prefill.log"))):
         lines = [l for l in open(f) if "\ttcp push\t" in l]
         for l in lines[-6:]:  # the timed pushes (--iters 6); the warm-up's came first
             rows.append(json.loads(l.split("\ttcp push\t", 1)[1]))
     for f in glob.glob(os.path.join(d, "%s.[0-9]*.json" % name)):
         try:
-            gbs.append(json.load(open(f))["results"][0]["gb_per_s"])
+            r = json.load(open(f))["results"][0]
+            gbs.append(r["gb_per_s"])
+            p50.append(r["p50_us"] / 1e3)
         except Exception:
             pass
     if not rows:
@@ -84,7 +92,8 @@ for name in [p + r for r in ("ranges", "blocks", "ranges2", "blocks2") for p in 
     # what the ramp, the tail (half of it: streams run out one by one) and
     # the drain cost against the whole push
     lost = (med["ramp"] + med["tail"] / 2 + med["drain"]) / med["total"] if med["total"] else 0
-    print("%-16s %6d %7.2fms %7.2fms %7.2fms %7.2fms %7.2fms %8.2f %9.1f%%" % (
+    print("%-16s %6d %7.2fms %7.2fms %7.2fms %7.2fms %7.2fms %7.2fms %8.2f %9.1f%%" % (
         name, len(rows), med["gathered"], med["ramp"], med["tail"], med["drain"], med["total"],
+        statistics.median(p50) if p50 else float("nan"),
         statistics.median(gbs) if gbs else float("nan"), 100 * lost))
 PY

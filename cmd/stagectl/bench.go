@@ -76,7 +76,7 @@ func (b *benchFlags) run(ctx context.Context, local string, args []string) error
 	}
 	return b.runRows(ctx, p, benchOpts{route: p.route, local: local, remote: remote, blocks: p.blocksPattern, dir: p.dir,
 		ldev: p.ldev, rdev: p.rdev, iters: b.iters, warmup: b.warmup, verify: b.verify || b.verifyEnd, verifyEnd: b.verifyEnd,
-		prof: prof, checksum: p.checksum, inflight: b.inflight, spin: b.spin, spinSet: b.spinSet, pieces: b.pieces})
+		pause: b.pause, prof: prof, checksum: p.checksum, inflight: b.inflight, spin: b.spin, spinSet: b.spinSet, pieces: b.pieces})
 }
 
 // setEnv passes --splice and --spin on to the sidecars bench starts: they
@@ -346,13 +346,14 @@ type benchOpts struct {
 	ldev, rdev           engineDevice
 	iters, warmup        int
 	verify               bool
-	verifyEnd            bool        // check once after the timed transfers, not after each
-	prof                 *profiler   // nil: no profiles
-	checksum             uint8       // wire.ChecksumRoute, On or Off
-	inflight             int         // transfers in flight at once, each on its own buffers
-	spin                 config.Spin // the clients' polling, when spinSet
-	spinSet              bool        // --spin given: else the client's default
-	pieces               int         // --pieces: client.WithPieces above this many ops; -1: the client's default
+	verifyEnd            bool          // check once after the timed transfers, not after each
+	pause                time.Duration // idle before each timed transfer (one at a time)
+	prof                 *profiler     // nil: no profiles
+	checksum             uint8         // wire.ChecksumRoute, On or Off
+	inflight             int           // transfers in flight at once, each on its own buffers
+	spin                 config.Spin   // the clients' polling, when spinSet
+	spinSet              bool          // --spin given: else the client's default
+	pieces               int           // --pieces: client.WithPieces above this many ops; -1: the client's default
 }
 
 // BenchResult is the summary of a benchmark.
@@ -371,9 +372,11 @@ type BenchResult struct {
 	Verified bool    `json:"verified"`
 	// VerifiedAtEnd: checked once after the timed transfers (--verify-end,
 	// or --inflight above 1), not after each.
-	VerifiedAtEnd bool   `json:"verified_at_end"`
-	Inflight      int    `json:"inflight"`
-	Devices       string `json:"devices"`
+	VerifiedAtEnd bool `json:"verified_at_end"`
+	// PauseMs: idle before each timed transfer (--pause), outside its time.
+	PauseMs  float64 `json:"pause_ms,omitempty"`
+	Inflight int     `json:"inflight"`
+	Devices  string  `json:"devices"`
 	// CPU seconds both sidecars used per GB moved, the larger sidecar's
 	// resident size at the end, and its pinned pool.
 	CPUSecPerGB float64 `json:"cpu_s_per_gb"`

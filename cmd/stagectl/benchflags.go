@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -23,6 +24,7 @@ type benchFlags struct {
 	pattern, dir         string
 	iters, warmup        int
 	verify, verifyEnd    bool
+	pause                time.Duration
 	json, sweep, raw     bool
 	rawSpan, rawPeer     string
 	plot, checksum       string
@@ -60,6 +62,7 @@ func (b *benchFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&b.warmup, "warmup", 1, "untimed transfers first")
 	f.BoolVar(&b.verify, "verify", false, "check every byte after each transfer")
 	f.BoolVar(&b.verifyEnd, "verify-end", false, "poison the destination before the timed transfers and check every byte after the last: transfers run back to back, as an engine's do, instead of with a check between each (what --inflight above 1 always does)")
+	f.DurationVar(&b.pause, "pause", 0, "sit idle this long before each timed transfer (outside its time), one transfer at a time: what an engine's pauses do to a transfer without the memory traffic of --verify's check; with --verify-end the check stays at the end")
 	f.BoolVar(&b.json, "json", false, "print the results as JSON")
 	f.BoolVar(&b.sweep, "sweep", false, "measure block sizes 4KiB..64MiB (scattered blocks)")
 	f.BoolVar(&b.raw, "raw", false, "also measure raw TCP with the same streams (the ceiling)")
@@ -121,6 +124,12 @@ func (b *benchFlags) plan(args []string) (benchPlan, error) {
 	if b.inflight < 1 || b.inflight > 64 {
 		return p, fmt.Errorf("--inflight must be 1 to 64 (got %d)", b.inflight)
 	}
+	if b.pause < 0 || b.pause > maxPause {
+		return p, fmt.Errorf("--pause must be 0 to %s (got %s)", maxPause, b.pause)
+	}
+	if b.pause > 0 && b.inflight > 1 {
+		return p, fmt.Errorf("--pause needs one transfer at a time (got --inflight %d)", b.inflight)
+	}
 	if b.pattern != "ranges" && b.pattern != "blocks" {
 		return p, fmt.Errorf("--pattern must be ranges or blocks (got %q)", b.pattern)
 	}
@@ -155,6 +164,9 @@ func (b *benchFlags) plan(args []string) (benchPlan, error) {
 	p.span = int(span)
 	return p, nil
 }
+
+// maxPause bounds --pause: longer idles show nothing more.
+const maxPause = time.Minute
 
 // parseDir reads --dir.
 func parseDir(s string) (wire.Direction, error) {

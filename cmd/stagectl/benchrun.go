@@ -135,7 +135,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	}
 	var lat []time.Duration
 	var busy time.Duration
-	if o.inflight == 1 && !o.verifyEnd {
+	if o.inflight == 1 && (!o.verifyEnd || o.pause > 0) {
 		lat, busy, err = benchSerial(ctx, o, lc, p0)
 	} else {
 		lat, busy, err = benchInflight(ctx, o, lc, pairs)
@@ -171,7 +171,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	local, remote := cpu1[0]-cpu0[0], cpu1[1]-cpu0[1]
 	return &BenchResult{Route: o.route, Dir: o.dir.String(), Pattern: pat, Size: o.size, Block: o.block, Iters: len(lat), Inflight: o.inflight,
 		GBps: moved / busy.Seconds() / 1e9, P50us: pct(0.5), P90us: pct(0.9), P99us: pct(0.99),
-		MaxUs: pct(1), Verified: o.verify, VerifiedAtEnd: o.verify && (o.verifyEnd || o.inflight > 1), TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
+		MaxUs: pct(1), Verified: o.verify, VerifiedAtEnd: o.verify && (o.verifyEnd || o.inflight > 1), PauseMs: float64(o.pause) / 1e6, TotalSecs: busy.Seconds(), Devices: o.ldev.String() + " -> " + o.rdev.String(),
 		CPUSecPerGB: (local + remote) / gb, CPULocal: local / gb, CPURemote: remote / gb, CPUClient: (self1 - self0) / gb,
 		CPUusPerXfer: (local + remote) * 1e6 / float64(max(len(lat), 1)),
 		IdleCPUPct:   idle, IdleCPUSelfPct: idleSelf, MaxRSS: rss, PoolBytes: pool}, nil
@@ -223,12 +223,26 @@ func timedTransfer(ctx context.Context, lc *client.Client, p *benchPair, verify,
 	return el, nil
 }
 
-// benchSerial times o.iters transfers one after another, each verified
-// with o.verify; busy is the sum of their times.
+// benchSerial times o.iters transfers one after another, each after
+// o.pause idle and, with o.verify, checked (with o.verifyEnd once after the
+// last); busy is the sum of their times.
 func benchSerial(ctx context.Context, o benchOpts, lc *client.Client, p *benchPair) (lat []time.Duration, busy time.Duration, err error) {
+	each := o.verify && !o.verifyEnd
+	if o.verify && o.verifyEnd {
+		if err := p.dst.Poison(0xAB); err != nil {
+			return nil, 0, err
+		}
+	}
 	bar := newBenchBar(o)
 	for i := 0; i < o.iters; i++ {
-		el, err := timedTransfer(ctx, lc, p, o.verify, true)
+		if o.pause > 0 {
+			select {
+			case <-time.After(o.pause):
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+		}
+		el, err := timedTransfer(ctx, lc, p, each, true)
 		if err != nil {
 			return nil, 0, fmt.Errorf("transfer %d: %w", i, err)
 		}
@@ -237,6 +251,11 @@ func benchSerial(ctx context.Context, o benchOpts, lc *client.Client, p *benchPa
 		bar.show(len(lat), busy)
 	}
 	bar.end()
+	if o.verify && o.verifyEnd {
+		if err := kvsim.Verify(p.src, p.dst, p.ms, 0xAB); err != nil {
+			return nil, 0, err
+		}
+	}
 	return lat, busy, nil
 }
 

@@ -18,6 +18,8 @@ type Config struct {
 	// node.host_id and node.socket_dir: sidecars with the same host id
 	// and socket dir are on one node and may use the same-node paths.
 	HostID, SocketDir string
+	// node.idle_conn_timeout ("" leaves the default).
+	NodeIdle string
 	// device.kind and device.ordinal ("" leaves the default device).
 	DeviceKind    string
 	DeviceOrdinal int
@@ -39,7 +41,7 @@ type Config struct {
 // for peers on 127.0.0.1, on a port the kernel picks (the ready line says
 // which).
 func (c Config) YAML() string {
-	f := file{Node: node{Name: c.Name, HostID: c.HostID, SocketDir: c.SocketDir}, Listen: c.Listen, ControlSocket: c.Socket}
+	f := file{Node: node{Name: c.Name, HostID: c.HostID, SocketDir: c.SocketDir, Idle: c.NodeIdle}, Listen: c.Listen, ControlSocket: c.Socket}
 	if f.Listen == "" {
 		f.Listen = "127.0.0.1:0"
 	}
@@ -92,6 +94,7 @@ type (
 		Name      string `yaml:"name"`
 		HostID    string `yaml:"host_id,omitempty"`
 		SocketDir string `yaml:"socket_dir,omitempty"`
+		Idle      string `yaml:"idle_conn_timeout,omitempty"`
 	}
 	device struct {
 		Kind    string `yaml:"kind"`

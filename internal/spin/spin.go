@@ -98,6 +98,17 @@ func Await(c syscall.Conn, a *Adaptive) {
 	a.Observe(time.Since(start))
 }
 
+// YieldFirst is what a reader does once before it starts to poll: let
+// run any goroutine it just woke. Go queues a goroutine woken by a channel
+// send, or started with go, to run next on the waker's processor, and a
+// reader that then polls keeps that processor; the woken goroutine (the
+// caller waiting for an answer, a transfer's copy) would wait until an
+// idle thread, itself asleep, is woken and takes it over: 100-150 us on
+// an idle machine (docs/BENCHMARKS.md, the ipc row). Yielding once puts
+// the reader behind it instead; where nothing else is runnable the reader
+// goes on at once.
+func YieldFirst() { runtime.Gosched() }
+
 // ready reports whether fd has input (or an error condition) now.
 func ready(fd int) bool {
 	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
@@ -107,7 +118,7 @@ func ready(fd int) bool {
 }
 
 // Poll polls fd for input for up to d; it reports whether input (or an
-// error condition) is there.
+// error condition) is there. It yields once before polling (YieldFirst).
 func Poll(fd int, d time.Duration) bool {
 	var deadline time.Time
 	for i := 0; ; i++ {
@@ -116,6 +127,9 @@ func Poll(fd int, d time.Duration) bool {
 		// having to win it back) on every one of thousands of polls.
 		if ready(fd) {
 			return true
+		}
+		if i == 0 {
+			YieldFirst()
 		}
 		// The clock is read every few polls: a poll costs well under a
 		// microsecond.

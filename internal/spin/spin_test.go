@@ -2,6 +2,7 @@ package spin
 
 import (
 	"net"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -133,5 +134,45 @@ func TestAwait(t *testing.T) {
 		if g := a.gaps[before]; g < delay/2 || g > delay+2*time.Second {
 			t.Fatalf("message %d sent after %s: wait recorded as %s", i, delay, g)
 		}
+	}
+}
+
+// TestPollLetsWokenRun: a goroutine the reader woke just before it polls
+// runs during the poll, not after it. With one processor and a poll
+// shorter than Go's 10 ms preemption, the woken goroutine can only run if
+// the poll yields; it writes the byte the poll waits for, so a poll that
+// does not yield gives up empty, every time. One that yields sees the
+// byte unless the thread lost its core for the whole poll (a loaded
+// machine): at least one round of five must see it.
+func TestPollLetsWokenRun(t *testing.T) {
+	cl, tc := tcpPair(t)
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	seen := 0
+	for range 5 {
+		wake := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			<-wake
+			_, _ = cl.Write([]byte("x"))
+		}()
+		runtime.Gosched()  // the writer is now parked on wake
+		wake <- struct{}{} // readies it on this processor
+		var got bool
+		_ = rc.Control(func(fd uintptr) { got = Poll(int(fd), 8*time.Millisecond) })
+		if got {
+			seen++
+		}
+		<-done
+		if _, err := tc.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen == 0 {
+		t.Fatal("in none of 5 rounds did the poll let the goroutine it had just woken run")
 	}
 }

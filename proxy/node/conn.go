@@ -14,7 +14,8 @@ import (
 
 // nodeConn is the importer's end of a node connection: requests go out and
 // answers come back in order, one transfer at a time. Connections are
-// pooled per session and closed after idleNodeConn unused.
+// pooled per session and closed after node.idle_conn_timeout unused
+// (idleRingConn at most with a shared ring).
 type nodeConn struct {
 	c    *net.UnixConn
 	buf  []byte
@@ -23,33 +24,33 @@ type nodeConn struct {
 }
 
 // getConn returns an idle connection to the peer's node socket or dials one.
-func (p *Peer) getConn() (*nodeConn, error) {
+func (p *Peer) getConn() (nc *nodeConn, dialed bool, err error) {
 	p.mu.Lock()
 	if k := len(p.idle); k > 0 {
 		nc := p.idle[k-1]
 		p.idle = p.idle[:k-1]
 		p.mu.Unlock()
-		return nc, nil
+		return nc, false, nil
 	}
 	p.mu.Unlock()
 	id := p.s.Ident()
 	path := filepath.Join(p.r.o.Dir, p.peerSock)
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("dial the node socket of %s at %s (is node.socket_dir the same directory for both sidecars?): %w", id.Name, path, err)
+		return nil, false, fmt.Errorf("dial the node socket of %s at %s (is node.socket_dir the same directory for both sidecars?): %w", id.Name, path, err)
 	}
 	if !p.track(c) {
 		_ = c.Close()
-		return nil, fmt.Errorf("session with %s closed", id.Name)
+		return nil, false, fmt.Errorf("session with %s closed", id.Name)
 	}
-	nc := &nodeConn{c: c}
+	nc = &nodeConn{c: c}
 	_ = c.SetDeadline(time.Now().Add(p.r.o.HandshakeTimeout))
 	if err := nc.call(&wire.NodeHello{SessionID: id.ID, Proof: p.s.Proof()}, -1); err != nil {
 		p.drop(nc)
-		return nil, fmt.Errorf("node socket of %s: %w", id.Name, err)
+		return nil, false, fmt.Errorf("node socket of %s: %w", id.Name, err)
 	}
 	_ = c.SetDeadline(time.Time{})
-	return nc, nil
+	return nc, true, nil
 }
 
 // putConn returns a connection for reuse, or closes it when it may be out

@@ -23,6 +23,10 @@ type Push struct {
 	Total    uint64
 	Plan     func() (*staging.Plan, error) // its chunk plan (shm), made once
 	Announce *Announcer
+	// Submitted is when the engine's request was admitted and Spawned
+	// when the goroutine that moves it was started (for the same-node
+	// push debug line; zero when unknown).
+	Submitted, Spawned time.Time
 }
 
 // Pull is one of our pulls as a same-node path moves it.
@@ -100,11 +104,12 @@ func (p *Peer) takeHandles(nc *nodeConn, req *wire.HandleRequest, want wire.Acce
 // ipcPush copies a push straight into the receiver's regions and tells it.
 func (p *Peer) ipcPush(x *Push) (err error) {
 	t0 := time.Now()
-	nc, err := p.getConn()
+	nc, dialed, err := p.getConn()
 	if err != nil {
 		return Fallback(fbPeerUnreachable, err)
 	}
 	defer func() { p.putConn(nc, err == nil) }()
+	tc := time.Now()
 	x.Announce.viaNode(nc)
 	pr, err := p.takeHandles(nc, &wire.HandleRequest{Transfer: x.ID, Dir: wire.Push, Tag: x.Tag, Regions: x.Regions}, wire.AccessRemoteWrite)
 	if err != nil {
@@ -119,17 +124,27 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 		return err
 	}
 	t1 := time.Now()
-	if err := p.r.copyDirect(ps); err != nil {
+	ct, err := p.r.copyDirect(ps)
+	if err != nil {
 		return err
 	}
 	t2 := time.Now()
 	err = nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
 	// Where a same-node push's time goes (docs/BENCHMARKS.md profiles the
-	// ipc row with these): the handles' round trip to the peer, the copy,
-	// and the peer's answer to DirectDone.
+	// ipc row with these): from the engine's submit to starting the
+	// goroutine that moves it (prep) and to here (sched), the
+	// node connection (a dial and NodeHello when dialed), the handles'
+	// round trip to the peer, the copy (its setup and the wait), and the
+	// peer's answer to DirectDone.
 	if ce := p.r.o.Log.Check(zap.DebugLevel, "same-node push"); ce != nil {
+		var prep, sched time.Duration
+		if !x.Submitted.IsZero() && !x.Spawned.IsZero() {
+			prep, sched = x.Spawned.Sub(x.Submitted), t0.Sub(x.Spawned)
+		}
 		ce.Write(zap.Uint64("transfer", x.ID), zap.Uint64("bytes", x.Total), zap.Int("pieces", len(ps)),
-			zap.Duration("handles", t1.Sub(t0)), zap.Duration("copy", t2.Sub(t1)), zap.Duration("done", time.Since(t2)))
+			zap.Duration("prep", prep), zap.Duration("sched", sched), zap.Duration("conn", tc.Sub(t0)), zap.Bool("dialed", dialed),
+			zap.Duration("handles", t1.Sub(tc)), zap.Duration("copy", t2.Sub(t1)), zap.Duration("copy_setup", ct.setup),
+			zap.Duration("copy_wait", ct.wait), zap.Duration("done", time.Since(t2)))
 	}
 	return err
 }
@@ -150,7 +165,7 @@ func opPieces(ops []staging.PlanOp, pr *peerRegions) ([]piece, error) {
 
 // Pull copies a pull straight out of the peer's regions into ours.
 func (p *Peer) Pull(x *Pull) (err error) {
-	nc, err := p.getConn()
+	nc, _, err := p.getConn()
 	if err != nil {
 		return Fallback(fbPeerUnreachable, err)
 	}
@@ -181,7 +196,7 @@ func (p *Peer) Pull(x *Pull) (err error) {
 		ps = appendPiece(ps, piece{dst: dst.Addr, src: src, n: op.Len})
 	}
 	x.Touch()
-	if err := p.r.copyDirect(ps); err != nil {
+	if _, err := p.r.copyDirect(ps); err != nil {
 		return err
 	}
 	return nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)

@@ -58,6 +58,8 @@ func (id Ident) ours(wireID uint64) bool { return (wireID&1 == 1) == id.Dialer }
 type Incoming interface {
 	// Regions are its destination regions, in the Announce's order.
 	Regions() []*region.Region
+	// Total is its length (Announce.Total).
+	Total() uint64
 	// Touch records progress (a direct copy is under way).
 	Touch()
 	// LandedDirect completes it: the peer copied all n bytes directly.
@@ -107,8 +109,16 @@ type servedDirect struct {
 	regions []*region.Region
 }
 
-// idleNodeConn is how long an unused importer connection is kept.
-const idleNodeConn = 2 * time.Second
+// DefaultIdleConn is how long an unused importer connection is kept
+// (node.idle_conn_timeout's default): long enough that an engine pushing
+// every few seconds does not pay a dial and NodeHello (0.2-0.3 ms on 2 x
+// H200) each time; an idle one costs an fd and a goroutine on each side.
+// A connection holding a shared ring (up to 1 GiB pinned on each side)
+// goes after idleRingConn at most.
+const (
+	DefaultIdleConn = 30 * time.Second
+	idleRingConn    = 2 * time.Second
+)
 
 // NewPeer makes the same-node state of session s.
 func (r *Room) NewPeer(s Session) *Peer {
@@ -232,13 +242,21 @@ func (p *Peer) LogOnce(reason string) bool {
 	return true
 }
 
-// Expire closes importer connections idle for idleNodeConn.
+// Expire closes importer connections idle for node.idle_conn_timeout, or
+// idleRingConn where they hold a shared ring.
 func (p *Peer) Expire(now time.Time) {
 	p.mu.Lock()
 	var old []*nodeConn
 	keep := p.idle[:0]
 	for _, nc := range p.idle {
-		if now.Sub(nc.last) > idleNodeConn {
+		limit := p.r.o.IdleConn
+		if limit <= 0 {
+			limit = DefaultIdleConn
+		}
+		if nc.ring != nil {
+			limit = min(limit, idleRingConn)
+		}
+		if now.Sub(nc.last) > limit {
 			old = append(old, nc)
 		} else {
 			keep = append(keep, nc)

@@ -122,7 +122,7 @@ func (r *Room) ensureRing(nc *nodeConn, slotSize int) error {
 // announce it, and take the slot back when the receiver says it landed.
 func (p *Peer) shmPush(x *Push) (err error) {
 	id := p.s.Ident()
-	nc, err := p.getConn()
+	nc, _, err := p.getConn()
 	if err != nil {
 		return Fallback(fbPeerUnreachable, err)
 	}

@@ -51,6 +51,7 @@ type Options struct {
 	HandshakeTimeout time.Duration // for a NodeHello
 	FaultImport      bool          // every import fails: a test fault switch (knobs.FaultIPCImportEnv)
 	CopyStreams      int           // node.copy_streams: streams a large direct copy is split across
+	IdleConn         time.Duration // node.idle_conn_timeout: an unused importer connection is kept this long (0: DefaultIdleConn)
 	// TrustSocketParent: security.trust_socket_parent (unixsock.MakeDir).
 	TrustSocketParent bool
 	// WG is the sidecar's wait group: goroutines of node connections and

@@ -58,7 +58,7 @@ func TestSameNodeIPC(t *testing.T) {
 					t.Fatal("no \"same-node push\" debug line for an ipc push")
 				}
 				f := lines[0].ContextMap()
-				for _, k := range []string{"handles", "copy", "done", "bytes"} {
+				for _, k := range []string{"prep", "sched", "conn", "dialed", "handles", "copy", "copy_setup", "copy_wait", "done", "bytes"} {
 					if _, ok := f[k]; !ok {
 						t.Errorf("same-node push line lacks %q: %v", k, f)
 					}
