@@ -49,6 +49,9 @@ type kvTable struct {
 	caches map[string]*kvCache
 	peers  map[kvPeerKey]wire.KVShape
 	waits  map[uint64]chan *wire.KVInfo
+	// granted is closed at each grant (and made anew): pushes waiting
+	// for theirs look again (kvpark.go).
+	granted chan struct{}
 }
 
 type kvPeerKey struct {
@@ -60,6 +63,7 @@ func (t *kvTable) init(regions *region.Table, devKind device.Kind, newID func() 
 	t.regions, t.devKind, t.newID, t.requireGrants = regions, devKind, newID, requireGrants
 	t.caches = map[string]*kvCache{}
 	t.peers = map[kvPeerKey]wire.KVShape{}
+	t.granted = make(chan struct{})
 	t.waits = map[uint64]chan *wire.KVInfo{}
 }
 

@@ -54,7 +54,16 @@ func (t *kvTable) grant(group string, m *wire.Grant, now time.Time) error {
 	if !was {
 		t.guardRegions(c)
 	}
+	close(t.granted) // pushes waiting for a grant look again (kvpark.go)
+	t.granted = make(chan struct{})
 	return nil
+}
+
+// grantSignal is closed at the next grant on any cache.
+func (t *kvTable) grantSignal() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.granted
 }
 
 // guardRegions refuses peers' byte-range requests on c's regions from now

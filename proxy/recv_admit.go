@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/grant"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -96,9 +97,19 @@ func (s *Server) incomingTimeout() time.Duration {
 	return t
 }
 
-// acceptKVPush answers a peer's KVAnnounce.
+// acceptKVPush answers a peer's KVAnnounce; one whose grant has not come
+// yet waits for it (kvpark.go).
 func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
+	if err != nil && errors.Is(err, grant.ErrNoGrant) && s.parkKVPush(ss, m) {
+		return
+	}
+	s.openKVPush(ss, m, ks, err)
+}
+
+// openKVPush opens a peer's KV push admitted as ks, or refuses it with
+// err (from the admission, when not nil).
+func (s *Server) openKVPush(ss *session, m *wire.KVAnnounce, ks *kvSide, err error) {
 	if err == nil {
 		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, regions: ks.regions, total: m.Total,
 			dest: kvDest{ks.side, ks.regions, m.Total}, end: peerPush{newKVNote(&m.KVRequest)}, timeout: s.incomingTimeout()}

@@ -32,10 +32,13 @@ type inbound struct {
 	rx       *staging.Receiver  // the receive core: rules and tombstones of byID
 	announce *sync.Cond         // signalled when byID or rx's tombstones change (on mu)
 	closed   bool               // the session closed (RxClose stepped): no chunk waits any more
+	// parked are peers' KV pushes held for their grant (kvpark.go), each
+	// until when at most: their overtaking chunks wait as long.
+	parked map[uint64]time.Time
 }
 
 func newInbound(ss *session, maxPerPeer int) *inbound {
-	in := &inbound{ss: ss, byID: map[uint64]*inXfer{}, rx: staging.NewReceiver(maxPerPeer)}
+	in := &inbound{ss: ss, byID: map[uint64]*inXfer{}, rx: staging.NewReceiver(maxPerPeer), parked: map[uint64]time.Time{}}
 	in.announce = sync.NewCond(&in.mu)
 	return in
 }
@@ -216,9 +219,33 @@ func (in *inbound) incoming(wireID uint64) *inXfer {
 		if x := in.byID[wireID]; x != nil {
 			return x
 		}
+		if until, ok := in.parked[wireID]; ok && until.After(deadline) {
+			deadline = until // unpark wakes us
+		}
 		if in.rx.State(wireID) == staging.RecvGone || in.closed || !time.Now().Before(deadline) {
 			return nil
 		}
 		in.announce.Wait()
 	}
+}
+
+// park holds a peer's push id, announced and not yet admitted, until at
+// most until: chunks of it that arrive meanwhile wait for its verdict.
+// False when max are held already.
+func (in *inbound) park(wireID uint64, until time.Time, max int) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed || len(in.parked) >= max {
+		return false
+	}
+	in.parked[wireID] = until
+	return true
+}
+
+// unpark ends park's hold, once the push was opened or refused.
+func (in *inbound) unpark(wireID uint64) {
+	in.mu.Lock()
+	delete(in.parked, wireID)
+	in.announce.Broadcast()
+	in.mu.Unlock()
 }

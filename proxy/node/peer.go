@@ -111,7 +111,7 @@ type servedDirect struct {
 
 // DefaultIdleConn is how long an unused importer connection is kept
 // (node.idle_conn_timeout's default): long enough that an engine pushing
-// every few seconds does not pay a dial and NodeHello (0.2-0.3 ms on 2 x
+// every few seconds does not pay a dial and NodeHello (0.2-0.35 ms on 2 x
 // H200) each time; an idle one costs an fd and a goroutine on each side.
 // A connection holding a shared ring (up to 1 GiB pinned on each side)
 // goes after idleRingConn at most.

@@ -139,7 +139,8 @@ func kvGrants(t *testing.T, o proxytest.Options) {
 
 // kvGrantPush: the receiving engine grants writes into the blocks it
 // allocated; a push without the key is refused, with it it lands, and
-// after the revoke it is refused again.
+// after the revoke it is refused again (a key no grant names, after
+// waiting for one: kvGrantWait); a push whose grant comes after it lands.
 func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m kvsim.KVMove, refused func(string, wire.SubmitKV, string)) {
 	ctx := context.Background()
 	into := kvCache(t, dec, "into", "vllm-flash", p, 1, 0)
@@ -158,6 +159,25 @@ func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m
 		t.Fatal(err)
 	}
 	refused("push after the revoke", push(wkey), "no live grant")
+
+	// A push that comes before its grant (vLLM's scheduler posts the push
+	// ticket while its worker grants at the next step) waits for it and
+	// lands once it comes.
+	late := newKey(t)
+	done := make(chan error, 1)
+	go func() { done <- kvRun(t, pre.Client, push(late)) }()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("a push before its grant ended before the grant came: %v", err)
+	default:
+	}
+	if err := dec.Client.Grant(ctx, into.Name, late, true, m.DstTable, time.Minute, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("push whose grant came after it: %v", err)
+	}
 }
 
 func fmt0(err error) string {
