@@ -24,7 +24,7 @@ const maxPaces = 256
 // dueBook is what a client expects of its Do calls in flight.
 type dueBook struct {
 	mu   sync.Mutex
-	pace map[string]float64 // ns per byte of the last Do that ended well, by route and peer
+	pace map[string]spin.Pace // of the last Do that ended well, by route and peer
 	open map[uint64]spin.Due
 }
 
@@ -45,14 +45,14 @@ func opsBytes(t *Transfer) uint64 {
 func (b *dueBook) expect(req uint64, key string, n uint64, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p := b.pace[key]
-	if p <= 0 || n == 0 {
+	d := b.pace[key].Due(now, n)
+	if d == (spin.Due{}) {
 		return false
 	}
 	if b.open == nil {
 		b.open = map[uint64]spin.Due{}
 	}
-	b.open[req] = spin.Due{Start: now, Expect: time.Duration(p * float64(n))}
+	b.open[req] = d
 	return true
 }
 
@@ -62,13 +62,14 @@ func (b *dueBook) settle(req uint64, key string, n uint64, start, now time.Time,
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.open, req)
-	if !ok || n == 0 || !now.After(start) {
+	p := spin.PaceOf(now.Sub(start), n)
+	if !ok || p == 0 {
 		return
 	}
 	if b.pace == nil || len(b.pace) >= maxPaces {
-		b.pace = map[string]float64{}
+		b.pace = map[string]spin.Pace{}
 	}
-	b.pace[key] = float64(now.Sub(start)) / float64(n)
+	b.pace[key] = p
 }
 
 // answered drops request req's wait: its answer came (the reader, before

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -83,34 +84,25 @@ func TestMoved(t *testing.T) {
 // asleep.
 func TestDoDue(t *testing.T) {
 	path, ln := listenSidecar(t)
-	served := make(chan error, 1)
-	go func() {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			served <- err
-			return
-		}
-		defer c.Close()
+	served := serveOne(ln, func(c *net.UnixConn) error {
 		var buf []byte
 		for {
-			var m wire.Msg
-			if _, m, buf, err = wire.ReadFrame(c, buf); err != nil {
-				served <- nil // the client closed
-				return
+			_, m, b, err := wire.ReadFrame(c, buf)
+			if err != nil {
+				return nil // the client closed
 			}
+			buf = b
 			sw, ok := m.(*wire.SubmitWait)
 			if !ok {
-				served <- fmt.Errorf("got %s, want SubmitWait", m.Type())
-				return
+				return fmt.Errorf("got %s, want SubmitWait", m.Type())
 			}
 			time.Sleep(20 * time.Millisecond)
 			a := &wire.XferStatus{Req: sw.Req, Transfer: sw.Req, State: wire.StateDone, Done: 1 << 20, Total: 1 << 20}
 			if _, err := c.Write(wire.AppendFrame(nil, a, false, 0)); err != nil {
-				served <- err
-				return
+				return err
 			}
 		}
-	}()
+	})
 	cl, err := Dial(path, WithSpin(100*time.Microsecond))
 	if err != nil {
 		t.Fatal(err)

@@ -78,9 +78,9 @@ func (c *Client) piecesOK(ctx context.Context) (bool, wire.PiecesLimits) {
 // and the sidecar takes them, and returns the answer.
 func (c *Client) submit(ctx context.Context, t Transfer, wait bool) (a wire.Msg, err error) {
 	req := c.next()
-	if wait && !c.spin.Off() {
+	if wait && c.kick != nil { // the client polls: its reader can wait for the answer as due
 		key, n, start := paceKey(&t), opsBytes(&t), time.Now()
-		if c.dues.expect(req, key, n, start) && c.kick != nil {
+		if c.dues.expect(req, key, n, start) {
 			c.kick.Wake() // the reader plans for the answer
 		}
 		defer func() { c.dues.settle(req, key, n, start, time.Now(), err == nil && moved(a)) }()

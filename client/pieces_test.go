@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
-	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -20,11 +18,7 @@ import (
 // reports the frames it read, "Type:ops" each, on frames.
 func fakeSidecar(t *testing.T, old bool) (path string, frames chan string) {
 	t.Helper()
-	path = filepath.Join(t.TempDir(), "c.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, ln := listenSidecar(t)
 	frames = make(chan string, 1024)
 	done := make(chan struct{})
 	t.Cleanup(func() { _ = ln.Close(); <-done })

@@ -65,3 +65,19 @@ func listenSidecar(t *testing.T) (string, *net.UnixListener) {
 	t.Cleanup(func() { ln.Close() })
 	return path, ln
 }
+
+// serveOne plays the sidecar for the first connection to ln with serve,
+// closes it, and reports serve's error on the channel.
+func serveOne(ln *net.UnixListener, serve func(c *net.UnixConn) error) <-chan error {
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		served <- serve(c)
+	}()
+	return served
+}

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -50,14 +51,7 @@ func TestAdaptiveSpinReader(t *testing.T) {
 	)
 	frame := wire.AppendFrame(nil, &wire.Notify{Transfer: 1, Dir: wire.Push, Bytes: 4096}, false, 0)
 	took := make(chan struct{}, 1) // the client took the last frame
-	served := make(chan error, 1)
-	go func() {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			served <- err
-			return
-		}
-		defer c.Close()
+	served := serveOne(ln, func(c *net.UnixConn) error {
 		for i := range frames {
 			if i > 0 {
 				<-took
@@ -67,12 +61,11 @@ func TestAdaptiveSpinReader(t *testing.T) {
 			for d := time.Now().Add(pace); time.Now().Before(d); {
 			}
 			if _, err := c.Write(frame); err != nil {
-				served <- err
-				return
+				return err
 			}
 		}
-		served <- nil
-	}()
+		return nil
+	})
 	c, err := Dial(path, WithAdaptiveSpin(spin.Window, spin.MaxWindow))
 	if err != nil {
 		t.Fatal(err)

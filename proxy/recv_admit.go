@@ -101,7 +101,7 @@ func (s *Server) incomingTimeout() time.Duration {
 // yet waits for it (kvpark.go).
 func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
-	if err != nil && errors.Is(err, grant.ErrNoGrant) && s.parkKVPush(ss, m) {
+	if errors.Is(err, grant.ErrNoGrant) && s.parkKVPush(ss, m) {
 		return
 	}
 	s.openKVPush(ss, m, ks, err)

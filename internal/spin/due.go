@@ -41,6 +41,28 @@ type Due struct {
 	Expect time.Duration
 }
 
+// Pace is how long a message took to come per byte of the work it
+// answered (a copy, a transfer), in nanoseconds; 0 when none was seen.
+type Pace float64
+
+// PaceOf is the pace of n bytes answered el after they were started: 0
+// for nothing (n or el 0).
+func PaceOf(el time.Duration, n uint64) Pace {
+	if el <= 0 || n == 0 {
+		return 0
+	}
+	return Pace(float64(el) / float64(n))
+}
+
+// Due is when the answer to n bytes started at start comes at pace p:
+// zero (nothing due) without a pace, a start or bytes.
+func (p Pace) Due(start time.Time, n uint64) Due {
+	if p <= 0 || start.IsZero() || n == 0 {
+		return Due{}
+	}
+	return Due{Start: start, Expect: time.Duration(float64(p) * float64(n))}
+}
+
 // Plan says how a reader waits for d at now: asleep for sleep (0: not at
 // all), then polling for poll. The poll starts a lead before the due time
 // (DueLead, or a sixteenth of the wait if longer) and lasts as long past
@@ -81,19 +103,25 @@ func AwaitDue(c syscall.Conn, sleep, poll time.Duration) {
 // SleepReadable blocks in ppoll until fd is readable (or in error) or d
 // passed; it reports whether fd is readable.
 func SleepReadable(fd int, d time.Duration) bool {
+	n, err := sleepPoll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, d)
+	return err != nil || n > 0
+}
+
+// sleepPoll blocks in ppoll for up to d until one of pfds has input, and
+// returns how many have (their Revents set). A signal's interruption
+// sleeps again for what is left.
+func sleepPoll(pfds []unix.PollFd, d time.Duration) (int, error) {
 	end := time.Now().Add(d)
 	for {
 		left := time.Until(end)
 		if left <= 0 {
-			return false
+			return 0, nil
 		}
 		ts := unix.NsecToTimespec(int64(left))
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Ppoll(pfd, &ts, nil)
-		if err == unix.EINTR {
-			continue
+		n, err := unix.Ppoll(pfds, &ts, nil)
+		if err != unix.EINTR {
+			return n, err
 		}
-		return err != nil || n > 0
 	}
 }
 
@@ -153,30 +181,19 @@ func AwaitOr(c syscall.Conn, a *Adaptive, k *Kick) (kicked bool) {
 	if err != nil {
 		return false
 	}
-	var start time.Time
-	done := false
-	if err := rc.Control(func(fd uintptr) {
-		if ready(int(fd)) {
-			done = true
-			return
-		}
-		start = time.Now()
-		done = a.Next() > 0 && Poll(int(fd), a.Next())
-	}); err != nil {
+	start, polled, err := pollWindow(rc, a.Next())
+	if err != nil || start.IsZero() {
 		return false
 	}
-	if done {
-		if !start.IsZero() {
-			a.Observe(time.Since(start))
-		}
+	if polled {
+		a.Observe(time.Since(start))
 		return false
 	}
 	for {
 		var got, woke bool
 		if err := rc.Control(func(fd uintptr) {
 			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(k.fd), Events: unix.POLLIN}}
-			ts := unix.NsecToTimespec(int64(time.Second))
-			if n, err := unix.Ppoll(pfd, &ts, nil); err == nil && n > 0 {
+			if n, err := sleepPoll(pfd, time.Second); err == nil && n > 0 {
 				got, woke = pfd[0].Revents != 0, pfd[1].Revents != 0
 			}
 		}); err != nil {

@@ -126,3 +126,38 @@ func TestAwaitOr(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// TestPace: a pace is learned only from bytes answered after some time,
+// and gives a due time only with a pace, a start and bytes.
+func TestPace(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		el   time.Duration
+		n    uint64
+		want Pace
+	}{
+		{2 * time.Millisecond, 1000, 2000},
+		{0, 1000, 0},
+		{-time.Millisecond, 1000, 0},
+		{time.Millisecond, 0, 0},
+	} {
+		if got := PaceOf(tc.el, tc.n); got != tc.want {
+			t.Errorf("PaceOf(%v, %d) = %v, want %v", tc.el, tc.n, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		p     Pace
+		start time.Time
+		n     uint64
+		want  Due
+	}{
+		{2000, t0, 4000, Due{t0, 8 * time.Millisecond}},
+		{0, t0, 4000, Due{}},
+		{2000, time.Time{}, 4000, Due{}},
+		{2000, t0, 0, Due{}},
+	} {
+		if got := tc.p.Due(tc.start, tc.n); got != tc.want {
+			t.Errorf("Pace(%v).Due(%v, %d) = %+v, want %+v", tc.p, tc.start, tc.n, got, tc.want)
+		}
+	}
+}

@@ -75,15 +75,7 @@ func Await(c syscall.Conn, a *Adaptive) {
 	if err != nil {
 		return
 	}
-	var start time.Time
-	polled := false
-	_ = rc.Control(func(fd uintptr) {
-		if ready(int(fd)) {
-			return
-		}
-		start = time.Now()
-		polled = Poll(int(fd), w)
-	})
+	start, polled, _ := pollWindow(rc, w)
 	if start.IsZero() {
 		return
 	}
@@ -96,6 +88,20 @@ func Await(c syscall.Conn, a *Adaptive) {
 		}
 	}
 	a.Observe(time.Since(start))
+}
+
+// pollWindow is the first part of a reader's wait on rc: none when bytes
+// are there already (start zero), else a poll of up to w from start;
+// polled says whether they came within it.
+func pollWindow(rc syscall.RawConn, w time.Duration) (start time.Time, polled bool, err error) {
+	err = rc.Control(func(fd uintptr) {
+		if ready(int(fd)) {
+			return
+		}
+		start = time.Now()
+		polled = w > 0 && Poll(int(fd), w)
+	})
+	return start, polled, err
 }
 
 // YieldFirst is what a reader does once before it starts to poll: let

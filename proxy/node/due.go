@@ -19,32 +19,25 @@ import (
 // connection from the copies seen on it. It is not safe for concurrent use
 // (one reader owns it).
 type dueClock struct {
-	nsPerByte float64 // the last copy's pace; 0 until one was seen
-	start     time.Time
-	bytes     uint64
+	pace  spin.Pace // the last copy's; 0 until one was seen
+	start time.Time // when the handles of the push handed last went out; zero: none waiting
+	bytes uint64
 }
 
 // handed records that the handles of a push of n bytes went out at now.
 func (c *dueClock) handed(now time.Time, n uint64) { c.start, c.bytes = now, n }
 
 // done records the DirectDone of the push handed last, at now, and learns
-// its pace from it.
+// its pace from it (only from one that moved all of it).
 func (c *dueClock) done(now time.Time, n uint64) {
-	if c.start.IsZero() || n == 0 || n != c.bytes {
-		c.start = time.Time{}
-		return
-	}
-	if el := now.Sub(c.start); el > 0 {
-		c.nsPerByte = float64(el) / float64(n)
+	if !c.start.IsZero() && n == c.bytes {
+		if p := spin.PaceOf(now.Sub(c.start), n); p > 0 {
+			c.pace = p
+		}
 	}
 	c.start = time.Time{}
 }
 
 // due is when the DirectDone of the push handed last should come: zero
 // with none handed or no pace learned yet.
-func (c *dueClock) due() spin.Due {
-	if c.start.IsZero() || c.nsPerByte == 0 {
-		return spin.Due{}
-	}
-	return spin.Due{Start: c.start, Expect: time.Duration(c.nsPerByte * float64(c.bytes))}
-}
+func (c *dueClock) due() spin.Due { return c.pace.Due(c.start, c.bytes) }

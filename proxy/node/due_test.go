@@ -21,18 +21,18 @@ func TestDueClock(t *testing.T) {
 		t.Fatalf("no pace yet: due %+v", d)
 	}
 	c.done(t0.Add(time.Millisecond), 0) // gave up on the direct path
-	if c.nsPerByte != 0 {
-		t.Fatalf("a DirectDone of 0 bytes set the pace to %v ns/B", c.nsPerByte)
+	if c.pace != 0 {
+		t.Fatalf("a DirectDone of 0 bytes set the pace to %v ns/B", c.pace)
 	}
 	c.handed(t0, 1000)
 	c.done(t0.Add(time.Millisecond), 999) // not the push handed
-	if c.nsPerByte != 0 {
-		t.Fatalf("a DirectDone of other bytes set the pace to %v ns/B", c.nsPerByte)
+	if c.pace != 0 {
+		t.Fatalf("a DirectDone of other bytes set the pace to %v ns/B", c.pace)
 	}
 	c.handed(t0, 1000)
 	c.done(t0.Add(2*time.Millisecond), 1000)
-	if c.nsPerByte != 2000 {
-		t.Fatalf("pace %v ns/B, want 2000", c.nsPerByte)
+	if c.pace != 2000 {
+		t.Fatalf("pace %v ns/B, want 2000", c.pace)
 	}
 	if d := c.due(); d != (spin.Due{}) {
 		t.Fatalf("after the DirectDone the reader still waits by it: %+v", d)
