@@ -10,7 +10,8 @@
 #            (scripts/gpu-tcpmodes.sh), when .dev/bench/tcpmodes is there
 #   rows     the one-transfer rows (1 MiB ranges, 65,536 x 16 KiB blocks, 8
 #            stripes), 1 and 2 in flight, and 64 GiB back to back, with each
-#            side's CPU per GB (item 5) and raw TCP beside
+#            side's CPU per GB (item 5) and raw TCP beside; raw C's one
+#            1 GiB burst (bench/idletcp) before and after them
 #   latency  4 KiB pushes until landed, each checked and back to back, with
 #            the readers' default (adaptive where the binary has it), a fixed
 #            100 us window and none, interleaved by round; host memory as in
@@ -71,13 +72,24 @@ for part in $parts; do
       echo "tcp: no .dev/bench/tcpmodes, skipped" | tee -a "$out/bench.log"
     fi ;;
   rows)
+    # raw C's one burst (bench/idletcp): 1 GiB over 8 connections after 1 s
+    # idle (as each checked row sits idle through its check) and back to
+    # back, shared in 1 MiB chunks as stage's streams share a transfer,
+    # and split evenly; before the rows and after them
+    if [ -f .dev/bench/idletcp.c ] && gcc -O2 -pthread -o "$out/idletcp" .dev/bench/idletcp.c; then
+      oneburst() { for m in shared split; do for g in 1000 0; do "$out/idletcp" 8 1073741824 $g 6 $m | tail -1; done; done >> "$out/oneburst.txt"; }
+    else
+      oneburst() { echo "rows: no .dev/bench/idletcp.c, no one-burst ceiling" | tee -a "$out/bench.log"; }
+    fi
+    oneburst
     for i in $(seq 1 "$rounds"); do
       run "ranges.$i" .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 5 --verify --raw
       run "blocks.$i" .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 1GiB --block 16KiB --pattern blocks --iters 5 --verify --raw
       run "ranges2.$i" .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 1GiB --block 1MiB --iters 6 --verify --inflight 2
       run "blocks2.$i" .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 1GiB --block 16KiB --pattern blocks --iters 6 --verify --inflight 2
     done
-    run gib64 .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 8GiB --block 1MiB --iters 8 --raw ;;
+    run gib64 .dev/staged "${G[@]}" --stripes 8 --slots 64 --size 8GiB --block 1MiB --iters 8 --raw
+    oneburst ;;
   latency)
     fixed=$(wrap spin100 STAGE_STAGING_READ_SPIN=100us)
     off=$(wrap spin0 STAGE_STAGING_READ_SPIN=0s)
@@ -157,8 +169,22 @@ pk = statistics.mean(peer) if peer else None
 for k in (1, 2, 4):
     for m in ("checked", "b2b"):
         line("ipc-cs%d-%s" % (k, m), pk)
+# raw C's one 1 GiB burst on 8 connections (the rows part's idletcp runs)
+burst = {}
+ob = os.path.join(d, "oneburst.txt")
+if os.path.exists(ob):
+    for mode, gap, gbs in re.findall(r"conns (\w+), \d+ B a burst, (\d+) ms idle before each: median ([\d.]+)", open(ob).read()):
+        burst.setdefault((mode, gap), []).append(float(gbs))
+    print("raw C one 1 GiB burst, 8 conns (medians of 6, each run): " + ", ".join(
+        "%s %s %s" % (m, "after 1 s idle" if g == "1000" else "back to back", v) for (m, g), v in sorted(burst.items())))
+    burst = {k: statistics.mean(v) for k, v in burst.items()}
 for n in ("ranges", "blocks", "ranges2", "blocks2", "gib64"):
     line(n, ceiling)
+    xs = rounds(n)
+    if xs and ("shared", "1000") in burst and n in ("ranges", "blocks"):
+        print("%-22s = %.1f%% of raw C's one burst after idle, shared in chunks (%.2f); %.1f%% of it split evenly (%.2f)" % (
+            "", 100 * med(xs, "gb_per_s")[0] / burst[("shared", "1000")], burst[("shared", "1000")],
+            100 * med(xs, "gb_per_s")[0] / burst[("split", "1000")], burst[("split", "1000")]))
     for k in ("c write", "go writev"):
         xs = rounds(n)
         if k in foot and xs:
