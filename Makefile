@@ -124,6 +124,7 @@ gpu-build:
 	cp bench/peercopy/peercopy.cu .dev/bench/peercopy.cu
 	cp bench/idletcp/idletcp.c .dev/bench/idletcp.c
 	cp bench/hostwake/hostwake.c .dev/bench/hostwake.c
+	cp bench/gpuwake/gpuwake.cu .dev/bench/gpuwake.cu
 
 # What tests/test_vllm_ascend.py's GPU class needs beyond the GPU machine's image, in one carry folder
 # .vac/ (ignored: /.vac/ in .git/info/exclude): vllm 0.23.0's Python files, the distributions the test

@@ -13,9 +13,14 @@
 //   E  pulled: the copy on GPU1's stream
 //   F  half pushed by GPU0, half pulled by GPU1, at once
 //   G  4 x 1 GiB on one stream
+//   H  a copy kernel on GPU0 (its SMs read and write through NVLink)
+//      instead of the copy engine
+//   I  between VMM allocations (cuMemCreate, mapped and made accessible
+//      to both GPUs), as a same-node push copies registered VMM regions
 //
 // Build and run on a machine with two peer-capable GPUs:
-//   nvcc -O2 -o peercopy bench/peercopy/peercopy.cu && ./peercopy
+//   nvcc -O2 -o peercopy bench/peercopy/peercopy.cu -lcuda && ./peercopy
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <chrono>
 #include <thread>
@@ -25,7 +30,29 @@
 #include <cstdlib>
 #include <cstring>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1);} } while (0)
+#define CU(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { const char* m; cuGetErrorString(e, &m); printf("%s: %s\n", #x, m); exit(1);} } while (0)
 using clk = std::chrono::steady_clock;
+// copy16 copies n 16-byte words, grid-stride.
+__global__ void copy16(const int4* __restrict__ s, int4* __restrict__ d, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = s[i];
+}
+// vmm maps size bytes of device dev's memory, accessible to devices 0 and 1.
+static void* vmm(int dev, size_t size) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h;
+  CU(cuMemCreate(&h, size, &prop, 0));
+  CUdeviceptr p;
+  CU(cuMemAddressReserve(&p, size, 0, 0, 0));
+  CU(cuMemMap(p, size, 0, h, 0));
+  CUmemAccessDesc acc[2] = {};
+  for (int i = 0; i < 2; i++) { acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE; acc[i].location.id = i; acc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE; }
+  CU(cuMemSetAccess(p, size, acc, 2));
+  return (void*)p;
+}
 static double ms(clk::time_point a, clk::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 static const size_t G4 = 4ull << 30;
 static void report(const char* name, std::vector<double> v) {
@@ -74,5 +101,12 @@ int main() {
   { std::vector<double> v; for (int r = 0; r < R; r++) { auto t0 = clk::now();
       for (int i = 0; i < 4; i++) CK(cudaMemcpyAsync((char*)dst + (size_t)i * (1ull << 30), (char*)src + (size_t)i * (1ull << 30), 1ull << 30, cudaMemcpyDefault, s));
       CK(cudaStreamSynchronize(s)); v.push_back(ms(t0, clk::now())); } report("G 4 x 1GiB on one stream", v); }
+  { int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0)); std::vector<double> v;
+    for (int r = 0; r < R; r++) { auto t0 = clk::now(); copy16<<<sms * 4, 512, 0, s>>>((const int4*)src, (int4*)dst, G4 / 16);
+      CK(cudaGetLastError()); CK(cudaStreamSynchronize(s)); v.push_back(ms(t0, clk::now())); }
+    report("H copy kernel on GPU0 (SMs), not the engine", v); }
+  { void* vs = vmm(0, G4); void* vd = vmm(1, G4); CK(cudaMemset(vs, 0x5a, G4)); std::vector<double> v;
+    for (int r = 0; r < R; r++) v.push_back(one(s, vd, vs, G4));
+    report("I VMM allocations (cuMemCreate), engine", v); }
   return 0;
 }
