@@ -90,12 +90,17 @@ type Transfer struct {
 // Submit starts a transfer and returns its id.
 func (c *Client) Submit(ctx context.Context, t Transfer) (uint64, error) {
 	a, err := c.submit(ctx, t, false)
+	return submitted("Submit", a, err)
+}
+
+// submitted is the transfer id a Submit or SubmitKV was answered with.
+func submitted(what string, a wire.Msg, err error) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
 	s, ok := a.(*wire.Submitted)
 	if !ok {
-		return 0, fmt.Errorf("stage: Submit answered with %s", a.Type())
+		return 0, fmt.Errorf("stage: %s answered with %s", what, a.Type())
 	}
 	return s.Transfer, nil
 }
@@ -249,12 +254,5 @@ func (c *Client) RevokeGrant(ctx context.Context, cache string, key []byte) erro
 func (c *Client) SubmitKV(ctx context.Context, t wire.SubmitKV) (uint64, error) {
 	t.Req = c.next()
 	a, err := c.call(ctx, t.Req, &t, -1)
-	if err != nil {
-		return 0, err
-	}
-	s, ok := a.(*wire.Submitted)
-	if !ok {
-		return 0, fmt.Errorf("stage: SubmitKV answered with %s", a.Type())
-	}
-	return s.Transfer, nil
+	return submitted("SubmitKV", a, err)
 }
