@@ -122,51 +122,19 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 		return nil, err
 	}
 	defer rc.Close()
-	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	tag := fmt.Sprintf("kvbench-%d", time.Now().UnixNano()%1e6)
-	// Twice the blocks a request needs, so block tables are scattered.
-	blocksFor := func(p kvPresetArg) uint32 { return 2 * ((o.tokens + p.bs - 1) / p.bs) }
-	var undo []func()
-	defer func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-	}()
-	cache := func(cl *client.Client, d engineDevice, name string, p kvPresetArg, fill bool) (*kvsim.KV, error) {
-		k, err := newKV(d, tag+"-"+name, p, &o, blocksFor(p))
-		if err != nil {
-			return nil, fmt.Errorf("%s cache %s: %w", name, p, err)
-		}
-		undo = append(undo, func() { _ = k.Close() })
-		if fill {
-			err = k.Fill(r.Uint64())
-		} else {
-			err = k.Poison(0xAB)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := k.Register(ctx, cl, wire.AccessAll); err != nil {
-			return nil, err
-		}
-		undo = append(undo, func() {
-			for l := 0; l < k.Layers; l++ {
-				for t := range k.Layout.NumTensors() {
-					_ = cl.Unregister(context.Background(), k.Region(l, t))
-				}
-			}
-		})
-		return k, nil
-	}
-	src, err := cache(lc, o.ldev, "src", o.from, true)
+	f := &kvFixture{ctx: ctx, o: &o, r: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)),
+		tag: fmt.Sprintf("kvbench-%d", time.Now().UnixNano()%1e6)}
+	defer f.close()
+	tag := f.tag
+	src, err := f.cache(lc, o.ldev, "src", o.from, true)
 	if err != nil {
 		return nil, err
 	}
-	dst, err := cache(rc, o.rdev, "dst", o.to, false)
+	dst, err := f.cache(rc, o.rdev, "dst", o.to, false)
 	if err != nil {
 		return nil, err
 	}
-	same, err := cache(rc, o.rdev, "same", o.from, false)
+	same, err := f.cache(rc, o.rdev, "same", o.from, false)
 	if err != nil {
 		return nil, err
 	}
@@ -174,16 +142,8 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	for i := range layers {
 		layers[i] = i
 	}
-	table := func(p kvPresetArg) []uint32 {
-		ids := r.Perm(int(blocksFor(p)))[:(o.tokens+p.bs-1)/p.bs]
-		out := make([]uint32, len(ids))
-		for i, id := range ids {
-			out[i] = uint32(id)
-		}
-		return out
-	}
-	conv := kvsim.KVMove{Layers: layers, SrcTable: table(o.from), DstTable: table(o.to), Tokens: o.tokens}
-	ident := kvsim.KVMove{Layers: layers, SrcTable: conv.SrcTable, DstTable: table(o.from), Tokens: o.tokens}
+	conv := kvsim.KVMove{Layers: layers, SrcTable: f.table(o.from), DstTable: f.table(o.to), Tokens: o.tokens}
+	ident := kvsim.KVMove{Layers: layers, SrcTable: conv.SrcTable, DstTable: f.table(o.from), Tokens: o.tokens}
 	before, err := dst.Snapshot()
 	if err != nil {
 		return nil, err
@@ -200,38 +160,133 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 			return err
 		}
 	}
-	type run struct {
-		what string
-		once func() error
-	}
-	runs := []run{
+	runs := []kvRun{
 		{fmt.Sprintf("kv %s -> %s", o.from, o.to), kvOnce(&conv, dst)},
 		{fmt.Sprintf("kv %s -> %s (same layout)", o.from, o.from), kvOnce(&ident, same)},
 	}
 	if o.grant {
 		// Its own cache: a grant guards the cache it is made on.
-		guarded, err := cache(rc, o.rdev, "guarded", o.from, false)
+		guarded, err := f.cache(rc, o.rdev, "guarded", o.from, false)
 		if err != nil {
 			return nil, err
 		}
-		runs = append(runs, run{fmt.Sprintf("kv %s -> %s, Grant+Revoke each", o.from, o.from),
+		runs = append(runs, kvRun{fmt.Sprintf("kv %s -> %s, Grant+Revoke each", o.from, o.from),
 			grantedOnce(ctx, lc, rc, o, tag, &ident, src, guarded)})
 	}
 	if t, ok := src.ByteOps(same, &ident); ok {
 		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, tag, o.checksum
-		runs = append(runs, run{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
+		runs = append(runs, kvRun{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
 			_, err := lc.Do(ctx, t)
 			return err
 		}})
 	}
 	l := &src.Layout
 	bytes := uint64(o.layers) * uint64(o.tokens) * uint64(l.Held()) * l.RowWidth() * l.DType.Size()
+	busy, err := timeKVRuns(ctx, o, runs)
+	if err != nil {
+		return nil, err
+	}
 	rows := make([]kvRow, len(runs))
 	for i := range runs {
-		rows[i] = kvRow{What: runs[i].what, Bytes: bytes}
+		rows[i] = kvRow{What: runs[i].what, Bytes: bytes, GBps: float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9}
 	}
-	// Rounds interleave the rows, so that drift on a shared machine hits
-	// them alike.
+	if err := checkKVLanded(o, src, dst, before, conv); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
+		o.layers, o.tokens, l.Held(), l.RowWidth(), config.ByteSize(bytes), o.iters, o.ldev, o.rdev)
+	for _, row := range rows {
+		fmt.Fprintf(w, "  %-48s %8.2f GB/s  %.2fx the same-layout KV transfer\n", row.What, row.GBps, row.GBps/rows[1].GBps)
+	}
+	acc, err := kvAcceptRows(ctx, w, o)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, acc...), nil
+}
+
+// kvAcceptRows measures how long the sidecar takes to accept a large
+// SubmitKV (kvAccept), prints it, and returns it as rows (their GBps
+// field holds microseconds).
+func kvAcceptRows(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error) {
+	const acceptBlocks = 65536
+	big, small, inside, err := kvAccept(ctx, o, acceptBlocks)
+	if err != nil {
+		return nil, fmt.Errorf("accept time: %w", err)
+	}
+	fmt.Fprintf(w, "  accept a %d-block request: %v inside the sidecar (decoded SubmitKV to transfer handed to the core, mean); %v from SubmitKV sent to Submitted read (a 1-block request: %v)\n",
+		acceptBlocks, inside.Round(time.Microsecond), big.Round(time.Microsecond), small.Round(time.Microsecond))
+	return []kvRow{{What: fmt.Sprintf("accept %d blocks inside the sidecar (us)", acceptBlocks), GBps: float64(inside.Microseconds())},
+		{What: fmt.Sprintf("accept %d blocks, engine round trip (us)", acceptBlocks), GBps: float64(big.Microseconds())},
+		{What: "accept 1 block, engine round trip (us)", GBps: float64(small.Microseconds())}}, nil
+}
+
+// kvFixture makes the KV bench's caches and block tables, and undoes what
+// it made (unregisters and frees the caches) on close.
+type kvFixture struct {
+	ctx  context.Context
+	o    *kvBenchOpts
+	r    *rand.Rand
+	tag  string
+	undo []func()
+}
+
+// blocks is how many blocks a cache of preset p has: twice what a request
+// needs, so that block tables are scattered.
+func (f *kvFixture) blocks(p kvPresetArg) uint32 { return 2 * ((f.o.tokens + p.bs - 1) / p.bs) }
+
+// cache makes a cache of preset p on d, filled with random bytes or
+// poisoned, and registers it with cl.
+func (f *kvFixture) cache(cl *client.Client, d engineDevice, name string, p kvPresetArg, fill bool) (*kvsim.KV, error) {
+	k, err := newKV(d, f.tag+"-"+name, p, f.o, f.blocks(p))
+	if err != nil {
+		return nil, fmt.Errorf("%s cache %s: %w", name, p, err)
+	}
+	f.undo = append(f.undo, func() { _ = k.Close() })
+	if fill {
+		err = k.Fill(f.r.Uint64())
+	} else {
+		err = k.Poison(0xAB)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Register(f.ctx, cl, wire.AccessAll); err != nil {
+		return nil, err
+	}
+	f.undo = append(f.undo, func() {
+		for l := 0; l < k.Layers; l++ {
+			for t := range k.Layout.NumTensors() {
+				_ = cl.Unregister(context.Background(), k.Region(l, t))
+			}
+		}
+	})
+	return k, nil
+}
+
+// table is a random block table of a request of o.tokens tokens in a
+// cache of preset p.
+func (f *kvFixture) table(p kvPresetArg) []uint32 {
+	return randTable(f.r, int(f.blocks(p)), int((f.o.tokens+p.bs-1)/p.bs))
+}
+
+// close undoes what the fixture made, last first.
+func (f *kvFixture) close() {
+	for i := len(f.undo) - 1; i >= 0; i-- {
+		f.undo[i]()
+	}
+}
+
+// kvRun is one row of the KV bench: what it measures, and one transfer of it.
+type kvRun struct {
+	what string
+	once func() error
+}
+
+// timeKVRuns runs each of runs o.warmup + o.iters times and returns the
+// time each spent in the timed rounds. Rounds interleave the rows, so that
+// drift on a shared machine hits them alike.
+func timeKVRuns(ctx context.Context, o kvBenchOpts, runs []kvRun) ([]time.Duration, error) {
 	busy := make([]time.Duration, len(runs))
 	for round := 0; round < o.warmup+o.iters; round++ {
 		if o.prof != nil && round == o.warmup {
@@ -249,44 +304,30 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 			}
 		}
 	}
-	for i := range rows {
-		rows[i].GBps = float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9
-	}
 	if o.prof != nil {
 		if err := o.prof.wait(); err != nil {
 			return nil, err
 		}
 	}
-	// Every row of the converting transfer must have landed, and nothing
-	// else in the destination changed.
+	return busy, nil
+}
+
+// checkKVLanded checks that every row of the converting transfer conv
+// landed in dst and that nothing else in it changed from before.
+func checkKVLanded(o kvBenchOpts, src, dst *kvsim.KV, before []byte, conv kvsim.KVMove) error {
 	if err := kvsim.Expect(src, dst, before, conv); err != nil {
-		return nil, err
+		return err
 	}
 	got, err := dst.Snapshot()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for i := range got {
 		if got[i] != before[i] {
-			return nil, fmt.Errorf("kv %s -> %s: destination byte %d is %#x, want %#x", o.from, o.to, i, got[i], before[i])
+			return fmt.Errorf("kv %s -> %s: destination byte %d is %#x, want %#x", o.from, o.to, i, got[i], before[i])
 		}
 	}
-	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
-		o.layers, o.tokens, l.Held(), l.RowWidth(), config.ByteSize(bytes), o.iters, o.ldev, o.rdev)
-	for _, row := range rows {
-		fmt.Fprintf(w, "  %-48s %8.2f GB/s  %.2fx the same-layout KV transfer\n", row.What, row.GBps, row.GBps/rows[1].GBps)
-	}
-	const acceptBlocks = 65536
-	big, small, inside, err := kvAccept(ctx, o, acceptBlocks)
-	if err != nil {
-		return nil, fmt.Errorf("accept time: %w", err)
-	}
-	fmt.Fprintf(w, "  accept a %d-block request: %v inside the sidecar (decoded SubmitKV to transfer handed to the core, mean); %v from SubmitKV sent to Submitted read (a 1-block request: %v)\n",
-		acceptBlocks, inside.Round(time.Microsecond), big.Round(time.Microsecond), small.Round(time.Microsecond))
-	rows = append(rows, kvRow{What: fmt.Sprintf("accept %d blocks inside the sidecar (us)", acceptBlocks), GBps: float64(inside.Microseconds())},
-		kvRow{What: fmt.Sprintf("accept %d blocks, engine round trip (us)", acceptBlocks), GBps: float64(big.Microseconds())},
-		kvRow{What: "accept 1 block, engine round trip (us)", GBps: float64(small.Microseconds())})
-	return rows, nil
+	return nil
 }
 
 // grantedOnce is one push of m from src into to, a cache of the remote
@@ -360,16 +401,9 @@ func kvAccept(ctx context.Context, o kvBenchOpts, blocks uint32) (big, small, in
 		}(side.cl, k)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	table := func(n uint32) []uint32 {
-		ids := r.Perm(int(2 * blocks))[:n]
-		out := make([]uint32, n)
-		for i, id := range ids {
-			out[i] = uint32(id)
-		}
-		return out
-	}
 	measure := func(n uint32) (time.Duration, error) {
-		m := kvsim.KVMove{Layers: []int{0}, SrcTable: table(n), DstTable: table(n), Tokens: n * 16}
+		m := kvsim.KVMove{Layers: []int{0}, SrcTable: randTable(r, int(2*blocks), int(n)),
+			DstTable: randTable(r, int(2*blocks), int(n)), Tokens: n * 16}
 		st0, err := lc.Stats(ctx)
 		if err != nil {
 			return 0, err
@@ -379,51 +413,56 @@ func kvAccept(ctx context.Context, o kvBenchOpts, blocks uint32) (big, small, in
 				inside = time.Duration((st1.KVAcceptNanos - st0.KVAcceptNanos) / (st1.KVAccepts - st0.KVAccepts))
 			}
 		}()
-		s := m.Submit(o.route, tag, wire.Push, caches[0], caches[1])
-		var ts []time.Duration
-		iters := 1 + max(o.iters, 5)
-		if o.prof != nil && n > 1 {
-			// Long enough for a profile that shows where the time goes.
-			const span = 3 * time.Second
-			o.prof.start(ctx, "kv-accept", span)
-			defer func() { _ = o.prof.wait() }()
-			deadline := time.Now().Add(span)
-			stop := func() bool { return time.Now().After(deadline) }
-			for i := 0; !stop(); i++ {
-				t0 := time.Now()
-				id, err := lc.SubmitKV(ctx, s)
-				if err != nil {
-					return 0, err
-				}
-				ts = append(ts, time.Since(t0))
-				if _, err := lc.Wait(ctx, id, 0); err != nil {
-					return 0, err
-				}
-			}
-			slices.Sort(ts)
-			return ts[len(ts)/2], nil
-		}
-		for i := 0; i < iters; i++ {
-			t0 := time.Now()
-			id, err := lc.SubmitKV(ctx, s)
-			if err != nil {
-				return 0, err
-			}
-			if i > 0 {
-				ts = append(ts, time.Since(t0))
-			}
-			if _, err := lc.Wait(ctx, id, 0); err != nil {
-				return 0, err
-			}
-		}
-		slices.Sort(ts)
-		return ts[len(ts)/2], nil
+		return submitTime(ctx, lc, o, m.Submit(o.route, tag, wire.Push, caches[0], caches[1]), n > 1)
 	}
 	if small, err = measure(1); err != nil {
 		return 0, 0, 0, err
 	}
 	big, err = measure(blocks) // last: inside is its mean
 	return big, small, inside, err
+}
+
+// submitTime submits s again and again, each waited for, and returns the
+// median time from SubmitKV sent to Submitted read: over 1 + max(o.iters,
+// 5) submits with the first dropped, or, where o has a profile and profile
+// is set, over 3 s of submits under it (long enough for a profile that
+// shows where the time goes).
+func submitTime(ctx context.Context, lc *client.Client, o kvBenchOpts, s wire.SubmitKV, profile bool) (time.Duration, error) {
+	iters := 1 + max(o.iters, 5)
+	more, skip := func(i int) bool { return i < iters }, 1
+	if o.prof != nil && profile {
+		const span = 3 * time.Second
+		o.prof.start(ctx, "kv-accept", span)
+		defer func() { _ = o.prof.wait() }()
+		deadline := time.Now().Add(span)
+		more, skip = func(int) bool { return !time.Now().After(deadline) }, 0
+	}
+	var ts []time.Duration
+	for i := 0; more(i); i++ {
+		t0 := time.Now()
+		id, err := lc.SubmitKV(ctx, s)
+		if err != nil {
+			return 0, err
+		}
+		if i >= skip {
+			ts = append(ts, time.Since(t0))
+		}
+		if _, err := lc.Wait(ctx, id, 0); err != nil {
+			return 0, err
+		}
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2], nil
+}
+
+// randTable is n distinct block ids of the first pool, in random order.
+func randTable(r *rand.Rand, pool, n int) []uint32 {
+	ids := r.Perm(pool)[:n]
+	out := make([]uint32, n)
+	for i, id := range ids {
+		out[i] = uint32(id)
+	}
+	return out
 }
 
 func sum(ds []time.Duration) (t time.Duration) {
