@@ -59,14 +59,7 @@ func kvPhase(ctx context.Context, pc, dc *client.Client, notes <-chan *wire.Noti
 	if err != nil {
 		return res, err
 	}
-	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
-	// Scattered block ids on both sides, as engines' allocators give them.
-	m := kvsim.KVMove{Layers: all, SrcTable: []uint32{9, 2, 30, 17, 5, 11, 24, 0, 13, 28, 6, 19, 3, 22, 15, 8},
-		DstTable: make([]uint32, (tokens+5+15)/16), DstFirst: 5, Tokens: tokens}
-	for i := range m.DstTable {
-		m.DstTable[i] = uint32((i*37 + 11) % 256)
-	}
-	m.SrcTable = m.SrcTable[:(tokens+127)/128]
+	m := demoKVMove(tokens)
 	// Two passes, as every demo phase (demophase.go): the first into the
 	// fresh registrations, the timed one into the poisoned cache again.
 	for pass, prefix := range []string{"kv-first/", "kv-req-1/"} {
@@ -100,33 +93,29 @@ func kvPhase(ctx context.Context, pc, dc *client.Client, notes <-chan *wire.Noti
 			res.elapsed, res.xfers, res.notes = el, len(ids), n
 		}
 	}
-	for _, k := range ranks {
-		if err := kvsim.Expect(k, hnd, want, m); err != nil {
-			return res, err
-		}
-	}
-	got, err := hnd.Snapshot()
-	if err != nil {
+	if err := checkLanded("KV phase: the decode cache", hnd, want, ranks, m); err != nil {
 		return res, err
 	}
-	for i := range got {
-		if got[i] != want[i] {
-			return res, fmt.Errorf("KV phase: decode cache byte %d is %#x, want %#x", i, got[i], want[i])
-		}
-	}
-	for _, c := range []struct {
-		k  *kvsim.KV
-		cl *client.Client
-	}{{ranks[0], pc}, {ranks[1], pc}, {hnd, dc}} {
-		for l := 0; l < layers; l++ {
-			for t := range c.k.Layout.NumTensors() {
-				if err := c.cl.Unregister(ctx, c.k.Region(l, t)); err != nil {
-					return res, err
-				}
-			}
+	for _, err := range []error{unregisterKV(ctx, pc, ranks[0]), unregisterKV(ctx, pc, ranks[1]), unregisterKV(ctx, dc, hnd)} {
+		if err != nil {
+			return res, err
 		}
 	}
 	bytes := uint64(layers) * tokens * heads * 2 * hs * 2
 	res.name, res.bytes = "kv ascend/128 x2 -> vllm-hnd/16", bytes
 	return res, nil
+}
+
+// demoKVMove is the KV phase's request of tokens tokens, over all 8
+// layers: scattered block ids on both sides, as engines' allocators give
+// them, 128-token blocks at the ranks and 16-token blocks at the decode,
+// where it starts 5 tokens into its first block.
+func demoKVMove(tokens uint32) kvsim.KVMove {
+	m := kvsim.KVMove{Layers: []int{0, 1, 2, 3, 4, 5, 6, 7}, SrcTable: []uint32{9, 2, 30, 17, 5, 11, 24, 0, 13, 28, 6, 19, 3, 22, 15, 8},
+		DstTable: make([]uint32, (tokens+5+15)/16), DstFirst: 5, Tokens: tokens}
+	for i := range m.DstTable {
+		m.DstTable[i] = uint32((i*37 + 11) % 256)
+	}
+	m.SrcTable = m.SrcTable[:(tokens+127)/128]
+	return m
 }

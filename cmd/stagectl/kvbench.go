@@ -107,6 +107,41 @@ func newKVOn(d engineDevice, name, preset string, params kvlayout.Params, layers
 	return kvsim.NewKVOn(m, name, preset, params, layers)
 }
 
+// checkLanded checks dst against want once each source's move m has been
+// applied to want (kvsim.Expect): every row moved landed, and every other
+// byte is as it was.
+func checkLanded(what string, dst *kvsim.KV, want []byte, srcs []*kvsim.KV, m kvsim.KVMove) error {
+	for _, src := range srcs {
+		if err := kvsim.Expect(src, dst, want, m); err != nil {
+			return err
+		}
+	}
+	got, err := dst.Snapshot()
+	if err != nil {
+		return err
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return fmt.Errorf("%s: destination byte %d is %#x, want %#x", what, i, got[i], want[i])
+		}
+	}
+	return nil
+}
+
+// unregisterKV unregisters every region of k from cl and returns the first
+// error.
+func unregisterKV(ctx context.Context, cl *client.Client, k *kvsim.KV) error {
+	var first error
+	for l := 0; l < k.Layers; l++ {
+		for t := range k.Layout.NumTensors() {
+			if err := cl.Unregister(ctx, k.Region(l, t)); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
 // runKVBench moves a synthetic KV cache of o.tokens tokens from preset
 // o.from (local) to o.to (remote), and in the same run between two caches
 // of o.from (same layout, as a KV transfer and as the byte ops it
@@ -190,7 +225,9 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	for i := range runs {
 		rows[i] = kvRow{What: runs[i].what, Bytes: bytes, GBps: float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9}
 	}
-	if err := checkKVLanded(o, src, dst, before, conv); err != nil {
+	// Every row of the converting transfer must have landed, and nothing
+	// else in the destination changed.
+	if err := checkLanded(fmt.Sprintf("kv %s -> %s", o.from, o.to), dst, before, []*kvsim.KV{src}, conv); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
@@ -254,13 +291,7 @@ func (f *kvFixture) cache(cl *client.Client, d engineDevice, name string, p kvPr
 	if err := k.Register(f.ctx, cl, wire.AccessAll); err != nil {
 		return nil, err
 	}
-	f.undo = append(f.undo, func() {
-		for l := 0; l < k.Layers; l++ {
-			for t := range k.Layout.NumTensors() {
-				_ = cl.Unregister(context.Background(), k.Region(l, t))
-			}
-		}
-	})
+	f.undo = append(f.undo, func() { _ = unregisterKV(context.Background(), cl, k) })
 	return k, nil
 }
 
@@ -310,24 +341,6 @@ func timeKVRuns(ctx context.Context, o kvBenchOpts, runs []kvRun) ([]time.Durati
 		}
 	}
 	return busy, nil
-}
-
-// checkKVLanded checks that every row of the converting transfer conv
-// landed in dst and that nothing else in it changed from before.
-func checkKVLanded(o kvBenchOpts, src, dst *kvsim.KV, before []byte, conv kvsim.KVMove) error {
-	if err := kvsim.Expect(src, dst, before, conv); err != nil {
-		return err
-	}
-	got, err := dst.Snapshot()
-	if err != nil {
-		return err
-	}
-	for i := range got {
-		if got[i] != before[i] {
-			return fmt.Errorf("kv %s -> %s: destination byte %d is %#x, want %#x", o.from, o.to, i, got[i], before[i])
-		}
-	}
-	return nil
 }
 
 // grantedOnce is one push of m from src into to, a cache of the remote
