@@ -140,39 +140,14 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 		return err
 	}
 
-	const guard = 4096
-	P, err := newCache(o.pdev, "prefill-kv", o.layers, o.layerBytes, guard)
+	P, D, B, closeCaches, err := newDemoCaches(ctx, o, pc, dc)
 	if err != nil {
 		return err
 	}
-	defer P.Close()
-	D, err := newCache(o.ddev, "decode-kv", o.layers, o.layerBytes, guard)
-	if err != nil {
-		return err
-	}
-	defer D.Close()
-	B, err := newCache(o.pdev, "back-kv", o.layers, o.layerBytes, guard)
-	if err != nil {
-		return err
-	}
-	defer B.Close()
-	for _, err := range []error{P.Fill(1), D.Poison(0xAB), B.Poison(0xAB)} {
-		if err != nil {
-			return err
-		}
-	}
-	if err := P.Register(ctx, pc, wire.AccessLocalRead); err != nil {
-		return err
-	}
-	if err := B.Register(ctx, pc, wire.AccessLocalWrite); err != nil {
-		return err
-	}
-	if err := D.Register(ctx, dc, wire.AccessRemoteWrite|wire.AccessRemoteRead); err != nil {
-		return err
-	}
+	defer closeCaches()
 	total := uint64(o.layers) * o.layerBytes
 	fmt.Printf("KV cache: %d layers x %s = %s per side (prefill on %s, decode on %s); each layer a region at offset >= %d inside one allocation\n",
-		o.layers, config.ByteSize(o.layerBytes), config.ByteSize(total), o.pdev, o.ddev, guard)
+		o.layers, config.ByteSize(o.layerBytes), config.ByteSize(total), o.pdev, o.ddev, demoGuard)
 
 	results, err := cachePhases(ctx, pc, notes, o, P, D, B)
 	if err != nil {
@@ -187,16 +162,8 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 	results = append(results, r)
 
 	printPhases(os.Stdout, o, results)
-	for _, sc := range []struct {
-		name string
-		c    *client.Client
-	}{{"prefill", pc}, {"decode", dc}} {
-		st, err := sc.c.Stats(ctx)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("\n== stagectl stats (%s) ==\n", sc.name)
-		printStats(os.Stdout, st, nil, 0)
+	if err := printDemoStats(ctx, pc, dc); err != nil {
+		return err
 	}
 	for _, c := range []struct {
 		cache *kvsim.Cache
@@ -212,6 +179,22 @@ func runDemo(ctx context.Context, o demoOpts) (err error) {
 		fmt.Printf("for example:\n  python3 python/examples/kv_connector.py --prefill %s --decode %s\n", pre.Socket, dec.Socket)
 		fmt.Printf("  ./bin/stagectl --socket %s stats --watch 1s\n", pre.Socket)
 		<-ctx.Done()
+	}
+	return nil
+}
+
+// printDemoStats prints both sidecars' stats, as stagectl stats does.
+func printDemoStats(ctx context.Context, pc, dc *client.Client) error {
+	for _, sc := range []struct {
+		name string
+		c    *client.Client
+	}{{"prefill", pc}, {"decode", dc}} {
+		st, err := sc.c.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\n== stagectl stats (%s) ==\n", sc.name)
+		printStats(os.Stdout, st, nil, 0)
 	}
 	return nil
 }
@@ -238,4 +221,47 @@ func collectNotes(notes <-chan *wire.Notify, n int, prefix string, dir wire.Dire
 		}
 	}
 	return got, nil
+}
+
+// demoGuard is the gap before and between the demo caches' layers, where
+// a stray write shows.
+const demoGuard = 4096
+
+// newDemoCaches makes the demo's byte caches, each registered with the
+// access its role needs: P the prefill's (filled, read locally), D the
+// decode's (poisoned, written and read by the peer) and B the prefill's
+// for the pull back (poisoned, written locally). closeAll frees them.
+func newDemoCaches(ctx context.Context, o demoOpts, pc, dc *client.Client) (P, D, B *kvsim.Cache, closeAll func(), err error) {
+	var made []*kvsim.Cache
+	closeAll = func() {
+		for _, c := range made {
+			_ = c.Close()
+		}
+	}
+	for _, c := range []struct {
+		at     **kvsim.Cache
+		dev    engineDevice
+		name   string
+		cl     *client.Client
+		access wire.Access
+		fill   func(*kvsim.Cache) error
+	}{
+		{&P, o.pdev, "prefill-kv", pc, wire.AccessLocalRead, func(c *kvsim.Cache) error { return c.Fill(1) }},
+		{&D, o.ddev, "decode-kv", dc, wire.AccessRemoteWrite | wire.AccessRemoteRead, func(c *kvsim.Cache) error { return c.Poison(0xAB) }},
+		{&B, o.pdev, "back-kv", pc, wire.AccessLocalWrite, func(c *kvsim.Cache) error { return c.Poison(0xAB) }},
+	} {
+		k, err := newCache(c.dev, c.name, o.layers, o.layerBytes, demoGuard)
+		if err == nil {
+			made = append(made, k)
+			if err = c.fill(k); err == nil {
+				err = k.Register(ctx, c.cl, c.access)
+			}
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, nil, err
+		}
+		*c.at = k
+	}
+	return P, D, B, closeAll, nil
 }
