@@ -17,11 +17,24 @@
 //      instead of the copy engine
 //   I  between VMM allocations (cuMemCreate, mapped and made accessible
 //      to both GPUs), as a same-node push copies registered VMM regions
+//   J  between memory another process allocated (cudaMalloc) and shared
+//      by legacy IPC handles, opened here with lazy peer access: the
+//      stagectl bench's memory as a sidecar imports it
+//   K  the same with VMM allocations shared as POSIX fds, imported and
+//      made accessible to GPU0 only, as the sidecar imports them
+//
+// J and K run this program again as a child ("peercopy child", on fd 3
+// a socket to this process) that allocates, hands the handles over, and
+// waits until this process closes the socket.
 //
 // Build and run on a machine with two peer-capable GPUs:
 //   nvcc -O2 -o peercopy bench/peercopy/peercopy.cu -lcuda && ./peercopy
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -60,7 +73,124 @@ static void report(const char* name, std::vector<double> v) {
   double med = v[v.size() / 2];
   printf("%-44s median %8.3f ms (%.3f..%.3f) = %7.2f GB/s\n", name, med, v.front(), v.back(), G4 / med / 1e6);
 }
-int main() {
+// vmmfd allocates size bytes on dev as vmm does and exports them as a
+// POSIX fd.
+static int vmmfd(int dev, size_t size, void** mapped) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h;
+  CU(cuMemCreate(&h, size, &prop, 0));
+  CUdeviceptr p;
+  CU(cuMemAddressReserve(&p, size, 0, 0, 0));
+  CU(cuMemMap(p, size, 0, h, 0));
+  CUmemAccessDesc acc = {};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = dev;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU(cuMemSetAccess(p, size, &acc, 1));
+  *mapped = (void*)p;
+  int fd = -1;
+  CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return fd;
+}
+
+// handover is what the child sends: two legacy IPC handles (source on
+// GPU0, destination on GPU1); the two VMM fds ride along as SCM_RIGHTS.
+struct handover { cudaIpcMemHandle_t src, dst; };
+
+// child allocates the source (GPU0, filled) and destination (GPU1) twice,
+// by cudaMalloc and by VMM, sends them over fd 3 and waits for EOF there.
+static int child() {
+  handover m;
+  void *s, *d, *vs, *vd;
+  CK(cudaSetDevice(0)); CK(cudaMalloc(&s, G4)); CK(cudaMemset(s, 0x5a, G4)); CK(cudaIpcGetMemHandle(&m.src, s));
+  int fs = vmmfd(0, G4, &vs); CK(cudaMemset(vs, 0x5a, G4));
+  CK(cudaSetDevice(1)); CK(cudaMalloc(&d, G4)); CK(cudaIpcGetMemHandle(&m.dst, d));
+  int fdd = vmmfd(1, G4, &vd);
+  CK(cudaDeviceSynchronize()); CK(cudaSetDevice(0)); CK(cudaDeviceSynchronize());
+  char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
+  iovec iov = {&m, sizeof m};
+  msghdr mh = {};
+  mh.msg_iov = &iov; mh.msg_iovlen = 1; mh.msg_control = ctl; mh.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET; c->cmsg_type = SCM_RIGHTS; c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {fs, fdd};
+  memcpy(CMSG_DATA(c), fds, sizeof fds);
+  if (sendmsg(3, &mh, 0) != (ssize_t)sizeof m) { perror("child: sendmsg"); return 1; }
+  char b;
+  while (read(3, &b, 1) > 0) {}
+  return 0;
+}
+
+// importfd maps a VMM fd of size bytes, accessible to GPU0 only.
+static void* importfd(int fd, size_t size) {
+  CUmemGenericAllocationHandle h;
+  CU(cuMemImportFromShareableHandle(&h, (void*)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CUdeviceptr p;
+  CU(cuMemAddressReserve(&p, size, 0, 0, 0));
+  CU(cuMemMap(p, size, 0, h, 0));
+  CUmemAccessDesc acc = {};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU(cuMemSetAccess(p, size, &acc, 1));
+  return (void*)p;
+}
+
+// crossProcess runs cases J and K against a child of this program.
+static void crossProcess(const char* self, cudaStream_t s) {
+  int sv[2];
+  // Close-on-exec, so that the child holds only its own end and sees EOF
+  // when this process closes its end.
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) { perror("socketpair"); return; }
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (sv[1] == 3) fcntl(3, F_SETFD, 0); // dup2 onto itself keeps the flag
+    else dup2(sv[1], 3);                  // the copy on 3 does not
+    execl(self, self, "child", (char*)nullptr);
+    perror("exec child");
+    _exit(127);
+  }
+  close(sv[1]);
+  handover m;
+  char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
+  iovec iov = {&m, sizeof m};
+  msghdr mh = {};
+  mh.msg_iov = &iov; mh.msg_iovlen = 1; mh.msg_control = ctl; mh.msg_controllen = sizeof ctl;
+  cmsghdr* c = nullptr;
+  if (recvmsg(sv[0], &mh, MSG_WAITALL) != (ssize_t)sizeof m || !(c = CMSG_FIRSTHDR(&mh)) || c->cmsg_type != SCM_RIGHTS) {
+    printf("J/K: no handles from the child\n");
+    close(sv[0]); waitpid(pid, nullptr, 0);
+    return;
+  }
+  int fds[2];
+  memcpy(fds, CMSG_DATA(c), sizeof fds);
+  const int R = 10;
+  auto fresh = [&](void* d, void* sr) {
+    cudaStream_t f; CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+    auto t0 = clk::now(); CK(cudaMemcpyAsync(d, sr, G4, cudaMemcpyDefault, f)); CK(cudaStreamSynchronize(f));
+    double t = ms(t0, clk::now()); CK(cudaStreamDestroy(f)); return t; };
+  (void)s;
+  CK(cudaSetDevice(0));
+  void *is, *id;
+  CK(cudaIpcOpenMemHandle(&is, m.src, cudaIpcMemLazyEnablePeerAccess));
+  CK(cudaIpcOpenMemHandle(&id, m.dst, cudaIpcMemLazyEnablePeerAccess));
+  { std::vector<double> v; for (int r = 0; r < R + 1; r++) { double t = fresh(id, is); if (r) v.push_back(t); }
+    report("J another process's cudaMalloc, legacy IPC", v); }
+  void* vs = importfd(fds[0], G4);
+  void* vd = importfd(fds[1], G4);
+  { std::vector<double> v; for (int r = 0; r < R + 1; r++) { double t = fresh(vd, vs); if (r) v.push_back(t); }
+    report("K another process's VMM, fds, GPU0 access", v); }
+  CK(cudaIpcCloseMemHandle(is)); CK(cudaIpcCloseMemHandle(id));
+  close(sv[0]);
+  waitpid(pid, nullptr, 0);
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "child") == 0) return child();
   void *src, *dst, *dst0;
   CK(cudaSetDevice(1)); CK(cudaMalloc(&dst, G4));
   CK(cudaSetDevice(0)); CK(cudaMalloc(&src, G4)); CK(cudaMalloc(&dst0, 64 << 20));
@@ -108,5 +238,6 @@ int main() {
   { void* vs = vmm(0, G4); void* vd = vmm(1, G4); CK(cudaMemset(vs, 0x5a, G4)); std::vector<double> v;
     for (int r = 0; r < R; r++) v.push_back(one(s, vd, vs, G4));
     report("I VMM allocations (cuMemCreate), engine", v); }
+  crossProcess(argv[0], s);
   return 0;
 }
