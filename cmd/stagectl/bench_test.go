@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestMeanRaw(t *testing.T) {
@@ -56,5 +57,29 @@ func TestDemoMeaning(t *testing.T) {
 				t.Errorf("%q: want %q and %q, not %q", got, tc.want, tc.want2, tc.not)
 			}
 		})
+	}
+}
+
+func TestPercentileUs(t *testing.T) {
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = time.Duration(i+1) * time.Microsecond
+	}
+	for _, tc := range []struct {
+		name string
+		lat  []time.Duration
+		p    float64
+		want float64
+	}{
+		{"none", nil, 0.5, 0},
+		{"one", []time.Duration{7 * time.Microsecond}, 0.99, 7},
+		{"p50 of 1..100 us", hundred, 0.5, 50},
+		{"p99 of 1..100 us", hundred, 0.99, 99},
+		{"max of 1..100 us", hundred, 1, 100},
+		{"p0 is the least", hundred, 0, 1},
+	} {
+		if got := percentileUs(tc.lat, tc.p); got != tc.want {
+			t.Errorf("%s: got %v us, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -83,24 +83,11 @@ func benchPairs(ctx context.Context, o benchOpts, lc, rc *client.Client, tag str
 
 func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 	o.inflight = max(o.inflight, 1)
-	var spinOpts []client.Option // both clients poll as --spin says
-	if o.spinSet {
-		p := o.spin.Resolve()
-		spinOpts = append(spinOpts, client.WithAdaptiveSpin(p.Base, p.Max))
-	}
-	opts := append([]client.Option(nil), spinOpts...)
-	if o.pieces >= 0 {
-		opts = append(opts, client.WithPieces(o.pieces, client.DefaultFirstPiece, client.DefaultPiece))
-	}
-	lc, err := client.Dial(o.local, opts...)
+	lc, rc, err := benchClients(o)
 	if err != nil {
 		return nil, err
 	}
 	defer lc.Close()
-	rc, err := client.Dial(o.remote, spinOpts...)
-	if err != nil {
-		return nil, err
-	}
 	defer rc.Close()
 	tag := fmt.Sprintf("bench-%d", time.Now().UnixNano()%1e6)
 	pairs, closePairs, err := benchPairs(ctx, o, lc, rc, tag)
@@ -158,14 +145,7 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		return nil, err
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) float64 {
-		if len(lat) == 0 {
-			return 0
-		}
-		i := int(p*float64(len(lat))+0.5) - 1
-		i = max(0, min(i, len(lat)-1))
-		return float64(lat[i].Nanoseconds()) / 1e3
-	}
+	pct := func(p float64) float64 { return percentileUs(lat, p) }
 	moved := float64(uint64(len(lat)) * o.size)
 	gb := moved / 1e9
 	local, remote := cpu1[0]-cpu0[0], cpu1[1]-cpu0[1]
@@ -175,6 +155,39 @@ func runBench(ctx context.Context, o benchOpts) (*BenchResult, error) {
 		CPUSecPerGB: (local + remote) / gb, CPULocal: local / gb, CPURemote: remote / gb, CPUClient: (self1 - self0) / gb,
 		CPUusPerXfer: (local + remote) * 1e6 / float64(max(len(lat), 1)),
 		IdleCPUPct:   idle, IdleCPUSelfPct: idleSelf, MaxRSS: rss, PoolBytes: pool}, nil
+}
+
+// benchClients dials the two sidecars: the local one (the sender's engine)
+// with --pieces, both polling as --spin says.
+func benchClients(o benchOpts) (lc, rc *client.Client, err error) {
+	var spinOpts []client.Option
+	if o.spinSet {
+		p := o.spin.Resolve()
+		spinOpts = append(spinOpts, client.WithAdaptiveSpin(p.Base, p.Max))
+	}
+	opts := append([]client.Option(nil), spinOpts...)
+	if o.pieces >= 0 {
+		opts = append(opts, client.WithPieces(o.pieces, client.DefaultFirstPiece, client.DefaultPiece))
+	}
+	if lc, err = client.Dial(o.local, opts...); err != nil {
+		return nil, nil, err
+	}
+	if rc, err = client.Dial(o.remote, spinOpts...); err != nil {
+		_ = lc.Close()
+		return nil, nil, err
+	}
+	return lc, rc, nil
+}
+
+// percentileUs is the p-th percentile (0..1, nearest rank) of sorted
+// latencies, in microseconds; 0 for none.
+func percentileUs(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return float64(sorted[i].Nanoseconds()) / 1e3
 }
 
 // idleWindow is how long bench watches the sidecars do nothing after the
