@@ -125,18 +125,34 @@ func build(o options) (v1.Hash, error) {
 	if err != nil {
 		return none, err
 	}
+	img, err := assemble(o, stageTar)
+	if err != nil {
+		return none, err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return none, fmt.Errorf("computing the image digest: %w", err)
+	}
+	if err := writeImage(o, tag, img); err != nil {
+		return none, err
+	}
+	return digest, nil
+}
 
+// assemble makes the image: the base root filesystem and the stage layer
+// (stageTar), with its config (user, entrypoint, socket volume, labels).
+func assemble(o options, stageTar []byte) (v1.Image, error) {
 	// Each layer is compressed once and kept: the digests, the layout and
 	// the archive all read it.
 	base, err := tarball.LayerFromFile(o.base, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
-		return none, fmt.Errorf("base layer from %s: %w", o.base, err)
+		return nil, fmt.Errorf("base layer from %s: %w", o.base, err)
 	}
 	stage, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(stageTar)), nil
 	}, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
-		return none, fmt.Errorf("stage layer: %w", err)
+		return nil, fmt.Errorf("stage layer: %w", err)
 	}
 
 	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
@@ -146,11 +162,11 @@ func build(o options) (v1.Hash, error) {
 		mutate.Addendum{Layer: stage, History: v1.History{Created: created, CreatedBy: "stage-image: " + strings.Join(binaries, ", ") + ", /" + configPath + ", user " + userName}},
 	)
 	if err != nil {
-		return none, fmt.Errorf("appending the layers: %w", err)
+		return nil, fmt.Errorf("appending the layers: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return none, fmt.Errorf("reading the image config: %w", err)
+		return nil, fmt.Errorf("reading the image config: %w", err)
 	}
 	cf = cf.DeepCopy()
 	cf.Architecture = runtime.GOARCH // the binaries are the host's
@@ -174,31 +190,31 @@ func build(o options) (v1.Hash, error) {
 		Labels:       labels,
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		return none, fmt.Errorf("setting the image config: %w", err)
+		return nil, fmt.Errorf("setting the image config: %w", err)
 	}
-	digest, err := img.Digest()
-	if err != nil {
-		return none, fmt.Errorf("computing the image digest: %w", err)
-	}
+	return img, nil
+}
 
-	// Written beside the old ones, then swapped in: a failed run leaves the
-	// previous image whole.
+// writeImage writes img as an OCI layout (o.out/oci) and a docker archive
+// (o.out/docker-archive.tar), beside the old ones and then swapped in: a
+// failed run leaves the previous image whole.
+func writeImage(o options, tag name.Tag, img v1.Image) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return none, fmt.Errorf("creating %s: %w", o.out, err)
+		return fmt.Errorf("creating %s: %w", o.out, err)
 	}
 	ociDir, archive := filepath.Join(o.out, "oci"), filepath.Join(o.out, "docker-archive.tar")
 	tmpDir := ociDir + ".tmp"
 	if err := os.RemoveAll(tmpDir); err != nil {
-		return none, fmt.Errorf("removing a stale %s: %w", tmpDir, err)
+		return fmt.Errorf("removing a stale %s: %w", tmpDir, err)
 	}
 	p, err := layout.Write(tmpDir, empty.Index)
 	if err != nil {
-		return none, fmt.Errorf("creating the OCI layout %s: %w", tmpDir, err)
+		return fmt.Errorf("creating the OCI layout %s: %w", tmpDir, err)
 	}
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": tag.TagStr(),
 	})); err != nil {
-		return none, fmt.Errorf("writing the image to the OCI layout %s: %w", tmpDir, err)
+		return fmt.Errorf("writing the image to the OCI layout %s: %w", tmpDir, err)
 	}
 	// Blobs are written through temporary files (0600): make them as
 	// readable as the rest, so another user can push what root built.
@@ -208,21 +224,21 @@ func build(o options) (v1.Hash, error) {
 		}
 		return os.Chmod(p, 0o644)
 	}); err != nil {
-		return none, fmt.Errorf("making the OCI layout %s readable: %w", tmpDir, err)
+		return fmt.Errorf("making the OCI layout %s readable: %w", tmpDir, err)
 	}
 	if err := tarball.WriteToFile(archive+".tmp", tag, img); err != nil {
-		return none, fmt.Errorf("writing the docker archive %s: %w", archive+".tmp", err)
+		return fmt.Errorf("writing the docker archive %s: %w", archive+".tmp", err)
 	}
 	if err := os.RemoveAll(ociDir); err != nil {
-		return none, fmt.Errorf("removing the previous %s: %w", ociDir, err)
+		return fmt.Errorf("removing the previous %s: %w", ociDir, err)
 	}
 	if err := os.Rename(tmpDir, ociDir); err != nil {
-		return none, fmt.Errorf("moving the OCI layout into place: %w", err)
+		return fmt.Errorf("moving the OCI layout into place: %w", err)
 	}
 	if err := os.Rename(archive+".tmp", archive); err != nil {
-		return none, fmt.Errorf("moving the docker archive into place: %w", err)
+		return fmt.Errorf("moving the docker archive into place: %w", err)
 	}
-	return digest, nil
+	return nil
 }
 
 // readBaseFiles returns the base's /etc/passwd and /etc/group, and checks
