@@ -128,7 +128,34 @@ func Validate(c *Config) error {
 
 	v.device(c.Device)
 
-	s := c.Staging
+	v.staging(c.Staging, c.Routes)
+
+	v.routes(c.Routes)
+	v.security(c.Security)
+	v.exposure(c)
+
+	if c.Metrics.Listen != "" {
+		v.hostPort("metrics.listen", c.Metrics.Listen, false, false, `use e.g. ":9100", or "" to turn metrics off`)
+	}
+	v.oneOf("log.level", c.Log.Level, LogLevels)
+	v.oneOf("log.format", c.Log.Format, LogFormats)
+
+	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
+	v.atLeastOne("limits.max_streams", c.Limits.MaxStreams)
+	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
+	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
+	v.limits(c.Limits)
+	v.positive("drain_timeout", c.Drain)
+
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+// staging checks the staging keys; the stall timeout against every
+// route's progress timeout.
+func (v *validator) staging(s Staging, routes []Route) {
 	if s.SlotSize < MinSlotSize || s.SlotSize > MaxSlotSize {
 		v.add("staging.slot_size", fmt.Sprintf("must be between %s and %s (got %s)", MinSlotSize, MaxSlotSize, s.SlotSize))
 	}
@@ -162,7 +189,7 @@ func Validate(c *Config) error {
 	if s.StallTimeout != 0 && (s.StallTimeout < MinStall || s.StallTimeout > MaxStall) {
 		v.add("staging.stall_timeout", fmt.Sprintf("must be 0 (off) or %s..%s (got %s)", MinStall, MaxStall, s.StallTimeout))
 	}
-	for i, r := range c.Routes {
+	for i, r := range routes {
 		if s.StallTimeout > 0 && r.ProgressTimeout > 0 && s.StallTimeout >= r.ProgressTimeout {
 			v.add("staging.stall_timeout", fmt.Sprintf("must be below routes[%d].progress_timeout (%s) (got %s): a stalled stream must be dropped before its transfers fail", i, r.ProgressTimeout, s.StallTimeout))
 		}
@@ -170,28 +197,6 @@ func Validate(c *Config) error {
 	if s.InlineMax > MaxInline || (s.SlotSize >= MinSlotSize && s.InlineMax > s.SlotSize) {
 		v.add("staging.inline_max", fmt.Sprintf("must be 0..%s and at most staging.slot_size (got %s)", MaxInline, s.InlineMax))
 	}
-
-	v.routes(c.Routes)
-	v.security(c.Security)
-	v.exposure(c)
-
-	if c.Metrics.Listen != "" {
-		v.hostPort("metrics.listen", c.Metrics.Listen, false, false, `use e.g. ":9100", or "" to turn metrics off`)
-	}
-	v.oneOf("log.level", c.Log.Level, LogLevels)
-	v.oneOf("log.format", c.Log.Format, LogFormats)
-
-	v.atLeastOne("limits.max_sessions", c.Limits.MaxSessions)
-	v.atLeastOne("limits.max_streams", c.Limits.MaxStreams)
-	v.atLeastOne("limits.max_transfers_per_peer", c.Limits.MaxTransfersPerPeer)
-	v.atLeastOne("limits.max_clients", c.Limits.MaxClients)
-	v.limits(c.Limits)
-	v.positive("drain_timeout", c.Drain)
-
-	if len(v.problems) == 0 {
-		return nil
-	}
-	return &ValidationError{Problems: v.problems}
 }
 
 type validator struct{ problems []Problem }
