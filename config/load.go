@@ -174,22 +174,8 @@ func load(path string, data []byte, fs *pflag.FlagSet) (*Config, error) {
 		}
 	}
 
-	v.SetEnvPrefix(EnvPrefix)
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AutomaticEnv()
-	for _, k := range LeafKeys() {
-		if err := v.BindEnv(k); err != nil {
-			return nil, fmt.Errorf("config: bind env for %s: %w", k, err)
-		}
-	}
-	if fs != nil {
-		for _, fk := range flagKeys {
-			if f := fs.Lookup(fk.flag); f != nil {
-				if err := v.BindPFlag(fk.key, f); err != nil {
-					return nil, fmt.Errorf("config: bind flag --%s: %w", fk.flag, err)
-				}
-			}
-		}
+	if err := bindEnvAndFlags(v, fs); err != nil {
+		return nil, err
 	}
 
 	// Walk the merged settings: catches bad values from env and flags, and
@@ -236,6 +222,30 @@ func load(path string, data []byte, fs *pflag.FlagSet) (*Config, error) {
 	}
 	c.SetKnobs(k)
 	return &c, nil
+}
+
+// bindEnvAndFlags lets every key be set by its STAGE_ variable and the
+// keys that have flags by their flag (fs nil: none), over the file.
+func bindEnvAndFlags(v *viper.Viper, fs *pflag.FlagSet) error {
+	v.SetEnvPrefix(EnvPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	for _, k := range LeafKeys() {
+		if err := v.BindEnv(k); err != nil {
+			return fmt.Errorf("config: bind env for %s: %w", k, err)
+		}
+	}
+	if fs == nil {
+		return nil
+	}
+	for _, fk := range flagKeys {
+		if f := fs.Lookup(fk.flag); f != nil {
+			if err := v.BindPFlag(fk.key, f); err != nil {
+				return fmt.Errorf("config: bind flag --%s: %w", fk.flag, err)
+			}
+		}
+	}
+	return nil
 }
 
 // source names the flag or env var that set key, or "" when neither did.
