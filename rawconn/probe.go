@@ -45,74 +45,17 @@ func ProbeSplice(size, rounds int) (SpliceProbe, error) {
 	if size <= 0 || rounds <= 0 {
 		return SpliceProbe{}, fmt.Errorf("splice probe: size %d and rounds %d must be positive", size, rounds)
 	}
-	a, b, err := loopbackPair(1)
+	rig, err := newProbeRig(size)
 	if err != nil {
 		return SpliceProbe{}, fmt.Errorf("splice probe: %w", err)
 	}
-	defer closePair(a, b, 1)
-	pg := os.Getpagesize()
-	// Prefaulted, so the timed passes pay for no page fault.
-	mem, err := pagemap.Map(probeSlots * ((size + pg - 1) / pg * pg))
-	if err != nil {
-		return SpliceProbe{}, fmt.Errorf("splice probe: buffers: %w", err)
-	}
-	defer func() { _ = pagemap.Unmap(mem) }()
-	stride := len(mem) / probeSlots
-	head := make([]byte, 64)
-	per := int64(probeSlots) * int64(len(head)+size)
-
-	// The reader drains exactly what each pass sends, then says so.
-	passes := make(chan int64)
-	drained := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 1<<20)
-		for left := range passes {
-			var err error
-			for left > 0 && err == nil {
-				var n int
-				n, err = b.Read(buf[:min(int64(len(buf)), left)])
-				left -= int64(n)
-			}
-			drained <- err
-		}
-	}()
-	defer close(passes)
-
-	pass := func(splice bool, tag byte) (time.Duration, error) {
-		passes <- per
-		start := time.Now()
-		for i := range probeSlots {
-			p := mem[i*stride : i*stride+size]
-			for j := 0; j < len(p); j += pg {
-				p[j] = tag // dirty every page, as a gather refilling a slot does
-			}
-			var err error
-			if splice {
-				var refused error
-				_, refused, err = a.WriteSplice(head, p)
-				if err == nil && refused != nil {
-					err = refused
-				}
-			} else {
-				err = a.Writev([][]byte{head, p})
-			}
-			if err != nil {
-				b.Shutdown() // wakes the reader out of its Read
-				<-drained
-				return 0, err
-			}
-		}
-		if err := <-drained; err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
+	defer rig.close()
 	var tw, ts time.Duration
 	for r := -1; r < rounds; r++ { // round -1 warms both paths up, untimed
 		// Alternate which goes first, so neither always meets a cold cache.
 		order := []bool{r%2 != 0, r%2 == 0}
 		for _, splice := range order {
-			d, err := pass(splice, byte(r))
+			d, err := rig.pass(splice, byte(r))
 			if err != nil {
 				how := "writev"
 				if splice {
@@ -131,6 +74,89 @@ func ProbeSplice(size, rounds int) (SpliceProbe, error) {
 	}
 	bytes := float64(rounds) * float64(probeSlots) * float64(size)
 	return SpliceProbe{Writev: bytes / tw.Seconds(), Splice: bytes / ts.Seconds()}, nil
+}
+
+// probeRig is what the probe's passes share: a loopback pair, probeSlots
+// prefaulted buffers of size bytes (so the timed passes pay for no page
+// fault), and a reader that drains exactly what each pass sends, then
+// says so.
+type probeRig struct {
+	a, b     *Conn
+	mem      []byte
+	size, pg int
+	stride   int
+	head     []byte
+	per      int64 // bytes a pass sends
+	passes   chan int64
+	drained  chan error
+}
+
+func newProbeRig(size int) (*probeRig, error) {
+	a, b, err := loopbackPair(1)
+	if err != nil {
+		return nil, err
+	}
+	pg := os.Getpagesize()
+	mem, err := pagemap.Map(probeSlots * ((size + pg - 1) / pg * pg))
+	if err != nil {
+		closePair(a, b, 1)
+		return nil, fmt.Errorf("buffers: %w", err)
+	}
+	r := &probeRig{a: a, b: b, mem: mem, size: size, pg: pg, stride: len(mem) / probeSlots, head: make([]byte, 64),
+		passes: make(chan int64), drained: make(chan error, 1)}
+	r.per = int64(probeSlots) * int64(len(r.head)+size)
+	go func() {
+		buf := make([]byte, 1<<20)
+		for left := range r.passes {
+			var err error
+			for left > 0 && err == nil {
+				var n int
+				n, err = b.Read(buf[:min(int64(len(buf)), left)])
+				left -= int64(n)
+			}
+			r.drained <- err
+		}
+	}()
+	return r, nil
+}
+
+// pass sends every buffer once, each page dirtied first with tag, by
+// splice or by writev, and returns how long until the reader had it all.
+func (r *probeRig) pass(splice bool, tag byte) (time.Duration, error) {
+	r.passes <- r.per
+	start := time.Now()
+	for i := range probeSlots {
+		p := r.mem[i*r.stride : i*r.stride+r.size]
+		for j := 0; j < len(p); j += r.pg {
+			p[j] = tag // dirty every page, as a gather refilling a slot does
+		}
+		var err error
+		if splice {
+			var refused error
+			_, refused, err = r.a.WriteSplice(r.head, p)
+			if err == nil && refused != nil {
+				err = refused
+			}
+		} else {
+			err = r.a.Writev([][]byte{r.head, p})
+		}
+		if err != nil {
+			r.b.Shutdown() // wakes the reader out of its Read
+			<-r.drained
+			return 0, err
+		}
+	}
+	if err := <-r.drained; err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// close stops the reader and frees the buffers and the pair.
+func (r *probeRig) close() {
+	close(r.passes)
+	_ = pagemap.Unmap(r.mem)
+	closePair(r.a, r.b, 1)
 }
 
 // loopbackPair connects two Conns over 127.0.0.1, each for users users.
