@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stage-kv/stage/kvlayout"
 	"github.com/stage-kv/stage/proxy/node"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
@@ -89,21 +90,7 @@ func (h engineHost) submitKV(ctx context.Context, group string, m *wire.SubmitKV
 	})
 	s.xfers.add(lx)
 	if m.Dir == wire.Push {
-		plan, err := kvPlan(side, regions, ss.chunkSize)
-		if err != nil {
-			region.ReleaseAll(regions)
-			s.finishLocal(lx, err)
-			return lx, nil
-		}
-		ox := &outXfer{key: staging.Key(id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions,
-			chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: m.Tag}
-		ox.planOnce.Do(func() {}) // the plan is made
-		s.outs.put(ox)
-		ss.out.expect(lx.wireID, corePush(ox.key))
-		// As for byte pushes, the core hears of the transfer before the
-		// peer does, and the chunks follow the announce without waiting.
-		s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
-		ss.send(&wire.KVAnnounce{KVRequest: req})
+		s.startKVPush(lx, side, regions, checksum, req)
 		return lx, nil
 	}
 	x := &inXfer{s: s, ss: ss, wireID: lx.wireID, tag: m.Tag, regions: regions, total: total,
@@ -112,4 +99,25 @@ func (h engineHost) submitKV(ctx context.Context, group string, m *wire.SubmitKV
 		ss.send(&wire.KVPull{KVRequest: req})
 	}
 	return lx, nil
+}
+
+// startKVPush plans a KV push (its chunks, each side's layout mapped) and
+// starts it: the core hears of it before the peer does, and the chunks
+// follow the announce without waiting, as for byte pushes. A push that
+// cannot be planned fails here, its regions let go.
+func (s *Server) startKVPush(lx *localXfer, side *kvlayout.Side, regions []*region.Region, checksum bool, req wire.KVRequest) {
+	ss := lx.ss
+	plan, err := kvPlan(side, regions, ss.chunkSize)
+	if err != nil {
+		region.ReleaseAll(regions)
+		s.finishLocal(lx, err)
+		return
+	}
+	ox := &outXfer{key: staging.Key(lx.id), wireID: lx.wireID, ss: ss, checksum: checksum, end: ourPush{lx}, regions: regions,
+		chunk: ss.chunkSize, plan: plan, timeout: lx.timeout, tag: lx.tag}
+	ox.planOnce.Do(func() {}) // the plan is made
+	s.outs.put(ox)
+	ss.out.expect(lx.wireID, corePush(ox.key))
+	s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: ox.key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+	ss.send(&wire.KVAnnounce{KVRequest: req})
 }
