@@ -15,6 +15,9 @@
 #   VARIANTS="default cs2=STAGE_NODE_COPY_STREAMS=2"
 # STAGED_<NAME>=path and STAGECTL_<NAME>=path run a variant on other
 # binaries (an older build, say) instead.
+# PEERCOPY=1 also builds and runs bench/peercopy (the copy alone: in one
+# process, after idle, by a kernel, between VMM allocations, and between
+# memory another process shares) in the same job, into peercopy.txt.
 # Output: $OUT (or ./gpu-out): each JSON, logs-ROW.ROUND/, bench.log and
 # ipc.txt (the table). NO_GPU=1 runs on host memory (no ipc: a dry run of
 # the script only).
@@ -35,6 +38,10 @@ row() { # name, staged, bench flags...
 
 if [ "${NO_GPU:-0}" = 1 ]; then echo "peer copy 0->1 512MiB  0 GB/s (no GPU)" > "$out/ceilings.txt"
 else bash "$bin/bench/ceilings.sh" > "$out/ceilings.txt" 2>&1; fi
+if [ "${PEERCOPY:-0}" = 1 ]; then
+  { nvcc -O2 -o "$out/peercopy" "$bin/bench/peercopy.cu" -lcuda && "$out/peercopy"; } > "$out/peercopy.txt" 2>&1 ||
+    echo "peercopy failed (see $out/peercopy.txt)"
+fi
 for i in $(seq 1 "$rounds"); do
   for v in $variants; do
     n=${v%%=*}; st=$(staged_of "$v"); ctl=$(stagectl_of "$n")
@@ -43,6 +50,7 @@ for i in $(seq 1 "$rounds"); do
   done
 done
 
+[ -f "$out/peercopy.txt" ] && cat "$out/peercopy.txt"
 OUT_DIR=$out VARIANTS="$variants" python3 - <<'PY' | tee "$out/ipc.txt"
 import glob, json, os, re, statistics
 d = os.environ["OUT_DIR"]
