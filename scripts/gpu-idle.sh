@@ -6,9 +6,10 @@
 #   make gpu-build                                                 # here
 #   STAGE_GPU_SRC=0 STAGE_GPU_DST=1 bash scripts/gpu-idle.sh         # there
 #
-# 1. host.txt: the CPU, its frequency driver and governor, its idle states
-#    (with how often each was entered during this job), the PM QoS and
-#    uclamp requests hostwake can make here.
+# 1. host.txt: the CPU, its frequency driver and governor, its idle states,
+#    the PM QoS and uclamp requests hostwake can make here
+#    (idle-before.txt and idle-after.txt: how often each idle state was
+#    entered, before and after the tcp step).
 # 2. idletcp.txt: raw C loopback TCP, 8 connections, one 1 GiB burst back
 #    to back and after 1 s idle, split evenly and shared in chunks, and
 #    after idle with hostwake's requests held (-l 0: no deep idle states;

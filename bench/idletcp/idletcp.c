@@ -137,7 +137,9 @@ int main(int argc, char **argv) {
     if (gap_ms > 0) usleep(gap_ms * 1000);
     atomic_store(&next, 0);
     atomic_store(&got, 0);
+    pthread_mutex_lock(&mu);
     burst_done = 0;
+    pthread_mutex_unlock(&mu);
     double t0 = now();
     pthread_barrier_wait(&go);
     if (shared) {

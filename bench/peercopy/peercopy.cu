@@ -37,6 +37,7 @@
 #include <unistd.h>
 #include <chrono>
 #include <thread>
+#include <initializer_list>
 #include <vector>
 #include <algorithm>
 #include <cstdio>
@@ -49,8 +50,9 @@ using clk = std::chrono::steady_clock;
 __global__ void copy16(const int4* __restrict__ s, int4* __restrict__ d, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = s[i];
 }
-// vmm maps size bytes of device dev's memory, accessible to devices 0 and 1.
-static void* vmm(int dev, size_t size) {
+// vmmCreate allocates size bytes of device dev's memory, exportable as a
+// POSIX fd.
+static CUmemGenericAllocationHandle vmmCreate(int dev, size_t size) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -58,14 +60,26 @@ static void* vmm(int dev, size_t size) {
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h;
   CU(cuMemCreate(&h, size, &prop, 0));
+  return h;
+}
+// vmmMap maps allocation h (size bytes) and makes it readable and
+// writable by the devices in devs.
+static void* vmmMap(CUmemGenericAllocationHandle h, size_t size, std::initializer_list<int> devs) {
   CUdeviceptr p;
   CU(cuMemAddressReserve(&p, size, 0, 0, 0));
   CU(cuMemMap(p, size, 0, h, 0));
-  CUmemAccessDesc acc[2] = {};
-  for (int i = 0; i < 2; i++) { acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE; acc[i].location.id = i; acc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE; }
-  CU(cuMemSetAccess(p, size, acc, 2));
+  std::vector<CUmemAccessDesc> acc(devs.size());
+  size_t i = 0;
+  for (int d : devs) {
+    acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[i].location.id = d;
+    acc[i++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CU(cuMemSetAccess(p, size, acc.data(), acc.size()));
   return (void*)p;
 }
+// vmm maps size bytes of device dev's memory, accessible to devices 0 and 1.
+static void* vmm(int dev, size_t size) { return vmmMap(vmmCreate(dev, size), size, {0, 1}); }
 static double ms(clk::time_point a, clk::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 static const size_t G4 = 4ull << 30;
 static void report(const char* name, std::vector<double> v) {
@@ -73,53 +87,58 @@ static void report(const char* name, std::vector<double> v) {
   double med = v[v.size() / 2];
   printf("%-44s median %8.3f ms (%.3f..%.3f) = %7.2f GB/s\n", name, med, v.front(), v.back(), G4 / med / 1e6);
 }
-// vmmfd allocates size bytes on dev as vmm does and exports them as a
-// POSIX fd.
+// vmmfd allocates size bytes on dev, maps them for dev (into *mapped) and
+// exports them as a POSIX fd.
 static int vmmfd(int dev, size_t size, void** mapped) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  CUmemGenericAllocationHandle h;
-  CU(cuMemCreate(&h, size, &prop, 0));
-  CUdeviceptr p;
-  CU(cuMemAddressReserve(&p, size, 0, 0, 0));
-  CU(cuMemMap(p, size, 0, h, 0));
-  CUmemAccessDesc acc = {};
-  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  acc.location.id = dev;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CU(cuMemSetAccess(p, size, &acc, 1));
-  *mapped = (void*)p;
+  CUmemGenericAllocationHandle h = vmmCreate(dev, size);
+  *mapped = vmmMap(h, size, {dev});
   int fd = -1;
   CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   return fd;
+}
+
+// freshCopy times one copy of n bytes on a new stream, from its enqueue to
+// the end of its wait, as the sidecar's direct copy runs.
+static double freshCopy(void* d, const void* s, size_t n) {
+  cudaStream_t f;
+  CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+  auto t0 = clk::now();
+  CK(cudaMemcpyAsync(d, s, n, cudaMemcpyDefault, f));
+  CK(cudaStreamSynchronize(f));
+  double t = ms(t0, clk::now());
+  CK(cudaStreamDestroy(f));
+  return t;
 }
 
 // handover is what the child sends: two legacy IPC handles (source on
 // GPU0, destination on GPU1); the two VMM fds ride along as SCM_RIGHTS.
 struct handover { cudaIpcMemHandle_t src, dst; };
 
-// child allocates the source (GPU0, filled) and destination (GPU1) twice,
-// by cudaMalloc and by VMM, sends them over fd 3 and waits for EOF there.
-static int child() {
+// fdMsg is a message of one handover and room for two fds (ctl).
+struct fdMsg {
   handover m;
-  void *s, *d, *vs, *vd;
-  CK(cudaSetDevice(0)); CK(cudaMalloc(&s, G4)); CK(cudaMemset(s, 0x5a, G4)); CK(cudaIpcGetMemHandle(&m.src, s));
-  int fs = vmmfd(0, G4, &vs); CK(cudaMemset(vs, 0x5a, G4));
-  CK(cudaSetDevice(1)); CK(cudaMalloc(&d, G4)); CK(cudaIpcGetMemHandle(&m.dst, d));
-  int fdd = vmmfd(1, G4, &vd);
-  CK(cudaDeviceSynchronize()); CK(cudaSetDevice(0)); CK(cudaDeviceSynchronize());
   char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
   iovec iov = {&m, sizeof m};
   msghdr mh = {};
-  mh.msg_iov = &iov; mh.msg_iovlen = 1; mh.msg_control = ctl; mh.msg_controllen = sizeof ctl;
-  cmsghdr* c = CMSG_FIRSTHDR(&mh);
+  fdMsg() { mh.msg_iov = &iov; mh.msg_iovlen = 1; mh.msg_control = ctl; mh.msg_controllen = sizeof ctl; }
+  fdMsg(const fdMsg&) = delete;
+};
+
+// child allocates the source (GPU0, filled) and destination (GPU1) twice,
+// by cudaMalloc and by VMM, sends them over fd 3 and waits for EOF there.
+static int child() {
+  fdMsg x;
+  void *s, *d, *vs, *vd;
+  CK(cudaSetDevice(0)); CK(cudaMalloc(&s, G4)); CK(cudaMemset(s, 0x5a, G4)); CK(cudaIpcGetMemHandle(&x.m.src, s));
+  int fs = vmmfd(0, G4, &vs); CK(cudaMemset(vs, 0x5a, G4));
+  CK(cudaSetDevice(1)); CK(cudaMalloc(&d, G4)); CK(cudaIpcGetMemHandle(&x.m.dst, d));
+  int fdd = vmmfd(1, G4, &vd);
+  CK(cudaDeviceSynchronize()); CK(cudaSetDevice(0)); CK(cudaDeviceSynchronize());
+  cmsghdr* c = CMSG_FIRSTHDR(&x.mh);
   c->cmsg_level = SOL_SOCKET; c->cmsg_type = SCM_RIGHTS; c->cmsg_len = CMSG_LEN(2 * sizeof(int));
   int fds[2] = {fs, fdd};
   memcpy(CMSG_DATA(c), fds, sizeof fds);
-  if (sendmsg(3, &mh, 0) != (ssize_t)sizeof m) { perror("child: sendmsg"); return 1; }
+  if (sendmsg(3, &x.mh, 0) != (ssize_t)sizeof x.m) { perror("child: sendmsg"); return 1; }
   char b;
   while (read(3, &b, 1) > 0) {}
   return 0;
@@ -129,19 +148,11 @@ static int child() {
 static void* importfd(int fd, size_t size) {
   CUmemGenericAllocationHandle h;
   CU(cuMemImportFromShareableHandle(&h, (void*)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-  CUdeviceptr p;
-  CU(cuMemAddressReserve(&p, size, 0, 0, 0));
-  CU(cuMemMap(p, size, 0, h, 0));
-  CUmemAccessDesc acc = {};
-  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  acc.location.id = 0;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CU(cuMemSetAccess(p, size, &acc, 1));
-  return (void*)p;
+  return vmmMap(h, size, {0});
 }
 
 // crossProcess runs cases J and K against a child of this program.
-static void crossProcess(const char* self, cudaStream_t s) {
+static void crossProcess(const char* self) {
   int sv[2];
   // Close-on-exec, so that the child holds only its own end and sees EOF
   // when this process closes its end.
@@ -155,35 +166,28 @@ static void crossProcess(const char* self, cudaStream_t s) {
     _exit(127);
   }
   close(sv[1]);
-  handover m;
-  char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
-  iovec iov = {&m, sizeof m};
-  msghdr mh = {};
-  mh.msg_iov = &iov; mh.msg_iovlen = 1; mh.msg_control = ctl; mh.msg_controllen = sizeof ctl;
+  fdMsg x;
   cmsghdr* c = nullptr;
-  if (recvmsg(sv[0], &mh, MSG_WAITALL) != (ssize_t)sizeof m || !(c = CMSG_FIRSTHDR(&mh)) || c->cmsg_type != SCM_RIGHTS) {
+  if (recvmsg(sv[0], &x.mh, MSG_WAITALL) != (ssize_t)sizeof x.m || !(c = CMSG_FIRSTHDR(&x.mh)) || c->cmsg_type != SCM_RIGHTS) {
     printf("J/K: no handles from the child\n");
     close(sv[0]); waitpid(pid, nullptr, 0);
     return;
   }
   int fds[2];
   memcpy(fds, CMSG_DATA(c), sizeof fds);
-  const int R = 10;
-  auto fresh = [&](void* d, void* sr) {
-    cudaStream_t f; CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
-    auto t0 = clk::now(); CK(cudaMemcpyAsync(d, sr, G4, cudaMemcpyDefault, f)); CK(cudaStreamSynchronize(f));
-    double t = ms(t0, clk::now()); CK(cudaStreamDestroy(f)); return t; };
-  (void)s;
+  // 10 copies each after one untimed (the first use of a mapping).
+  auto series = [](const char* name, void* d, void* sr) {
+    std::vector<double> v;
+    freshCopy(d, sr, G4);
+    for (int r = 0; r < 10; r++) v.push_back(freshCopy(d, sr, G4));
+    report(name, v);
+  };
   CK(cudaSetDevice(0));
   void *is, *id;
-  CK(cudaIpcOpenMemHandle(&is, m.src, cudaIpcMemLazyEnablePeerAccess));
-  CK(cudaIpcOpenMemHandle(&id, m.dst, cudaIpcMemLazyEnablePeerAccess));
-  { std::vector<double> v; for (int r = 0; r < R + 1; r++) { double t = fresh(id, is); if (r) v.push_back(t); }
-    report("J another process's cudaMalloc, legacy IPC", v); }
-  void* vs = importfd(fds[0], G4);
-  void* vd = importfd(fds[1], G4);
-  { std::vector<double> v; for (int r = 0; r < R + 1; r++) { double t = fresh(vd, vs); if (r) v.push_back(t); }
-    report("K another process's VMM, fds, GPU0 access", v); }
+  CK(cudaIpcOpenMemHandle(&is, x.m.src, cudaIpcMemLazyEnablePeerAccess));
+  CK(cudaIpcOpenMemHandle(&id, x.m.dst, cudaIpcMemLazyEnablePeerAccess));
+  series("J another process's cudaMalloc, legacy IPC", id, is);
+  series("K another process's VMM, fds, GPU0 access", importfd(fds[1], G4), importfd(fds[0], G4));
   CK(cudaIpcCloseMemHandle(is)); CK(cudaIpcCloseMemHandle(id));
   close(sv[0]);
   waitpid(pid, nullptr, 0);
@@ -213,7 +217,7 @@ int main(int argc, char** argv) {
   }
   auto one = [&](cudaStream_t st, void* d, const void* sr, size_t n) { auto t0 = clk::now(); CK(cudaMemcpyAsync(d, sr, n, cudaMemcpyDefault, st)); CK(cudaStreamSynchronize(st)); return ms(t0, clk::now()); };
   { std::vector<double> v; for (int r = 0; r < R; r++) v.push_back(one(s, dst, src, G4)); report("B one 4GiB copy, wall, back to back", v); }
-  { std::vector<double> v; for (int r = 0; r < R; r++) { cudaStream_t f; CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking)); v.push_back(one(f, dst, src, G4)); CK(cudaStreamDestroy(f)); } report("B2 fresh stream each", v); }
+  { std::vector<double> v; for (int r = 0; r < R; r++) v.push_back(freshCopy(dst, src, G4)); report("B2 fresh stream each", v); }
   { std::vector<double> v; for (int r = 0; r < R; r++) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); v.push_back(one(s, dst, src, G4)); } report("C after 300 ms idle", v); }
   { std::vector<double> v; for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(1)); for (size_t o = 0; o < G4; o += 8 << 20) CK(cudaMemcpy((char*)dst + o, host, 8 << 20, cudaMemcpyHostToDevice)); CK(cudaSetDevice(0));
@@ -238,6 +242,6 @@ int main(int argc, char** argv) {
   { void* vs = vmm(0, G4); void* vd = vmm(1, G4); CK(cudaMemset(vs, 0x5a, G4)); std::vector<double> v;
     for (int r = 0; r < R; r++) v.push_back(one(s, vd, vs, G4));
     report("I VMM allocations (cuMemCreate), engine", v); }
-  crossProcess(argv[0], s);
+  crossProcess(argv[0]);
   return 0;
 }

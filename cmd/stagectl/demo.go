@@ -238,30 +238,33 @@ func newDemoCaches(ctx context.Context, o demoOpts, pc, dc *client.Client) (P, D
 			_ = c.Close()
 		}
 	}
-	for _, c := range []struct {
-		at     **kvsim.Cache
-		dev    engineDevice
-		name   string
-		cl     *client.Client
-		access wire.Access
-		fill   func(*kvsim.Cache) error
-	}{
-		{&P, o.pdev, "prefill-kv", pc, wire.AccessLocalRead, func(c *kvsim.Cache) error { return c.Fill(1) }},
-		{&D, o.ddev, "decode-kv", dc, wire.AccessRemoteWrite | wire.AccessRemoteRead, func(c *kvsim.Cache) error { return c.Poison(0xAB) }},
-		{&B, o.pdev, "back-kv", pc, wire.AccessLocalWrite, func(c *kvsim.Cache) error { return c.Poison(0xAB) }},
-	} {
-		k, err := newCache(c.dev, c.name, o.layers, o.layerBytes, demoGuard)
-		if err == nil {
-			made = append(made, k)
-			if err = c.fill(k); err == nil {
-				err = k.Register(ctx, c.cl, c.access)
-			}
+	mk := func(dev engineDevice, name string, cl *client.Client, access wire.Access, fill bool) (*kvsim.Cache, error) {
+		k, err := newCache(dev, name, o.layers, o.layerBytes, demoGuard)
+		if err != nil {
+			return nil, err
+		}
+		made = append(made, k)
+		if fill {
+			err = k.Fill(1)
+		} else {
+			err = k.Poison(0xAB)
 		}
 		if err != nil {
-			closeAll()
-			return nil, nil, nil, nil, err
+			return nil, err
 		}
-		*c.at = k
+		return k, k.Register(ctx, cl, access)
+	}
+	if P, err = mk(o.pdev, "prefill-kv", pc, wire.AccessLocalRead, true); err != nil {
+		closeAll()
+		return nil, nil, nil, nil, err
+	}
+	if D, err = mk(o.ddev, "decode-kv", dc, wire.AccessRemoteWrite|wire.AccessRemoteRead, false); err != nil {
+		closeAll()
+		return nil, nil, nil, nil, err
+	}
+	if B, err = mk(o.pdev, "back-kv", pc, wire.AccessLocalWrite, false); err != nil {
+		closeAll()
+		return nil, nil, nil, nil, err
 	}
 	return P, D, B, closeAll, nil
 }

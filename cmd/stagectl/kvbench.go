@@ -160,7 +160,6 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	f := &kvFixture{ctx: ctx, o: &o, r: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)),
 		tag: fmt.Sprintf("kvbench-%d", time.Now().UnixNano()%1e6)}
 	defer f.close()
-	tag := f.tag
 	src, err := f.cache(lc, o.ldev, "src", o.from, true)
 	if err != nil {
 		return nil, err
@@ -185,7 +184,7 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	}
 	kvOnce := func(m *kvsim.KVMove, to *kvsim.KV) func() error {
 		return func() error {
-			s := m.Submit(o.route, tag, wire.Push, src, to)
+			s := m.Submit(o.route, f.tag, wire.Push, src, to)
 			s.Checksum = o.checksum
 			id, err := lc.SubmitKV(ctx, s)
 			if err != nil {
@@ -206,10 +205,10 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 			return nil, err
 		}
 		runs = append(runs, kvRun{fmt.Sprintf("kv %s -> %s, Grant+Revoke each", o.from, o.from),
-			grantedOnce(ctx, lc, rc, o, tag, &ident, src, guarded)})
+			grantedOnce(ctx, lc, rc, o, f.tag, &ident, src, guarded)})
 	}
 	if t, ok := src.ByteOps(same, &ident); ok {
-		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, tag, o.checksum
+		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, f.tag, o.checksum
 		runs = append(runs, kvRun{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
 			_, err := lc.Do(ctx, t)
 			return err
