@@ -32,6 +32,7 @@ type kvCache struct {
 	layers [][]string
 	shape  wire.KVShape
 	grants *grant.Set // under kvTable.mu (kvgrant.go)
+	uses   uses       // peer transfers admitted under each key, until they let go (kvfence.go; under kvTable.mu)
 }
 
 // kvTable holds the KV caches of this sidecar and what it learned of its
@@ -188,7 +189,7 @@ func (t *kvTable) register(o region.Owner, m *wire.RegisterKV) (reshaped bool, e
 	}
 	c.grants = t.newGrants()
 	if old != nil {
-		c.grants = old.grants // registered anew by its group: the grants stay
+		c.grants, c.uses = old.grants, old.uses // registered anew by its group: the grants and their uses stay
 	}
 	t.caches[m.Name] = c
 	guarded := c.grants.Guarded()
@@ -441,18 +442,22 @@ func (t *kvTable) admit(ss *session, m *wire.KVRequest, want wire.Access) (*kvSi
 		return nil, codeErr(wire.CodeMalformed, "KV request says %d B; its rows make %d B here", m.Total, side.Len())
 	}
 	// Last: a request refused for another reason keeps its grant's use.
-	if err := t.useGrant(c, m, want == wire.AccessRemoteWrite, time.Now()); err != nil {
+	use, err := t.useGrant(c, m, want == wire.AccessRemoteWrite, time.Now())
+	if err != nil {
 		region.ReleaseAll(regions)
 		return nil, err
 	}
-	return &kvSide{side: side, regions: regions}, nil
+	return &kvSide{side: side, regions: regions, use: use}, nil
 }
 
-// kvSide is one side of a KV transfer here: its mapping and the regions
-// it holds references to (indexed by the mapping's region indices).
+// kvSide is one side of a KV transfer here: its mapping, the regions it
+// holds references to (indexed by the mapping's region indices), and the
+// use of the transfer key it was admitted under (nil: none), which the
+// transfer ends once it let go of the regions.
 type kvSide struct {
 	side    *kvlayout.Side
 	regions []*region.Region
+	use     *grantUse
 }
 
 // kvNote is what a subscriber's Notify says of a KV transfer that landed

@@ -81,29 +81,38 @@ func (t *kvTable) guardRegions(c *kvCache) {
 	}
 }
 
-// revoke ends the engine's grant m.Key (nothing when it ended already).
+// revoke ends the engine's grant m.Key (nothing when it ended already),
+// and answers once no peer transfer admitted under it can touch the
+// blocks any more (kvfence.go).
 func (t *kvTable) revoke(group string, m *wire.RevokeGrant) error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	c, err := t.ownCacheLocked(group, m.Cache)
 	if err != nil {
+		t.mu.Unlock()
 		return err
 	}
 	c.grants.Revoke(m.Key)
-	return nil
+	us := c.takeUsesLocked(m.Key)
+	t.mu.Unlock()
+	return fence(m.Cache, us)
 }
 
-// useGrant admits a peer's request on cache c by its grant.
-func (t *kvTable) useGrant(c *kvCache, m *wire.KVRequest, write bool, now time.Time) error {
+// useGrant admits a peer's request on cache c by its grant; a request
+// that named a key takes a use of it (kvfence.go), nil otherwise.
+func (t *kvTable) useGrant(c *kvCache, m *wire.KVRequest, write bool, now time.Time) (*grantUse, error) {
 	t.mu.Lock()
 	err := c.grants.Use(m.Key, write, m.Blocks, now)
+	var use *grantUse
+	if err == nil && len(m.Key) > 0 {
+		use = t.addUseLocked(c, m.Key)
+	}
 	t.mu.Unlock()
 	if err != nil {
 		what := "pull from"
 		if write {
 			what = "push into"
 		}
-		return codeErr(wire.CodeAccessDenied, "%s KV cache %q refused: %w (a peer's request must name a transfer key its engine granted for exactly these %d blocks)", what, m.Name, err, len(m.Blocks))
+		return nil, codeErr(wire.CodeAccessDenied, "%s KV cache %q refused: %w (a peer's request must name a transfer key its engine granted for exactly these %d blocks)", what, m.Name, err, len(m.Blocks))
 	}
-	return nil
+	return use, nil
 }

@@ -63,6 +63,7 @@ func (s *Server) admitIn(ss *session, x *inXfer) error {
 	err := ss.in.open(x)
 	if err != nil {
 		region.ReleaseAll(x.regions)
+		x.use.end()
 	}
 	return err
 }
@@ -112,8 +113,10 @@ func (s *Server) acceptKVPush(ss *session, m *wire.KVAnnounce) {
 func (s *Server) openKVPush(ss *session, m *wire.KVAnnounce, ks *kvSide, err error) {
 	if err == nil {
 		x := &inXfer{s: s, ss: ss, wireID: m.Transfer, tag: m.Tag, regions: ks.regions, total: m.Total,
-			dest: kvDest{ks.side, ks.regions, m.Total}, end: peerPush{newKVNote(&m.KVRequest)}, timeout: s.incomingTimeout()}
-		err = s.admitIn(ss, x)
+			dest: kvDest{ks.side, ks.regions, m.Total}, end: peerPush{newKVNote(&m.KVRequest)}, timeout: s.incomingTimeout(), use: ks.use}
+		if err = s.admitIn(ss, x); err == nil {
+			ks.use.arm(func(why error) { x.fail(why, true) }) // a revoke refuses its later chunks
+		}
 	}
 	if err != nil {
 		s.refusePush(ss, m.Transfer, err)

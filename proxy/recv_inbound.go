@@ -142,6 +142,7 @@ func (in *inbound) perform(o *recvOut) {
 	for _, id := range o.Released {
 		if x := o.find(id); x != nil {
 			region.ReleaseAll(x.regions)
+			x.use.end()
 		}
 	}
 }

@@ -31,6 +31,7 @@ type inXfer struct {
 	end     inEnd  // whom its progress and end concern: ourPull or peerPush
 	timeout time.Duration
 	ackOn   *dataStream // an inline push: acks go on this data stream, not the control session
+	use     *grantUse   // a KV push admitted under a transfer key: ended once its regions are let go (kvfence.go)
 }
 
 // inEnd is whom an incoming transfer's progress and end concern: the

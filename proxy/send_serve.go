@@ -52,16 +52,18 @@ func (s *Server) servePull(ss *session, m *wire.PullRequest) {
 		nack(codeErr(wire.CodeBadRequest, "%w", err))
 		return
 	}
-	s.serveOut(ss, m.Transfer, m.Tag, regions, plan, nil)
+	s.serveOut(ss, m.Transfer, m.Tag, regions, plan, nil, nil)
 }
 
 // serveOut starts a pull we serve whose source ranges were checked: it
-// holds regions until the core retires it.
-func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote) {
+// holds regions until the core retires it, and then ends use (the
+// transfer key it was admitted under, nil for none).
+func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*region.Region, plan *staging.Plan, kvn *kvNote, use *grantUse) {
 	key := staging.Key(s.newID())
-	ox := &outXfer{key: key, wireID: wireID, ss: ss, end: servedPull{kvn}, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag}
+	ox := &outXfer{key: key, wireID: wireID, ss: ss, end: servedPull{kvn}, regions: regions, plan: plan, timeout: s.incomingTimeout(), tag: tag, use: use}
 	if dup, closed := ss.out.serve(wireID, key); dup || closed {
 		region.ReleaseAll(regions)
+		use.end()
 		if dup {
 			s.refusePull(ss, wireID, codeErr(wire.CodeExists, "transfer %d already in progress", wireID))
 		}
@@ -70,6 +72,9 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 	s.outs.put(ox)
 	ss.send(&wire.Accept{Transfer: wireID})
 	s.sender.post(staging.Event{Kind: staging.EvSubmit, Session: ss.id, Transfer: key, Plan: plan, Timeout: ox.timeout, Now: time.Now()})
+	// A revoke cancels it: the core gathers nothing more, and it retires
+	// once the gathers under way ended.
+	use.arm(func(error) { s.sender.post(staging.Event{Kind: staging.EvCancel, Transfer: key, Now: time.Now()}) })
 }
 
 // serveKVPull answers a peer's KVPull: the rows go out in canonical order.
@@ -82,8 +87,9 @@ func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
 	plan, err := kvPlan(ks.side, ks.regions, ss.chunkSize)
 	if err != nil {
 		region.ReleaseAll(ks.regions)
+		ks.use.end()
 		s.refusePull(ss, m.Transfer, err)
 		return
 	}
-	s.serveOut(ss, m.Transfer, m.Tag, ks.regions, plan, newKVNote(&m.KVRequest))
+	s.serveOut(ss, m.Transfer, m.Tag, ks.regions, plan, newKVNote(&m.KVRequest), ks.use)
 }

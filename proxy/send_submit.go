@@ -90,6 +90,7 @@ type outXfer struct {
 	regions  []*region.Region
 	timeout  time.Duration
 	tag      string
+	use      *grantUse // a KV pull served under a transfer key: ended at retire (kvfence.go)
 
 	// The chunk plan is made when the push goes to the sender core: a
 	// same-node push copies ops as they are and never needs one. Its
@@ -293,6 +294,7 @@ func (s *Server) retire(key staging.Key) {
 		return
 	}
 	region.ReleaseAll(ox.regions)
+	ox.use.end()
 	ox.end.retired(ox)
 }
 
@@ -380,6 +382,7 @@ func (s *Server) failAllLocal(err error) {
 	}
 	for _, ox := range s.outs.takeAll() {
 		region.ReleaseAll(ox.regions)
+		ox.use.end()
 	}
 }
 

@@ -303,3 +303,35 @@ class TestVLLMFaults(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestFailedTicketGrantsNothing(unittest.TestCase):
+    """A push whose ticket the decode's scheduler could not post fails in the same step its receive starts: the
+    worker grants no writes for it (no push can land in blocks vLLM is about to recompute), and reports it
+    received with its blocks as load errors; the others of the step are granted as usual."""
+
+    def test_failed_ticket(self) -> None:
+        from unittest import mock
+
+        from stage_client.errors import SidecarConnectionError
+        from stage_client.vllm.config import StageConfig
+        from stage_client.vllm.metadata import RecvReq, StageConnectorMetadata
+        from stage_client.vllm.worker import StageWorker
+
+        cl = mock.Mock()
+        cl.subscribe.return_value.get.side_effect = SidecarConnectionError("no sidecar in this test")
+        w = StageWorker(StageConfig(socket="/s/d.sock", route="r", kv_heads=2, tp_size=1), client=cl)
+        try:
+            w.block_tokens = 16
+            w.core.layers = 2
+            ka, kb = b"a" * 16, b"b" * 16
+            meta = StageConnectorMetadata()
+            meta.recv = [RecvReq("a", "xa", "push", [3, 4], 0, 20, key=ka), RecvReq("b", "xb", "push", [5], 0, 10, key=kb)]
+            meta.failed = {"a": "posting the push ticket to the prefill: refused"}
+            w.start_load_kv(meta)
+            self.assertEqual([c.args[1] for c in cl.grant.call_args_list], [kb], "writes granted")
+            _, recving = w.get_finished(None, set())
+            self.assertEqual(recving, {"a"})
+            self.assertEqual(w.take_load_errors(), {3, 4})
+        finally:
+            w.shutdown()

@@ -271,6 +271,14 @@ class RealPair(unittest.TestCase):
                                                                                    self.dec.tail()))
         return body
 
+    def said(self, n: int = 12) -> str:
+        """The engines' last stage log lines (what failed, and why), for a failure's message."""
+        out = []
+        for e in (self.pre, self.dec):
+            lines = [ln for ln in e.text().splitlines() if "stage:" in ln]
+            out.append("%s engine's last stage lines:\n%s" % (e.name, "\n".join(lines[-n:])))
+        return "\n".join(out)
+
     def through_proxy(self, prompts: List[List[int]], mode: str) -> List[List[Any]]:
         """All prompts at once through the router."""
         out: List[Any] = [None] * len(prompts)
@@ -289,16 +297,18 @@ class RealPair(unittest.TestCase):
     def check_mode(self, mode: str, seed: int) -> None:
         ps = self.prompts(seed)
         want = self.alone(ps)
-        before = link_bytes(self.dec_sc.socket)[0]
+        before, st0 = link_bytes(self.dec_sc.socket)
         got = self.through_proxy(ps, mode)
         for i, (g, w) in enumerate(zip(got, want)):
             self.assertEqual(g, w, "%s: prompt %d (%d tokens): the decode's tokens differ from the engine alone"
                              % (mode, i, len(ps[i])))
-        moved = link_bytes(self.dec_sc.socket)[0] - before
+        after, st1 = link_bytes(self.dec_sc.socket)
+        moved = after - before
         # every prompt's KV but the token the decode recomputes: 2 layers x (K, V) x 2 heads x 32 x 4 B per token
         least = sum(len(p) - 1 for p in ps) * 2 * 2 * 2 * 32 * 4
-        self.assertGreaterEqual(moved, least, "%s: the decode's sidecar moved %d B, the prompts' KV is %d B"
-                                % (mode, moved, least))
+        self.assertGreaterEqual(moved, least, "%s: the decode's sidecar moved %d B, the prompts' KV is %d B\n%s\n"
+                                "its links before: %s\nafter: %s" % (mode, moved, least, self.said(), st0.get("links"),
+                                                                      st1.get("links")))
 
     def test_pull(self) -> None:
         self.check_mode("pull", 1)
@@ -413,7 +423,8 @@ class TestSameBlocks(RealPair):
             tries += 1
             before = link_bytes(self.dec_sc.socket)[0]
             got = self.through_proxy(ps, mode)
-            self.assertEqual(got, want, "%s after the %s's staged restarted: other tokens" % (mode, sc.name))
+            self.assertEqual(got, want, "%s after the %s's staged restarted (try %d): other tokens\n%s"
+                             % (mode, sc.name, tries, self.said()))
             if link_bytes(self.dec_sc.socket)[0] - before >= least:
                 break
             self.assertLess(time.monotonic() - t0, RESTART_S, "%s: no KV moved %ss after the %s's staged restarted "

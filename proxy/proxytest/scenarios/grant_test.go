@@ -1,6 +1,7 @@
 package scenarios_test
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -239,5 +240,95 @@ func TestKVRequireGrants(t *testing.T) {
 	}
 	if err := kvRun(t, pre.Client, s); err != nil {
 		t.Fatalf("pull with its grant: %v", err)
+	}
+}
+
+// TestKVRevokeFences: an engine revokes a grant when it hands the blocks
+// back to its allocator (a receive that failed or timed out, a hold whose
+// lease ran out). A peer transfer admitted under the key and still under
+// way then must not touch the blocks once RevokeGrant answered: the
+// revoke stops it and answers once the copies under way ended. A push
+// into us fails with access denied, and the blocks hold afterwards exactly
+// what they held at the answer; a pull from us fails (cancelled).
+func TestKVRevokeFences(t *testing.T) {
+	for _, dir := range []wire.Direction{wire.Push, wire.Pull} {
+		t.Run(dir.String(), func(t *testing.T) { revokeUnderWay(t, dir) })
+	}
+}
+
+func revokeUnderWay(t *testing.T, dir wire.Direction) {
+	o := e2eOpts()
+	o.SlotSize, o.Configure = 64*config.KiB, slowDevice(0.02, "decode") // 8 MiB take about 400 ms there
+	pre, dec := proxytest.Pair(t, o)
+	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 64, BlockSize: 16, Heads: 8, HeadHi: 8, HeadSize: 128}
+	theirs := kvCache(t, dec, "theirs", "vllm-flash", p, 2, 0) // the granting engine's
+	ours := kvCache(t, pre, "ours", "vllm-flash", p, 2, 4)
+	if dir == wire.Push {
+		if err := theirs.Poison(guard); err != nil {
+			t.Fatal(err)
+		}
+	}
+	table := make([]uint32, p.Blocks)
+	for i := range table {
+		table[i] = uint32(i)
+	}
+	m := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: table, DstTable: table, Tokens: uint32(p.Blocks * p.BlockSize)}
+	ctx := context.Background()
+	key := newKey(t)
+	if err := dec.Client.Grant(ctx, theirs.Name, key, dir == wire.Push, table, time.Minute, 1); err != nil {
+		t.Fatal(err)
+	}
+	s := m.Submit(route, "fenced", dir, ours, theirs)
+	s.Key = key
+	id, err := pre.Client.SubmitKV(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for { // some rows moved, not all
+		st, err := pre.Client.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State == wire.StateDone || st.State == wire.StateFailed {
+			t.Fatalf("the %v ended (%v) before it was seen under way: slow the device further", dir, st.State)
+		}
+		if st.Done > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no chunk of the %v moved in 20 s", dir)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := dec.Client.RevokeGrant(ctx, theirs.Name, key); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	atRevoke, err := theirs.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := pre.Client.Wait(ctx, id, 30*time.Second)
+	if err == nil {
+		t.Fatalf("the %v ended well (%d of %d B) although its grant was revoked under way", dir, st.Done, st.Total)
+	}
+	want := wire.CodeCancelled // a pull we served: the sender core cancelled it
+	if dir == wire.Push {
+		want = wire.CodeAccessDenied
+	}
+	if client.CodeOf(err) != want || (dir == wire.Push && !strings.Contains(err.Error(), "revoked")) {
+		t.Fatalf("the revoked %v failed with %v; want %v", dir, err, want)
+	}
+	if dir == wire.Pull {
+		return
+	}
+	time.Sleep(200 * time.Millisecond) // anything still on its way would land now
+	after, err := theirs.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "the receiving cache after the revoke answered", after, atRevoke)
+	if bytes.Equal(atRevoke, bytes.Repeat([]byte{guard}, len(atRevoke))) {
+		t.Fatal("nothing landed before the revoke: the test did not revoke a push under way")
 	}
 }

@@ -299,6 +299,8 @@ class StageWorker:
         for key in todo.revoke:
             self._revoke(key)
         for rr in meta.recv:
+            # a push whose ticket did not reach the prefill: no grant of writes is made for it
+            rr.error = rr.error or meta.failed.get(rr.req_id, "")
             self._start_recv(rr, now)
         if meta.failed:
             with self.lock:
@@ -315,6 +317,8 @@ class StageWorker:
         return ""
 
     def _revoke(self, key: bytes) -> None:
+        """End a grant. The sidecar answers once no peer transfer admitted under it can touch the blocks (it stops
+        them and waits for the copies under way), so the blocks can go back to vLLM when this returns."""
         try:
             self.client.revoke_grant(self.name, key)
         except (StageError, OSError, ValueError) as e:  # a sidecar that restarted holds no grant any more
