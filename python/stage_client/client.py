@@ -20,6 +20,7 @@ import math
 import queue
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .cuda import CudaExport, IpcRef, export_tensor, release_ipc_ref, warn_once
@@ -215,13 +216,21 @@ class Client(KVRequests, TicketRequests):
     backoff, joins its group, subscribes again and runs the
     :meth:`on_reconnect` callbacks (which register again what the old
     connection owned); see :mod:`stage_client.reconnect`. False: the client
-    stays closed, and its subscriptions end.
+    stays closed, and its subscriptions end. ``reconnect_wait`` (seconds):
+    a call made while a reconnecting client is away waits for the new
+    connection (its callbacks run) instead of failing at once, until that
+    long after the old one was lost: a sidecar that restarts in well under
+    a second costs the calls of that moment a short wait, not a failure,
+    and one that stays away longer fails calls at once again. 0: never
+    waits.
     """
 
     def __init__(self, path: str, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
-                 group: Optional[Union[str, bytes]] = None, reconnect: Union[bool, Backoff] = False) -> None:
+                 group: Optional[Union[str, bytes]] = None, reconnect: Union[bool, Backoff] = False,
+                 reconnect_wait: float = 0.0) -> None:
         self.path = path
         self.request_timeout = request_timeout
+        self.reconnect_wait = reconnect_wait
         try:
             self._sock = self._dial()
         except OSError as e:
@@ -229,6 +238,8 @@ class Client(KVRequests, TicketRequests):
                                          "control_socket?" % (path, e)) from e
         self._wlock = threading.Lock()
         self._lock = threading.Lock()
+        self._back = threading.Condition(self._lock)  # notified when a reconnecting client is back, or closes
+        self._lost_at = 0.0  # time.monotonic() when a reconnecting client lost its connection; 0 while it has one
         self._seq = itertools.count(1)
         self._pending: Dict[int, _Future] = {}
         self._subs: List[Subscription] = []
@@ -279,6 +290,7 @@ class Client(KVRequests, TicketRequests):
         with self._lock:
             self._closing = True
             sock = self._sock
+            self._back.notify_all()
         _shutdown(sock)
         if self._reconnector is not None:
             self._reconnector.stop()  # a new connection is not adopted once closing
@@ -352,7 +364,8 @@ class Client(KVRequests, TicketRequests):
 
     def _resumed(self) -> None:
         with self._lock:
-            self._resuming = None
+            self._resuming, self._lost_at = None, 0.0
+            self._back.notify_all()
 
     def _drop(self) -> None:
         """End the connection (not the client) and wait for its reader."""
@@ -360,6 +373,17 @@ class Client(KVRequests, TicketRequests):
             sock, self._resuming = self._sock, None
         _shutdown(sock)
         self._reader.join()
+
+    def _await_back(self) -> None:
+        """Under the lock: while a reconnecting client is away (or another thread restores its connection), wait
+        for it to be back, up to ``reconnect_wait`` after the connection was lost."""
+        me = threading.get_ident()
+        while self._reconnector is not None and not self._closing and (
+                self._error is not None or (self._resuming is not None and self._resuming != me)):
+            left = self._lost_at + self.reconnect_wait - time.monotonic()
+            if left <= 0:
+                return
+            self._back.wait(left)
 
     @property
     def closed(self) -> bool:
@@ -422,6 +446,8 @@ class Client(KVRequests, TicketRequests):
                 err = SidecarConnectionError("the client was closed")
             elif again:
                 err = SidecarConnectionError(err.message + "; reconnecting", err.code)
+                if not self._lost_at:  # the first loss since it was last back: the wait counts from it
+                    self._lost_at = time.monotonic()
             self._error = err
             pending = list(self._pending.values())
             self._pending.clear()
@@ -450,6 +476,7 @@ class Client(KVRequests, TicketRequests):
         """Encode the request ``make(req)``, register its future, send it; then, when given, the frames
         ``more(req)`` yields (the rest of a request in pieces), each encoded as the one before is sent."""
         with self._lock:
+            self._await_back()
             if self._error is not None:
                 raise self._error
             if self._closing:

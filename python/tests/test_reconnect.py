@@ -109,6 +109,36 @@ class TestReconnect(unittest.TestCase):
         self.fakes.clear()
         self.assertEqual(fds(), self.fds0, "fds leaked")
 
+    def test_reconnect_wait(self) -> None:
+        """With reconnect_wait, a call made while the sidecar is away waits for it to come back (and the callbacks
+        to run) instead of failing; once that long has passed since the loss, calls fail at once again."""
+        first = self.sidecar()
+        c = Client(self.path, request_timeout=5, reconnect=Backoff(0.01, 0.05), reconnect_wait=3.0)
+        hooked: List[float] = []
+        c.on_reconnect(lambda cl: hooked.append(time.monotonic()))
+        first.close()
+        self.assertTrue(until(lambda: c.closed))
+        threading.Timer(0.3, self.sidecar).start()  # back 0.3 s later
+        t0 = time.monotonic()
+        c.cancel(1)  # waits, then goes through on the new connection
+        took = time.monotonic() - t0
+        self.assertEqual(len(hooked), 1, "the call went through before the callbacks ran")
+        self.assertGreaterEqual(took, 0.2)
+        self.assertLess(took, 3.0)
+        self.assertEqual(c.reconnects, 1)
+        self.fakes[-1].close()  # away again, for good
+        self.assertTrue(until(lambda: c.closed))
+        t0 = time.monotonic()
+        with self.assertRaises(SidecarConnectionError):
+            c.cancel(2)  # waits reconnect_wait, then fails
+        self.assertGreaterEqual(time.monotonic() - t0, 2.5)
+        t0 = time.monotonic()
+        with self.assertRaises(SidecarConnectionError):
+            c.cancel(3)  # still away past reconnect_wait: at once
+        self.assertLess(time.monotonic() - t0, 0.5)
+        c.close()
+        self.assertEqual(client_threads(), [])
+
     def test_backoff_no_busy_loop(self) -> None:
         first = self.sidecar()
         c = Client(self.path, request_timeout=5, reconnect=Backoff(0.02, 0.1))

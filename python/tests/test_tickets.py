@@ -144,3 +144,34 @@ class TestTicketsLive(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestTicketLinkRestart(unittest.TestCase):
+    """The decode's sidecar restarts under its scheduler's TicketLink (vLLM push mode): a ticket posted right after
+    waits for the link's next connection and arrives, instead of failing (the request would recompute)."""
+
+    def test_post_right_after_restart(self) -> None:
+        from stage_client.vllm.config import StageConfig
+        from stage_client.vllm.tickets import TicketLink
+
+        pre, dec = pair(pulls=True)
+        self.addCleanup(stop_all, [pre, dec])
+        owner = Client(pre.socket)
+        self.addCleanup(owner.close)
+        owner.open_inbox("restart-p")
+        cfg = StageConfig(socket=dec.socket, route="prefill", kv_name="restart-d", timeout_s=5.0)
+        link = TicketLink(cfg, lambda it: None)
+        self.addCleanup(link.close)
+        self.assertTrue(link.wait_ready(10))
+        link.post(TICKET_PUSH, "k0", b"{}", to="restart-p")
+        dec.restart()
+        t0 = time.monotonic()
+        link.post(TICKET_PUSH, "k1", b"{}", to="restart-p", timeout=5.0)
+        took = time.monotonic() - t0
+        keys = set()
+        deadline = time.monotonic() + 10
+        while keys != {"k0", "k1"} and time.monotonic() < deadline:
+            keys |= {it.key for it in owner.take_tickets(wait=0.5)}
+        self.assertEqual(keys, {"k0", "k1"})
+        self.assertLess(took, 5.0)

@@ -122,7 +122,8 @@ class StageKVManager:
                  aux_buffers: Optional[Sequence[Any]] = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError("StageKVManager: role %r (prefill or decode)" % role)
-        self.client = Client(client, request_timeout=timeout, reconnect=True) if isinstance(client, str) else client
+        self.client = (Client(client, request_timeout=timeout, reconnect=True, reconnect_wait=min(2.0, timeout))
+                       if isinstance(client, str) else client)  # a restarting sidecar: a short wait, not a failure
         self.role, self.rank, self.tp, self.heads = role, tp_rank, tp_size, kv_heads
         self.name, self.route, self.peer_name, self.timeout = name, route, peer_name, timeout
         self.page_size, self.secret = page_size, secret

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 from ..client import Client
@@ -32,6 +33,12 @@ __all__ = ["TicketLink", "TICKET_PUSH", "TICKET_FAILURE", "post_on", "failure_bo
 log = logging.getLogger(LOGGER)
 
 MAX_FAILURE_TEXT = 1024  # bytes of a failure notice's reason
+
+#: How long a post waits for the link's connection when there is none (the sidecar is restarting): a restart
+#: takes well under a second, and the link dials again within LINK_BACKOFF of it.
+LINK_WAIT = 2.0
+#: The link's pauses between dials after it lost its connection: from the first to the last, doubling.
+LINK_BACKOFF = (0.05, 1.0)
 
 
 def post_on(cl: Any, route: str, kind: int, key: str, body: bytes, peer: str, to: str, timeout: float) -> None:
@@ -48,6 +55,11 @@ def post_on(cl: Any, route: str, kind: int, key: str, body: bytes, peer: str, to
 def failure_body(why: str) -> bytes:
     """A failure notice's body: the reason, cut to MAX_FAILURE_TEXT bytes."""
     return why.encode("utf-8", "replace")[:MAX_FAILURE_TEXT]
+
+
+def _closed(cl: Any) -> bool:
+    """Whether client ``cl``'s connection is gone (a stand-in without ``closed`` never is)."""
+    return getattr(cl, "closed", False) is True
 
 
 class TicketLink:
@@ -71,14 +83,36 @@ class TicketLink:
 
     def post(self, kind: int, key: str, body: bytes, peer: str = "", to: str = "", timeout: float = 5.0) -> None:
         """Send a ticket to inbox ``to`` ("" : the only one) of ``peer`` on the configured route; StageError,
-        OSError or SidecarConnectionError when refused or unreachable."""
-        if not self._ready.wait(min(timeout, 1.0)):
-            raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets yet" % self.cfg.socket)
-        with self._lock:
-            cl = self._client
-        if cl is None:
-            raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets" % self.cfg.socket)
-        post_on(cl, self.cfg.route, kind, key, body, for_rank(peer, 0), to, timeout)  # its scheduler: rank 0's sidecar
+        OSError or SidecarConnectionError when refused or unreachable. A connection the sidecar dropped (it
+        restarted) is waited out, up to LINK_WAIT, and the ticket posted on the next one: a second copy of
+        a ticket that did arrive replaces the first."""
+        stale: Any = None
+        while True:
+            cl = self._live(stale, min(timeout, LINK_WAIT))
+            if cl is None:
+                raise SidecarConnectionError("no connection to the sidecar (%s) for push tickets%s"
+                                             % (self.cfg.socket, " again" if stale is not None else " yet"))
+            try:
+                post_on(cl, self.cfg.route, kind, key, body, for_rank(peer, 0), to, timeout)  # rank 0's sidecar
+                return
+            except SidecarConnectionError:
+                if stale is not None or not _closed(cl):
+                    raise
+                stale = cl
+
+    def _live(self, stale: Any, wait: float) -> Any:
+        """The link's open connection, not ``stale``, waiting up to ``wait`` for one; None when none came."""
+        end = time.monotonic() + wait
+        while True:
+            if self._ready.is_set():
+                with self._lock:
+                    cl = self._client
+                if cl is not None and cl is not stale and not _closed(cl):
+                    return cl
+            left = end - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                return None
+            self._stop.wait(min(left, 0.01))
 
     def post_ticket(self, key: str, ticket: Dict[str, Any], peer: str = "", to: str = "", timeout: float = 5.0) -> None:
         """:meth:`post` of a push ticket (a JSON object)."""
@@ -90,6 +124,7 @@ class TicketLink:
 
     def _run(self) -> None:
         warned = False
+        pause = LINK_BACKOFF[0]
         while not self._stop.is_set():
             try:
                 cl = self._connect()
@@ -97,21 +132,22 @@ class TicketLink:
                 if not warned:
                     log.warning("stage: no connection to the sidecar for push tickets (%s); retrying", e)
                     warned = True
-                self._stop.wait(1.0)
+                self._stop.wait(pause)
+                pause = min(pause * 2, LINK_BACKOFF[1])
                 continue
             try:
                 cl.open_inbox(self.cfg.kv_name)
                 with self._lock:
                     self._client = cl
                 self._ready.set()
-                warned = False
+                warned, pause = False, LINK_BACKOFF[0]
                 while not self._stop.is_set():
                     for it in cl.take_tickets(wait=0.5):
                         self.on_ticket(it)
             except (OSError, StageError) as e:
                 if not self._stop.is_set():
                     log.warning("stage: push tickets for %s: %s; reconnecting", self.cfg.kv_name, e)
-                    self._stop.wait(1.0)
+                    self._stop.wait(pause)
             finally:
                 self._ready.clear()
                 with self._lock:

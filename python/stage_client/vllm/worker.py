@@ -42,6 +42,10 @@ log = logging.getLogger(LOGGER)
 #: was served, and when vLLM frees the blocks.
 GRANT_USES = MAX_TP
 
+#: How long the worker's calls wait for a sidecar that restarts (Client.reconnect_wait), counted from when it
+#: went away: staged is back in well under a second; one that stays away fails loads at once after this.
+RECONNECT_WAIT = 2.0
+
 
 class StageWorker:
     """What one worker does for the connector; see the module doc."""
@@ -54,8 +58,10 @@ class StageWorker:
         self.gran = 1  # tokens per token of the registered layout (a whole block for vllm-cpu)
         self.block_tokens = 0  # tokens per block of vLLM's block table
         self.rank, self.tp = cfg.rank(), cfg.tp_size
+        # a sidecar that restarts under a request costs its calls a short wait, not a failed load
         self.client = client if client is not None else Client(for_rank(cfg.socket, self.rank),
-                                                               request_timeout=cfg.timeout_s, reconnect=True)
+                                                               request_timeout=cfg.timeout_s, reconnect=True,
+                                                               reconnect_wait=min(RECONNECT_WAIT, cfg.timeout_s))
         self.counters = Counters()
         self._warn_load = RateLimited(log, 30.0)
         self._reg: Any = None  # what register_kv_caches registered, to register it again on a new connection
