@@ -65,7 +65,7 @@ STAGECTL = os.path.join(os.path.dirname(STAGED), "stagectl")
 START_S = float(os.environ.get("STAGE_VLLM_START_S", "900"))  # an engine's start on a loaded 2-core machine
 TIMEOUT_S = 8.0  # the connector's timeout_s
 MAX_TOKENS = 12
-RESTART_S = 60.0  # KV moves again within this after a sidecar restarts (requests take seconds on 2 loaded cores)
+RESTART_S = 60.0  # the first requests after a sidecar restart are answered within this (seconds on 2 loaded cores)
 
 
 def free_port() -> int:
@@ -411,36 +411,34 @@ class TestSameBlocks(RealPair):
 
 
     def sidecar_restarted(self, sc: Staged, engine: Engine, mode: str, seed: int) -> None:
-        """SIGKILL ``sc`` and start it again (same socket and address) under the running pair: ``engine``'s
-        connector reconnects and registers its KV cache again, and KV moves again (``mode``) within seconds."""
+        """SIGKILL ``sc`` and start it again (same socket and address) under the running pair: the first requests
+        sent right after move their KV (``mode``), the right tokens: ``engine``'s connector waits for the sidecar
+        to come back, registers its KV cache again, and its calls go through; none recomputes."""
         ps = self.prompts(seed)[3:5]
         want = self.alone(ps)
         least = sum(len(p) - 1 for p in ps) * 2 * 2 * 2 * 32 * 4  # as check_mode counts
         sc.restart(signal.SIGKILL)
         t0 = time.monotonic()
-        tries = 0
-        while True:
-            tries += 1
-            before = link_bytes(self.dec_sc.socket)[0]
-            got = self.through_proxy(ps, mode)
-            self.assertEqual(got, want, "%s after the %s's staged restarted (try %d): other tokens\n%s"
-                             % (mode, sc.name, tries, self.said()))
-            if link_bytes(self.dec_sc.socket)[0] - before >= least:
-                break
-            self.assertLess(time.monotonic() - t0, RESTART_S, "%s: no KV moved %ss after the %s's staged restarted "
-                            "(%d tries)\n%s" % (mode, RESTART_S, sc.name, tries, engine.tail()))
-            time.sleep(0.5)
-        sys.stderr.write("%s's staged restarted: KV moved again (%s) %.1fs later, at try %d\n"
-                         % (sc.name, mode, time.monotonic() - t0, tries))
+        before = link_bytes(self.dec_sc.socket)[0]
+        got = self.through_proxy(ps, mode)
+        took = time.monotonic() - t0
+        self.assertEqual(got, want, "%s after the %s's staged restarted: other tokens\n%s" % (mode, sc.name, self.said()))
+        moved = link_bytes(self.dec_sc.socket)[0] - before
+        self.assertGreaterEqual(moved, least, "%s: the first requests after the %s's staged restarted moved %d B of "
+                                "their %d B of KV (they recomputed)\n%s" % (mode, sc.name, moved, least, self.said()))
+        self.assertLess(took, RESTART_S, "%s: the first requests after the %s's staged restarted took %.1fs"
+                        % (mode, sc.name, took))
+        sys.stderr.write("%s's staged restarted: the first requests moved their KV (%s), answered %.1fs later\n"
+                         % (sc.name, mode, took))
         self.assertIn("registered again", engine.text(), "the %s engine's log does not say its cache was "
                       "registered again" % sc.name)
 
     def test_zw_prefill_sidecar_restarted(self) -> None:
-        """The prefill's staged SIGKILLed and started again: pulls from it move KV again within seconds."""
+        """The prefill's staged SIGKILLed and started again: the first pulls from it right after move their KV."""
         self.sidecar_restarted(self.pre_sc, self.pre, "pull", 20)
 
     def test_zx_decode_sidecar_restarted(self) -> None:
-        """The decode's staged SIGKILLed and started again: pushes into it move KV again within seconds."""
+        """The decode's staged SIGKILLed and started again: the first pushes into it right after move their KV."""
         self.sidecar_restarted(self.dec_sc, self.dec, "push", 21)
 
 
