@@ -20,9 +20,9 @@ lock of its own); nothing here blocks.
   mode prefill's blocks kept for the decode's pulls, with the grant to
   revoke once every pull expected was served); seals (pushes that will
   not grow, reported sent once their transfers ended); grants not yet
-  held; notifications that came before their request (kept, bounded);
-  where each push goes (for failure notices); the block ids whose load
-  failed.
+  held; notifications that came before their request (kept, bounded:
+  when full, those no receive took within the timeout go first); where
+  each push goes (for failure notices); the block ids whose load failed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from .protocol.wire import Code
 __all__ = ["MAX_EARLY", "Receive", "Receives", "Hold", "PushDest", "FailedPush", "FailedLoad", "Finished", "Absorbed",
            "Noted", "WorkerCore", "code_text"]
 
-#: notifications kept for transfer keys not known yet
+#: notifications kept for transfer keys not known yet (those of a transfer no receive came for within the
+#: core's timeout are dropped first: a failed push's notice after its receive ended, say)
 MAX_EARLY = 65536
 
 #: a receive still waiting when the connection that would have told of it closed
@@ -251,6 +252,7 @@ class WorkerCore:
         self.sealed: Dict[str, str] = {}  # req -> xfer: nothing more will be pushed
         self._granted: Dict[str, bytes] = {}  # req -> the key its blocks are granted under, until held
         self._early: Dict[str, List[Tuple[Tag, Any]]] = {}
+        self._early_at: Dict[str, float] = {}  # when each transfer's first early notice came, oldest first
         self._early_n = 0
         self._push_to: Dict[str, PushDest] = {}
         self._seen: Set[str] = set()  # request ids vLLM said finished
@@ -312,9 +314,9 @@ class WorkerCore:
     # ------------------------------------------------------------------
     # notifications
 
-    def note(self, tag: Tag, n: Any) -> Noted:
+    def note(self, tag: Tag, n: Any, now: Optional[float] = None) -> Noted:
         """File one notification of this rank's cache under its transfer, or keep it until the transfer is
-        known (at most :data:`MAX_EARLY`)."""
+        known (at most :data:`MAX_EARLY`; when full, those kept longer than the timeout before ``now`` go)."""
         if tag.side == "p":
             r = self.receives.by_xfer(tag.key)
             if r is not None:
@@ -324,13 +326,24 @@ class WorkerCore:
             rid = self._held_by_xfer.get(tag.key)
             if rid is not None:
                 return self._note_pull(self.held[rid], tag)
+        if self._early_n >= MAX_EARLY and now is not None:
+            self._expire_early(now - self.timeout)
         if self._early_n < MAX_EARLY:
             self._early.setdefault(tag.key, []).append((tag, n))
+            self._early_at.setdefault(tag.key, now if now is not None else 0.0)
             self._early_n += 1
         return Noted()
 
+    def _expire_early(self, before: float) -> None:
+        """Drop the notices of transfers whose first one came before ``before`` (no receive took them)."""
+        for xfer, at in list(self._early_at.items()):
+            if at >= before:
+                break
+            self._take_early(xfer)
+
     def _take_early(self, xfer: str) -> List[Tuple[Tag, Any]]:
         notes = self._early.pop(xfer, [])
+        self._early_at.pop(xfer, None)
         self._early_n -= len(notes)
         return notes
 

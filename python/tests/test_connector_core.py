@@ -181,6 +181,22 @@ class TestWorkerCoreReceive(unittest.TestCase):
             c.receive(r)
             self.assertTrue(r.cov.complete())
 
+    def test_stale_early_notices_make_room(self) -> None:
+        """A full store drops the notices no receive took within the timeout (a failed push's notice that came
+        after its receive ended), so a notice that overtakes its request later is still kept and filed."""
+        with mock.patch.object(connector_core, "MAX_EARLY", 2):
+            c = self.core()
+            c.note(*note("stale0", "p", 0, 1), now=1.0)
+            c.note(*note("stale1", "p", 0, 1), now=2.0)
+            c.note(*note("young", "p", 0, 1), now=2.5)  # full, nothing old enough: not kept
+            c.note(*note("late", "p", 0, 1), now=1.5 + TIMEOUT)  # stale0 is past the timeout: it goes
+            got = {}
+            for x in ("stale0", "stale1", "young", "late"):
+                r = Receive("r" + x, x, 0, 16)
+                c.receive(r)
+                got[x] = r.cov.complete()
+            self.assertEqual(got, {"stale0": False, "stale1": True, "young": False, "late": True})
+
     def test_finish(self) -> None:
         boom = OSError("peer gone")
         cases: List[Tuple[str, Dict[str, Any], float, Dict[str, Tuple[bool, Optional[BaseException]]], Set[str],

@@ -416,7 +416,7 @@ class StageWorker:
             if t is None or n.kv != self.name:
                 continue
             with self.lock:
-                noted = self.core.note(t, n)
+                noted = self.core.note(t, n, time.monotonic())
             if noted.warning:
                 log.warning("stage: %s", noted.warning)
             if noted.revoke:  # every pull the grant was for was served: revoked now, not at vLLM's next step
