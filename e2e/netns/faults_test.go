@@ -127,16 +127,23 @@ func (f *faults) blackhole(ctx context.Context, d time.Duration) error {
 
 // schedule runs the toxic trial's faults until ctx ends: a reset burst
 // every 1.5s, a timeout burst every 5s, 2s of bandwidth limit every 10s,
-// and a 2s blackhole of one data stream 1s in and every 20s after.
+// and a 2s blackhole of one data stream 1s in and every 20s after. A
+// blackhole that finds no data stream (the session is between a reset and
+// its redial) is tried again at the next free tick, so that one lands
+// however the resets fall.
 func (f *faults) schedule(ctx context.Context) error {
 	start := time.Now()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
+	due := false
 	for k := 1; ; k++ {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if k == 2 || (time.Since(start) > 20*time.Second && k%40 == 2) {
+			due = true
 		}
 		var err error
 		switch {
@@ -146,8 +153,10 @@ func (f *faults) schedule(ctx context.Context) error {
 			err = f.timeout(ctx)
 		case k%20 == 5:
 			err = f.bandwidth(ctx, 2*time.Second)
-		case k == 2 || (time.Since(start) > 20*time.Second && k%40 == 2):
+		case due:
+			before := f.injected("blackhole")
 			err = f.blackhole(ctx, 2*time.Second)
+			due = f.injected("blackhole") == before
 		}
 		if err != nil {
 			return err
