@@ -187,7 +187,7 @@ func (t *kvTable) register(o region.Owner, m *wire.RegisterKV) (reshaped bool, e
 		t.mu.Unlock()
 		return false, codeErr(wire.CodeExists, "KV cache %q is registered by another engine connection; choose another name, or wait until its owner closes its connection", m.Name)
 	}
-	c.grants = t.newGrants()
+	c.grants, c.uses = t.newGrants(), uses{}
 	if old != nil {
 		c.grants, c.uses = old.grants, old.uses // registered anew by its group: the grants and their uses stay
 	}

@@ -27,52 +27,36 @@ const revokeFence = 5 * time.Second
 // grantUse is one peer transfer admitted under a transfer key. A nil use
 // (a request that needed no key) does nothing.
 type grantUse struct {
+	key  string
+	t    *kvTable
+	live uses          // its cache's live uses, which end takes it out of
 	done chan struct{} // closed once the transfer let go of the cache's regions
 	once sync.Once
-	drop func() // takes the use out of its cache's table (end)
 
 	mu      sync.Mutex
 	stop    func(error) // ends the transfer early; set once it is open (arm)
 	stopped error       // the revoke's reason, once halted
 }
 
-// uses is a cache's live uses, by transfer key (under kvTable.mu).
-type uses map[string]map[*grantUse]struct{}
+// uses is a cache's live uses (under kvTable.mu): the transfers under way,
+// a handful, so a revoke looks through them all for its key.
+type uses map[*grantUse]struct{}
 
 // addUseLocked records a use of key on c (t.mu held).
 func (t *kvTable) addUseLocked(c *kvCache, key []byte) *grantUse {
-	k := string(key)
-	u := &grantUse{done: make(chan struct{})}
-	if c.uses == nil {
-		c.uses = uses{}
-	}
-	set := c.uses[k]
-	if set == nil {
-		set = map[*grantUse]struct{}{}
-		c.uses[k] = set
-	}
-	set[u] = struct{}{}
-	us := c.uses
-	u.drop = func() {
-		t.mu.Lock()
-		if s := us[k]; s != nil {
-			delete(s, u)
-			if len(s) == 0 {
-				delete(us, k)
-			}
-		}
-		t.mu.Unlock()
-	}
+	u := &grantUse{key: string(key), t: t, live: c.uses, done: make(chan struct{})}
+	c.uses[u] = struct{}{}
 	return u
 }
 
 // takeUsesLocked removes and returns the uses of key on c (t.mu held).
 func (c *kvCache) takeUsesLocked(key []byte) []*grantUse {
-	set := c.uses[string(key)]
-	delete(c.uses, string(key))
-	out := make([]*grantUse, 0, len(set))
-	for u := range set {
-		out = append(out, u)
+	var out []*grantUse
+	for u := range c.uses {
+		if u.key == string(key) {
+			delete(c.uses, u)
+			out = append(out, u)
+		}
 	}
 	return out
 }
@@ -115,7 +99,9 @@ func (u *grantUse) end() {
 		return
 	}
 	u.once.Do(func() {
-		u.drop()
+		u.t.mu.Lock()
+		delete(u.live, u)
+		u.t.mu.Unlock()
 		close(u.done)
 	})
 }

@@ -99,12 +99,15 @@ func TestFenceTimesOut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits revokeFence")
 	}
-	u := &grantUse{done: make(chan struct{}), drop: func() {}}
-	ended := &grantUse{done: make(chan struct{}), drop: func() {}}
+	tab, c := &kvTable{}, &kvCache{uses: uses{}}
+	u, ended := tab.addUseLocked(c, []byte("k")), tab.addUseLocked(c, []byte("k"))
 	ended.end()
 	err := fence("kv", []*grantUse{ended, u})
 	if errCode(err) != wire.CodeTimeout || !strings.Contains(err.Error(), "1 of the 2") {
 		t.Fatalf("fence: %v; want %v naming 1 of the 2 transfers", err, wire.CodeTimeout)
 	}
 	u.end()
+	if len(c.uses) != 0 {
+		t.Fatalf("%d uses left after both ended", len(c.uses))
+	}
 }

@@ -4,7 +4,8 @@ A :class:`~stage_client.client.Client` made with ``reconnect=True`` (or a
 :class:`Backoff`) outlives its connection. When the sidecar closes it
 (restart, crash, upgrade), the calls in flight fail once with
 SidecarConnectionError, as without reconnecting; calls made while the
-client is away fail at once the same way (nothing waits for the sidecar).
+client is away fail at once the same way, or, with ``reconnect_wait``,
+wait for the new connection until that long after the loss.
 One thread, :class:`Reconnector`, then dials the socket again after a
 jittered, growing pause (at most :attr:`Backoff.maximum` seconds apart;
 no busy loop), and on the new connection joins the client's group again,

@@ -102,7 +102,7 @@ class TestTicketLinkRankZero(unittest.TestCase):
 
         def client(path: str, **kw: Any) -> Any:
             got.append(path)
-            c = mock.Mock()
+            c = mock.Mock(closed=False)
             c.take_tickets.side_effect = lambda wait: time.sleep(0.05) or []
             return c
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Optional
 from ..client import Client
 from ..errors import SidecarConnectionError, StageError
 from ..protocol.wire import Code
+from ..reconnect import Backoff
 from ..ticketclient import TICKET_FAILURE, TICKET_PUSH, TicketItem
 from .compat import LOGGER
 from .config import StageConfig, for_rank
@@ -35,10 +36,8 @@ log = logging.getLogger(LOGGER)
 MAX_FAILURE_TEXT = 1024  # bytes of a failure notice's reason
 
 #: How long a post waits for the link's connection when there is none (the sidecar is restarting): a restart
-#: takes well under a second, and the link dials again within LINK_BACKOFF of it.
+#: takes well under a second, and the link dials again within a second of it.
 LINK_WAIT = 2.0
-#: The link's pauses between dials after it lost its connection: from the first to the last, doubling.
-LINK_BACKOFF = (0.05, 1.0)
 
 
 def post_on(cl: Any, route: str, kind: int, key: str, body: bytes, peer: str, to: str, timeout: float) -> None:
@@ -55,11 +54,6 @@ def post_on(cl: Any, route: str, kind: int, key: str, body: bytes, peer: str, to
 def failure_body(why: str) -> bytes:
     """A failure notice's body: the reason, cut to MAX_FAILURE_TEXT bytes."""
     return why.encode("utf-8", "replace")[:MAX_FAILURE_TEXT]
-
-
-def _closed(cl: Any) -> bool:
-    """Whether client ``cl``'s connection is gone (a stand-in without ``closed`` never is)."""
-    return getattr(cl, "closed", False) is True
 
 
 class TicketLink:
@@ -96,7 +90,7 @@ class TicketLink:
                 post_on(cl, self.cfg.route, kind, key, body, for_rank(peer, 0), to, timeout)  # rank 0's sidecar
                 return
             except SidecarConnectionError:
-                if stale is not None or not _closed(cl):
+                if stale is not None or not cl.closed:
                     raise
                 stale = cl
 
@@ -107,7 +101,7 @@ class TicketLink:
             if self._ready.is_set():
                 with self._lock:
                     cl = self._client
-                if cl is not None and cl is not stale and not _closed(cl):
+                if cl is not None and cl is not stale and not cl.closed:
                     return cl
             left = end - time.monotonic()
             if left <= 0 or self._stop.is_set():
@@ -123,8 +117,7 @@ class TicketLink:
         self.post(TICKET_FAILURE, key, failure_body(why), peer, to, timeout)
 
     def _run(self) -> None:
-        warned = False
-        pause = LINK_BACKOFF[0]
+        warned, pause = False, Backoff(0.05, 1.0)  # pauses between dials: 50 ms doubling to 1 s, jittered
         while not self._stop.is_set():
             try:
                 cl = self._connect()
@@ -132,22 +125,22 @@ class TicketLink:
                 if not warned:
                     log.warning("stage: no connection to the sidecar for push tickets (%s); retrying", e)
                     warned = True
-                self._stop.wait(pause)
-                pause = min(pause * 2, LINK_BACKOFF[1])
+                self._stop.wait(pause.next())
                 continue
             try:
                 cl.open_inbox(self.cfg.kv_name)
                 with self._lock:
                     self._client = cl
                 self._ready.set()
-                warned, pause = False, LINK_BACKOFF[0]
+                warned = False
+                pause.reset()
                 while not self._stop.is_set():
                     for it in cl.take_tickets(wait=0.5):
                         self.on_ticket(it)
             except (OSError, StageError) as e:
                 if not self._stop.is_set():
                     log.warning("stage: push tickets for %s: %s; reconnecting", self.cfg.kv_name, e)
-                    self._stop.wait(pause)
+                    self._stop.wait(pause.next())
             finally:
                 self._ready.clear()
                 with self._lock:
