@@ -41,6 +41,7 @@ type DeviceHIP struct {
 var (
 	CUDACopyModes  = []string{"auto", "kernel", "batch", "percopy"}
 	CUDAEventWaits = []string{"auto", "spin", "block", "hybrid"}
+	NodeWakeLinks  = []string{"auto", "on", "off"} // node.wake_link
 	ACLCopyModes   = []string{"auto", "batch", "pack", "percopy"}
 )
 

@@ -122,6 +122,7 @@ func Validate(c *Config) error {
 	if c.Node.CopyStreams < 1 || c.Node.CopyStreams > MaxNodeCopyStreams {
 		v.add("node.copy_streams", fmt.Sprintf("must be 1..%d (got %d)", MaxNodeCopyStreams, c.Node.CopyStreams))
 	}
+	v.oneOf("node.wake_link", c.Node.WakeLink, NodeWakeLinks)
 	if t := c.Node.IdleConnTimeout; t < MinNodeIdle || t > MaxNodeIdle {
 		v.add("node.idle_conn_timeout", fmt.Sprintf("must be %s..%s (got %s)", MinNodeIdle, MaxNodeIdle, t))
 	}

@@ -153,9 +153,14 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 			FirstRequestTimeout: cfg.Limits.ClientFirstRequestTimeout, TrustSocketParent: cfg.Security.TrustSocketParent}); err != nil {
 		return nil, err
 	}
+	wake := cfg.Node.WakeLink == "on" || (cfg.Node.WakeLink == "auto" && dev.Kind() == device.KindCUDA)
+	var newWake func() (*node.WakeBuffer, error)
+	if wake {
+		newWake = node.DeviceWake(dev)
+	}
 	s.nodes = node.Listen(nodeHost{s}, node.Options{Dev: dev, Regions: s.regions, Log: log, Dir: cfg.NodeSocketDir(),
 		HandshakeTimeout: cfg.Limits.HandshakeTimeout, FaultImport: cfg.Knobs.FaultIPCImport, WG: &s.wg, CopyStreams: cfg.Node.CopyStreams,
-		IdleConn: cfg.Node.IdleConnTimeout, TrustSocketParent: cfg.Security.TrustSocketParent})
+		IdleConn: cfg.Node.IdleConnTimeout, TrustSocketParent: cfg.Security.TrustSocketParent, WakeLink: wake, NewWake: newWake})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
 			return nil, err
@@ -276,6 +281,7 @@ func (s *Server) closeResources() error {
 	}
 	if s.nodes != nil {
 		s.nodes.Close()
+		errs = append(errs, s.nodes.ReleaseWake())
 	}
 	if s.metricsSrv != nil {
 		_ = s.metricsSrv.Close()

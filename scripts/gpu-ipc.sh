@@ -3,7 +3,9 @@
 # 4 GiB GPU SRC -> GPU DST, each transfer checked and back to back, with the
 # peer-copy ceiling measured in the same job, from what `make gpu-build` put
 # in .dev/. The sending sidecar's "same-node push" debug lines (prep,
-# sched, conn, handles, copy_setup, copy_wait, done) are summarised beside
+# sched, conn, handles, copy_setup, copy_wait, done; since the link wake,
+# "handles" includes making the copy's first stream and enqueueing the wake
+# copy, and copy_setup only the other streams) are summarised beside
 # the bench's own p50, whose remainder is the engine socket both ways, and
 # the receiving sidecar's "direct done served" lines after them:
 #

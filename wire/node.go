@@ -21,13 +21,14 @@ const (
 	TypeShmRing       Type = 148 // sender -> receiver: the shared ring (memfd with FlagFD)
 	TypeShmChunk      Type = 149 // sender -> receiver: ring slot holds a chunk
 	TypeShmLanded     Type = 150 // receiver -> sender: the slot's chunk landed (or failed)
+	TypeLinkWake      Type = 162 // importer -> exporter: the handle of the exporter's wake buffer
 )
 
 func init() {
 	for t, n := range map[Type]string{
 		TypeNodeInfo: "NodeInfo", TypeRevoke: "Revoke", TypeNodeHello: "NodeHello",
 		TypeHandleRequest: "HandleRequest", TypeRegionHandle: "RegionHandle", TypeDirectDone: "DirectDone",
-		TypeShmRing: "ShmRing", TypeShmChunk: "ShmChunk", TypeShmLanded: "ShmLanded",
+		TypeShmRing: "ShmRing", TypeShmChunk: "ShmChunk", TypeShmLanded: "ShmLanded", TypeLinkWake: "LinkWake",
 	} {
 		typeNames[t] = n
 		knownTypes[t] = true
@@ -48,6 +49,14 @@ type NodeInfo struct {
 type Revoke struct {
 	RegionID uint64
 }
+
+// LinkWake asks the exporter for the handle of its wake buffer: a little
+// device memory of the exporter's own, not any engine's, that the importer
+// may write to before a direct push so that the link between the two
+// devices is awake when the push's copy starts. The answer is one
+// RegionHandle with Transfer 0 and RegionID 0, or a Fail. Its body is
+// empty.
+type LinkWake struct{}
 
 // NodeHello opens a node-socket connection for an established peer session.
 type NodeHello struct {
@@ -126,3 +135,4 @@ func (*DirectDone) Type() Type    { return TypeDirectDone }
 func (*ShmRing) Type() Type       { return TypeShmRing }
 func (*ShmChunk) Type() Type      { return TypeShmChunk }
 func (*ShmLanded) Type() Type     { return TypeShmLanded }
+func (*LinkWake) Type() Type      { return TypeLinkWake }

@@ -18,6 +18,9 @@ func (m *Revoke) AppendBody(dst []byte) []byte { return appendU64(dst, m.RegionI
 
 func (m *Revoke) decode(d *decoder) { m.RegionID = d.u64("RegionID") }
 
+// AppendBody appends the encoded LinkWake body (none) to dst.
+func (m *LinkWake) AppendBody(dst []byte) []byte { return dst }
+
 // AppendBody appends the encoded NodeHello body to dst.
 func (m *NodeHello) AppendBody(dst []byte) []byte {
 	dst = append(dst, m.SessionID[:]...)
@@ -203,6 +206,8 @@ func decodeNodeMsg(t Type, d *decoder) Msg {
 		m := new(ShmLanded)
 		m.decode(d)
 		return m
+	case TypeLinkWake:
+		return new(LinkWake)
 	}
 	return decodeKVMsg(t, d)
 }

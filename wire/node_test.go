@@ -25,6 +25,7 @@ func nodeSamples() []sample {
 			Segs: []ChunkSeg{{Region: 0, Len: 2, Offset: 1 << 33}, {Region: 1, Len: 3, Offset: 0}}}},
 		{"ShmChunkEmpty", &ShmChunk{Transfer: 10}},
 		{"ShmLanded", &ShmLanded{Transfer: 10, Slot: 3, Index: 7, Code: CodeDevice, Message: "scatter failed"}},
+		{"LinkWake", &LinkWake{}},
 	}
 }
 
@@ -87,6 +88,7 @@ func TestNodeDecodeErrors(t *testing.T) {
 		{"chunk seg overflow", TypeShmChunk, body(nil).u64(1).u32(0).u32(0).u32(1).u32(8).u32(1).u32(0).u32(8).u64(1<<64 - 4), ErrOverflow, "offset"},
 		{"hello short", TypeNodeHello, body(nil).zeros(47), ErrMalformed, "Proof"},
 		{"done trailing", TypeDirectDone, body(nil).u64(1).u64(2).u8(0), ErrMalformed, "trailing"},
+		{"wake with a body", TypeLinkWake, body(nil).u8(0), ErrMalformed, "trailing"},
 		{"info name too long", TypeNodeInfo, body(nil).str(strings.Repeat("x", MaxName+1)).str(""), ErrTooLarge, "Socket"},
 	}
 	for _, tt := range tests {
@@ -122,7 +124,7 @@ func FuzzNodeDecode(f *testing.F) {
 	}
 	f.Add(uint8(TypeShmChunk), []byte(body(nil).u64(1).u32(0).u32(0).u32(1).u32(9).u32(1).u32(0).u32(8).u64(0)))
 	f.Add(uint8(TypeRegionHandle), []byte(body(nil).u64(3).u32(0).u64(7).u8(1).u8(4).str("k").u64(64).u64(48).u64(17).str("d").u16(0)))
-	types := []Type{TypeNodeInfo, TypeRevoke, TypeNodeHello, TypeHandleRequest, TypeRegionHandle, TypeDirectDone, TypeShmRing, TypeShmChunk, TypeShmLanded}
+	types := []Type{TypeNodeInfo, TypeRevoke, TypeNodeHello, TypeHandleRequest, TypeRegionHandle, TypeDirectDone, TypeShmRing, TypeShmChunk, TypeShmLanded, TypeLinkWake}
 	f.Fuzz(func(t *testing.T, typ uint8, b []byte) {
 		tt := types[int(typ)%len(types)]
 		m, err := Decode(tt, b)

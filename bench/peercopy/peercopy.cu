@@ -22,6 +22,20 @@
 //      stagectl bench's memory as a sidecar imports it
 //   K  the same with VMM allocations shared as POSIX fds, imported and
 //      made accessible to GPU0 only, as the sidecar imports them
+//   J2 J after 300 ms idle each, on a fresh stream: a checked same-node
+//      push's copy as the sidecar makes it
+//   L  after 300 ms idle, a 1 MiB copy on another stream and 200 us of
+//      spinning before the timed copy: does waking the link first (while a
+//      push's handles travel) take back the idle GPUs' extra time?
+//   M  the same with the 1 MiB copies local instead (scratch to scratch on
+//      GPU0 and on GPU1; M0: GPU0 only; M1: GPU1 only): can each sidecar
+//      wake its own GPU without touching the peer's memory?
+//
+// "./peercopy cross" runs J, J2 and K alone, as a sidecar meets them: no
+// peer access enabled beforehand (the legacy handles enable it lazily),
+// the driver API's cuMemcpyDtoDAsync on a fresh non-blocking stream and
+// cuStreamSynchronize, and prints, beside enqueue-to-end, the wait alone
+// (stage's copy_wait) and the copy's own time by timing events.
 //
 // J and K run this program again as a child ("peercopy child", on fd 3
 // a socket to this process) that allocates, hands the handles over, and
@@ -43,6 +57,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1);} } while (0)
 #define CU(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { const char* m; cuGetErrorString(e, &m); printf("%s: %s\n", #x, m); exit(1);} } while (0)
 using clk = std::chrono::steady_clock;
@@ -110,6 +125,32 @@ static double freshCopy(void* d, const void* s, size_t n) {
   return t;
 }
 
+// sidecarCopy is freshCopy the way the sidecar's copyDirect runs it, with
+// the driver API; wait is the time after the enqueue returned, gpu the
+// copy's time between two timing events around it.
+struct ctimes { double all, wait, gpu; };
+static ctimes sidecarCopy(void* d, const void* s, size_t n) {
+  CUstream f; CUevent a, b;
+  CU(cuStreamCreate(&f, CU_STREAM_NON_BLOCKING));
+  CU(cuEventCreate(&a, CU_EVENT_DEFAULT)); CU(cuEventCreate(&b, CU_EVENT_DEFAULT));
+  auto t0 = clk::now();
+  CU(cuEventRecord(a, f));
+  CU(cuMemcpyDtoDAsync((CUdeviceptr)d, (CUdeviceptr)s, n, f));
+  CU(cuEventRecord(b, f));
+  auto t1 = clk::now();
+  CU(cuStreamSynchronize(f));
+  auto t2 = clk::now();
+  float g = 0; CU(cuEventElapsedTime(&g, a, b));
+  CU(cuEventDestroy(a)); CU(cuEventDestroy(b)); CU(cuStreamDestroy(f));
+  return {ms(t0, t2), ms(t1, t2), g};
+}
+static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
+static void reportTimes(const char* name, const std::vector<ctimes>& ts) {
+  std::vector<double> all, wait, gpu;
+  for (auto& t : ts) { all.push_back(t.all); wait.push_back(t.wait); gpu.push_back(t.gpu); }
+  printf("%-44s median %8.3f ms = %7.2f GB/s; wait alone %8.3f ms; GPU events %8.3f ms\n", name, median(all), G4 / median(all) / 1e6, median(wait), median(gpu));
+}
+
 // handover is what the child sends: two legacy IPC handles (source on
 // GPU0, destination on GPU1); the two VMM fds ride along as SCM_RIGHTS.
 struct handover { cudaIpcMemHandle_t src, dst; };
@@ -152,7 +193,7 @@ static void* importfd(int fd, size_t size) {
 }
 
 // crossProcess runs cases J and K against a child of this program.
-static void crossProcess(const char* self) {
+static void crossProcess(const char* self, bool sidecarLike) {
   int sv[2];
   // Close-on-exec, so that the child holds only its own end and sees EOF
   // when this process closes its end.
@@ -176,10 +217,17 @@ static void crossProcess(const char* self) {
   int fds[2];
   memcpy(fds, CMSG_DATA(c), sizeof fds);
   // 10 copies each after one untimed (the first use of a mapping).
-  auto series = [](const char* name, void* d, void* sr) {
+  auto series = [sidecarLike](const char* name, void* d, void* sr, int idleMs = 0) {
+    if (sidecarLike) {
+      std::vector<ctimes> v;
+      sidecarCopy(d, sr, G4);
+      for (int r = 0; r < 10; r++) { if (idleMs) std::this_thread::sleep_for(std::chrono::milliseconds(idleMs)); v.push_back(sidecarCopy(d, sr, G4)); }
+      reportTimes(name, v);
+      return;
+    }
     std::vector<double> v;
     freshCopy(d, sr, G4);
-    for (int r = 0; r < 10; r++) v.push_back(freshCopy(d, sr, G4));
+    for (int r = 0; r < 10; r++) { if (idleMs) std::this_thread::sleep_for(std::chrono::milliseconds(idleMs)); v.push_back(freshCopy(d, sr, G4)); }
     report(name, v);
   };
   CK(cudaSetDevice(0));
@@ -187,6 +235,7 @@ static void crossProcess(const char* self) {
   CK(cudaIpcOpenMemHandle(&is, x.m.src, cudaIpcMemLazyEnablePeerAccess));
   CK(cudaIpcOpenMemHandle(&id, x.m.dst, cudaIpcMemLazyEnablePeerAccess));
   series("J another process's cudaMalloc, legacy IPC", id, is);
+  series("J2 J after 300 ms idle, fresh stream", id, is, 300);
   series("K another process's VMM, fds, GPU0 access", importfd(fds[1], G4), importfd(fds[0], G4));
   CK(cudaIpcCloseMemHandle(is)); CK(cudaIpcCloseMemHandle(id));
   close(sv[0]);
@@ -195,6 +244,7 @@ static void crossProcess(const char* self) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "child") == 0) return child();
+  if (argc > 1 && strcmp(argv[1], "cross") == 0) { CK(cudaSetDevice(0)); CK(cudaFree(0)); crossProcess(argv[0], true); return 0; }
   void *src, *dst, *dst0;
   CK(cudaSetDevice(1)); CK(cudaMalloc(&dst, G4));
   CK(cudaSetDevice(0)); CK(cudaMalloc(&src, G4)); CK(cudaMalloc(&dst0, 64 << 20));
@@ -242,6 +292,35 @@ int main(int argc, char** argv) {
   { void* vs = vmm(0, G4); void* vd = vmm(1, G4); CK(cudaMemset(vs, 0x5a, G4)); std::vector<double> v;
     for (int r = 0; r < R; r++) v.push_back(one(s, vd, vs, G4));
     report("I VMM allocations (cuMemCreate), engine", v); }
-  crossProcess(argv[0]);
+  { cudaStream_t w; CK(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking)); std::vector<double> v;
+    for (int r = 0; r < R; r++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      CK(cudaMemcpyAsync((char*)dst + G4 - (1 << 20), src, 1 << 20, cudaMemcpyDefault, w));
+      auto t0 = clk::now(); while (ms(t0, clk::now()) < 0.2) {}
+      CK(cudaStreamSynchronize(w));
+      v.push_back(one(s, dst, src, G4));
+    }
+    CK(cudaStreamDestroy(w)); report("L after idle, a 1 MiB copy 200 us before", v); }
+  { // M: local wake-ups only; scratch of 2 MiB on each GPU
+    void *a0, *a1; CK(cudaMalloc(&a0, 2 << 20)); CK(cudaSetDevice(1)); CK(cudaMalloc(&a1, 2 << 20)); CK(cudaSetDevice(0));
+    cudaStream_t w0, w1; CK(cudaStreamCreateWithFlags(&w0, cudaStreamNonBlocking));
+    CK(cudaSetDevice(1)); CK(cudaStreamCreateWithFlags(&w1, cudaStreamNonBlocking)); CK(cudaSetDevice(0));
+    struct { const char* name; bool g0, g1; } ms3[] = {{"M local 1 MiB on GPU0 and GPU1 200 us before", true, true},
+                                                      {"M0 local 1 MiB on GPU0 200 us before", true, false},
+                                                      {"M1 local 1 MiB on GPU1 200 us before", false, true}};
+    for (auto& m : ms3) {
+      std::vector<double> v;
+      for (int r = 0; r < R; r++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (m.g0) CK(cudaMemcpyAsync((char*)a0 + (1 << 20), a0, 1 << 20, cudaMemcpyDefault, w0));
+        if (m.g1) { CK(cudaSetDevice(1)); CK(cudaMemcpyAsync((char*)a1 + (1 << 20), a1, 1 << 20, cudaMemcpyDefault, w1)); CK(cudaSetDevice(0)); }
+        auto t0 = clk::now(); while (ms(t0, clk::now()) < 0.2) {}
+        CK(cudaStreamSynchronize(w0)); CK(cudaStreamSynchronize(w1));
+        v.push_back(one(s, dst, src, G4));
+      }
+      report(m.name, v);
+    }
+    CK(cudaStreamDestroy(w0)); CK(cudaStreamDestroy(w1)); CK(cudaFree(a0)); CK(cudaFree(a1)); }
+  crossProcess(argv[0], false);
   return 0;
 }

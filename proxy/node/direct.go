@@ -202,24 +202,35 @@ type copyTimes struct {
 	setup, wait time.Duration
 }
 
-// copyDirect runs the pieces on fresh streams of our device and waits: a
+// copyDirect runs the pieces on fresh streams of our device and waits (the
+// first on first when it is not nil: a stream the caller made, which
+// copyDirect now owns and closes): a
 // large copy split across node.copy_streams streams (splitPieces), each
 // run as one batch where the stream takes batches (scattered blocks then
 // cost a kernel launch per thousand, not a copy each), else one copy each.
 // (Keeping the streams for the next copy saved 0-20 us of a 4 GiB push
 // on 2 x H200, against the enqueue's 40-50: not worth streams that stay
 // open while idle.)
-func (r *Room) copyDirect(ps []piece) (ct copyTimes, err error) {
+func (r *Room) copyDirect(ps []piece, first device.Stream) (ct copyTimes, err error) {
 	t0 := time.Now()
 	dev := r.o.Dev
 	runs := splitPieces(ps, r.o.CopyStreams)
-	streams := make([]device.Stream, 0, len(runs))
+	streams := make([]device.Stream, 0, len(runs)+1)
+	if first != nil {
+		streams = append(streams, first)
+	}
 	defer func() {
 		for _, st := range streams {
 			_ = st.Close()
 		}
 	}()
 	for k, run := range runs {
+		if k == 0 && first != nil {
+			if err := enqueueDirect(dev, first, run); err != nil {
+				return ct, err
+			}
+			continue
+		}
 		st, err := dev.NewStream()
 		if err != nil {
 			return ct, status.Errorf(wire.CodeDevice, "direct copy: new stream %d of %d on %s: %w", k+1, len(runs), dev, err)

@@ -103,7 +103,7 @@ func TestCopyDirectStreams(t *testing.T) {
 			{dst: dst.DeviceAddr() + device.Addr(n-h), src: src.DeviceAddr(), n: h},
 			{dst: dst.DeviceAddr(), src: src.DeviceAddr() + device.Addr(h), n: n - h},
 		}
-		if _, err := r.copyDirect(ps); err != nil {
+		if _, err := r.copyDirect(ps, nil); err != nil {
 			t.Fatalf("%d streams: %v", streams, err)
 		}
 		if !bytes.Equal(dst.Host()[n-h:], src.Host()[:h]) || !bytes.Equal(dst.Host()[:n-h], src.Host()[h:]) {

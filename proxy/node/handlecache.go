@@ -79,7 +79,19 @@ func (c *peerMaps) acquire(h *wire.RegionHandle, fd int) (*peerAlloc, error) {
 	return a, nil
 }
 
-// release drops a reference taken by acquire.
+// use takes one more reference on a, an allocation still imported (the
+// peer's wake buffer, which a push writes to before its handles come).
+func (c *peerMaps) use(a *peerAlloc) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || a == nil || a.refs == 0 {
+		return errors.New("the peer session is closed")
+	}
+	a.refs++
+	return nil
+}
+
+// release drops a reference taken by acquire or use.
 func (c *peerMaps) release(a *peerAlloc) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -108,8 +108,26 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 	if err != nil {
 		return Fallback(fbPeerUnreachable, err)
 	}
-	defer func() { p.putConn(nc, err == nil) }()
+	keep := true // the connection stays usable (askWake may say not)
+	defer func() { p.putConn(nc, err == nil && keep) }()
 	tc := time.Now()
+	// The copy's stream, with the link wake ahead of the handles' round
+	// trip (wake.go).
+	var src device.Addr
+	var srcLen uint64
+	if len(x.Ops) > 0 {
+		src, srcLen = x.Ops[0].Src, x.Ops[0].Len
+	}
+	st, woke, unwake, err := p.wakeStream(src, srcLen)
+	if err != nil {
+		return err
+	}
+	defer unwake()
+	defer func() {
+		if st != nil {
+			_ = st.Close()
+		}
+	}()
 	x.Announce.viaNode(nc)
 	pr, err := p.takeHandles(nc, &wire.HandleRequest{Transfer: x.ID, Dir: wire.Push, Tag: x.Tag, Regions: x.Regions}, wire.AccessRemoteWrite)
 	if err != nil {
@@ -124,18 +142,27 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 		return err
 	}
 	t1 := time.Now()
-	ct, err := p.r.copyDirect(ps)
+	first := st
+	st = nil // copyDirect closes it
+	ct, err := p.r.copyDirect(ps, first)
 	if err != nil {
 		return err
 	}
 	t2 := time.Now()
 	err = nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)
+	if err == nil {
+		if werr := p.askWake(nc); werr != nil {
+			keep = false // the push is done; only the connection is out of step
+			p.r.o.Log.Debug("link wake: "+werr.Error(), zap.String("peer", p.s.Ident().Name))
+		}
+	}
 	// Where a same-node push's time goes (docs/BENCHMARKS.md profiles the
 	// ipc row with these): from the engine's submit to starting the
 	// goroutine that moves it (prep) and to here (sched), the
 	// node connection (a dial and NodeHello when dialed), the handles'
-	// round trip to the peer, the copy (its setup and the wait), and the
-	// peer's answer to DirectDone.
+	// round trip to the peer (after the stream and the link wake: woke),
+	// the copy (its setup and the wait), and the peer's answer to
+	// DirectDone.
 	if ce := p.r.o.Log.Check(zap.DebugLevel, "same-node push"); ce != nil {
 		var prep, sched time.Duration
 		if !x.Submitted.IsZero() && !x.Spawned.IsZero() {
@@ -143,7 +170,7 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 		}
 		ce.Write(zap.Uint64("transfer", x.ID), zap.Uint64("bytes", x.Total), zap.Int("pieces", len(ps)),
 			zap.Duration("prep", prep), zap.Duration("sched", sched), zap.Duration("conn", tc.Sub(t0)), zap.Bool("dialed", dialed),
-			zap.Duration("handles", t1.Sub(tc)), zap.Duration("copy", t2.Sub(t1)), zap.Duration("copy_setup", ct.setup),
+			zap.Bool("woke", woke), zap.Duration("handles", t1.Sub(tc)), zap.Duration("copy", t2.Sub(t1)), zap.Duration("copy_setup", ct.setup),
 			zap.Duration("copy_wait", ct.wait), zap.Duration("done", time.Since(t2)))
 	}
 	return err
@@ -196,7 +223,7 @@ func (p *Peer) Pull(x *Pull) (err error) {
 		ps = appendPiece(ps, piece{dst: dst.Addr, src: src, n: op.Len})
 	}
 	x.Touch()
-	if _, err := p.r.copyDirect(ps); err != nil {
+	if _, err := p.r.copyDirect(ps, nil); err != nil {
 		return err
 	}
 	return nc.call(&wire.DirectDone{Transfer: x.ID, Bytes: x.Total}, -1)

@@ -101,6 +101,11 @@ type Peer struct {
 	logged map[string]bool            // fallback reasons logged for this session
 	broken string                     // why the direct path is off for this session
 	nacks  map[uint64]chan error      // direct pushes waiting for the peer's verdict
+	// The peer's wake buffer (wake.go): wakeState says whether it was
+	// asked for and imported (wake, wakeLen bytes).
+	wakeState int
+	wake      *peerAlloc
+	wakeLen   uint64
 }
 
 // servedDirect is a pull whose source regions the peer reads directly.
@@ -243,7 +248,9 @@ func (p *Peer) LogOnce(reason string) bool {
 }
 
 // Expire closes importer connections idle for node.idle_conn_timeout, or
-// idleRingConn where they hold a shared ring.
+// idleRingConn where they hold a shared ring. When the last of them goes,
+// the peer's wake buffer is let go too (asked for again after the next
+// push), so that an idle session holds no mapping.
 func (p *Peer) Expire(now time.Time) {
 	p.mu.Lock()
 	var old []*nodeConn
@@ -263,9 +270,18 @@ func (p *Peer) Expire(now time.Time) {
 		}
 	}
 	p.idle = keep
+	unwake := len(old) > 0 && len(keep) == 0 && p.wakeState == wakeHave
+	if unwake {
+		p.wakeState, p.wake, p.wakeLen = wakeUnasked, nil, 0
+	}
 	p.mu.Unlock()
 	for _, nc := range old {
 		p.drop(nc)
+	}
+	if unwake {
+		if err := p.maps.revoke(0); err != nil { // a push waking the link keeps it until its copy ends
+			p.r.o.Log.Warn("let go of the peer's wake buffer", zap.String("peer", p.s.Ident().Name), zap.Error(err))
+		}
 	}
 }
 

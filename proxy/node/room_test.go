@@ -70,13 +70,23 @@ func (s *fakeSession) Fallback(reason string)                              { s.f
 // or a path where none can be made) for one session.
 func room(t *testing.T, dir string, sameHost bool) (*Room, *fakeHost, *fakeSession) {
 	t.Helper()
+	return roomWith(t, dir, sameHost, nil)
+}
+
+// roomWith is room with its options changed by opt (when not nil).
+func roomWith(t *testing.T, dir string, sameHost bool, opt func(*Options)) (*Room, *fakeHost, *fakeSession) {
+	t.Helper()
 	dv, err := hostmem.Open(0, device.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	h := &fakeHost{fallbacks: map[string]int{}}
-	r := Listen(h, Options{Dev: dv, Log: zap.NewNop(), Dir: dir, HandshakeTimeout: 2 * time.Second, WG: &wg})
+	o := Options{Dev: dv, Log: zap.NewNop(), Dir: dir, HandshakeTimeout: 2 * time.Second, WG: &wg}
+	if opt != nil {
+		opt(&o)
+	}
+	r := Listen(h, o)
 	ss := &fakeSession{sameHost: sameHost}
 	h.p = r.NewPeer(ss)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -86,6 +96,9 @@ func room(t *testing.T, dir string, sameHost bool) (*Room, *fakeHost, *fakeSessi
 		h.p.Shut()
 		r.Close()
 		wg.Wait()
+		if err := r.ReleaseWake(); err != nil {
+			t.Errorf("release the wake buffer: %v", err)
+		}
 		if err := dv.Close(); err != nil {
 			t.Errorf("device close: %v", err)
 		}

@@ -127,6 +127,9 @@ func (e *exporter) handle(m wire.Msg, fd int) error {
 	case *wire.ShmChunk:
 		unixsock.CloseFD(fd)
 		return e.shmChunk(m)
+	case *wire.LinkWake:
+		unixsock.CloseFD(fd)
+		return e.linkWake()
 	}
 	unixsock.CloseFD(fd)
 	return fmt.Errorf("unexpected %s frame", m.Type())

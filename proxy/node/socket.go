@@ -52,6 +52,12 @@ type Options struct {
 	FaultImport      bool          // every import fails: a test fault switch (knobs.FaultIPCImportEnv)
 	CopyStreams      int           // node.copy_streams: streams a large direct copy is split across
 	IdleConn         time.Duration // node.idle_conn_timeout: an unused importer connection is kept this long (0: DefaultIdleConn)
+	// WakeLink: our ipc pushes wake the link first, into the peer's wake
+	// buffer where it offers one (node.wake_link; wake.go).
+	WakeLink bool
+	// NewWake makes the wake buffer we offer peers (DeviceWake); nil: we
+	// offer none.
+	NewWake func() (*WakeBuffer, error)
 	// TrustSocketParent: security.trust_socket_parent (unixsock.MakeDir).
 	TrustSocketParent bool
 	// WG is the sidecar's wait group: goroutines of node connections and
@@ -70,6 +76,7 @@ type Room struct {
 
 	mu    sync.Mutex
 	conns map[*net.UnixConn]struct{}
+	wake  wakeBuf // the wake buffer we offer, made on the first LinkWake
 }
 
 // Listen creates this sidecar's node socket; on failure the same-node
