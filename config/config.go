@@ -53,7 +53,7 @@ type Node struct {
 	// on this node is kept for the next same-node transfer; one that
 	// holds a shared ring goes after at most 2 s.
 	IdleConnTimeout time.Duration `mapstructure:"idle_conn_timeout"`
-	// WakeLink: an ipc push first copies a little of its source into a
+	// WakeLink: an ipc push first copies up to 1 MiB of zeros into a
 	// buffer the peer sidecar offers for it, so that the link between
 	// the devices is awake when the push's copy starts (auto: on CUDA
 	// devices; on; off). It also says whether we offer such a buffer.

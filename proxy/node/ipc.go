@@ -113,12 +113,7 @@ func (p *Peer) ipcPush(x *Push) (err error) {
 	tc := time.Now()
 	// The copy's stream, with the link wake ahead of the handles' round
 	// trip (wake.go).
-	var src device.Addr
-	var srcLen uint64
-	if len(x.Ops) > 0 {
-		src, srcLen = x.Ops[0].Src, x.Ops[0].Len
-	}
-	st, woke, unwake, err := p.wakeStream(src, srcLen)
+	st, woke, unwake, err := p.wakeStream(x.Total)
 	if err != nil {
 		return err
 	}

@@ -25,14 +25,21 @@ import (
 // buffer (device memory of the peer sidecar's own, which it hands out for
 // this alone, write-only: no engine's memory is touched before its grant),
 // on the stream that then runs the push's copy.
+//
+// What a wake copy writes is zeros: it reads our own wake buffer, zeroed
+// when made, into which honest peers only ever copy theirs. (Copying the
+// push's source instead would leave an engine's bytes where any other
+// sidecar of the node that asks for the same buffer could read them.)
 
 // WakeBytes is the size of a wake buffer and the most a wake copy moves.
 const WakeBytes = 1 << 20
 
-// WakeBuffer is this sidecar's wake buffer: Handle shares it (FD -1 for
-// the handle kinds that travel in bytes, else an fd the buffer owns), Free
-// lets it go.
+// WakeBuffer is this sidecar's wake buffer: Addr is its first byte on our
+// device (zeros when made; our own wake copies read it), Handle shares it
+// (FD -1 for the handle kinds that travel in bytes, else an fd the buffer
+// owns), Free lets it go.
 type WakeBuffer struct {
+	Addr   device.Addr
 	Handle device.Handle
 	Free   func() error
 }
@@ -41,10 +48,12 @@ type WakeBuffer struct {
 type deviceMemory interface {
 	AllocDevice(n uint64) (device.Addr, error)
 	FreeDevice(a device.Addr) error
+	CopyHtoD(dst device.Addr, src []byte) error
 }
 
 // DeviceWake returns Options.NewWake for dev: a WakeBytes allocation of
-// dev's memory, exported; nil when dev cannot allocate or export memory.
+// dev's memory, zeroed and exported; nil when dev cannot allocate, fill
+// or export memory.
 func DeviceWake(dev device.Device) func() (*WakeBuffer, error) {
 	mem, ok := dev.(deviceMemory)
 	exp, ok2 := dev.(device.Exporter)
@@ -56,6 +65,9 @@ func DeviceWake(dev device.Device) func() (*WakeBuffer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("wake buffer: allocate %d B on %s: %w", WakeBytes, dev, err)
 		}
+		if err := mem.CopyHtoD(a, make([]byte, WakeBytes)); err != nil {
+			return nil, errors.Join(fmt.Errorf("wake buffer: zero it on %s: %w", dev, err), mem.FreeDevice(a))
+		}
 		e, err := exp.Export(a)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("wake buffer: export it on %s: %w", dev, err), mem.FreeDevice(a))
@@ -63,7 +75,7 @@ func DeviceWake(dev device.Device) func() (*WakeBuffer, error) {
 		if e.Offset != 0 || e.Handle.Size < WakeBytes {
 			return nil, errors.Join(fmt.Errorf("wake buffer: %s exported it at offset %d of a %d B allocation", dev, e.Offset, e.Handle.Size), mem.FreeDevice(a))
 		}
-		return &WakeBuffer{Handle: e.Handle, Free: func() error {
+		return &WakeBuffer{Addr: a, Handle: e.Handle, Free: func() error {
 			unixsock.CloseFD(e.Handle.FD)
 			return mem.FreeDevice(a)
 		}}, nil
@@ -83,21 +95,36 @@ func (r *Room) wakeHandle() (*wire.RegionHandle, int, error) {
 	if r.o.NewWake == nil {
 		return nil, -1, status.Errorf(wire.CodeUnsupported, "no wake buffer here (node.wake_link is off, or %s cannot share memory of its own)", r.o.Dev)
 	}
+	b, err := r.wakeBuffer()
+	if err != nil {
+		return nil, -1, status.Errorf(wire.CodeUnsupported, "no wake buffer here: %v", err)
+	}
+	h := b.Handle
+	return &wire.RegionHandle{RegionID: 0, Kind: uint8(h.Kind), Access: wire.AccessRemoteWrite, AllocKey: "wake",
+		AllocSize: h.Size, Offset: 0, Length: WakeBytes, Device: r.o.Dev.String(), Raw: h.Bytes}, h.FD, nil
+}
+
+// wakeBuffer is our wake buffer, made on first use (one try).
+func (r *Room) wakeBuffer() (*WakeBuffer, error) {
+	if r.o.NewWake == nil {
+		return nil, errors.New("node.wake_link is off, or the device cannot share memory of its own")
+	}
 	w := &r.wake
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.buf == nil && w.err == nil && !r.closing.Load() {
 		w.buf, w.err = r.o.NewWake()
 		if w.err != nil {
-			r.o.Log.Warn("no link wake for same-node pushes into this sidecar", zap.Error(w.err))
+			r.o.Log.Warn("no link wake on same-node pushes to or from this sidecar", zap.Error(w.err))
 		}
 	}
 	if w.buf == nil {
-		return nil, -1, status.Errorf(wire.CodeUnsupported, "no wake buffer here: %v", w.err)
+		if w.err == nil {
+			return nil, errors.New("the sidecar is closing")
+		}
+		return nil, w.err
 	}
-	h := w.buf.Handle
-	return &wire.RegionHandle{RegionID: 0, Kind: uint8(h.Kind), Access: wire.AccessRemoteWrite, AllocKey: "wake",
-		AllocSize: h.Size, Offset: 0, Length: WakeBytes, Device: r.o.Dev.String(), Raw: h.Bytes}, h.FD, nil
+	return w.buf, nil
 }
 
 // ReleaseWake frees the wake buffer. Call it after every node connection
@@ -141,7 +168,7 @@ const (
 // is returned (the caller drops nc).
 func (p *Peer) askWake(nc *nodeConn) error {
 	p.mu.Lock()
-	ask := p.wakeState == wakeUnasked && p.r.o.WakeLink
+	ask := p.wakeState == wakeUnasked && p.r.o.WakeLink && p.r.o.NewWake != nil // ours is what a wake copy reads
 	if ask {
 		p.wakeState = wakeNone // until it is imported; one try per session
 	}
@@ -193,11 +220,11 @@ func (p *Peer) importWake(h *wire.RegionHandle, fd int) string {
 	return ""
 }
 
-// wakeStream makes the stream a push's copy will run on and, when the
-// peer has a wake buffer, enqueues a copy of up to WakeBytes of src (our
-// own memory, n bytes there) into it. release (never nil) lets go of the
-// buffer once the stream's work is done.
-func (p *Peer) wakeStream(src device.Addr, n uint64) (st device.Stream, woke bool, release func(), err error) {
+// wakeStream makes the stream a push of n bytes will copy on and, when
+// the peer has a wake buffer, enqueues a copy of up to n bytes of zeros
+// (our own wake buffer) into it. release (never nil) lets go of the
+// peer's buffer once the stream's work is done.
+func (p *Peer) wakeStream(n uint64) (st device.Stream, woke bool, release func(), err error) {
 	release = func() {}
 	st, err = p.r.o.Dev.NewStream()
 	if err != nil {
@@ -208,7 +235,11 @@ func (p *Peer) wakeStream(src device.Addr, n uint64) (st device.Stream, woke boo
 	have := p.wakeState == wakeHave
 	p.mu.Unlock()
 	dd, ok := st.(device.DtoD)
-	if !have || !ok || n == 0 || p.maps.use(a) != nil {
+	if !have || !ok || n == 0 {
+		return st, false, release, nil
+	}
+	ours, err := p.r.wakeBuffer()
+	if err != nil || p.maps.use(a) != nil {
 		return st, false, release, nil
 	}
 	release = func() {
@@ -216,7 +247,7 @@ func (p *Peer) wakeStream(src device.Addr, n uint64) (st device.Stream, woke boo
 			p.r.o.Log.Warn(err.Error())
 		}
 	}
-	if err := dd.CopyDtoD(a.m.Base(), src, min(n, size, WakeBytes)); err != nil {
+	if err := dd.CopyDtoD(a.m.Base(), ours.Addr, min(n, size, WakeBytes)); err != nil {
 		// The wake is a hint: a push goes on without it.
 		p.r.o.Log.Debug("link wake copy failed", zap.Error(err))
 		return st, false, release, nil

@@ -17,8 +17,11 @@ import (
 
 // memfdWake is a NewWake over a sealed memfd (hostmem has no device memory
 // of its own to export): it counts the buffers made and freed, and keeps
-// the last one's bytes for the test to read.
+// the last one's bytes for the test to read. A fill other than 0 marks
+// the buffer's bytes (DeviceWake's are zeros), so that a test sees what a
+// wake copy of it moved.
 type memfdWake struct {
+	fill        byte
 	made, freed atomic.Int32
 	last        atomic.Pointer[hostmem.Shared]
 }
@@ -28,9 +31,13 @@ func (w *memfdWake) newWake() (*WakeBuffer, error) {
 	if err != nil {
 		return nil, err
 	}
+	b := sh.Bytes()
+	for i := range b {
+		b[i] = w.fill
+	}
 	w.made.Add(1)
 	w.last.Store(sh)
-	return &WakeBuffer{Handle: device.Handle{Kind: device.HandleMemfd, FD: sh.FD(), Size: WakeBytes}, Free: func() error {
+	return &WakeBuffer{Addr: device.Addr(uintptr(unsafe.Pointer(&b[0]))), Handle: device.Handle{Kind: device.HandleMemfd, FD: sh.FD(), Size: WakeBytes}, Free: func() error {
 		w.freed.Add(1)
 		return sh.Close()
 	}}, nil
@@ -129,46 +136,45 @@ func TestLinkWakeOffer(t *testing.T) {
 }
 
 // An importer asks for the peer's wake buffer once per session, imports
-// it, and a push's wake copy lands there: its own source's first bytes,
-// at most WakeBytes. Without an offer the push goes on unwoken.
+// it, and a push's wake copy lands there: the bytes of the importer's own
+// wake buffer (zeros in a sidecar; a mark here), as many as the push
+// moves, at most WakeBytes. Without an offer, or without a buffer of its
+// own to copy from, a push goes on unwoken.
 func TestLinkWakeCopy(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		offer bool
-		n     uint64 // the source's first op
-		want  bool   // woke
+		name       string
+		offer, own bool
+		n          uint64 // the push's bytes
+		want       bool   // woke
 	}{
-		{"offered, 4 KiB", true, 4096, true},
-		{"offered, 3 MiB (1 MiB copied)", true, 3 << 20, true},
-		{"not offered", false, 4096, false},
+		{"offered, a 4 KiB push", true, true, 4096, true},
+		{"offered, a 3 MiB push (1 MiB copied)", true, true, 3 << 20, true},
+		{"not offered", false, true, 4096, false},
+		{"no buffer of our own", true, false, 4096, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			w := &memfdWake{}
+			theirs, ours := &memfdWake{}, &memfdWake{fill: 0x5a}
 			b, _, _ := roomWith(t, dir, true, func(o *Options) {
 				if tc.offer {
-					o.NewWake = w.newWake
+					o.NewWake = theirs.newWake
 				}
 			})
-			_, ha, _ := roomWith(t, dir, true, func(o *Options) { o.WakeLink = true })
+			_, ha, _ := roomWith(t, dir, true, func(o *Options) {
+				o.WakeLink = true
+				if tc.own {
+					o.NewWake = ours.newWake
+				}
+			})
 			pa := ha.p
 			pa.SetInfo(&wire.NodeInfo{Socket: b.Name(), Device: "hostmem:0"})
-			src, err := hostmem.NewShared("src", 3<<20)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = src.Close() }()
-			sb := src.Bytes()
-			for i := range sb {
-				sb[i] = byte(i*7 + 1)
-			}
 			for round := 0; round < 2; round++ {
 				askWakeOnce(t, pa)
 			}
-			if tc.offer && w.made.Load() != 1 {
-				t.Fatalf("the peer made %d wake buffers, want 1", w.made.Load())
+			if asked := tc.offer && tc.own; asked != (theirs.made.Load() == 1) || theirs.made.Load() > 1 {
+				t.Fatalf("the peer made %d wake buffers, want 1 if asked (%v)", theirs.made.Load(), asked)
 			}
-			st, woke, release, err := pa.wakeStream(device.Addr(uintptr(unsafe.Pointer(&sb[0]))), tc.n)
+			st, woke, release, err := pa.wakeStream(tc.n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,13 +185,19 @@ func TestLinkWakeCopy(t *testing.T) {
 			if woke != tc.want {
 				t.Fatalf("woke %v, want %v", woke, tc.want)
 			}
-			if !tc.offer {
+			if !tc.offer || !tc.own {
+				if pa.Mappings() != 0 {
+					t.Fatalf("%d mappings open without a wake, want 0", pa.Mappings())
+				}
 				return
 			}
-			n := min(tc.n, WakeBytes)
-			got := w.last.Load().Bytes()
-			if !bytes.Equal(got[:n], sb[:n]) || (n < WakeBytes && got[n] != 0) {
-				t.Fatalf("the wake buffer holds %x..., want the source's first %d B", got[:8], n)
+			got := theirs.last.Load().Bytes()
+			n := uint64(0)
+			if tc.want {
+				n = min(tc.n, WakeBytes)
+			}
+			if !bytes.Equal(got[:n], bytes.Repeat([]byte{0x5a}, int(n))) || (n < WakeBytes && got[n] != 0) {
+				t.Fatalf("the peer's wake buffer holds %x at 0 and %x at %d, want %d B of ours (5a) and zeros after", got[0], got[min(n, WakeBytes-1)], n, n)
 			}
 			if pa.Mappings() != 1 {
 				t.Fatalf("%d mappings open, want the wake buffer's", pa.Mappings())
@@ -197,8 +209,8 @@ func TestLinkWakeCopy(t *testing.T) {
 				t.Fatalf("%d mappings open after the connections expired, want 0", pa.Mappings())
 			}
 			askWakeOnce(t, pa)
-			if pa.Mappings() != 1 || w.made.Load() != 1 {
-				t.Fatalf("after asking again: %d mappings, %d buffers made; want 1 and the same buffer", pa.Mappings(), w.made.Load())
+			if pa.Mappings() != 1 || theirs.made.Load() != 1 {
+				t.Fatalf("after asking again: %d mappings, %d buffers made; want 1 and the same buffer", pa.Mappings(), theirs.made.Load())
 			}
 			pa.Shut()
 			if pa.Mappings() != 0 {
