@@ -119,7 +119,7 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	case *wire.KVPull:
 		s.serveKVPull(ss, m)
 	case *wire.KVInfoRequest:
-		s.kv.infoAsked(ss, m)
+		s.answerKVInfo(ss, m)
 	case *wire.KVInfo:
 		s.kv.infoAnswered(ss, m)
 	case *wire.Accept:

@@ -53,6 +53,9 @@ type kvTable struct {
 	// granted is closed at each grant (and made anew): pushes waiting
 	// for theirs look again (kvpark.go).
 	granted chan struct{}
+	// registered is closed at each registration (and made anew): peers'
+	// questions about a cache not registered yet look again (kvpark.go).
+	registered chan struct{}
 }
 
 type kvPeerKey struct {
@@ -65,6 +68,7 @@ func (t *kvTable) init(regions *region.Table, devKind device.Kind, newID func() 
 	t.caches = map[string]*kvCache{}
 	t.peers = map[kvPeerKey]wire.KVShape{}
 	t.granted = make(chan struct{})
+	t.registered = make(chan struct{})
 	t.waits = map[uint64]chan *wire.KVInfo{}
 }
 
@@ -192,6 +196,8 @@ func (t *kvTable) register(o region.Owner, m *wire.RegisterKV) (reshaped bool, e
 		c.grants, c.uses = old.grants, old.uses // registered anew by its group: the grants and their uses stay
 	}
 	t.caches[m.Name] = c
+	close(t.registered)
+	t.registered = make(chan struct{})
 	guarded := c.grants.Guarded()
 	t.mu.Unlock()
 	if guarded {
@@ -371,6 +377,13 @@ func (t *kvTable) peerShape(ctx context.Context, ss *session, name string) (wire
 	case <-timer.C:
 		return wire.KVShape{}, codeErr(wire.CodeTimeout, "peer %s did not describe its KV cache %q within %v", ss.peerName, name, kvInfoTimeout)
 	}
+}
+
+// regSignal is closed at the next registration of a KV cache.
+func (t *kvTable) regSignal() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.registered
 }
 
 // infoAsked answers a peer's KVInfoRequest.

@@ -1,4 +1,5 @@
-// A peer's KV push that came before its grant (PROTOCOL.md 9.20). An
+// What comes before the engine is ready for it. First, a peer's KV push
+// that came before its grant (PROTOCOL.md 9.20). An
 // engine receiving pushes hands the pusher a transfer key and grants it on
 // its cache, and the two may travel apart: vLLM's scheduler posts the push
 // ticket while its worker grants at the next step, so the push may reach
@@ -6,6 +7,15 @@
 // what was on its way. A KVAnnounce that names a key no live grant holds
 // yet waits here instead, up to kvGrantWait, and is admitted as soon as
 // a grant comes, or refused after.
+//
+// Second, a peer's question about a KV cache not registered here yet. An
+// engine whose sidecar restarted (or that restarted itself) registers its
+// cache again a moment after it reconnects, and it may post a push ticket
+// first: the prefill that takes it asks this sidecar for the cache's
+// shape before pushing. Answering "no such cache" then would fail that
+// push and have the engine recompute it. The question waits here instead,
+// up to kvRegisterWait, and is answered as soon as the cache is
+// registered, or "not found" after.
 
 package proxy
 
@@ -24,6 +34,13 @@ const (
 	// maxParked bounds the pushes a session holds for their grants; past
 	// it they are refused at once.
 	maxParked = 64
+	// kvRegisterWait is how long a peer's KVInfoRequest waits for a cache
+	// to be registered: an engine's reconnect and registration, well
+	// inside the asker's kvInfoTimeout.
+	kvRegisterWait = 2 * time.Second
+	// maxInfoParked bounds the KVInfoRequests a session holds; past it
+	// they are answered at once.
+	maxInfoParked = 64
 )
 
 // parkKVPush holds m, refused for want of a grant, until one admits it or
@@ -61,6 +78,47 @@ func (s *Server) awaitGrant(ss *session, m *wire.KVAnnounce, deadline time.Time)
 		case <-ss.ctx.Done():
 			s.refusePush(ss, m.Transfer, errSessionGone)
 			return
+		}
+	}
+}
+
+// answerKVInfo answers a peer's KVInfoRequest: at once when the cache is
+// registered (or too many questions wait already), else when it is, or
+// after kvRegisterWait, on a goroutine of its own.
+func (s *Server) answerKVInfo(ss *session, m *wire.KVInfoRequest) {
+	if s.kv.get(m.Name) != nil {
+		s.kv.infoAsked(ss, m)
+		return
+	}
+	if ss.infoParked.Add(1) > maxInfoParked {
+		ss.infoParked.Add(-1)
+		s.kv.infoAsked(ss, m)
+		return
+	}
+	s.wg.Go(func() {
+		defer ss.infoParked.Add(-1)
+		if s.awaitRegistered(ss, m.Name) {
+			s.kv.infoAsked(ss, m)
+		}
+	})
+}
+
+// awaitRegistered waits until KV cache name is registered or
+// kvRegisterWait passed (true: answer now), or the session ends (false).
+func (s *Server) awaitRegistered(ss *session, name string) bool {
+	t := time.NewTimer(kvRegisterWait)
+	defer t.Stop()
+	for {
+		registered := s.kv.regSignal() // before the check: a registration after it wakes us
+		if s.kv.get(name) != nil {
+			return true
+		}
+		select {
+		case <-registered:
+		case <-t.C:
+			return true
+		case <-ss.ctx.Done():
+			return false
 		}
 	}
 }

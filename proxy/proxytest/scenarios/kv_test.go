@@ -34,6 +34,18 @@ func kvCacheNamed(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kv
 // kvCacheAccess is kvCacheNamed with the regions' access rights.
 func kvCacheAccess(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kvlayout.Params, layers int, seed uint64, access wire.Access) *kvsim.KV {
 	t.Helper()
+	k, register := kvCacheLater(t, sc, name, preset, p, layers, seed, access)
+	if err := register(); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// kvCacheLater makes the cache of kvCacheAccess and returns it with the
+// function that registers it (from any goroutine), for tests of what comes
+// before an engine registers.
+func kvCacheLater(t *testing.T, sc *proxytest.Sidecar, name, preset string, p kvlayout.Params, layers int, seed uint64, access wire.Access) (*kvsim.KV, func() error) {
+	t.Helper()
 	k, err := kvsim.NewKV(name, preset, p, layers)
 	if err != nil {
 		t.Fatal(err)
@@ -47,9 +59,6 @@ func kvCacheAccess(t *testing.T, sc *proxytest.Sidecar, name, preset string, p k
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Register(context.Background(), sc.Client, access); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
 		for l := 0; l < k.Layers; l++ {
 			for tn := range k.Layout.NumTensors() {
@@ -57,7 +66,7 @@ func kvCacheAccess(t *testing.T, sc *proxytest.Sidecar, name, preset string, p k
 			}
 		}
 	})
-	return k
+	return k, func() error { return k.Register(context.Background(), sc.Client, access) }
 }
 
 // perm32 is a block table of distinct random block ids below blocks,
@@ -364,6 +373,44 @@ func TestKVRegionAccessRaw(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKVRegisteredLate: a KV push asked for before the decode's engine
+// registered its cache (it is registering again after its sidecar
+// restarted, and the push ticket came first) waits for the registration
+// and lands, instead of failing with "no KV cache" and being recomputed.
+// Over TCP, a push and a pull.
+func TestKVRegisteredLate(t *testing.T) {
+	pre, dec := proxytest.Pair(t, e2eOpts())
+	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 16, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
+	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 3)
+	dst, register := kvCacheLater(t, dec, "dst", "vllm-flash", p, 2, 0, wire.AccessAll)
+	want, err := dst.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: []uint32{5, 1, 9}, DstTable: []uint32{2, 7, 3}, Tokens: 40}
+	registered := make(chan error, 1)
+	time.AfterFunc(300*time.Millisecond, func() { registered <- register() })
+	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late", wire.Push, src, dst)})
+	if err := <-registered; err != nil {
+		t.Fatal(err)
+	}
+	landed(t, "decode cache", src, dst, want, m)
+
+	// A pull from a decode cache registered late.
+	from, register2 := kvCacheLater(t, dec, "from", "vllm-flash", p, 2, 11, wire.AccessAll)
+	into := kvCache(t, pre, "into", "vllm-flash", p, 2, 0)
+	want, err = into.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { registered <- register2() })
+	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late-pull", wire.Pull, into, from)})
+	if err := <-registered; err != nil {
+		t.Fatal(err)
+	}
+	landed(t, "prefill cache after the pull", from, into, want, m)
 }
 
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on
