@@ -1,12 +1,15 @@
 // What comes before the engine is ready for it. First, a peer's KV push
-// that came before its grant (PROTOCOL.md 9.20). An
+// (or pull) that came before its grant (PROTOCOL.md 9.20). An
 // engine receiving pushes hands the pusher a transfer key and grants it on
 // its cache, and the two may travel apart: vLLM's scheduler posts the push
 // ticket while its worker grants at the next step, so the push may reach
 // this sidecar first. Refusing it then would have the engine recompute
 // what was on its way. A KVAnnounce that names a key no live grant holds
 // yet waits here instead, up to kvGrantWait, and is admitted as soon as
-// a grant comes, or refused after.
+// a grant comes, or refused after. A KVPull waits the same way: an
+// engine whose sidecar restarted makes its live grants again right after
+// it registers its cache anew, and a decode's pull asked for that cache's
+// shape may come between the two.
 //
 // Second, a peer's question about a KV cache not registered here yet. An
 // engine whose sidecar restarted (or that restarted itself) registers its
@@ -121,4 +124,39 @@ func (s *Server) awaitRegistered(ss *session, name string) bool {
 			return false
 		}
 	}
+}
+
+// parkKVPull holds m, refused for want of a grant, until one admits it or
+// kvGrantWait passed, on a goroutine of its own; false when it cannot
+// wait (no key named, too many waiting): the caller refuses it.
+func (s *Server) parkKVPull(ss *session, m *wire.KVPull) bool {
+	if len(m.Key) == 0 {
+		return false
+	}
+	if ss.pullParked.Add(1) > maxParked {
+		ss.pullParked.Add(-1)
+		return false
+	}
+	s.wg.Go(func() {
+		defer ss.pullParked.Add(-1)
+		t := time.NewTimer(kvGrantWait)
+		defer t.Stop()
+		for {
+			granted := s.kv.grantSignal() // before the check: a grant after it wakes us
+			ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
+			if err == nil || !errors.Is(err, grant.ErrNoGrant) {
+				s.serveKVPullAdmitted(ss, m, ks, err)
+				return
+			}
+			select {
+			case <-granted:
+			case <-t.C:
+				s.serveKVPullAdmitted(ss, m, nil, err)
+				return
+			case <-ss.ctx.Done():
+				return
+			}
+		}
+	})
+	return true
 }

@@ -4,10 +4,12 @@
 package proxy
 
 import (
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/stage-kv/stage/proxy/grant"
 	"github.com/stage-kv/stage/proxy/region"
 	"github.com/stage-kv/stage/staging"
 	"github.com/stage-kv/stage/wire"
@@ -78,8 +80,17 @@ func (s *Server) serveOut(ss *session, wireID uint64, tag string, regions []*reg
 }
 
 // serveKVPull answers a peer's KVPull: the rows go out in canonical order.
+// One that names a key no live grant holds yet waits for it (kvpark.go).
 func (s *Server) serveKVPull(ss *session, m *wire.KVPull) {
 	ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
+	if errors.Is(err, grant.ErrNoGrant) && s.parkKVPull(ss, m) {
+		return
+	}
+	s.serveKVPullAdmitted(ss, m, ks, err)
+}
+
+// serveKVPullAdmitted serves m as admit answered (ks, or why not).
+func (s *Server) serveKVPullAdmitted(ss *session, m *wire.KVPull, ks *kvSide, err error) {
 	if err != nil {
 		s.refusePull(ss, m.Transfer, err)
 		return

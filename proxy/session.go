@@ -63,8 +63,9 @@ type session struct {
 	watched   []*dataStream // the stall watchdog's reused copy of streams (loop goroutine)
 
 	// infoParked counts the peer's KVInfoRequests held for a cache not
-	// registered yet (kvpark.go).
-	infoParked atomic.Int32
+	// registered yet, pullParked its KVPulls held for their grant
+	// (kvpark.go).
+	infoParked, pullParked atomic.Int32
 
 	catalogs waiting[[]wire.RegionInfo]  // our CatalogRequests waiting for their answers, by Seq
 	tickets  waiting[*wire.TicketAnswer] // our Tickets waiting for their answers, by Seq (tickets.go)

@@ -16,6 +16,8 @@ lock of its own); nothing here blocks.
   pairs the head plan says to expect) and the first error. vLLM's
   scheduler keeps its push receives' transfer keys in one too (bounded),
   to find the request a failure notice names.
+* :class:`LiveGrants`: the grants a rank made and has not ended, to make
+  again on a sidecar that restarted (a new sidecar holds none).
 * :class:`WorkerCore`: one vLLM worker's state: receives; holds (a pull
   mode prefill's blocks kept for the decode's pulls, with the grant to
   revoke once every pull expected was served); seals (pushes that will
@@ -33,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from .engines import Coverage, Tag, plan
 from .protocol.wire import Code
 
-__all__ = ["MAX_EARLY", "Receive", "Receives", "Hold", "PushDest", "FailedPush", "FailedLoad", "Finished", "Absorbed",
+__all__ = ["MAX_EARLY", "MAX_LIVE_GRANTS", "LiveGrants", "Receive", "Receives", "Hold", "PushDest", "FailedPush", "FailedLoad", "Finished", "Absorbed",
            "Noted", "WorkerCore", "code_text"]
 
 #: notifications kept for transfer keys not known yet (those of a transfer no receive came for within the
@@ -234,6 +236,52 @@ class Noted(NamedTuple):
 
 #: a request's transfers on the mover: (nothing queued or in flight, the first failure)
 Progress = Callable[[str], Tuple[bool, Optional[BaseException]]]
+
+
+#: grants remembered for a restarted sidecar (the oldest go first past it; a rank holds one per request in flight)
+MAX_LIVE_GRANTS = 65536
+
+
+class LiveGrant(NamedTuple):
+    key: bytes
+    blocks: List[int]
+    write: bool
+    ttl: float  # seconds left
+    uses: int
+
+
+class LiveGrants:
+    """The grants a rank made and has not ended: a sidecar that restarts holds none, so the rank makes these
+    again on the new one (with the time they have left), and a decode's pull of a request the prefill finished
+    before the restart, or a prefill's push into a decode's blocks, is admitted instead of recomputed."""
+
+    def __init__(self, limit: int = MAX_LIVE_GRANTS) -> None:
+        self.limit = limit
+        self._g: Dict[bytes, Tuple[List[int], bool, float, int]] = {}  # key -> (blocks, write, expires, uses)
+
+    def __len__(self) -> int:
+        return len(self._g)
+
+    def made(self, key: bytes, blocks: Sequence[int], write: bool, ttl: float, uses: int, now: float) -> None:
+        """A grant was made at ``now`` for ``ttl`` seconds."""
+        self._g.pop(key, None)
+        self._g[key] = (list(blocks), write, now + ttl, uses)
+        while len(self._g) > self.limit:
+            del self._g[next(iter(self._g))]
+
+    def ended(self, key: bytes) -> None:
+        """A grant was revoked (or its request is over)."""
+        self._g.pop(key, None)
+
+    def live(self, now: float) -> List[LiveGrant]:
+        """The grants not expired at ``now``, oldest first, with the time each has left; the expired go."""
+        out = []
+        for key, (blocks, write, expires, uses) in list(self._g.items()):
+            if expires <= now:
+                del self._g[key]
+            else:
+                out.append(LiveGrant(key, blocks, write, expires - now, uses))
+        return out
 
 
 class WorkerCore:

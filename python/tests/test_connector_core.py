@@ -18,8 +18,8 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stage_client import connector_core  # noqa: E402
-from stage_client.connector_core import (DISCONNECTED, PushDest, Receive, Receives, WorkerCore,  # noqa: E402
-                                         code_text)
+from stage_client.connector_core import (DISCONNECTED, LiveGrants, PushDest, Receive, Receives,  # noqa: E402
+                                         WorkerCore, code_text)
 from stage_client.engines import Tag, make_tag, parse_tag  # noqa: E402
 from stage_client.kvpresets import MLA_WIDTHS, PRESETS, is_mla  # noqa: E402
 from stage_client.wire import Code  # noqa: E402
@@ -57,6 +57,35 @@ class TestMLAPresets(unittest.TestCase):
                 self.assertEqual(is_mla(name), name in want, "got is_mla %s" % is_mla(name))
         self.assertEqual(set(MLA_WIDTHS), want)
         self.assertFalse(is_mla("no-such-preset"))
+
+
+class TestLiveGrants(unittest.TestCase):
+    """The grants a rank made and did not end, to make again on a restarted sidecar: each with the time it has
+    left, the expired and the ended gone, and no more than the limit kept (the oldest go)."""
+
+    def test_cases(self) -> None:
+        cases: List[Tuple[str, List[Tuple[str, Any]], float, List[Tuple[bytes, bool, float]]]] = [
+            ("made, time left", [("made", (b"a", [1, 2], False, 30.0, 0.0))], 10.0, [(b"a", False, 20.0)]),
+            ("ended", [("made", (b"a", [1], False, 30.0, 0.0)), ("ended", b"a")], 1.0, []),
+            ("expired", [("made", (b"a", [1], True, 5.0, 0.0)), ("made", (b"b", [2], True, 50.0, 0.0))], 5.0,
+             [(b"b", True, 45.0)]),
+            ("made again: the later one", [("made", (b"a", [1], False, 5.0, 0.0)), ("made", (b"a", [1], True, 9.0, 2.0))],
+             3.0, [(b"a", True, 8.0)]),
+            ("past the limit of 2", [("made", (b"a", [1], False, 9.0, 0.0)), ("made", (b"b", [1], False, 9.0, 0.0)),
+                                     ("made", (b"c", [1], False, 9.0, 0.0))], 1.0, [(b"b", False, 8.0), (b"c", False, 8.0)]),
+        ]
+        for name, events, now, want in cases:
+            with self.subTest(name):
+                g = LiveGrants(limit=2)
+                for ev, arg in events:
+                    if ev == "made":
+                        key, blocks, write, ttl, at = arg
+                        g.made(key, blocks, write, ttl, 4, at)
+                    else:
+                        g.ended(arg)
+                got = [(x.key, x.write, x.ttl) for x in g.live(now)]
+                self.assertEqual(got, want)
+                self.assertEqual(len(g), len(want), "the expired are dropped")
 
 
 class TestReceivesIndex(unittest.TestCase):

@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 import unittest
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -305,25 +305,32 @@ if __name__ == "__main__":
     unittest.main()
 
 
+def mock_worker() -> Tuple[Any, Any]:
+    """A StageWorker (2 kv heads, one rank, 16-token blocks, 2 layers) over a mock client, and the client."""
+    from unittest import mock
+
+    from stage_client.errors import SidecarConnectionError
+    from stage_client.vllm.config import StageConfig
+    from stage_client.vllm.worker import StageWorker
+
+    cl = mock.Mock()
+    cl.subscribe.return_value.get.side_effect = SidecarConnectionError("no sidecar in this test")
+    w = StageWorker(StageConfig(socket="/s/d.sock", route="r", kv_heads=2, tp_size=1), client=cl)
+    w.block_tokens = 16
+    w.core.layers = 2
+    return w, cl
+
+
 class TestFailedTicketGrantsNothing(unittest.TestCase):
     """A push whose ticket the decode's scheduler could not post fails in the same step its receive starts: the
     worker grants no writes for it (no push can land in blocks vLLM is about to recompute), and reports it
     received with its blocks as load errors; the others of the step are granted as usual."""
 
     def test_failed_ticket(self) -> None:
-        from unittest import mock
-
-        from stage_client.errors import SidecarConnectionError
-        from stage_client.vllm.config import StageConfig
         from stage_client.vllm.metadata import RecvReq, StageConnectorMetadata
-        from stage_client.vllm.worker import StageWorker
 
-        cl = mock.Mock()
-        cl.subscribe.return_value.get.side_effect = SidecarConnectionError("no sidecar in this test")
-        w = StageWorker(StageConfig(socket="/s/d.sock", route="r", kv_heads=2, tp_size=1), client=cl)
+        w, cl = mock_worker()
         try:
-            w.block_tokens = 16
-            w.core.layers = 2
             ka, kb = b"a" * 16, b"b" * 16
             meta = StageConnectorMetadata()
             meta.recv = [RecvReq("a", "xa", "push", [3, 4], 0, 20, key=ka), RecvReq("b", "xb", "push", [5], 0, 10, key=kb)]
@@ -333,5 +340,43 @@ class TestFailedTicketGrantsNothing(unittest.TestCase):
             _, recving = w.get_finished(None, set())
             self.assertEqual(recving, {"a"})
             self.assertEqual(w.take_load_errors(), {3, 4})
+        finally:
+            w.shutdown()
+
+
+class TestGrantsAfterRestart(unittest.TestCase):
+    """A sidecar that restarted holds no grant: when the worker's client is back (the cache registered again), it
+    makes the grants it made and did not revoke again, with the time they have left, so a decode's pull of a
+    request the prefill finished before the restart, or a push into this decode's blocks, is admitted instead of
+    recomputed. A revoked grant is not made again."""
+
+    def test_grants_again(self) -> None:
+        from unittest import mock
+
+        from stage_client.vllm.metadata import RecvReq, StageConnectorMetadata
+
+        w, cl = mock_worker()
+        try:
+            kr, kw, kgone = b"r" * 16, b"w" * 16, b"g" * 16
+            meta = StageConnectorMetadata()
+            meta.grant = {"p": (kr, [1, 2]), "q": (kgone, [7])}  # reads of the prefill's finished requests
+            meta.recv = [RecvReq("d", "xd", "push", [3, 4], 0, 20, key=kw)]  # writes of a push into us
+            w.start_load_kv(meta)
+            w._revoke(kgone)
+            made = {c.args[1]: c for c in cl.grant.call_args_list}
+            self.assertEqual(set(made), {kr, kw, kgone})
+
+            again = mock.Mock()
+            w._reg = object()  # a cache was registered: the reconnect registers it again first
+            with mock.patch.object(w, "_register", return_value=None) as reg:
+                w._reconnected(again)
+            reg.assert_called_once_with(again)
+            got = {c.args[1]: c for c in again.grant.call_args_list}
+            self.assertEqual(set(got), {kr, kw}, "the live grants made again, the revoked one not")
+            for key in (kr, kw):
+                self.assertEqual(got[key].args[2], made[key].args[2], "same blocks")
+                self.assertEqual(got[key].kwargs["write"], made[key].kwargs["write"])
+                self.assertLessEqual(got[key].args[3], made[key].args[3], "no more time than was left")
+                self.assertGreater(got[key].args[3], made[key].args[3] - 5.0)
         finally:
             w.shutdown()

@@ -68,13 +68,22 @@ class TestSidecarRestart(unittest.TestCase):
 
     def pull_once(self) -> bool:
         """A prefill request then its decode pull; True when the rows arrived (and equal the prefill's)."""
+        return self.pull(*self.prefill())
+
+    def prefill(self) -> tuple:
+        """A prefill request finished (its blocks granted to the decode's pull): its id and kv_transfer_params."""
         self.n += 1
-        pid, did = "p%d" % self.n, "d%d" % self.n
+        pid = "p%d" % self.n
         pr = Request(pid, list(range(TOKENS)), {"do_remote_decode": True, "stage_xfer": "x%d" % self.n})
         self.pe.admit(pr, lambda n: PTABLE)
         self.pe.step(SchedulerOutput([NewRequestData(pid, pr.prompt_token_ids, (PTABLE,), 0)],
                                      num_scheduled_tokens={pid: TOKENS}))
         _, params = self.pe.finish(pr, PTABLE)
+        return pid, params
+
+    def pull(self, pid: str, params: Any) -> bool:
+        """The decode pulls prefill request ``pid``; True when the rows arrived (and equal the prefill's)."""
+        did = "d" + pid[1:]
         for t in self.dc.values():
             t.zero_()
         self.de.load_errors = set()
@@ -119,6 +128,21 @@ class TestSidecarRestart(unittest.TestCase):
 
     def test_prefill_sidecar_restarted(self) -> None:
         self.restarted(self.pre, self.pe)
+
+    def test_granted_before_the_restart(self) -> None:
+        # a request the prefill finished before its sidecar restarted: the new sidecar holds no grant, so the
+        # prefill's worker makes its live grants again once it registered its cache anew, and the decode's pull,
+        # asking the new sidecar, gets the rows instead of "no live grant" and a recompute
+        self.assertTrue(self.pull_once(), "no KV moved before the restart")
+        pid, params = self.prefill()
+        self.pre.restart()
+        client = self.worker(self.pe).client
+        t0 = time.monotonic()
+        while client.reconnects < 1:
+            self.assertLess(time.monotonic() - t0, BACK_S, "the prefill's client did not reconnect")
+            time.sleep(0.02)
+        self.assertTrue(self.pull(pid, params), "the pull of a request granted before the restart failed: "
+                        "load errors %s" % sorted(self.de.load_errors))
 
     def test_push_arriving_fails_once(self) -> None:
         srv = RendezvousServer("127.0.0.1", 0, insecure=True)  # takes the ticket; no prefill pushes: KV "arriving"

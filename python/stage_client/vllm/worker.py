@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import Client
-from ..connector_core import Finished, PushDest, Receive, WorkerCore
+from ..connector_core import Finished, LiveGrants, PushDest, Receive, WorkerCore
 from ..engines import MAX_TP, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
@@ -78,6 +78,7 @@ class StageWorker:
         self.lock = threading.Lock()
         #: receives, holds, seals, early notifications, load errors (connector_core); under ``lock``
         self.core = WorkerCore(cfg.kv_heads, self.tp, self.rank, cfg.timeout_s)
+        self._grants = LiveGrants()  # the grants made and not ended, made again after a sidecar restart; under ``lock``
         self._absorbed: Optional[StageConnectorMetadata] = None  # the last step's metadata, taken in
         self._saving = False  # pushes were queued this step
         self._sub = self.client.subscribe()
@@ -139,6 +140,17 @@ class StageWorker:
         if self._reg is not None:
             self.kv = self._register(client)
             log.info("stage: the sidecar connection was restored; KV cache %s registered again", self.name)
+            # the new sidecar holds no grant: make the live ones again, with the time they have left
+            with self.lock:
+                live = self._grants.live(time.monotonic())
+            for g in live:
+                try:
+                    client.grant(self.name, g.key, g.blocks, min(max(g.ttl, 0.001), 3600.0), write=g.write, uses=g.uses)
+                except (StageError, OSError, ValueError) as e:
+                    log.warning("stage: granting %s of %d blocks of %s again after the restart: %s",
+                                "writes" if g.write else "reads", len(g.blocks), self.name, e)
+            if live:
+                log.info("stage: %d grants on %s made again", len(live), self.name)
         self.counters.add("sidecar_reconnects")
 
     def _disconnected(self) -> None:
@@ -314,8 +326,11 @@ class StageWorker:
 
     def _grant(self, key: bytes, blocks: List[int], ttl: float, write: bool) -> str:
         """Grant the peer's requests naming ``key`` on ``blocks`` of our cache; why it failed, else ""."""
+        ttl = min(max(ttl, 0.001), 3600.0)
         try:
-            self.client.grant(self.name, key, blocks, min(max(ttl, 0.001), 3600.0), write=write, uses=GRANT_USES)
+            self.client.grant(self.name, key, blocks, ttl, write=write, uses=GRANT_USES)
+            with self.lock:
+                self._grants.made(key, blocks, write, ttl, GRANT_USES, time.monotonic())
         except (StageError, OSError, ValueError) as e:
             log.warning("stage: granting %s of %d blocks of %s: %s", "writes" if write else "reads", len(blocks),
                         self.name, e)
@@ -325,6 +340,8 @@ class StageWorker:
     def _revoke(self, key: bytes) -> None:
         """End a grant. The sidecar answers once no peer transfer admitted under it can touch the blocks (it stops
         them and waits for the copies under way), so the blocks can go back to vLLM when this returns."""
+        with self.lock:
+            self._grants.ended(key)
         try:
             self.client.revoke_grant(self.name, key)
         except (StageError, OSError, ValueError) as e:  # a sidecar that restarted holds no grant any more
