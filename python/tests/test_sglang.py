@@ -42,6 +42,8 @@ if torch is not None:  # kvmap needs torch; without it the tests skip, saying so
     from stage_client.kvmap import gather_tensor  # noqa: E402
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from stage_client.sglang import KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: E402
+from stage_client.engines import plan  # noqa: E402
+from stage_client.errors import StageError  # noqa: E402
 
 LAYERS, HEADS, D, PAGE, PAGES = 3, 4, 32, 16, 40
 AUX_SLOTS = 24
@@ -198,6 +200,38 @@ class TestSGLangBackend(SidecarPairCase):
                 poll_until(s, KVPoll.Failed, 5)
                 with self.assertRaisesRegex(RuntimeError, why):
                     s.failure_exception()
+
+    def test_grants(self) -> None:
+        """The decode grants the prefill's pushes exactly the room's pages (its ticket names the key, one per
+        decode rank): a push without the key, or with it after the room ended (revoked), is refused and writes
+        nothing."""
+        boot, pres, dec = self.managers("sgg")
+        tokens = 3 * PAGE
+        ppages, dpages = [1, 5, 2], [6, 0, 3]
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=99)
+        recv.send_metadata(dpages)
+        t = boot.get("99@0")
+        self.assertIsNotNone(t, "the decode rank's ticket is posted under room@rank")
+        key = bytes.fromhex(t["grant"])
+        senders = [StageKVSender(m, boot.address, 99) for m in pres]
+        for s in senders:
+            poll_until(s, KVPoll.WaitingForInput)
+            s.init(len(ppages))
+            s.send(ppages)
+        for s in senders:
+            poll_until(s, KVPoll.Success)
+        poll_until(recv, KVPoll.Success)  # every row landed: the grant is revoked
+        before = [t.clone() for layer in dec.buffers for t in layer]
+        m = pres[0]
+        lo, hi = [(lo, hi) for s_, d, lo, hi in plan(HEADS, 2, 1) if s_ == 0][0]
+        for what, k in (("without a key", b""), ("with the room's key after it ended", key)):
+            with self.subTest(what):
+                xid = m.kv.push(m.route, dec.cache_name, ppages, dpages, tokens, heads=(lo, hi), key=k)
+                with self.assertRaisesRegex(StageError, "no live grant"):
+                    st = m.client.wait(xid, 10.0)
+                    raise AssertionError("the push went through: %s" % (st,))
+        for t0, t1 in zip(before, [t for layer in dec.buffers for t in layer]):
+            self.assertTrue(torch.equal(t0, t1), "a refused push wrote into the decode's pool")
 
     def test_receiver_fails_at_deadline(self) -> None:
         boot, pres, dec = self.managers("sgf", timeout=1.0)

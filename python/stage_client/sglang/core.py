@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .. import rendezvous as rdv
 from ..client import Client
-from ..connector_core import Receive, Receives
+from ..connector_core import LiveGrants, Receive, Receives
 from ..engines import Mover, Tag, head_slice, make_tag, parse_tag, plan
 from ..errors import SidecarConnectionError, StageError
 from ..client import Op
 from ..kvcache import HostArena, register_kv_cache, unregister_all
+from ..kvclient import grant_key
 from ..protocol.wire import Access, Code
 
 __all__ = ["KVPoll", "AuxSlots", "StageKVManager", "StageKVSender", "StageKVReceiver"]
+
+log = logging.getLogger(__name__)
 
 
 class KVPoll:
@@ -145,6 +149,8 @@ class StageKVManager:
         self.lock = threading.Lock()
         #: decode: the rooms arriving (their rows, aux slot and first error), by room; under ``lock``
         self.rooms = Receives(kv_heads, tp_size, tp_rank, self.kv.layers)
+        #: decode: the grants of writes made for rooms and not revoked, made again after a sidecar restart
+        self.grants = LiveGrants()
         self.bootstrap: Any = None
         self._sub: Any = None
         if role == "prefill":
@@ -166,10 +172,40 @@ class StageKVManager:
                                  head_hi=hi, page_size=self.page_size, access=self.role)
 
     def _reconnected(self, client: Client) -> None:
-        """The sidecar restarted and the client is back: register the pool (and aux regions) again."""
+        """The sidecar restarted and the client is back: register the pool (and aux regions) again, and make the
+        live grants again (the new sidecar holds none)."""
         self.kv = self._register_kv(client)
         if self.aux is not None:
             self.aux.register(client)
+        with self.lock:
+            live = self.grants.live(time.monotonic())
+        for g in live:
+            try:
+                client.grant(self.cache_name, g.key, g.blocks, max(g.ttl, 0.001), write=g.write, uses=g.uses)
+            except (StageError, OSError, ValueError):
+                pass  # that room's pushes are refused, and it fails at its deadline
+
+    def grant_writes(self, pages: List[int]) -> bytes:
+        """Decode: let the prefill's pushes naming the key returned write exactly ``pages`` of this rank's pool,
+        for the timeout and 5 s more. The cache is guarded from then on: a push without a live grant is
+        refused."""
+        key = grant_key()
+        ttl = min(self.timeout + 5.0, 3600.0)
+        self.client.grant(self.cache_name, key, pages, ttl, write=True)
+        with self.lock:
+            self.grants.made(key, pages, True, ttl, 1, time.monotonic())
+        return key
+
+    def revoke(self, key: bytes) -> str:
+        """Decode: end a room's grant; the sidecar answers once no push admitted under it can still write (it
+        stops them), so SGLang may reuse the pages. Why it failed, else ""."""
+        with self.lock:
+            self.grants.ended(key)
+        try:
+            self.client.revoke_grant(self.cache_name, key)
+        except (StageError, OSError, ValueError) as e:
+            return str(e)
+        return ""
 
     def _disconnected(self) -> None:
         """The sidecar closed the connection: rooms still arriving cannot be heard of; they fail now."""
@@ -259,6 +295,7 @@ class StageKVSender:
                  dest_tp_ranks: Optional[List[int]] = None, pp_rank: int = 0, **_: Any) -> None:
         self.mgr, self.room = mgr, str(bootstrap_room)
         self.ticket: Optional[Dict[str, Any]] = None
+        self.keys: Dict[int, bytes] = {}  # decode rank -> the key its grant of writes names
         self.pages = 0
         self.sent = 0  # pages sent so far
         self.aux_index: Optional[int] = None
@@ -270,15 +307,29 @@ class StageKVSender:
         self.aux_index = None if aux_index is None else int(aux_index)
 
     def _ticket(self) -> Optional[Dict[str, Any]]:
+        """Decode rank 0's ticket once every decode rank this rank pushes to posted its own (each names the key
+        of its grant); an older decode's one ticket under the room, without keys."""
         if self.ticket is None:
-            t = self.mgr.bootstrap.get(self.room)  # every rank reads it; it expires
-            if t is not None:
-                try:
-                    plan(self.mgr.heads, self.mgr.tp, int(t["tp"]))
-                except ValueError as e:
-                    self.error = "the decode's page ticket for room %s: %s" % (self.room, e)
-                    return None
-            self.ticket = t
+            boot, m = self.mgr.bootstrap, self.mgr
+            t = boot.get("%s@0" % self.room)  # every prefill rank reads them; they expire
+            per_rank = t is not None
+            if t is None:
+                t = boot.get(self.room)
+            if t is None:
+                return None
+            try:
+                ranks = [d for s, d, _, _ in plan(m.heads, m.tp, int(t["tp"])) if s == m.rank]
+            except ValueError as e:
+                self.error = "the decode's page ticket for room %s: %s" % (self.room, e)
+                return None
+            keys: Dict[int, bytes] = {}
+            for d in ranks if per_rank else []:
+                td = t if d == 0 else boot.get("%s@%d" % (self.room, d))
+                if td is None:
+                    return None  # that rank has not posted yet
+                if td.get("grant"):
+                    keys[d] = bytes.fromhex(td["grant"])
+            self.ticket, self.keys = t, keys
         return self.ticket
 
     def send(self, kv_indices: Any, state_indices: Any = None, token_position_offset: int = 0) -> None:
@@ -305,9 +356,9 @@ class StageKVSender:
                 continue
             remote = "%s-tp%d" % (t["kv"], d)
 
-            def fn(remote: str = remote, lo: int = lo, hi: int = hi) -> List[int]:
+            def fn(remote: str = remote, lo: int = lo, hi: int = hi, key: bytes = self.keys.get(d, b"")) -> List[int]:
                 return [m.kv.push(m.route, remote, local, t["block_ids"], tokens, remote_first=first,
-                                  heads=(lo, hi), tag=tag, **kw)]
+                                  heads=(lo, hi), tag=tag, key=key, **kw)]
 
             m.mover.submit(self.room, fn)
 
@@ -373,6 +424,7 @@ class StageKVReceiver:
 
     def __init__(self, mgr: StageKVManager, bootstrap_addr: Any, bootstrap_room: Any = None, **_: Any) -> None:
         self.mgr, self.addr, self.room = mgr, bootstrap_addr, str(bootstrap_room)
+        self.key = b""  # the grant of writes the prefill's pushes name, until revoked
         self.posted = False
         self.error = ""
         self.deadline = 0.0
@@ -400,13 +452,29 @@ class StageKVReceiver:
         m.expect(self.room, tokens, self.aux_index)
         self.deadline = time.monotonic() + m.timeout
         try:
+            self.key = m.grant_writes(pages)
+        except (StageError, OSError, ValueError) as e:
+            self.error = "granting the prefill's pushes into room %s: %s" % (self.room, e)
+            return
+        ticket["grant"] = self.key.hex()
+        key = "%s@%d" % (self.room, m.rank)  # each rank's ticket names its own grant
+        try:
             if isinstance(self.addr, str):
-                rdv.post(self.addr, self.room, ticket, timeout=min(5.0, m.timeout), secret=m.secret)
+                rdv.post(self.addr, key, ticket, timeout=min(5.0, m.timeout), secret=m.secret)
             else:
-                self.addr.post(self.room, ticket)
+                self.addr.post(key, ticket)
             self.posted = True
         except (OSError, ValueError) as e:
             self.error = "posting the page ticket to %s: %s" % (self.addr, e)
+            self._end_grant()
+
+    def _end_grant(self) -> None:
+        """Revoke the room's grant (once): no push of the prefill's writes into these pages after this returns."""
+        if self.key:
+            key, self.key = self.key, b""
+            why = self.mgr.revoke(key)
+            if why:  # a sidecar that restarted holds no grant any more
+                log.warning("stage: revoking the grant of room %s: %s", self.room, why)
 
     def poll(self) -> int:
         if self.error:
@@ -418,9 +486,11 @@ class StageKVReceiver:
             if self.aux_index is not None and not self.aux_stored:
                 self.mgr.aux.store(self.aux_index)  # type: ignore[union-attr]
                 self.aux_stored = True
+            self._end_grant()  # every row landed: nothing more may write these pages
             return KVPoll.Success
         if st or time.monotonic() > self.deadline:
             self.error = st or "not complete after %ss" % self.mgr.timeout
+            self._end_grant()  # SGLang frees the pages: a push still on its way must not land in them
             return KVPoll.Failed
         return KVPoll.Transferring
 
@@ -428,7 +498,9 @@ class StageKVReceiver:
         raise RuntimeError("stage KV receive of room %s failed: %s" % (self.room, self.error))
 
     def clear(self) -> None:
+        self._end_grant()
         self.mgr.forget(self.room)
 
     def abort(self) -> None:
         self.error = self.error or "aborted"
+        self._end_grant()
