@@ -72,6 +72,7 @@ func (s *Server) awaitGrant(ss *session, m *wire.KVAnnounce, deadline time.Time)
 		granted := s.kv.grantSignal() // before the check: a grant after it wakes us
 		ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
 		if err == nil || !errors.Is(err, grant.ErrNoGrant) || !time.Now().Before(deadline) {
+			s.metrics.kvWaited("grant", !errors.Is(err, grant.ErrNoGrant))
 			s.openKVPush(ss, m, ks, err)
 			return
 		}
@@ -101,6 +102,7 @@ func (s *Server) answerKVInfo(ss *session, m *wire.KVInfoRequest) {
 	s.wg.Go(func() {
 		defer ss.infoParked.Add(-1)
 		if s.awaitRegistered(ss, m.Name) {
+			s.metrics.kvWaited("registration", s.kv.get(m.Name) != nil)
 			s.kv.infoAsked(ss, m)
 		}
 	})
@@ -145,12 +147,14 @@ func (s *Server) parkKVPull(ss *session, m *wire.KVPull) bool {
 			granted := s.kv.grantSignal() // before the check: a grant after it wakes us
 			ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
 			if err == nil || !errors.Is(err, grant.ErrNoGrant) {
+				s.metrics.kvWaited("grant", true)
 				s.serveKVPullAdmitted(ss, m, ks, err)
 				return
 			}
 			select {
 			case <-granted:
 			case <-t.C:
+				s.metrics.kvWaited("grant", false)
 				s.serveKVPullAdmitted(ss, m, nil, err)
 				return
 			case <-ss.ctx.Done():

@@ -25,6 +25,7 @@ type metrics struct {
 	duration  *prometheus.HistogramVec // transfer latency by direction and result
 	errors    *prometheus.CounterVec   // failures by code
 	fallbacks *prometheus.CounterVec   // transport fallbacks by reason
+	kvWaits   *prometheus.CounterVec   // peers' KV requests that waited for a grant or a registration (kvpark.go)
 	copyNanos [2]atomic.Int64          // gather, scatter: device copy time (enqueue to done)
 	netNanos  [2]atomic.Int64          // send, receive: time in writev / recv of payloads
 	renewals  atomic.Int64             // spliced send slots given fresh pages
@@ -55,9 +56,23 @@ func newMetrics(s *Server) *metrics {
 		Namespace: "stage", Name: "transport_fallbacks_total",
 		Help: "Transfers that could not use the transport a route asked for and fell back, by reason.",
 	}, []string{"reason"})
-	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, &collector{s: s, m: m}, s.routes.Collector(),
+	m.kvWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "stage", Name: "kv_waits_total",
+		Help: "Peers' KV requests that came before what they need and waited for it: for a grant (a push or pull) or for the cache's registration (a shape question), by whether it came in time.",
+	}, []string{"for", "result"})
+	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, m.kvWaits, &collector{s: s, m: m}, s.routes.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// kvWaited counts a peer's KV request that waited for what (grant,
+// registration); came says whether it came in time.
+func (m *metrics) kvWaited(what string, came bool) {
+	result := "came"
+	if !came {
+		result = "timed_out"
+	}
+	m.kvWaits.WithLabelValues(what, result).Inc()
 }
 
 // codeLabel turns a wire code into a label value: "out of range" -> "out_of_range".

@@ -381,7 +381,9 @@ func TestKVRegionAccessRaw(t *testing.T) {
 // and lands, instead of failing with "no KV cache" and being recomputed.
 // Over TCP, a push and a pull.
 func TestKVRegisteredLate(t *testing.T) {
-	pre, dec := proxytest.Pair(t, e2eOpts())
+	o := e2eOpts()
+	o.Metrics = true
+	pre, dec := proxytest.Pair(t, o)
 	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 16, BlockSize: 16, Heads: 4, HeadHi: 4, HeadSize: 32}
 	src := kvCache(t, pre, "src", "vllm-flash", p, 2, 3)
 	dst, register := kvCacheLater(t, dec, "dst", "vllm-flash", p, 2, 0, wire.AccessAll)
@@ -411,6 +413,24 @@ func TestKVRegisteredLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	landed(t, "prefill cache after the pull", from, into, want, m)
+
+	// Each sidecar counted its waits: the decode the push's shape
+	// question and the pull's, both answered once the cache came; a
+	// question for a cache that never comes, after the wait.
+	s := m.Submit(route, "never", wire.Push, src, dst)
+	s.Remote = "never"
+	if _, err := pre.Client.SubmitKV(context.Background(), s); err == nil || !strings.Contains(err.Error(), `has no KV cache "never"`) {
+		t.Fatalf("a push into a cache never registered: %v", err)
+	}
+	_, body := scrape(t, dec, "/metrics")
+	for series, want := range map[string]float64{
+		`stage_kv_waits_total{for="registration",result="came"}`:      2,
+		`stage_kv_waits_total{for="registration",result="timed_out"}`: 1,
+	} {
+		if v, ok := metricValue(body, series); !ok || v != want {
+			t.Errorf("decode's %s: %v (present %v), want %v", series, v, ok, want)
+		}
+	}
 }
 
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on
