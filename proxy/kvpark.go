@@ -66,22 +66,28 @@ func (s *Server) parkKVPush(ss *session, m *wire.KVAnnounce) bool {
 
 // awaitGrant admits m when a grant lets it, before deadline, or refuses it.
 func (s *Server) awaitGrant(ss *session, m *wire.KVAnnounce, deadline time.Time) {
+	ks, err := s.waitGrant(ss, deadline, func() (*kvSide, error) { return s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite) })
+	s.openKVPush(ss, m, ks, err)
+}
+
+// waitGrant calls admit until it no longer lacks a grant (admitted, or
+// refused for another reason) or deadline passed, looking again at each
+// grant, and counts the wait; errSessionGone when the session ended first.
+func (s *Server) waitGrant(ss *session, deadline time.Time, admit func() (*kvSide, error)) (*kvSide, error) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	for {
 		granted := s.kv.grantSignal() // before the check: a grant after it wakes us
-		ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteWrite)
-		if err == nil || !errors.Is(err, grant.ErrNoGrant) || !time.Now().Before(deadline) {
-			s.metrics.kvWaited("grant", !errors.Is(err, grant.ErrNoGrant))
-			s.openKVPush(ss, m, ks, err)
-			return
+		ks, err := admit()
+		if came := !errors.Is(err, grant.ErrNoGrant); came || !time.Now().Before(deadline) {
+			s.metrics.kvWaited("grant", came)
+			return ks, err
 		}
 		select {
 		case <-granted:
 		case <-t.C:
 		case <-ss.ctx.Done():
-			s.refusePush(ss, m.Transfer, errSessionGone)
-			return
+			return nil, errSessionGone
 		}
 	}
 }
@@ -102,25 +108,27 @@ func (s *Server) answerKVInfo(ss *session, m *wire.KVInfoRequest) {
 	s.wg.Go(func() {
 		defer ss.infoParked.Add(-1)
 		if s.awaitRegistered(ss, m.Name) {
-			s.metrics.kvWaited("registration", s.kv.get(m.Name) != nil)
 			s.kv.infoAsked(ss, m)
 		}
 	})
 }
 
 // awaitRegistered waits until KV cache name is registered or
-// kvRegisterWait passed (true: answer now), or the session ends (false).
+// kvRegisterWait passed (true: answer now; the wait counted), or the
+// session ends (false).
 func (s *Server) awaitRegistered(ss *session, name string) bool {
 	t := time.NewTimer(kvRegisterWait)
 	defer t.Stop()
 	for {
 		registered := s.kv.regSignal() // before the check: a registration after it wakes us
 		if s.kv.get(name) != nil {
+			s.metrics.kvWaited("registration", true)
 			return true
 		}
 		select {
 		case <-registered:
 		case <-t.C:
+			s.metrics.kvWaited("registration", false)
 			return true
 		case <-ss.ctx.Done():
 			return false
@@ -141,25 +149,11 @@ func (s *Server) parkKVPull(ss *session, m *wire.KVPull) bool {
 	}
 	s.wg.Go(func() {
 		defer ss.pullParked.Add(-1)
-		t := time.NewTimer(kvGrantWait)
-		defer t.Stop()
-		for {
-			granted := s.kv.grantSignal() // before the check: a grant after it wakes us
-			ks, err := s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
-			if err == nil || !errors.Is(err, grant.ErrNoGrant) {
-				s.metrics.kvWaited("grant", true)
-				s.serveKVPullAdmitted(ss, m, ks, err)
-				return
-			}
-			select {
-			case <-granted:
-			case <-t.C:
-				s.metrics.kvWaited("grant", false)
-				s.serveKVPullAdmitted(ss, m, nil, err)
-				return
-			case <-ss.ctx.Done():
-				return
-			}
+		ks, err := s.waitGrant(ss, time.Now().Add(kvGrantWait), func() (*kvSide, error) {
+			return s.kv.admit(ss, &m.KVRequest, wire.AccessRemoteRead)
+		})
+		if !errors.Is(err, errSessionGone) {
+			s.serveKVPullAdmitted(ss, m, ks, err)
 		}
 	})
 	return true

@@ -21,10 +21,10 @@ import (
 // the link 200 us before takes that back (case L); local copies on either
 // GPU do not (case M). A direct push has that lead time: the handles' round
 // trip to the peer's sidecar. So before its HandleRequest an ipc push
-// enqueues a short copy of its own source into the peer sidecar's wake
-// buffer (device memory of the peer sidecar's own, which it hands out for
-// this alone, write-only: no engine's memory is touched before its grant),
-// on the stream that then runs the push's copy.
+// enqueues a short copy into the peer sidecar's wake buffer (device memory
+// of the peer sidecar's own, which it hands out for this alone,
+// write-only: no engine's memory is touched before its grant), on the
+// stream that then runs the push's copy.
 //
 // What a wake copy writes is zeros: it reads our own wake buffer, zeroed
 // when made, into which honest peers only ever copy theirs. (Copying the
@@ -92,9 +92,6 @@ type wakeBuf struct {
 // wakeHandle is the RegionHandle of our wake buffer (made on first use),
 // and the fd to send with it (-1 for none; the buffer keeps it).
 func (r *Room) wakeHandle() (*wire.RegionHandle, int, error) {
-	if r.o.NewWake == nil {
-		return nil, -1, status.Errorf(wire.CodeUnsupported, "no wake buffer here (node.wake_link is off, or %s cannot share memory of its own)", r.o.Dev)
-	}
 	b, err := r.wakeBuffer()
 	if err != nil {
 		return nil, -1, status.Errorf(wire.CodeUnsupported, "no wake buffer here: %v", err)
@@ -107,7 +104,7 @@ func (r *Room) wakeHandle() (*wire.RegionHandle, int, error) {
 // wakeBuffer is our wake buffer, made on first use (one try).
 func (r *Room) wakeBuffer() (*WakeBuffer, error) {
 	if r.o.NewWake == nil {
-		return nil, errors.New("node.wake_link is off, or the device cannot share memory of its own")
+		return nil, fmt.Errorf("node.wake_link is off, or %s cannot share memory of its own", r.o.Dev)
 	}
 	w := &r.wake
 	w.mu.Lock()

@@ -37,7 +37,7 @@ from .errors import StageError
 from .protocol.wire import MAX_TAG
 
 __all__ = ["head_slice", "primary", "plan", "Tag", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger",
-           "layer_index", "MAX_TP", "MOVER_THREADS"]
+           "layer_index", "MAX_TP", "MOVER_THREADS", "grant_again"]
 
 log = logging.getLogger("stage_client.engines")
 
@@ -353,3 +353,17 @@ class Mover:
 
 def now() -> float:
     return time.monotonic()
+
+
+def grant_again(client: Any, cache: str, grants: List[Any], log: logging.Logger) -> None:
+    """Make ``grants`` (:class:`~stage_client.connector_core.LiveGrant`: key, blocks, write, the time left,
+    uses) again on KV cache ``cache`` of ``client``'s sidecar, which restarted and holds none (after the cache
+    was registered anew); one it refuses is logged, and that request's transfer is refused and recomputed."""
+    for g in grants:
+        try:
+            client.grant(cache, g.key, g.blocks, min(max(g.ttl, 0.001), 3600.0), write=g.write, uses=g.uses)
+        except (StageError, OSError, ValueError) as e:
+            log.warning("stage: granting %s of %d blocks of %s again after the restart: %s",
+                        "writes" if g.write else "reads", len(g.blocks), cache, e)
+    if grants:
+        log.info("stage: %d grants on %s made again", len(grants), cache)

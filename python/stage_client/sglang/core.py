@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from .. import rendezvous as rdv
 from ..client import Client
 from ..connector_core import LiveGrants, Receive, Receives
-from ..engines import Mover, Tag, head_slice, make_tag, parse_tag, plan
+from ..engines import Mover, Tag, grant_again, head_slice, make_tag, parse_tag, plan
 from ..errors import SidecarConnectionError, StageError
 from ..client import Op
 from ..kvcache import HostArena, register_kv_cache, unregister_all
@@ -179,11 +179,7 @@ class StageKVManager:
             self.aux.register(client)
         with self.lock:
             live = self.grants.live(time.monotonic())
-        for g in live:
-            try:
-                client.grant(self.cache_name, g.key, g.blocks, max(g.ttl, 0.001), write=g.write, uses=g.uses)
-            except (StageError, OSError, ValueError):
-                pass  # that room's pushes are refused, and it fails at its deadline
+        grant_again(client, self.cache_name, live, log)
 
     def grant_writes(self, pages: List[int]) -> bytes:
         """Decode: let the prefill's pushes naming the key returned write exactly ``pages`` of this rank's pool,

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import Client
 from ..connector_core import Finished, LiveGrants, PushDest, Receive, WorkerCore
-from ..engines import MAX_TP, Mover, head_slice, layer_index, make_tag, parse_tag, plan, primary
+from ..engines import MAX_TP, Mover, grant_again, head_slice, layer_index, make_tag, parse_tag, plan, primary
 from ..errors import SidecarConnectionError, StageError
 from ..kvcache import register_kv_cache
 from ..layout.presets import is_mla
@@ -143,14 +143,7 @@ class StageWorker:
             # the new sidecar holds no grant: make the live ones again, with the time they have left
             with self.lock:
                 live = self._grants.live(time.monotonic())
-            for g in live:
-                try:
-                    client.grant(self.name, g.key, g.blocks, min(max(g.ttl, 0.001), 3600.0), write=g.write, uses=g.uses)
-                except (StageError, OSError, ValueError) as e:
-                    log.warning("stage: granting %s of %d blocks of %s again after the restart: %s",
-                                "writes" if g.write else "reads", len(g.blocks), self.name, e)
-            if live:
-                log.info("stage: %d grants on %s made again", len(live), self.name)
+            grant_again(client, self.name, live, log)
         self.counters.add("sidecar_reconnects")
 
     def _disconnected(self) -> None:
