@@ -22,9 +22,23 @@ func rusageCPU(who int) (float64, error) {
 // userHZ is the unit of /proc/stat's times (USER_HZ, 100 on Linux).
 const userHZ = 100
 
-// hostStat is the host's busy and softirq CPU seconds so far, from the
-// first line of /proc/stat.
-type hostStat struct{ busy, softirq float64 }
+// hostStat is the host's busy and softirq CPU time so far, in ticks of
+// USER_HZ, from the first line of /proc/stat. Ticks stay integers until
+// a difference is taken: two float sums of seconds can round apart, and a
+// run then reads softirq a hair above busy.
+type hostStat struct{ busy, softirq uint64 }
+
+// since is the CPU seconds, busy and softirq, from an earlier reading to
+// this one; a counter that went back (it should not) reads 0.
+func (h hostStat) since(before hostStat) (busy, softirq float64) {
+	d := func(now, then uint64) float64 {
+		if now < then {
+			return 0
+		}
+		return float64(now-then) / userHZ
+	}
+	return d(h.busy, before.busy), d(h.softirq, before.softirq)
+}
 
 func readHostStat() (hostStat, error) {
 	b, err := os.ReadFile("/proc/stat")
@@ -43,13 +57,20 @@ func parseHostStat(text string) (hostStat, error) {
 	if len(f) < 8 || f[0] != "cpu" {
 		return hostStat{}, fmt.Errorf("host CPU: /proc/stat starts %q, not a cpu line of 7+ counters", line)
 	}
-	var v [7]float64
+	var v [7]uint64
 	for i := range v {
 		n, err := strconv.ParseUint(f[i+1], 10, 64)
 		if err != nil {
 			return hostStat{}, fmt.Errorf("host CPU: /proc/stat counter %d %q: %w", i+1, f[i+1], err)
 		}
-		v[i] = float64(n) / userHZ
+		v[i] = n
 	}
-	return hostStat{busy: v[0] + v[1] + v[2] + v[5] + v[6], softirq: v[6]}, nil
+	var busy uint64
+	for _, i := range []int{0, 1, 2, 5, 6} {
+		if busy+v[i] < busy {
+			return hostStat{}, fmt.Errorf("host CPU: /proc/stat's busy counters overflow 64 bits: %q", line)
+		}
+		busy += v[i]
+	}
+	return hostStat{busy: busy, softirq: v[6]}, nil
 }

@@ -270,10 +270,20 @@ func TestSummarize(t *testing.T) {
 
 func TestParseHostStat(t *testing.T) {
 	h, err := parseHostStat("cpu  100 20 300 5000 70 8 90 11 0 0\ncpu0 1 2 3\n")
-	if err != nil || !near(h.busy, 5.18) || !near(h.softirq, 0.9) {
-		t.Errorf("got %+v, %v: want busy 5.18 s, softirq 0.9 s", h, err)
+	if err != nil || h.busy != 518 || h.softirq != 90 {
+		t.Errorf("got %+v, %v: want busy 518 ticks, softirq 90", h, err)
 	}
-	for _, bad := range []string{"", "intr 1 2", "cpu 1 2 3", "cpu 1 2 3 4 5 6 x 8"} {
+	// Differences are taken in ticks: in float seconds, 0.01 s of busy
+	// time that was all softirq read as busy 0.00999999999476131 < softirq.
+	before, _ := parseHostStat("cpu 1000000 0 0 0 0 0 123456789\n")
+	after, _ := parseHostStat("cpu 1000000 0 0 0 0 0 123456790\n")
+	if busy, soft := after.since(before); busy != soft || busy != 0.01 {
+		t.Errorf("one softirq tick: busy %v s, softirq %v s: want 0.01 each", busy, soft)
+	}
+	if busy, _ := before.since(after); busy != 0 {
+		t.Errorf("a counter going back gives %v s, want 0", busy)
+	}
+	for _, bad := range []string{"", "intr 1 2", "cpu 1 2 3", "cpu 1 2 3 4 5 6 x 8", "cpu 18446744073709551615 1 1 1 1 1 1"} {
 		if _, err := parseHostStat(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}

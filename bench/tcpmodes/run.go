@@ -260,7 +260,8 @@ func measure(o options, p *pairs) (Result, error) {
 	wg.Wait()
 	proc1, perr := rusageCPU(unix.RUSAGE_SELF)
 	host1, herr := readHostStat()
-	r := raw{procCPU: proc1 - proc0, hostCPU: host1.busy - host0.busy, hostSoft: host1.softirq - host0.softirq,
+	hostCPU, hostSoft := host1.since(host0)
+	r := raw{procCPU: proc1 - proc0, hostCPU: hostCPU, hostSoft: hostSoft,
 		conns: o.conns, total: o.total, chunk: int64(o.chunk), ring: int64(o.ring), sndbuf: int64(o.sndbuf), head: int64(o.head), mode: o.mode, locked: o.lock, spin: o.spin}
 	errs := []error{perr, herr}
 	for i := range sends {
