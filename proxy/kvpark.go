@@ -76,6 +76,7 @@ func (s *Server) awaitGrant(ss *session, m *wire.KVAnnounce, deadline time.Time)
 func (s *Server) waitGrant(ss *session, deadline time.Time, admit func() (*kvSide, error)) (*kvSide, error) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
+	s.metrics.kvWaitStarts("grant")
 	for {
 		granted := s.kv.grantSignal() // before the check: a grant after it wakes us
 		ks, err := admit()
@@ -87,6 +88,7 @@ func (s *Server) waitGrant(ss *session, deadline time.Time, admit func() (*kvSid
 		case <-granted:
 		case <-t.C:
 		case <-ss.ctx.Done():
+			s.metrics.kvWaitGone("grant")
 			return nil, errSessionGone
 		}
 	}
@@ -119,6 +121,7 @@ func (s *Server) answerKVInfo(ss *session, m *wire.KVInfoRequest) {
 func (s *Server) awaitRegistered(ss *session, name string) bool {
 	t := time.NewTimer(kvRegisterWait)
 	defer t.Stop()
+	s.metrics.kvWaitStarts("registration")
 	for {
 		registered := s.kv.regSignal() // before the check: a registration after it wakes us
 		if s.kv.get(name) != nil {
@@ -131,6 +134,7 @@ func (s *Server) awaitRegistered(ss *session, name string) bool {
 			s.metrics.kvWaited("registration", false)
 			return true
 		case <-ss.ctx.Done():
+			s.metrics.kvWaitGone("registration")
 			return false
 		}
 	}

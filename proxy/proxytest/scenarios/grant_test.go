@@ -53,7 +53,11 @@ func TestKVGrants(t *testing.T) {
 		{"tcp", func(*testing.T) proxytest.Options { return e2eOpts() }},
 		{"same node", oneNode},
 	} {
-		t.Run(tt.name, func(t *testing.T) { kvGrants(t, tt.opts(t)) })
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.opts(t)
+			o.Metrics = true // kvGrantPush watches the push wait
+			kvGrants(t, o)
+		})
 	}
 }
 
@@ -167,7 +171,9 @@ func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m
 	late := newKey(t)
 	done := make(chan error, 1)
 	go func() { done <- kvRun(t, pre.Client, push(late)) }()
-	time.Sleep(300 * time.Millisecond)
+	if err := metricReaches(dec, `stage_kv_waiting{for="grant"}`, 1); err != nil {
+		t.Fatalf("a push before its grant: %v", err)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("a push before its grant ended before the grant came: %v", err)
@@ -178,6 +184,9 @@ func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("push whose grant came after it: %v", err)
+	}
+	if err := metricReaches(dec, `stage_kv_waiting{for="grant"}`, 0); err != nil {
+		t.Fatalf("after the push that waited: %v", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package scenarios_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,27 @@ func scrape(t *testing.T, sc *proxytest.Sidecar, path string) (int, string) {
 
 // metricValue finds one sample ("name{labels} value") in an exposition.
 func metricValue(body, series string) (float64, bool) { return e2etest.MetricValue(body, series) }
+
+// metricReaches waits until sc's /metrics shows series at want (an
+// absent series reads 0), for up to 10 s; it does not stop the test, so
+// a goroutine may call it.
+func metricReaches(sc *proxytest.Sidecar, series string, want float64) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body, err := e2etest.Scrape(sc.MetricsURL("/metrics"))
+		if err != nil {
+			return err
+		}
+		v, _ := metricValue(body, series)
+		if v == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s's %s is %v after 10 s, want %v", sc.Name, series, v, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // waitLogged waits until sc's log contains want.
 func waitLogged(t *testing.T, sc *proxytest.Sidecar, want string) {

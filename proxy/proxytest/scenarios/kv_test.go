@@ -392,8 +392,7 @@ func TestKVRegisteredLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: []uint32{5, 1, 9}, DstTable: []uint32{2, 7, 3}, Tokens: 40}
-	registered := make(chan error, 1)
-	time.AfterFunc(300*time.Millisecond, func() { registered <- register() })
+	registered := registerWhenAsked(dec, register)
 	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late", wire.Push, src, dst)})
 	if err := <-registered; err != nil {
 		t.Fatal(err)
@@ -407,7 +406,7 @@ func TestKVRegisteredLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.AfterFunc(300*time.Millisecond, func() { registered <- register2() })
+	registered = registerWhenAsked(dec, register2)
 	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late-pull", wire.Pull, into, from)})
 	if err := <-registered; err != nil {
 		t.Fatal(err)
@@ -426,11 +425,27 @@ func TestKVRegisteredLate(t *testing.T) {
 	for series, want := range map[string]float64{
 		`stage_kv_waits_total{for="registration",result="came"}`:      2,
 		`stage_kv_waits_total{for="registration",result="timed_out"}`: 1,
+		`stage_kv_waiting{for="registration"}`:                        0,
 	} {
 		if v, ok := metricValue(body, series); !ok || v != want {
 			t.Errorf("decode's %s: %v (present %v), want %v", series, v, ok, want)
 		}
 	}
+}
+
+// registerWhenAsked calls register once sc shows a peer's question
+// waiting for a registration, so the test sees the wait whatever the
+// machine's pace; the channel has register's error.
+func registerWhenAsked(sc *proxytest.Sidecar, register func() error) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		if err := metricReaches(sc, `stage_kv_waiting{for="registration"}`, 1); err != nil {
+			done <- err
+			return
+		}
+		done <- register()
+	}()
+	return done
 }
 
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on
