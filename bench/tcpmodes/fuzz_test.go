@@ -25,15 +25,20 @@ func FuzzParseSize(f *testing.F) {
 	})
 }
 
-// FuzzParseHostStat: any text either fails or gives 0 <= softirq <= busy.
+// FuzzParseHostStat: any text either fails or gives softirq <= busy, and
+// seconds since a zero reading in the same order.
 func FuzzParseHostStat(f *testing.F) {
 	for _, s := range []string{"cpu  100 20 300 5000 70 8 90 11 0 0\n", "cpu 1 2 3", "", "cpu 18446744073709551615 1 1 1 1 1 1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		h, err := parseHostStat(s)
-		if err == nil && (h.softirq < 0 || h.busy < h.softirq) {
-			t.Fatalf("%q gave %+v", s, h)
+		if err != nil {
+			return
+		}
+		busy, soft := h.since(hostStat{})
+		if h.busy < h.softirq || soft < 0 || busy < soft {
+			t.Fatalf("%q gave %+v: %v s busy, %v s softirq", s, h, busy, soft)
 		}
 	})
 }
