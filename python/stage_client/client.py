@@ -386,6 +386,13 @@ class Client(KVRequests, TicketRequests):
             self._back.wait(left)
 
     @property
+    def restores(self) -> bool:
+        """True while a lost connection is dialed again (``reconnect`` on, the client not closed): a call that
+        failed with the connection may go through on the next one."""
+        with self._lock:
+            return self._reconnector is not None and not self._closing
+
+    @property
     def closed(self) -> bool:
         """True once the connection is gone."""
         with self._lock:

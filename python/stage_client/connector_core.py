@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from .engines import Coverage, Tag, plan
+from .mover import RETRY_CODES
 from .protocol.wire import Code
 
 __all__ = ["MAX_EARLY", "MAX_LIVE_GRANTS", "LiveGrants", "Receive", "Receives", "Hold", "PushDest", "FailedPush", "FailedLoad", "Finished", "Absorbed",
@@ -62,10 +63,12 @@ class Receive:
     with it). ``key``: a grant of the peer's writes this side made for it
     (revoked when it ends). ``aux``: SGLang's aux slot that must land too
     (None: none), ``aux_landed`` once it did. ``cov``: what landed.
+    ``cut``: why a push into it was cut short by a sidecar going away (its
+    sender starts it again; "" while none was), told when it times out.
     """
 
     __slots__ = ("req", "xfer", "first", "tokens", "deadline", "pull", "blocks", "error", "key", "aux", "aux_landed",
-                 "_cov")
+                 "cut", "_cov")
 
     def __init__(self, req: str, xfer: str, first: int, tokens: int, deadline: float = float("inf"),
                  pull: bool = False, blocks: Sequence[int] = (), error: str = "") -> None:
@@ -74,6 +77,7 @@ class Receive:
         self.key = b""
         self.aux: Optional[int] = None
         self.aux_landed = False
+        self.cut = ""
         self._cov: Optional[Coverage] = None  # made at the first look: vLLM's scheduler keeps many, never filled
 
     @property
@@ -85,6 +89,11 @@ class Receive:
     def arriving(self) -> bool:
         """Neither failed nor complete (a pull's end is the mover's, not this)."""
         return not self.error and not self.cov.complete()
+
+    def overdue(self, timeout: float) -> str:
+        """Why it failed at its deadline, ``timeout`` seconds after it began (and what cut it short, if aught)."""
+        why = "not complete after %ss" % timeout
+        return why + " (%s, and not pushed again in time)" % self.cut if self.cut else why
 
 
 class Receives:
@@ -140,15 +149,23 @@ class Receives:
             r.error = why
 
     def disconnected(self) -> None:
-        """The connection the notifications come on closed: every push still arriving fails now (a pull in
-        flight failed with the connection itself)."""
+        """The connection the notifications come on closed (the sidecar restarted): a push still arriving keeps
+        waiting, to its deadline. Its sender saw it cut short too and pushes it again into the restarted sidecar
+        (:mod:`stage_client.mover`); the rows it landed before are filed again then. (A pull in flight failed with
+        the connection, and the mover pulls it again.)"""
         for r in self._by_req.values():
             if not r.pull and r.arriving():
-                r.error = DISCONNECTED
+                r.cut = r.cut or DISCONNECTED
 
     def file(self, r: Receive, tag: Tag, code: int, message: str, layers: List[int], first: int,
              tokens: int) -> None:
-        """A push into this rank's cache ended (its notification): what it delivered, or why it failed."""
+        """A push into this rank's cache ended (its notification): what it delivered, or why it failed. A push
+        cut short by a sidecar going away (:data:`~stage_client.mover.RETRY_CODES`) fails nothing: its sender
+        starts it again, or tells of its failure, and the deadline bounds the wait."""
+        if code in RETRY_CODES:
+            r.cut = r.cut or "a push from prefill rank %d was cut short: %s (%s)" % (tag.rank, message,
+                                                                                 code_text(code))
+            return
         if code != Code.OK:
             r.error = r.error or "a push from prefill rank %d failed: %s (%s)" % (tag.rank, message, code_text(code))
             return
@@ -333,8 +350,8 @@ class WorkerCore:
                 h.expect = set()
             self.held[rid] = h
             self._held_by_xfer[xfer] = rid
-            for t, _ in self._take_early(xfer):
-                noted = self._note_pull(h, t)
+            for t, n in self._take_early(xfer):
+                noted = self._note_pull(h, t, n.code)
                 if noted.revoke:
                     gone.append(noted.revoke)
                 if noted.warning:
@@ -373,7 +390,7 @@ class WorkerCore:
         else:
             rid = self._held_by_xfer.get(tag.key)
             if rid is not None:
-                return self._note_pull(self.held[rid], tag)
+                return self._note_pull(self.held[rid], tag, n.code)
         if self._early_n >= MAX_EARLY and now is not None:
             self._expire_early(now - self.timeout)
         if self._early_n < MAX_EARLY:
@@ -395,8 +412,12 @@ class WorkerCore:
         self._early_n -= len(notes)
         return notes
 
-    def _note_pull(self, h: Hold, tag: Tag) -> Noted:
-        """A decode rank's pull from this rank ended. Its grant's key once every pull expected was served."""
+    def _note_pull(self, h: Hold, tag: Tag, code: int) -> Noted:
+        """A decode rank's pull from this rank ended. Its grant's key once every pull expected was served. A
+        pull cut short by a sidecar going away (:data:`~stage_client.mover.RETRY_CODES`) was not served: the
+        decode pulls again, under the same grant."""
+        if code in RETRY_CODES:
+            return Noted()
         if h.expect is None:
             try:
                 h.expect = {d for s, d, _, _ in plan(self.heads, self.tp, tag.tp) if s == self.rank}
@@ -459,7 +480,7 @@ class WorkerCore:
         elif r.cov.complete():
             return ""
         if now > r.deadline + (1.0 if r.pull else 0.0):
-            return "not complete after %ss" % self.timeout
+            return r.overdue(self.timeout)
         return None
 
     def take_errors(self) -> Set[int]:

@@ -15,25 +15,19 @@
   so a request is complete when every expected pair covers the tokens
   asked for, however the sender cut its pushes (layer by layer, chunk by
   chunk, again after a preemption).
-* :class:`Mover`: a few threads per connector that talk to the sidecar, so
-  the engine's forward pass never waits on the control socket, and one
-  submit stuck on a peer that does not answer does not hold up the
-  others; each transfer it starts is tracked per request
-  (:class:`Ledger`) with a deadline, after which it is cancelled and
-  counted as failed.
+* :class:`~stage_client.mover.Mover` (re-exported here): the threads that
+  start the connectors' transfers and follow them (:mod:`stage_client.mover`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import re
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from .errors import StageError
+from .mover import MOVER_THREADS, Ledger, Mover
 from .protocol.wire import MAX_TAG
 
 __all__ = ["head_slice", "primary", "plan", "Tag", "make_tag", "parse_tag", "Coverage", "Mover", "Ledger",
@@ -44,9 +38,6 @@ log = logging.getLogger("stage_client.engines")
 #: the largest tensor-parallel size a tag may name: plan() walks every rank, so a
 #: tag (which comes from the other side) must not make it walk a billion
 MAX_TP = 1024
-#: submit threads per connector: a submit that hangs (a peer that does not
-#: answer) holds one of them, not every request's transfers
-MOVER_THREADS = 4
 
 _TAIL = re.compile(r"([pda])([0-9]{1,4})/([0-9]{1,4})")
 
@@ -178,177 +169,6 @@ class Coverage:
             if not any(a <= lo and hi <= b for a, b in self.got.get(k, ())):
                 return False
         return True
-
-
-@dataclass
-class _Req:
-    pending: Set[int] = field(default_factory=set)  # transfer ids not ended yet
-    submitting: int = 0  # jobs queued that will add transfers
-    error: Optional[BaseException] = None
-    done: int = 0
-
-
-class Ledger:
-    """Per request: its transfers in flight, how many ended, the first failure. Thread-safe."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._changed = threading.Condition(self.lock)  # a request's transfers were queued, started or ended
-        self._reqs: Dict[str, _Req] = {}
-
-    def queued(self, req: str) -> None:
-        with self.lock:
-            self._reqs.setdefault(req, _Req()).submitting += 1
-
-    def submitted(self, req: str, tids: List[int], err: Optional[BaseException]) -> None:
-        with self.lock:
-            r = self._reqs.setdefault(req, _Req())
-            r.submitting -= 1
-            r.pending.update(tids)
-            if err is not None and r.error is None:
-                r.error = err
-            self._changed.notify_all()
-
-    def ended(self, req: str, tid: int, err: Optional[BaseException]) -> None:
-        with self.lock:
-            r = self._reqs.setdefault(req, _Req())
-            r.pending.discard(tid)
-            r.done += 1
-            if err is not None and r.error is None:
-                r.error = err
-            self._changed.notify_all()
-
-    def _idle(self, req: str) -> bool:
-        r = self._reqs.get(req)
-        return r is None or (not r.pending and r.submitting <= 0)
-
-    def idle(self, req: str) -> bool:
-        """Nothing queued or in flight for ``req``."""
-        with self.lock:
-            return self._idle(req)
-
-    def wait_idle(self, req: str, timeout: float) -> bool:
-        """Wait until :meth:`idle` (True) or ``timeout`` seconds passed (False)."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._idle(req), max(0.0, timeout))
-
-    def error(self, req: str) -> Optional[BaseException]:
-        with self.lock:
-            r = self._reqs.get(req)
-            return None if r is None else r.error
-
-    def transfers(self, req: str) -> List[int]:
-        with self.lock:
-            r = self._reqs.get(req)
-            return [] if r is None else sorted(r.pending)
-
-    def forget(self, req: str) -> None:
-        with self.lock:
-            self._reqs.pop(req, None)
-            self._changed.notify_all()
-
-
-class Mover:
-    """Threads that submit transfers for the engine and follow them to their end.
-
-    :meth:`submit` queues ``fn`` (which starts transfers and returns their
-    ids) for request ``req``; ``event`` (a CUDA event, or None) is waited
-    for first, so rows the GPU is still writing are not read. ``threads``
-    threads take jobs in turn, in no order between them: a job whose
-    submit waits on a dead peer's sidecar holds one thread and the others
-    go on. Each transfer is awaited with ``timeout`` seconds; one that
-    outlives it is cancelled. Ends and failures go to :attr:`ledger`.
-    """
-
-    def __init__(self, client: Any, timeout: float, name: str = "stage-mover", threads: int = MOVER_THREADS) -> None:
-        if threads < 1:
-            raise ValueError("stage mover: %d threads" % threads)
-        self.client, self.timeout = client, timeout
-        self.ledger = Ledger()
-        self._q: "queue.Queue[Any]" = queue.Queue()
-        self._cv = threading.Condition()
-        self._queued = 0  # jobs not submitted yet
-        self._closed = False
-        self._threads = [threading.Thread(target=self._run, name="%s-%d" % (name, i), daemon=True)
-                         for i in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, req: str, fn: Callable[[], List[int]], event: Any = None) -> None:
-        if self._closed:
-            raise RuntimeError("stage mover closed")
-        self.ledger.queued(req)
-        with self._cv:
-            self._queued += 1
-        self._q.put((req, fn, event))
-
-    def drain(self, timeout: float) -> bool:
-        """Wait until every job queued so far has been submitted; False at the timeout."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self._queued <= 0, timeout)
-
-    def _run(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            try:
-                self._one(*job)
-            finally:
-                with self._cv:
-                    self._queued -= 1
-                    self._cv.notify_all()
-
-    def _one(self, req: str, fn: Callable[[], List[int]], event: Any) -> None:
-        tids: List[int] = []
-        err: Optional[BaseException] = None
-        try:
-            if event is not None:
-                event.synchronize()
-            tids = list(fn())
-        except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
-            err = e
-            log.warning("stage: starting a transfer for %s failed: %s", req, e)
-        self.ledger.submitted(req, tids, err)
-        for t in tids:
-            self._follow(req, t)
-
-    def _follow(self, req: str, tid: int) -> None:
-        try:
-            fut = self.client.wait_future(tid, self.timeout)
-        except BaseException as e:  # noqa: B902
-            self.ledger.ended(req, tid, e)
-            return
-
-        def done(f: Any) -> None:
-            e = f.exception()
-            if e is not None and isinstance(e, TimeoutError):
-                # outlived its deadline: stop it so it writes nothing later (not from the reader thread)
-                threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
-            self.ledger.ended(req, tid, e)
-
-        fut.add_done_callback(done)
-
-    def wait(self, req: str, timeout: float) -> bool:
-        """Wait until ``req``'s transfers were all submitted and ended (True) or ``timeout`` passed (False)."""
-        return self.ledger.wait_idle(req, timeout)
-
-    def cancel(self, tid: int) -> None:
-        """Cancel transfer ``tid`` (logged when the sidecar refuses: it may have ended already)."""
-        try:
-            self.client.cancel(tid)
-        except (StageError, OSError) as e:
-            log.info("stage: cancelling transfer %d: %s", tid, e)
-
-    def close(self, timeout: float = 5.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            self._q.put(None)
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def now() -> float:

@@ -117,13 +117,15 @@ class TestReceivesIndex(unittest.TestCase):
         self.assertEqual(r.error, "first")
 
     def test_disconnected(self) -> None:
-        cases = [  # name, pull, error before, complete, want error after
-            ("push arriving", False, "", False, DISCONNECTED),
-            ("push complete", False, "", True, ""),
-            ("push failed already", False, "boom", False, "boom"),
-            ("pull in flight", True, "", False, ""),
+        # the sidecar restarted: nothing fails (the sender pushes again, the mover pulls again); a push still
+        # arriving says so if it times out
+        cases = [  # name, pull, error before, complete, want error after, want cut
+            ("push arriving", False, "", False, "", DISCONNECTED),
+            ("push complete", False, "", True, "", ""),
+            ("push failed already", False, "boom", False, "boom", ""),
+            ("pull in flight", True, "", False, "", ""),
         ]
-        for name, pull, err, complete, want in cases:
+        for name, pull, err, complete, want, cut in cases:
             with self.subTest(name):
                 rs = Receives(1, 1, 0, layers=1)
                 r = rs.add(Receive("r", "x", 0, 16, pull=pull, error=err))
@@ -132,7 +134,7 @@ class TestReceivesIndex(unittest.TestCase):
                     rs.file_note(r, t, n)
                     self.assertTrue(r.cov.complete())
                 rs.disconnected()
-                self.assertEqual(r.error, want)
+                self.assertEqual((r.error, r.cut), (want, cut))
 
 
 class TestReceivesFile(unittest.TestCase):
@@ -156,6 +158,12 @@ class TestReceivesFile(unittest.TestCase):
          True, "failed: why (INTERNAL)"),
         ("a split of the heads this side cannot make", 8, 1, 0, [(0, 3, [0, 1], 0, 16, Code.OK)], False,
          "a push from prefill rank 0 of 3: 8 kv heads do not split over 3 ranks"),
+        # a sidecar went away under the push: its sender pushes again, so nothing fails
+        ("cut short by the peer's session closing", 8, 1, 0, [(0, 1, [0, 1], 0, 16, Code.PEER_UNAVAILABLE)], False,
+         ""),
+        ("cut short, then pushed again", 8, 1, 0,
+         [(0, 1, [0, 1], 0, 8, Code.OK), (0, 1, [0, 1], 8, 8, Code.SHUTDOWN), (0, 1, [0, 1], 0, 16, Code.OK)],
+         True, ""),
     ]
 
     def test_table(self) -> None:
@@ -233,6 +241,9 @@ class TestWorkerCoreReceive(unittest.TestCase):
             # name, Receive kwargs, now, mover progress, want recving, want failure (contains)
             ("push still arriving", {}, 1.0, {}, set(), ""),
             ("push past its deadline", {}, TIMEOUT + 0.1, {}, {"r"}, "not complete after 10.0s"),
+            ("push cut short, past its deadline", {"cut": "a push was cut short: x"}, TIMEOUT + 0.1, {}, {"r"},
+             "not complete after 10.0s (a push was cut short: x, and not pushed again in time)"),
+            ("push cut short, within its deadline", {"cut": "a push was cut short: x"}, 1.0, {}, set(), ""),
             ("push failed", {"error": "ticket not posted"}, 1.0, {}, {"r"}, "ticket not posted"),
             ("pull in flight", {"pull": True}, 1.0, {"r": (False, None)}, set(), ""),
             ("pull done", {"pull": True}, 1.0, {"r": (True, None)}, {"r"}, ""),
@@ -245,7 +256,10 @@ class TestWorkerCoreReceive(unittest.TestCase):
         for name, kw, now, prog, recving, failure in cases:
             with self.subTest(name):
                 c = self.core()
-                c.receive(Receive("r", "x", 0, 16, deadline=TIMEOUT, blocks=[4, 5], **kw))
+                cut = kw.pop("cut", "")
+                r = Receive("r", "x", 0, 16, deadline=TIMEOUT, blocks=[4, 5], **kw)
+                r.cut = cut
+                c.receive(r)
                 fin = c.finish(set(), now, progress(prog))
                 self.assertEqual(fin.recving, recving)
                 self.assertEqual(fin.sending, set())
@@ -311,16 +325,21 @@ class TestWorkerCorePrefill(unittest.TestCase):
         return c.absorb({}, {}, [], {"r": ("x", lease)}, 0.0, replica)
 
     def test_hold_served(self) -> None:
-        cases = [  # name, decode tp, pulls by (decode rank), want revoke at each, want sending at the end
-            ("one decode rank", 1, [0], [self.KEY], {"r"}),
-            ("two decode ranks", 2, [1, 0], [b"", self.KEY], {"r"}),
-            ("the same rank twice", 2, [1, 1], [b"", b""], set()),
+        ok = Code.OK
+        cases = [  # name, decode tp, pulls (decode rank, code), want revoke at each, want sending at the end
+            ("one decode rank", 1, [(0, ok)], [self.KEY], {"r"}),
+            ("two decode ranks", 2, [(1, ok), (0, ok)], [b"", self.KEY], {"r"}),
+            ("the same rank twice", 2, [(1, ok), (1, ok)], [b"", b""], set()),
+            # a pull cut short by a sidecar going away was not served: the decode pulls again, under the grant
+            ("cut short, then pulled again", 1, [(0, Code.PEER_UNAVAILABLE), (0, ok)], [b"", self.KEY], {"r"}),
+            ("cut short only", 1, [(0, Code.SHUTDOWN)], [b""], set()),
+            ("refused", 1, [(0, Code.ACCESS_DENIED)], [self.KEY], {"r"}),
         ]
         for name, dtp, pulls, revokes, sending in cases:
             with self.subTest(name):
                 c = WorkerCore(8, 1, 0, TIMEOUT)
                 self.assertEqual(self.hold(c).revoke, [])
-                got = [c.note(*note("x", "d", d, dtp)).revoke for d in pulls]
+                got = [c.note(*note("x", "d", d, dtp, code=code)).revoke for d, code in pulls]
                 self.assertEqual(got, revokes)
                 fin = c.finish({"r"}, 1.0, progress({}))
                 self.assertEqual(fin.sending, sending)
@@ -336,11 +355,13 @@ class TestWorkerCorePrefill(unittest.TestCase):
         self.assertEqual(c.held, {})
 
     def test_pull_before_hold(self) -> None:
-        c = WorkerCore(8, 1, 0, TIMEOUT)
-        c.absorb({}, {"r": (self.KEY, [1])}, [], {}, 0.0, False)
-        self.assertEqual(c.note(*note("x", "d", 0, 1)), (b"", ""))  # before the step that holds it
-        todo = c.absorb({}, {}, [], {"r": ("x", 5.0)}, 0.0, False)
-        self.assertEqual(todo.revoke, [self.KEY], "the early pull did not end the grant")
+        for code, revoke in [(Code.OK, [self.KEY]), (Code.PEER_UNAVAILABLE, [])]:
+            with self.subTest(code_text(code)):
+                c = WorkerCore(8, 1, 0, TIMEOUT)
+                c.absorb({}, {"r": (self.KEY, [1])}, [], {}, 0.0, False)
+                self.assertEqual(c.note(*note("x", "d", 0, 1, code=code)), (b"", ""))  # before the step holding it
+                todo = c.absorb({}, {}, [], {"r": ("x", 5.0)}, 0.0, False)
+                self.assertEqual(todo.revoke, revoke, "the early pull's end of the grant")
 
     def test_replica_expects_no_pull(self) -> None:
         c = WorkerCore(2, 4, 1, TIMEOUT)  # rank 1 of 4 holds head 0 after rank 0: no decode pulls from it

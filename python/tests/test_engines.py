@@ -1,4 +1,5 @@
-"""stage_client.engines: the head plan, tags (hostile ones too), arrival tracking and the mover's threads.
+"""stage_client.engines: the head plan, tags (hostile ones too), arrival tracking and the mover's threads
+(stage_client.mover), which start a transfer a sidecar's restart cut short again.
 
 No sidecar: the mover runs against a fake client whose submits and waits
 the test controls.
@@ -12,13 +13,27 @@ import sys
 import threading
 import time
 import unittest
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stage_client.engines import (MAX_TP, Coverage, Ledger, Mover, head_slice, layer_index,  # noqa: E402
                                   make_tag, parse_tag, plan, primary)
+from stage_client import mover  # noqa: E402
+from stage_client.errors import SidecarConnectionError, StageError  # noqa: E402
+from stage_client.protocol.wire import Code  # noqa: E402
 from stage_client.wire import MAX_TAG  # noqa: E402
+
+
+def until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``cond`` came true within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class TestHeadPlan(unittest.TestCase):
@@ -155,14 +170,18 @@ class TestLedger(unittest.TestCase):
 class FakeClient:
     """submit_kv-free: the mover only calls wait_future and cancel; jobs' fns stand in for submits."""
 
-    def __init__(self) -> None:
+    def __init__(self, restores: bool = True) -> None:
         self.futures: Dict[int, concurrent.futures.Future] = {}
         self.cancelled: List[int] = []
+        self.fails: Dict[int, BaseException] = {}  # transfers that end with this failure
+        self.restores = restores  # a reconnecting client's (Client.restores)
 
     def wait_future(self, tid: int, timeout: float) -> Any:
         f: concurrent.futures.Future = concurrent.futures.Future()
         self.futures[tid] = f
-        if tid < 100:
+        if tid in self.fails:
+            f.set_exception(self.fails[tid])
+        elif tid < 100:
             f.set_result("ok")  # a live peer's transfer ends at once
         return f
 
@@ -245,6 +264,71 @@ class TestMover(unittest.TestCase):
         with self.assertLogs("stage_client.engines", "INFO") as logs:
             m.cancel(8)  # logged, not raised: the transfer may have ended already
         self.assertIn("cancelling transfer 8: the sidecar is gone", logs.output[0])
+
+    def test_cut_short_runs_again(self) -> None:
+        gone = StageError(Code.PEER_UNAVAILABLE, "session with decode closed")
+        lost = SidecarConnectionError("the sidecar closed the connection")
+        denied = StageError(Code.ACCESS_DENIED, "no live grant")
+        # (name, what each run does in turn: an exception its submit raises, or the id of the transfer it starts,
+        #  the fake client's failures by transfer id, whether the client redials, the error the request ends
+        #  with, the runs again)
+        for name, runs, fails, restores, want, again in [
+            ("submit refused while the peer restarts, then started", [gone, gone, 1], {}, True, None, 2),
+            ("transfer cut when the peer's session closed, then done", [201, 2], {201: gone}, True, None, 1),
+            ("shutting down, then done", [StageError(Code.SHUTDOWN, "draining"), 3], {}, True, None, 1),
+            ("own sidecar's connection lost, the client redials", [202, 4], {202: lost}, True, None, 1),
+            ("own sidecar's connection lost, the client does not redial", [lost, 5], {}, False, lost, 0),
+            ("a refusal is not tried again", [denied, 6], {}, True, denied, 0),
+            ("a transfer refused is not tried again", [203, 7], {203: denied}, True, denied, 0),
+        ]:
+            with self.subTest(name):
+                fc = FakeClient(restores)
+                fc.fails.update(fails)
+                m = Mover(fc, timeout=5.0, name="test-mover")
+                self.addCleanup(m.close, 1.0)
+                calls: List[int] = []
+
+                def fn(runs: List[Any] = runs, calls: List[int] = calls) -> List[int]:
+                    r = runs[len(calls)]
+                    calls.append(1)
+                    if isinstance(r, BaseException):
+                        raise r
+                    return [r]
+
+                m.submit("r", fn)
+                self.assertTrue(until(lambda: m.ledger.idle("r") and m.drain(0)), "the request never ended")
+                self.assertIs(m.ledger.error("r"), want)
+                self.assertEqual((m.retries, len(calls)), (again, again + 1))
+
+    def test_cut_short_gives_up(self) -> None:
+        # a peer that stays away: the job runs again with growing pauses, then fails once its window is spent
+        gone = StageError(Code.PEER_UNAVAILABLE, "route decode: peer is down")
+        for name, window, timeout in [("the window", 0.5, 5.0), ("the timeout", 5.0, 0.5)]:
+            with self.subTest(name), mock.patch.object(mover, "RETRY_WINDOW", window):
+                m = Mover(FakeClient(), timeout=timeout, name="test-mover")
+                self.addCleanup(m.close, 1.0)
+                t0 = time.monotonic()
+
+                def never() -> List[int]:
+                    raise gone
+
+                m.submit("r", never)
+                self.assertTrue(until(lambda: m.ledger.idle("r") and m.drain(0)), "the request never ended")
+                self.assertIs(m.ledger.error("r"), gone)
+                self.assertEqual(m.retries, 2, "pauses 0.1 and 0.2 fit in 0.5 s, 0.4 more does not")
+                self.assertLess(time.monotonic() - t0, 1.5)
+
+    def test_close_drops_retries(self) -> None:
+        m = Mover(FakeClient(), timeout=5.0, name="test-mover")
+
+        def cut() -> List[int]:
+            raise StageError(Code.PEER_UNAVAILABLE, "session closed")
+
+        m.submit("r", cut)
+        self.assertTrue(until(lambda: m.retries == 1))
+        m.close(2)
+        self.assertEqual(m._timers, set(), "a retry's timer outlived close")
+        self.assertFalse(any(t.is_alive() for t in m._threads))
 
     def test_close(self) -> None:
         m = Mover(FakeClient(), timeout=1.0, name="test-mover", threads=2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 import unittest
 from typing import Any, Dict, List, Tuple
@@ -55,6 +56,9 @@ from vllm_replay import Engine, NewRequestData, Request, SchedulerOutput, layer_
 LAYERS, HEADS, D, BLOCKS = 2, 2, 16, 64
 TIMEOUT = 2.0
 MARGIN = 1.5
+#: the engines' timeout_s where a sidecar restarts under a push: the restart, the peers' redial and the push
+#: again must fit in it
+RESTART_TIMEOUT = 8.0
 # push mid-request: 4 layers, 2048 tokens of 2 heads x 64 floats, K and V: 2 MiB a layer
 MID_LAYERS, MID_D, MID_TOKENS = 4, 64, 2048
 
@@ -220,11 +224,14 @@ class TestVLLMFaults(unittest.TestCase):
         # the prefill's blocks come back at the lease, though its sidecar is gone
         pe.until(lambda: "p0" in pe.sent, 4 * TIMEOUT)
 
-    def push_mid(self, victim: str) -> None:
-        """Push 4 layers layer by layer; kill ``victim``'s sidecar once layer 0 landed, while layer 1 goes."""
+    def push_mid(self, victim: str, down: float = -1.0) -> None:
+        """Push 4 layers layer by layer; kill ``victim``'s sidecar once layer 0 landed, while layer 1 goes. With
+        ``down`` >= 0 it starts again that many seconds later (same socket and address), and every layer must
+        land, row for row, with no load error: the pushes cut short go again (stage_client.mover)."""
         arena = HostArena(32 << 20, "faults-mid")
         self.addCleanup(arena.close)
-        common = dict(mode="push", kv_heads=HEADS, timeout_s=TIMEOUT)
+        timeout = TIMEOUT if down < 0 else RESTART_TIMEOUT
+        common = dict(mode="push", kv_heads=HEADS, timeout_s=timeout)
         pc = caches(arena, 32, 4, MID_LAYERS, MID_D, MID_TOKENS // 32 + 8)
         dc = caches(arena, 16, 5, MID_LAYERS, MID_D, MID_TOKENS // 16 + 8)
         pe = Engine(self.pre.socket, dict(common, route="decode", peer_name="prefill"), HEADS, [pc], "mid-pre")
@@ -246,6 +253,7 @@ class TestVLLMFaults(unittest.TestCase):
         pe.admit(pr, lambda n: ptable)
         node = self.pre if victim == "prefill" else self.dec
         killed: List[float] = []
+        back = threading.Thread(target=node.restart, kwargs={"down": down}, daemon=True)
 
         def forward(after_layer: Any) -> None:
             after_layer(0)
@@ -256,6 +264,8 @@ class TestVLLMFaults(unittest.TestCase):
             after_layer(1)  # queued on the mover; the sidecar dies under it
             node.kill()
             killed.append(time.monotonic())
+            if down >= 0:
+                back.start()
             for i in range(2, MID_LAYERS):
                 after_layer(i)
 
@@ -270,14 +280,27 @@ class TestVLLMFaults(unittest.TestCase):
         self.assertEqual(pe.finish(pr, ptable), (True, None))  # max_tokens=1: the prefill request ends now
         # both engines keep stepping, as both vLLMs would; when did each let go of the request?
         done: Dict[str, float] = {}
-        while len(done) < 2 and time.monotonic() - killed[0] < 3 * TIMEOUT:
+        while len(done) < 2 and time.monotonic() - killed[0] < 3 * timeout:
             for name, e, got in (("decode", de, de.recvd), ("prefill", pe, pe.sent)):
                 if name not in done:
                     e.step()
                     if got:
                         done[name] = time.monotonic()
             time.sleep(0.01)
-        self.assertEqual(sorted(done), ["decode", "prefill"], "still waiting after %ss" % (3 * TIMEOUT))
+        self.assertEqual(sorted(done), ["decode", "prefill"], "still waiting after %ss" % (3 * timeout))
+        if down >= 0:
+            back.join(20)
+            self.assertEqual((de.recvd, de.load_errors), ({"r0"}, set()), "the KV did not all arrive")
+            self.assertEqual((pe.sent, pe.load_errors), ({"p0"}, set()))
+            for i in range(MID_LAYERS):
+                src = pc[layer_name(i)][:, torch.tensor(ptable)[toks // 32], toks % 32]
+                dst = dc[layer_name(i)][:, torch.tensor(dtable)[toks // 16], toks % 16]
+                self.assertTrue(torch.equal(src, dst), "layer %d on the decode differs from the prefill's" % i)
+            retried = pe.workers[0].worker.mover.retries
+            self.assertGreaterEqual(retried, 1, "no push was started again: the kill missed the pushes")
+            print("\n%s's sidecar restarted under a push: KV arrived %.2fs after the kill, %d pushes started again"
+                  % (victim, done["decode"] - killed[0], retried), file=sys.stderr)
+            return
         self.assertEqual((de.recvd, de.load_errors), ({"r0"}, set(dtable)))
         self.assertLess(done["decode"] - t_dec, TIMEOUT + MARGIN)
         self.assertEqual((pe.sent, pe.load_errors), ({"p0"}, set()))
@@ -299,6 +322,12 @@ class TestVLLMFaults(unittest.TestCase):
 
     def test_push_decode_sidecar_dies_mid_request(self) -> None:
         self.push_mid("decode")
+
+    def test_push_prefill_sidecar_restarts_mid_request(self) -> None:
+        self.push_mid("prefill", down=0.3)
+
+    def test_push_decode_sidecar_restarts_mid_request(self) -> None:
+        self.push_mid("decode", down=0.3)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from .. import rendezvous as rdv
 from ..client import Client
 from ..connector_core import LiveGrants, Receive, Receives
 from ..engines import Mover, Tag, grant_again, head_slice, make_tag, parse_tag, plan
+from ..mover import RETRY_CODES
 from ..errors import SidecarConnectionError, StageError
 from ..client import Op
 from ..kvcache import HostArena, register_kv_cache, unregister_all
@@ -204,7 +205,8 @@ class StageKVManager:
         return ""
 
     def _disconnected(self) -> None:
-        """The sidecar closed the connection: rooms still arriving cannot be heard of; they fail now."""
+        """The sidecar closed the connection (it restarted): rooms still arriving keep waiting, to their
+        deadline; the prefill's pushes cut short by the restart are pushed again (:mod:`stage_client.mover`)."""
         with self.lock:
             self.rooms.disconnected()
 
@@ -234,6 +236,12 @@ class StageKVManager:
                 return None
             return "" if r.aux is None or r.aux_landed else None
 
+    def overdue(self, room: str) -> str:
+        """Decode: why room ``room`` failed at its deadline."""
+        with self.lock:
+            r = self.rooms.get(room)
+        return "not complete after %ss" % self.timeout if r is None else r.overdue(self.timeout)
+
     def forget(self, room: str) -> None:
         with self.lock:
             self.rooms.pop(room)
@@ -260,6 +268,8 @@ class StageKVManager:
             return
         with self.lock:
             r = self.rooms.get(room)
+            if n.code in RETRY_CODES:
+                return  # cut short by a sidecar going away: the prefill pushes it again
             if n.code != Code.OK:
                 r = r or self._room(room)
                 r.error = r.error or "the aux push from prefill rank %d failed: %s" % (t.rank, n.message)
@@ -485,7 +495,7 @@ class StageKVReceiver:
             self._end_grant()  # every row landed: nothing more may write these pages
             return KVPoll.Success
         if st or time.monotonic() > self.deadline:
-            self.error = st or "not complete after %ss" % self.mgr.timeout
+            self.error = st or self.mgr.overdue(self.room)
             self._end_grant()  # SGLang frees the pages: a push still on its way must not land in them
             return KVPoll.Failed
         return KVPoll.Transferring
