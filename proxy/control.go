@@ -136,7 +136,7 @@ func (ss *session) handle(m wire.Msg) gnet.Action {
 	case *wire.Catalog:
 		ss.catalogs.answer(m.Seq, m.Regions)
 	case *wire.Ticket:
-		s.inboxes.arrived(ss, m)
+		s.ticketArrived(ss, m)
 	case *wire.TicketAnswer:
 		ss.tickets.answer(m.Seq, m)
 	case *wire.NodeInfo:

@@ -19,6 +19,13 @@
 // push and have the engine recompute it. The question waits here instead,
 // up to kvRegisterWait, and is answered as soon as the cache is
 // registered, or "not found" after.
+//
+// Third, a peer's push ticket (PROTOCOL.md 9.19) for an inbox no engine
+// here has opened yet. An engine whose sidecar restarted opens its inbox
+// again a moment after it reconnects, and the decode's sidecar redials the
+// restarted one as fast: a ticket between the two would be refused, and the
+// decode would recompute. It waits here instead, up to inboxWait, and is
+// queued as soon as an inbox opens, or refused after.
 
 package proxy
 
@@ -44,6 +51,12 @@ const (
 	// maxInfoParked bounds the KVInfoRequests a session holds; past it
 	// they are answered at once.
 	maxInfoParked = 64
+	// inboxWait is how long a peer's ticket waits for its inbox to open:
+	// an engine's reconnect, well inside the poster's ticketWait.
+	inboxWait = 2 * time.Second
+	// maxTicketsParked bounds the tickets a session holds; past it they
+	// are refused at once.
+	maxTicketsParked = 64
 )
 
 // parkKVPush holds m, refused for want of a grant, until one admits it or
@@ -136,6 +149,54 @@ func (s *Server) awaitRegistered(ss *session, name string) bool {
 		case <-ss.ctx.Done():
 			s.metrics.kvWaitGone("registration")
 			return false
+		}
+	}
+}
+
+// ticketArrived queues a peer's ticket, come on ss, and answers it: at
+// once (the event loop: it never blocks), or, when no inbox it could go to
+// is open, once one opens or after inboxWait, on a goroutine of its own.
+func (s *Server) ticketArrived(ss *session, m *wire.Ticket) {
+	err := s.inboxes.deliver(ss.peerName, m)
+	if errCode(err) != wire.CodeUnknownRegion {
+		answerTicket(ss, m, err)
+		return
+	}
+	if ss.ticketsParked.Add(1) > maxTicketsParked {
+		ss.ticketsParked.Add(-1)
+		answerTicket(ss, m, err)
+		return
+	}
+	s.wg.Go(func() {
+		defer ss.ticketsParked.Add(-1)
+		if ok, err := s.awaitInbox(ss, m); ok {
+			answerTicket(ss, m, err)
+		}
+	})
+}
+
+// awaitInbox delivers m once an inbox for it opens, or gives up after
+// inboxWait (err: the last refusal; the wait counted); ok false when the
+// session ended first (nothing to answer).
+func (s *Server) awaitInbox(ss *session, m *wire.Ticket) (ok bool, err error) {
+	t := time.NewTimer(inboxWait)
+	defer t.Stop()
+	s.metrics.kvWaitStarts("inbox")
+	for {
+		opened := s.inboxes.openSignal() // before the try: an open after it wakes us
+		err = s.inboxes.deliver(ss.peerName, m)
+		if errCode(err) != wire.CodeUnknownRegion {
+			s.metrics.kvWaited("inbox", true)
+			return true, err
+		}
+		select {
+		case <-opened:
+		case <-t.C:
+			s.metrics.kvWaited("inbox", false)
+			return true, err
+		case <-ss.ctx.Done():
+			s.metrics.kvWaitGone("inbox")
+			return false, nil
 		}
 	}
 }

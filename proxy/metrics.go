@@ -25,7 +25,7 @@ type metrics struct {
 	duration  *prometheus.HistogramVec // transfer latency by direction and result
 	errors    *prometheus.CounterVec   // failures by code
 	fallbacks *prometheus.CounterVec   // transport fallbacks by reason
-	kvWaits   *prometheus.CounterVec   // peers' KV requests that waited for a grant or a registration (kvpark.go)
+	kvWaits   *prometheus.CounterVec   // peers' KV requests that waited for a grant, a registration or an inbox (kvpark.go)
 	kvWaiting *prometheus.GaugeVec     // those waiting now
 	copyNanos [2]atomic.Int64          // gather, scatter: device copy time (enqueue to done)
 	netNanos  [2]atomic.Int64          // send, receive: time in writev / recv of payloads
@@ -59,11 +59,11 @@ func newMetrics(s *Server) *metrics {
 	}, []string{"reason"})
 	m.kvWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "stage", Name: "kv_waits_total",
-		Help: "Peers' KV requests that came before what they need and waited for it: for a grant (a push or pull) or for the cache's registration (a shape question), by whether it came in time.",
+		Help: "Peers' KV requests that came before what they need and waited for it: for a grant (a push or pull), for the cache's registration (a shape question) or for an inbox to open (a push ticket), by whether it came in time.",
 	}, []string{"for", "result"})
 	m.kvWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "stage", Name: "kv_waiting",
-		Help: "Peers' KV requests waiting now for a grant or for the cache's registration (each counted in stage_kv_waits_total when it ends).",
+		Help: "Peers' KV requests waiting now for a grant, the cache's registration or an inbox (each counted in stage_kv_waits_total when it ends).",
 	}, []string{"for"})
 	m.reg.MustRegister(m.duration, m.errors, m.fallbacks, m.kvWaits, m.kvWaiting, &collector{s: s, m: m}, s.routes.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -71,7 +71,7 @@ func newMetrics(s *Server) *metrics {
 }
 
 // kvWaitStarts shows a peer's KV request waiting for what (grant,
-// registration); the wait ends with kvWaited, or kvWaitGone when the
+// registration, inbox); the wait ends with kvWaited, or kvWaitGone when the
 // session ended first.
 func (m *metrics) kvWaitStarts(what string) { m.kvWaiting.WithLabelValues(what).Inc() }
 
@@ -79,7 +79,7 @@ func (m *metrics) kvWaitStarts(what string) { m.kvWaiting.WithLabelValues(what).
 func (m *metrics) kvWaitGone(what string) { m.kvWaiting.WithLabelValues(what).Dec() }
 
 // kvWaited ends and counts a peer's KV request that waited for what
-// (grant, registration); came says whether it came in time.
+// (grant, registration, inbox); came says whether it came in time.
 func (m *metrics) kvWaited(what string, came bool) {
 	m.kvWaiting.WithLabelValues(what).Dec()
 	result := "came"

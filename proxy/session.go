@@ -66,6 +66,9 @@ type session struct {
 	// registered yet, pullParked its KVPulls held for their grant
 	// (kvpark.go).
 	infoParked, pullParked atomic.Int32
+	// ticketsParked counts the peer's tickets held for an inbox not open
+	// yet (kvpark.go)
+	ticketsParked atomic.Int32
 
 	catalogs waiting[[]wire.RegionInfo]  // our CatalogRequests waiting for their answers, by Seq
 	tickets  waiting[*wire.TicketAnswer] // our Tickets waiting for their answers, by Seq (tickets.go)

@@ -49,6 +49,7 @@ type inboxTable struct {
 	byName map[string]*inbox
 	total  int           // bytes of every inbox's tickets
 	wake   chan struct{} // closed (and replaced) when a ticket arrives
+	opened chan struct{} // closed (and replaced) when an inbox is opened
 	// limits: inboxTickets, inboxBytes, inboxesBytes when zero (tests set them)
 	maxTickets, maxBytes, maxTotal int
 }
@@ -76,6 +77,16 @@ func (t *inboxTable) wakeLocked() chan struct{} {
 	return t.wake
 }
 
+// openSignal is closed at the next open of an inbox.
+func (t *inboxTable) openSignal() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.opened == nil {
+		t.opened = make(chan struct{})
+	}
+	return t.opened
+}
+
 // open gives the name to o's connection; a name another group holds is
 // refused, one o's group holds already passes to o's connection.
 func (t *inboxTable) open(o engine.Owner, name string) error {
@@ -84,6 +95,10 @@ func (t *inboxTable) open(o engine.Owner, name string) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.opened != nil {
+		close(t.opened)
+		t.opened = nil
+	}
 	if b := t.byName[name]; b != nil {
 		if b.owner.Group != o.Group {
 			return codeErr(wire.CodeExists, "inbox %q is another engine's (its connection is open); pick another name or stop that engine", name)
@@ -114,7 +129,8 @@ func (t *inboxTable) releaseConn(conn uint64) int {
 }
 
 // deliver queues a peer's ticket: into inbox m.To, or the only inbox when
-// m.To is empty. It never blocks.
+// m.To is empty. It never blocks. CodeUnknownRegion means no such inbox is
+// open (yet: ticketArrived waits for one).
 func (t *inboxTable) deliver(from string, m *wire.Ticket) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -275,11 +291,10 @@ func askTicket(ctx context.Context, ss *session, t *wire.Ticket) error {
 	return nil
 }
 
-// arrived queues a peer's ticket, come on ss, and answers it (event loop:
-// never blocks).
-func (t *inboxTable) arrived(ss *session, m *wire.Ticket) {
+// answerTicket answers the peer's ticket m: queued (err nil) or refused.
+func answerTicket(ss *session, m *wire.Ticket, err error) {
 	a := &wire.TicketAnswer{Seq: m.Seq}
-	if err := t.deliver(ss.peerName, m); err != nil {
+	if err != nil {
 		a.Code, a.Message = errCode(err), err.Error()
 	}
 	ss.send(a)

@@ -169,16 +169,7 @@ func kvGrantPush(t *testing.T, pre, dec *proxytest.Sidecar, p kvlayout.Params, m
 	// ticket while its worker grants at the next step) waits for it and
 	// lands once it comes.
 	late := newKey(t)
-	done := make(chan error, 1)
-	go func() { done <- kvRun(t, pre.Client, push(late)) }()
-	if err := metricReaches(dec, `stage_kv_waiting{for="grant"}`, 1); err != nil {
-		t.Fatalf("a push before its grant: %v", err)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("a push before its grant ended before the grant came: %v", err)
-	default:
-	}
+	done := waiting(t, dec, "grant", func() error { return kvRun(t, pre.Client, push(late)) })
 	if err := dec.Client.Grant(ctx, into.Name, late, true, m.DstTable, time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}

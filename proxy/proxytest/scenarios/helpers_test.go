@@ -186,6 +186,35 @@ func metricReaches(sc *proxytest.Sidecar, series string, want float64) error {
 	}
 }
 
+// waiting runs do on a goroutine and waits until sc shows a peer's
+// request of it waiting for what (grant, registration, inbox); do must
+// not have ended by then. Its error comes on the channel.
+func waiting(t *testing.T, sc *proxytest.Sidecar, what string, do func() error) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- do() }()
+	if err := metricReaches(sc, fmt.Sprintf(`stage_kv_waiting{for=%q}`, what), 1); err != nil {
+		t.Fatalf("a request before its %s: %v", what, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a request before its %s ended before it came: %v", what, err)
+	default:
+	}
+	return done
+}
+
+// metricsAre checks sc's /metrics for each series' value.
+func metricsAre(t *testing.T, sc *proxytest.Sidecar, want map[string]float64) {
+	t.Helper()
+	_, body := scrape(t, sc, "/metrics")
+	for series, v := range want {
+		if got, ok := metricValue(body, series); !ok || got != v {
+			t.Errorf("%s's %s: %v (present %v), want %v", sc.Name, series, got, ok, v)
+		}
+	}
+}
+
 // waitLogged waits until sc's log contains want.
 func waitLogged(t *testing.T, sc *proxytest.Sidecar, want string) {
 	t.Helper()

@@ -100,6 +100,40 @@ func TestTicketDelivered(t *testing.T) {
 	}
 }
 
+// TestTicketBeforeInbox: a ticket for an inbox not open yet (the engine
+// behind it reconnecting after its sidecar restarted) waits for it and is
+// queued once it opens; one for an inbox that never opens is refused after
+// the wait (2 s), naming it; the decode counts both waits.
+func TestTicketBeforeInbox(t *testing.T) {
+	o := proxytest.Options{Metrics: true}
+	pre, dec := proxytest.Pair(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	poster, owner := engineConn(t, pre), engineConn(t, dec)
+	posted := waiting(t, dec, "inbox", func() error { return post(ctx, poster, "late", "k1", "{}") })
+	if err := owner.OpenInbox(ctx, "late"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-posted; err != nil {
+		t.Fatalf("a ticket that came before its inbox: %v", err)
+	}
+	if got, err := owner.TakeTickets(ctx, 10, time.Second); err != nil || len(got) != 1 || got[0].Key != "k1" {
+		t.Fatalf("took %v, %v; want k1", got, err)
+	}
+	t0 := time.Now()
+	if err := post(ctx, poster, "never", "k2", "{}"); codeOf(err) != wire.CodeUnknownRegion || !strings.Contains(err.Error(), `"never"`) {
+		t.Fatalf("a ticket for an inbox nobody opens: got %v, want %s naming it", err, wire.CodeUnknownRegion)
+	}
+	if d := time.Since(t0); d < 2*time.Second || d > 4*time.Second {
+		t.Errorf("refused after %v, want after the 2 s wait", d)
+	}
+	metricsAre(t, dec, map[string]float64{
+		`stage_kv_waits_total{for="inbox",result="came"}`:      1,
+		`stage_kv_waits_total{for="inbox",result="timed_out"}`: 1,
+		`stage_kv_waiting{for="inbox"}`:                        0,
+	})
+}
+
 // TestTicketInboxFull: a full inbox refuses the next ticket with
 // CodeBusy, which the poster hears; once taken, tickets go again.
 func TestTicketInboxFull(t *testing.T) {
