@@ -122,6 +122,9 @@ func (m *SubmitMore) decode(d *decoder) {
 // sidecar takes, each with its limits. A feature left out is not taken.
 type Features struct {
 	SubmitPieces *PiecesLimits `json:"submit_pieces,omitempty"`
+	// TicketKinds are the ticket kinds (9.19) the sidecar carries; one
+	// that predates the list carries 1 and 2 only.
+	TicketKinds []int `json:"ticket_kinds,omitempty"`
 }
 
 // PiecesLimits are the limits of a Submit in pieces.
@@ -134,5 +137,6 @@ type PiecesLimits struct {
 
 // OurFeatures is what this build's sidecar answers to QueryFeatures.
 func OurFeatures() Features {
-	return Features{SubmitPieces: &PiecesLimits{MaxPieces: MaxSubmitPieces, MaxOps: MaxOps, RestMs: SubmitRestMs, MaxOpen: SubmitOpenMax}}
+	return Features{SubmitPieces: &PiecesLimits{MaxPieces: MaxSubmitPieces, MaxOps: MaxOps, RestMs: SubmitRestMs, MaxOpen: SubmitOpenMax},
+		TicketKinds: TicketKinds}
 }

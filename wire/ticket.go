@@ -29,7 +29,11 @@ const (
 const (
 	TicketPush    uint8 = 1 // the body says where to push (a decode's block table)
 	TicketFailure uint8 = 2 // the body says why the transfer of Key cannot happen
+	TicketAux     uint8 = 3 // the body is bytes the receiving engine stores (SGLang's aux metadata of a request)
 )
+
+// TicketKinds are the kinds this build takes, for Features.
+var TicketKinds = []int{int(TicketPush), int(TicketFailure), int(TicketAux)}
 
 func init() {
 	for t, n := range map[Type]string{TypeTicket: "Ticket", TypeTicketAnswer: "TicketAnswer",
@@ -227,11 +231,11 @@ func (m *Tickets) decode(d *decoder) {
 	}
 }
 
-// ticketKind reads a ticket kind: TicketPush or TicketFailure.
+// ticketKind reads a ticket kind: TicketPush, TicketFailure or TicketAux.
 func (d *decoder) ticketKind(field string) uint8 {
 	k := d.u8(field)
-	if d.err == nil && k != TicketPush && k != TicketFailure {
-		d.fail(ErrMalformed, field, "ticket kind %d (1: push, 2: failure)", k)
+	if d.err == nil && (k < TicketPush || k > TicketAux) {
+		d.fail(ErrMalformed, field, "ticket kind %d (1: push, 2: failure, 3: aux)", k)
 	}
 	return k
 }

@@ -12,6 +12,7 @@ func ticketSamples() []sample {
 	return []sample{
 		{"Ticket", &Ticket{Seq: 7, Kind: TicketPush, To: "prefill", Key: "xfer-1", Body: body}},
 		{"TicketFailure", &Ticket{Seq: 8, Kind: TicketFailure, Key: "xfer-2", Body: []byte("layout refused")}},
+		{"TicketAux", &Ticket{Seq: 10, Kind: TicketAux, To: "dec-aux", Key: "room@0", Body: []byte{16, 1, 2, 3}}},
 		{"TicketMax", &Ticket{Seq: 9, Kind: TicketPush, To: strings.Repeat("n", MaxName), Key: strings.Repeat("k", MaxTag), Body: bytes.Repeat([]byte{'1'}, MaxTicketBody)}},
 		{"TicketAnswer", &TicketAnswer{Seq: 7, Code: CodeBusy, Message: "inbox prefill is full"}},
 		{"TicketAnswerOK", &TicketAnswer{Seq: 8}},
@@ -55,7 +56,9 @@ func TestTicketGolden(t *testing.T) {
 func TestTicketRefused(t *testing.T) {
 	over := appendBytes32(appendStr(appendStr(appendU8(appendU64(nil, 1), TicketPush), "to"), "k"), make([]byte, MaxTicketBody+1))
 	badKind := (&Ticket{Seq: 1, Kind: TicketPush, Key: "k"}).AppendBody(nil)
-	badKind[8] = 3
+	badKind[8] = 4
+	zeroKind := (&Ticket{Seq: 1, Kind: TicketPush, Key: "k"}).AppendBody(nil)
+	zeroKind[8] = 0
 	many := appendU32(appendU64(nil, 1), MaxTicketsOut+1)
 	for _, tc := range []struct {
 		name string
@@ -66,6 +69,7 @@ func TestTicketRefused(t *testing.T) {
 	}{
 		{"body over the limit", TypeTicket, over, ErrTooLarge, "Ticket.Body"},
 		{"unknown kind", TypeTicket, badKind, ErrMalformed, "Ticket.Kind"},
+		{"kind 0", TypeTicket, zeroKind, ErrMalformed, "Ticket.Kind"},
 		{"too many items", TypeTickets, many, ErrTooLarge, "Tickets.Items"},
 		{"items past the end", TypeTickets, appendU32(appendU64(nil, 1), 3), ErrMalformed, "Tickets.Items"},
 		{"trailing", TypeOpenInbox, append((&OpenInbox{Req: 1, Name: "x"}).AppendBody(nil), 0), ErrMalformed, "OpenInbox"},

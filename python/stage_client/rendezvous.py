@@ -71,6 +71,10 @@ def check_ticket(t: Any) -> Dict[str, Any]:
         raise ValueError("a ticket is an object")
     aux = "aux_index" in t or "aux_items" in t
     keys = dict(_TICKET_KEYS, **_AUX_KEYS) if aux else _TICKET_KEYS
+    if aux and "aux_tickets" in t:  # the decode takes the aux bytes as tickets (kind 3), naming its grant
+        if t["aux_tickets"] is not True or "grant" not in t:
+            raise ValueError("ticket aux_tickets: true, with a grant")
+        keys = dict(keys, aux_tickets=bool)
     if "grant" in t:  # the decode's grant of writes into block_ids (PROTOCOL.md 9.20): 16..64 bytes, hex
         g = t["grant"]
         if type(g) is not str or not 32 <= len(g) <= 128 or len(g) % 2 or any(c not in "0123456789abcdef" for c in g):

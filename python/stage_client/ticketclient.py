@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-from .protocol.tickets import (MAX_TICKETS_OUT, TICKET_FAILURE, TICKET_PUSH, OpenInbox, PostTicket, TakeTickets,
-                               TicketItem)
+from .protocol.tickets import (MAX_TICKETS_OUT, TICKET_AUX, TICKET_FAILURE, TICKET_PUSH, OpenInbox, PostTicket,
+                               TakeTickets, TicketItem)
 
-__all__ = ["TicketRequests", "TicketItem", "TICKET_PUSH", "TICKET_FAILURE"]
+__all__ = ["TicketRequests", "TicketItem", "TICKET_PUSH", "TICKET_FAILURE", "TICKET_AUX"]
 
 
 class TicketRequests:

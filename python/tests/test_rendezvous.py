@@ -218,6 +218,14 @@ class TestRendezvous(unittest.TestCase):
         for bad in (1, "ab" * 15, "ab" * 65, "AB" * 16, "g" * 32, "abc" * 11):
             with self.assertRaises(ValueError):
                 rdv.check_ticket(dict(ticket(), grant=bad))
+        # aux as tickets (SGLang): only with aux and a grant, and only true
+        aux = dict(ticket(), aux_index=3, aux_items=[4, 8], grant="ab" * 16)
+        rdv.check_ticket(dict(aux, aux_tickets=True))
+        for name, bad in [("false", dict(aux, aux_tickets=False)), ("1", dict(aux, aux_tickets=1)),
+                          ("no grant", {k: v for k, v in dict(aux, aux_tickets=True).items() if k != "grant"}),
+                          ("no aux", dict(ticket(), grant="ab" * 16, aux_tickets=True))]:
+            with self.subTest(name), self.assertRaises(ValueError):
+                rdv.check_ticket(bad)
 
     def test_load_secret(self) -> None:
         with mock.patch.dict(os.environ, {"STAGE_RENDEZVOUS_SECRET": "from-env"}):

@@ -22,6 +22,7 @@ import random
 import sys
 import time
 import unittest
+from unittest import mock
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +44,10 @@ if torch is not None:  # kvmap needs torch; without it the tests skip, saying so
 from stage_client.rendezvous import RendezvousServer  # noqa: E402
 from stage_client.sglang import KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: E402
 from stage_client.engines import plan  # noqa: E402
+from stage_client.client import Client  # noqa: E402
 from stage_client.errors import StageError  # noqa: E402
+from stage_client.protocol.tickets import TICKET_AUX, TICKET_PUSH  # noqa: E402
+from stage_client.sglang import auxmeta  # noqa: E402
 
 LAYERS, HEADS, D, PAGE, PAGES = 3, 4, 32, 16, 40
 AUX_SLOTS = 24
@@ -156,20 +160,27 @@ class TestSGLangBackend(SidecarPairCase):
                                        torch.randn((AUX_SLOTS, hidden), generator=g).to(torch.bfloat16))]
 
     def test_aux(self) -> None:
-        """CPU aux buffers, and CUDA ones where torch has a GPU (the KV stays in host memory)."""
+        """CPU aux buffers, and CUDA ones where torch has a GPU (the KV stays in host memory); as tickets (sidecars
+        that carry kind 3), and into regions (a decode whose sidecar predates them)."""
         for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-            with self.subTest(device):
-                self.aux_case("sga-" + device, device)
+            for tickets in (True, False):
+                with self.subTest(device=device, tickets=tickets), \
+                        mock.patch.object(auxmeta, "takes_aux_tickets", return_value=tickets):
+                    self.aux_case("sga-%s-%d" % (device, tickets), device, tickets)
 
-    def aux_case(self, name: str, device: str) -> None:
+    def aux_case(self, name: str, device: str, tickets: bool) -> None:
         pre_aux, dec_aux = self.aux_buffers(1, device=device), self.aux_buffers(2, device=device)
         boot, pres, dec = self.managers(name, pre_aux=pre_aux, dec_aux=dec_aux)
+        exposed = [r["name"] for r in dec.client.regions() if "-aux-" in r["name"]]
+        self.assertEqual(exposed, [] if tickets else [name + "-d-aux-tp0-%d" % i for i in range(3)],
+                         "the decode's regions peers may write without a grant")
         before = [b.clone() for b in dec_aux]
         pslot, dslot, room = 5, 11, 99
         pages = [3, 9]
         recv = StageKVReceiver(dec, boot.address, bootstrap_room=room)
         recv.init(0)
         recv.send_metadata(pages, aux_index=dslot)
+        self.assertEqual(boot.get("%d@0" % room).get("aux_tickets", False), tickets)
         senders = [StageKVSender(m, boot.address, room, dest_tp_ranks=[0]) for m in pres]
         for s in senders:
             poll_until(s, KVPoll.WaitingForInput)
@@ -185,6 +196,76 @@ class TestSGLangBackend(SidecarPairCase):
             others = [j for j in range(AUX_SLOTS) if j != dslot]
             self.assertTrue(torch.equal(d[others], b[others]), "aux buffer %d: another slot changed" % i)
         recv.clear()
+
+    def test_aux_tickets_guarded(self) -> None:
+        """An aux ticket lands in a room only under the room's grant key: another engine of the prefill's side
+        posting one with another key, for another rank, of the wrong size or of another kind changes nothing,
+        and the prefill's own then lands."""
+        pre_aux, dec_aux = self.aux_buffers(5), self.aux_buffers(6)
+        boot, pres, dec = self.managers("sgt", pre_aux=pre_aux, dec_aux=dec_aux)
+        self.assertIsNotNone(dec.aux_inbox, "this staged does not carry aux tickets")
+        before = [b.clone() for b in dec_aux]
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=7)
+        recv.init(0)
+        recv.send_metadata([2], aux_index=4)
+        key = bytes.fromhex(boot.get("7@0")["grant"])
+        forger = Client(self.pre.socket)
+        self.addCleanup(forger.close)
+        size = sum(dec.aux_items)
+        inbox = auxmeta.inbox_name(dec.cache_name)
+        for why, kind, tkey, body in [
+            ("another key", TICKET_AUX, "7@0", auxmeta.ticket_body(b"f" * 16, b"\x07" * size)),
+            ("another rank", TICKET_AUX, "7@1", auxmeta.ticket_body(key, b"\x07" * size)),
+            ("another room", TICKET_AUX, "8@0", auxmeta.ticket_body(key, b"\x07" * size)),
+            ("malformed", TICKET_AUX, "7@0", b"\xff"),
+            ("a push ticket", TICKET_PUSH, "7@0", auxmeta.ticket_body(key, b"\x07" * size)),
+        ]:
+            with self.subTest(why), self.assertLogs("stage_client.sglang.core", "WARNING") as logs:
+                forger.post_ticket("decode", tkey, body, to=inbox, kind=kind)
+                end = time.monotonic() + 5
+                while not logs.output and time.monotonic() < end:
+                    time.sleep(0.01)
+            self.assertIn("is refused", logs.output[0])
+            self.assertNotEqual(recv.poll(), KVPoll.Failed, why)
+        for i, (d, b) in enumerate(zip(dec_aux, before)):
+            self.assertTrue(torch.equal(d, b), "aux buffer %d changed" % i)
+        senders = [StageKVSender(m, boot.address, 7, dest_tp_ranks=[0]) for m in pres]
+        for s in senders:
+            poll_until(s, KVPoll.WaitingForInput)
+            s.init(1, aux_index=9)
+            s.send([1])
+            poll_until(s, KVPoll.Success)
+        poll_until(recv, KVPoll.Success)
+        for i, (p, d) in enumerate(zip(pre_aux, dec_aux)):
+            self.assertTrue(torch.equal(d[4].view(torch.uint8), p[9].view(torch.uint8)), "aux buffer %d" % i)
+        # a key of the right room but the wrong size fails the room, saying so
+        recv2 = StageKVReceiver(dec, boot.address, bootstrap_room=11)
+        recv2.init(0)
+        recv2.send_metadata([5], aux_index=6)
+        key2 = bytes.fromhex(boot.get("11@0")["grant"])
+        with self.assertLogs("stage_client.sglang.core", "WARNING"):
+            forger.post_ticket("decode", "11@0", auxmeta.ticket_body(key2, b"\x01" * (size - 1)), to=inbox,
+                               kind=TICKET_AUX)
+            poll_until(recv2, KVPoll.Failed, 5)
+        with self.assertRaisesRegex(RuntimeError, "the aux slot has %d" % size):
+            recv2.failure_exception()
+        recv2.abort()
+
+    def test_aux_prefill_sidecar_predates_tickets(self) -> None:
+        """A decode that takes aux tickets, a prefill whose sidecar does not carry them: the send fails, saying
+        to upgrade the prefill's staged."""
+        boot, pres, dec = self.managers("sgo", pre_aux=self.aux_buffers(7), dec_aux=self.aux_buffers(8))
+        recv = StageKVReceiver(dec, boot.address, bootstrap_room=1)
+        recv.send_metadata([0], aux_index=0)
+        for m in pres:
+            m.aux_tickets = False  # as a manager on an older staged found
+        s = StageKVSender(pres[0], boot.address, 1)
+        poll_until(s, KVPoll.WaitingForInput)
+        s.init(1, aux_index=0)
+        s.send([0])
+        poll_until(s, KVPoll.Failed, 5)
+        with self.assertRaisesRegex(RuntimeError, "upgrade its staged"):
+            s.failure_exception()
 
     def test_aux_mismatch(self) -> None:
         for name, pre_aux, why in [("sgm", self.aux_buffers(3, hidden=32), "aux buffers differ"),

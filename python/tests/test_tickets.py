@@ -46,7 +46,7 @@ class TestTicketFrames(unittest.TestCase):
         with self.assertRaises(ValueError):
             PostTicket(req=1, route="r", key="k", body=b"x" * (MAX_TICKET_BODY + 1)).encode()
         with self.assertRaises(ValueError):
-            PostTicket(req=1, route="r", key="k", kind=3).encode()
+            PostTicket(req=1, route="r", key="k", kind=4).encode()
         body = bytearray(PostTicket(req=1, route="r", key="k").encode())
         body[8 + 3 + 2] = 9  # Kind
         with self.assertRaisesRegex(ProtocolError, "kind"):

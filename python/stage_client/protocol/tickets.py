@@ -7,7 +7,8 @@ authenticated session; the ticket waits in the inbox, bounded, until one of
 the group's connections takes it (:class:`TakeTickets`, answered
 :class:`Tickets`). In push mode a decode posts its block table (kind
 ``TICKET_PUSH``) and a prefill posts back why a push cannot happen
-(``TICKET_FAILURE``). The Go package ``wire`` (ticket.go) is the reference.
+(``TICKET_FAILURE``); a prefill sends SGLang's aux bytes of a request
+(``TICKET_AUX``). The Go package ``wire`` (ticket.go) is the reference.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from .fields import Field, FieldMessage, bytes32, get_fields, put_fields, str16,
 from .wire import MAX_NAME, MAX_TAG, FrameType, _Dec, _Enc
 
 __all__ = ["OpenInbox", "PostTicket", "TakeTickets", "Tickets", "TicketItem", "TICKET_PUSH", "TICKET_FAILURE",
+           "TICKET_AUX", "TICKET_KINDS",
            "MAX_TICKET_BODY", "MAX_TICKETS_OUT"]
 
 TICKET_PUSH = 1  # the body says where to push (a decode's block table, JSON)
 TICKET_FAILURE = 2  # the body says why the transfer of the key cannot happen (UTF-8 text)
+TICKET_AUX = 3  # the body is bytes the receiving engine stores (SGLang's aux metadata of a request)
+TICKET_KINDS = (TICKET_PUSH, TICKET_FAILURE, TICKET_AUX)
 MAX_TICKET_BODY = 256 << 10
 MAX_TICKETS_OUT = 256
 _MIN_ITEM = 2 + 1 + 2 + 2 + 4
@@ -30,14 +34,14 @@ _MIN_ITEM = 2 + 1 + 2 + 2 + 4
 
 def _get_kind(d: _Dec, name: str) -> int:
     k = d.u8(name)
-    if k not in (TICKET_PUSH, TICKET_FAILURE):
-        raise d.fail("malformed", name, "ticket kind %d (1: push, 2: failure)" % k)
+    if k not in TICKET_KINDS:
+        raise d.fail("malformed", name, "ticket kind %d (1: push, 2: failure, 3: aux)" % k)
     return k
 
 
 def _put_kind(e: _Enc, k: int, name: str) -> None:
-    if k not in (TICKET_PUSH, TICKET_FAILURE):
-        raise ValueError("ticket kind %r (1: push, 2: failure)" % (k,))
+    if k not in TICKET_KINDS:
+        raise ValueError("ticket kind %r (1: push, 2: failure, 3: aux)" % (k,))
     e.u8(k, name)
 
 

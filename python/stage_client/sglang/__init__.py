@@ -25,16 +25,19 @@ SGLang also moves each request's *aux* bytes (its metadata buffers: the
 first output token, logprobs, hidden states; ``KVArgs.aux_data_ptrs``,
 one slot per request at ``aux_index``) after the last chunk, and the
 decode cannot start without them. Given ``aux_buffers`` (those tensors),
-a manager stages them through a small HostArena registered with its
-sidecar (:class:`AuxSlots`): the prefill copies its slot there and pushes
-it with the last chunk, each decode rank from one prefill rank; the
-decode reports Success once the KV and the aux bytes landed, and copies
-them into its own slot first.
+each prefill rank sends its slot with the last chunk to the decode ranks
+it serves, as a ticket naming the room's grant (or into the decode's
+regions, where the decode's sidecar predates aux tickets: :mod:`.auxmeta`);
+the decode reports Success once the KV and the aux bytes landed, and
+copies them into its own slot first.
 """
 
 from .adapter import (BACKEND, SGLangBootstrapServer, SGLangKVManager, SGLangKVReceiver,  # noqa: F401
                       SGLangKVSender)
-from .core import AuxSlots, KVPoll, StageKVManager, StageKVReceiver, StageKVSender  # noqa: F401
+from .auxmeta import AuxSlots  # noqa: F401
+from .core import KVPoll, StageKVManager  # noqa: F401
+from .receiver import StageKVReceiver  # noqa: F401
+from .sender import StageKVSender  # noqa: F401
 from .plugin import sglang_classes, sglang_plugin  # noqa: F401
 
 __all__ = ["KVPoll", "AuxSlots", "StageKVManager", "StageKVSender", "StageKVReceiver", "BACKEND",

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import rendezvous as rdv
-from .core import KVPoll, StageKVManager, StageKVReceiver, StageKVSender
+from .core import KVPoll, StageKVManager
+from .receiver import StageKVReceiver
+from .sender import StageKVSender
 
 __all__ = ["BACKEND", "SGLangKVManager", "SGLangKVSender", "SGLangKVReceiver", "SGLangBootstrapServer"]
 
