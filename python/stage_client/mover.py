@@ -70,29 +70,51 @@ class _Req:
 
 
 class Ledger:
-    """Per request: its transfers in flight, how many ended, the first failure. Thread-safe."""
+    """Per request: its transfers in flight, how many ended, the first failure. Thread-safe.
+
+    The mover holds each request's record (:meth:`queued` returns it) and
+    updates that record, so a request forgotten meanwhile (ended, or
+    preempted) is not made again by a late end, and a retry of it is not
+    started (:meth:`alive`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._changed = threading.Condition(self.lock)  # a request's transfers were queued, started or ended
         self._reqs: Dict[str, _Req] = {}
 
-    def queued(self, req: str) -> None:
-        with self.lock:
-            self._reqs.setdefault(req, _Req()).submitting += 1
-
-    def submitted(self, req: str, tids: List[int], err: Optional[BaseException]) -> None:
+    def queued(self, req: str) -> _Req:
+        """A job for ``req`` was queued: its record."""
         with self.lock:
             r = self._reqs.setdefault(req, _Req())
+            r.submitting += 1
+            return r
+
+    def requeue(self, req: str, rec: _Req) -> bool:
+        """Another run of a job of ``req`` is queued on record ``rec``; False when ``req`` was forgotten (the run
+        must not happen)."""
+        with self.lock:
+            if self._reqs.get(req) is not rec:
+                return False
+            rec.submitting += 1
+            return True
+
+    def alive(self, req: str, rec: _Req) -> bool:
+        """Whether ``rec`` is still ``req``'s record (not forgotten)."""
+        with self.lock:
+            return self._reqs.get(req) is rec
+
+    def submitted(self, req: str, tids: List[int], err: Optional[BaseException], rec: Optional[_Req] = None) -> None:
+        with self.lock:
+            r = rec if rec is not None else self._reqs.setdefault(req, _Req())
             r.submitting -= 1
             r.pending.update(tids)
             if err is not None and r.error is None:
                 r.error = err
             self._changed.notify_all()
 
-    def ended(self, req: str, tid: int, err: Optional[BaseException]) -> None:
+    def ended(self, req: str, tid: int, err: Optional[BaseException], rec: Optional[_Req] = None) -> None:
         with self.lock:
-            r = self._reqs.setdefault(req, _Req())
+            r = rec if rec is not None else self._reqs.setdefault(req, _Req())
             r.pending.discard(tid)
             r.done += 1
             if err is not None and r.error is None:
@@ -124,21 +146,25 @@ class Ledger:
             return [] if r is None else sorted(r.pending)
 
     def forget(self, req: str) -> None:
+        """Drop ``req``'s record: a job of it still to run again does not (its blocks may be reused)."""
         with self.lock:
             self._reqs.pop(req, None)
             self._changed.notify_all()
 
 
 class _Job:
-    """One run of a queued job: ``fn`` starts its transfers. ``attempt`` 0 is the first run; ``since`` is when
-    the job was queued, ``cut`` when a sidecar first cut it short (0: not yet); ``again`` once this run's
-    retry is scheduled (a second transfer of the run cut short needs no second retry)."""
+    """One run of a queued job: ``fn`` starts its transfers; ``rec`` is its request's record. ``attempt`` 0 is
+    the first run; ``deadline`` (set when the first run has started its transfers: a timeout after) bounds
+    every run's transfers and when a run may start; ``cut`` is when a sidecar first cut it short (0: not yet);
+    ``again`` once this run's retry is scheduled (a second transfer of the run cut short needs no second);
+    ``why`` the failure this run is a retry of."""
 
-    __slots__ = ("req", "fn", "event", "since", "attempt", "cut", "again")
+    __slots__ = ("req", "fn", "event", "rec", "attempt", "deadline", "cut", "again", "why")
 
-    def __init__(self, req: str, fn: Callable[[], List[int]], event: Any, since: float, attempt: int = 0,
-                 cut: float = 0.0) -> None:
-        self.req, self.fn, self.event, self.since, self.attempt, self.cut = req, fn, event, since, attempt, cut
+    def __init__(self, req: str, fn: Callable[[], List[int]], event: Any, rec: _Req, attempt: int = 0,
+                 deadline: float = 0.0, cut: float = 0.0, why: Optional[BaseException] = None) -> None:
+        self.req, self.fn, self.event, self.rec = req, fn, event, rec
+        self.attempt, self.deadline, self.cut, self.why = attempt, deadline, cut, why
         self.again = False
 
 
@@ -175,10 +201,10 @@ class Mover:
     def submit(self, req: str, fn: Callable[[], List[int]], event: Any = None) -> None:
         if self._closed:
             raise RuntimeError("stage mover closed")
-        self.ledger.queued(req)
+        rec = self.ledger.queued(req)
         with self._cv:
             self._queued += 1
-        self._q.put(_Job(req, fn, event, time.monotonic()))
+        self._q.put(_Job(req, fn, event, rec))
 
     def drain(self, timeout: float) -> bool:
         """Wait until every job queued so far has been submitted; False at the timeout."""
@@ -198,6 +224,12 @@ class Mover:
                     self._cv.notify_all()
 
     def _one(self, job: _Job) -> None:
+        led = self.ledger
+        if job.attempt and (not led.alive(job.req, job.rec) or time.monotonic() >= job.deadline):
+            # forgotten (its blocks may be in use again), or past its deadline: this run does not happen, and the
+            # failure it was to make good is the request's
+            led.submitted(job.req, [], job.why, job.rec)
+            return
         tids: List[int] = []
         err: Optional[BaseException] = None
         try:
@@ -206,21 +238,23 @@ class Mover:
                 job.event = None  # a run again reads rows already written
             tids = list(job.fn())
         except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
+            job.deadline = job.deadline or time.monotonic() + self.timeout
             if self._again(job, e):
-                self.ledger.submitted(job.req, [], None)
+                led.submitted(job.req, [], None, job.rec)
                 return
             err = e
             log.warning("stage: starting a transfer for %s failed: %s", job.req, e)
-        self.ledger.submitted(job.req, tids, err)
+        job.deadline = job.deadline or time.monotonic() + self.timeout
+        led.submitted(job.req, tids, err, job.rec)
         for t in tids:
             self._follow(job, t)
 
     def _follow(self, job: _Job, tid: int) -> None:
-        req = job.req
+        req, led = job.req, self.ledger
         try:
-            fut = self.client.wait_future(tid, self.timeout)
+            fut = self.client.wait_future(tid, max(job.deadline - time.monotonic(), 0.001))
         except BaseException as e:  # noqa: B902
-            self.ledger.ended(req, tid, None if self._again(job, e) else e)
+            led.ended(req, tid, None if self._again(job, e) else e, job.rec)
             return
 
         def done(f: Any) -> None:
@@ -230,13 +264,14 @@ class Mover:
                 threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
             elif e is not None and self._again(job, e):
                 e = None  # this run's failure is not the request's: the next run's end is
-            self.ledger.ended(req, tid, e)
+            led.ended(req, tid, e, job.rec)
 
         fut.add_done_callback(done)
 
     def _again(self, job: _Job, e: BaseException) -> bool:
-        """Whether ``job``, which failed with ``e``, runs again: a sidecar cut it short, and it is within its
-        window and its timeout. The next run is queued (and the request kept busy) before this returns."""
+        """Whether ``job``, which failed with ``e``, runs again: a sidecar cut it short, its request is not
+        forgotten, and it is within its window and its deadline. The next run is queued (and the request kept
+        busy) before this returns."""
         if self._closed or not cut_short(e, self.client):
             return False
         now = time.monotonic()
@@ -245,18 +280,18 @@ class Mover:
                 return True  # another transfer of this run was cut: its retry is on the way
             cut = job.cut or now
             pause = min(RETRY_PAUSE * (2 ** job.attempt), RETRY_PAUSE_MAX)
-            if now + pause > cut + RETRY_WINDOW or now + pause > job.since + self.timeout:
+            if now + pause > cut + RETRY_WINDOW or now + pause >= job.deadline:
                 return False
+            if not self.ledger.requeue(job.req, job.rec):
+                return False  # forgotten: its blocks may be in use again
             job.again = True
             self._queued += 1
             self.retries += 1
-        self.ledger.queued(job.req)
-        nxt = _Job(job.req, job.fn, None, job.since, job.attempt + 1, cut)
-        log.info("stage: a transfer for %s was cut short (%s); starting it again in %.1fs", job.req, e, pause)
-        t = threading.Timer(pause, self._requeue, args=(nxt,))
-        t.daemon = True
-        with self._cv:
+            nxt = _Job(job.req, job.fn, None, job.rec, job.attempt + 1, job.deadline, cut, e)
+            t = threading.Timer(pause, self._requeue, args=(nxt,))
+            t.daemon = True
             self._timers.add(t)
+        log.info("stage: a transfer for %s was cut short (%s); starting it again in %.1fs", job.req, e, pause)
         t.start()
         return True
 

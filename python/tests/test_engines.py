@@ -175,10 +175,12 @@ class FakeClient:
         self.cancelled: List[int] = []
         self.fails: Dict[int, BaseException] = {}  # transfers that end with this failure
         self.restores = restores  # a reconnecting client's (Client.restores)
+        self.waits: List[Any] = []  # (transfer id, the timeout it was awaited with)
 
     def wait_future(self, tid: int, timeout: float) -> Any:
         f: concurrent.futures.Future = concurrent.futures.Future()
         self.futures[tid] = f
+        self.waits.append((tid, timeout))
         if tid in self.fails:
             f.set_exception(self.fails[tid])
         elif tid < 100:
@@ -317,6 +319,41 @@ class TestMover(unittest.TestCase):
                 self.assertIs(m.ledger.error("r"), gone)
                 self.assertEqual(m.retries, 2, "pauses 0.1 and 0.2 fit in 0.5 s, 0.4 more does not")
                 self.assertLess(time.monotonic() - t0, 1.5)
+
+    def test_forgotten_request_is_not_run_again(self) -> None:
+        # the engine let go of the request (it ended at its deadline, or was preempted) while its retry waited:
+        # the blocks may be another request's now, so the retry must not run, nor a late end revive the record
+        m = Mover(FakeClient(), timeout=5.0, name="test-mover")
+        self.addCleanup(m.close, 1.0)
+        calls: List[int] = []
+
+        def cut() -> List[int]:
+            calls.append(1)
+            raise StageError(Code.PEER_UNAVAILABLE, "session closed")
+
+        with mock.patch.object(mover, "RETRY_PAUSE", 0.3):
+            m.submit("r", cut)
+            self.assertTrue(until(lambda: m.retries == 1))
+            m.ledger.forget("r")
+            time.sleep(0.6)
+        self.assertEqual(len(calls), 1, "a forgotten request's transfer ran again")
+        self.assertTrue(m.drain(1))
+        self.assertEqual(m.ledger._reqs, {}, "a forgotten request's record came back")
+
+    def test_retry_keeps_the_first_deadline(self) -> None:
+        # a run again is awaited only until the first run's deadline: it never outlives the request's receive
+        fc = FakeClient()
+        fc.fails[201] = StageError(Code.PEER_UNAVAILABLE, "session closed")
+        m = Mover(fc, timeout=2.0, name="test-mover")
+        self.addCleanup(m.close, 1.0)
+        runs = iter([201, 1])
+        m.submit("r", lambda: [next(runs)])
+        self.assertTrue(until(lambda: m.ledger.idle("r") and m.drain(0)))
+        self.assertIsNone(m.ledger.error("r"))
+        (t0, w0), (t1, w1) = fc.waits
+        self.assertEqual((t0, t1), (201, 1))
+        self.assertGreater(w0, 1.9)
+        self.assertLess(w1, w0 - 0.09, "the run again was given a whole timeout of its own")
 
     def test_close_drops_retries(self) -> None:
         m = Mover(FakeClient(), timeout=5.0, name="test-mover")
