@@ -180,6 +180,7 @@ class TestVLLMConnector(unittest.TestCase):
 
         if decode_first:
             admit_decode()
+            pe.tickets_in(len(dreqs))  # posted is queued at the prefill's sidecar; its link's thread takes them
         logits = self.prefill_step(pe, src, preqs)
         # layer by layer: one push per layer and request from each prefill rank, started during the forward
         want = self.cfg.layers * len(preqs) * 2 if layerwise and decode_first else 0
