@@ -17,7 +17,10 @@ second. So the job is run again, after a pause that grows, for up to
 :data:`RETRY_WINDOW` seconds from its first cut and within the
 transfer's timeout; only then does the failure count, and the engine
 recomputes. A refusal (no grant, no such cache, a bad request) is never
-retried: doing it again would get the same answer.
+retried: doing it again would get the same answer. Once transfers have
+been cut short for longer than that window with none going through (a
+peer down for good, not restarting), a job cut short for the first time
+fails at once again, until a transfer goes through.
 """
 
 from __future__ import annotations
@@ -188,6 +191,7 @@ class Mover:
         self.client, self.timeout = client, timeout
         self.ledger = Ledger()
         self.retries = 0  # jobs run again after a sidecar cut them short
+        self._cut_since = 0.0  # when transfers began being cut short with none going through since (0: not)
         self._q: "queue.Queue[Any]" = queue.Queue()
         self._cv = threading.Condition()
         self._queued = 0  # jobs not submitted yet
@@ -259,7 +263,9 @@ class Mover:
 
         def done(f: Any) -> None:
             e = f.exception()
-            if e is not None and isinstance(e, TimeoutError):
+            if e is None:
+                self._cut_since = 0.0  # transfers go through again
+            elif isinstance(e, TimeoutError):
                 # outlived its deadline: stop it so it writes nothing later (not from the reader thread)
                 threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
             elif e is not None and self._again(job, e):
@@ -278,6 +284,9 @@ class Mover:
         with self._cv:
             if job.again:
                 return True  # another transfer of this run was cut: its retry is on the way
+            self._cut_since = self._cut_since or now
+            if not job.cut and now - self._cut_since > RETRY_WINDOW:
+                return False  # cut for longer than a restart takes, nothing through: fail at once
             cut = job.cut or now
             pause = min(RETRY_PAUSE * (2 ** job.attempt), RETRY_PAUSE_MAX)
             if now + pause > cut + RETRY_WINDOW or now + pause >= job.deadline:

@@ -320,6 +320,32 @@ class TestMover(unittest.TestCase):
                 self.assertEqual(m.retries, 2, "pauses 0.1 and 0.2 fit in 0.5 s, 0.4 more does not")
                 self.assertLess(time.monotonic() - t0, 1.5)
 
+    def test_peer_down_for_good_fails_at_once(self) -> None:
+        # transfers cut for longer than the window with none through: a new job fails at once again, until one
+        # goes through
+        gone = StageError(Code.PEER_UNAVAILABLE, "route decode: peer is down")
+        fc = FakeClient()
+        m = Mover(fc, timeout=5.0, name="test-mover")
+        self.addCleanup(m.close, 1.0)
+        with mock.patch.object(mover, "RETRY_WINDOW", 0.5):
+            def never() -> List[int]:
+                raise gone
+
+            m.submit("a", never)  # retried until its window is spent
+            self.assertTrue(until(lambda: m.ledger.idle("a") and m.drain(0)))
+            self.assertEqual(m.retries, 2)
+            time.sleep(0.3)  # a ends 0.3 s after its first cut; now the peer has been away past the window
+            t0 = time.monotonic()
+            m.submit("b", never)  # the peer has been away longer than a restart: no retry
+            self.assertTrue(until(lambda: m.ledger.idle("b") and m.drain(0)))
+            self.assertLess(time.monotonic() - t0, 0.09)
+            self.assertEqual((m.retries, m.ledger.error("b")), (2, gone))
+            m.submit("c", lambda: [1])  # one goes through: the peer is back
+            self.assertTrue(until(lambda: m.ledger.idle("c") and m.drain(0)))
+            m.submit("d", never)
+            self.assertTrue(until(lambda: m.ledger.idle("d") and m.drain(0)))
+            self.assertEqual(m.retries, 4, "after a transfer went through, a cut job is retried again")
+
     def test_forgotten_request_is_not_run_again(self) -> None:
         # the engine let go of the request (it ended at its deadline, or was preempted) while its retry waited:
         # the blocks may be another request's now, so the retry must not run, nor a late end revive the record
