@@ -157,8 +157,8 @@ class Ledger:
 
 class _Job:
     """One run of a queued job: ``fn`` starts its transfers; ``rec`` is its request's record. ``attempt`` 0 is
-    the first run; ``deadline`` (set when the first run has started its transfers: a timeout after) bounds
-    every run's transfers and when a run may start; ``cut`` is when a sidecar first cut it short (0: not yet);
+    the first run; ``deadline`` (a timeout after the first run began) bounds every run's transfers and when a
+    run may start; ``cut`` is when a sidecar first cut it short (0: not yet);
     ``again`` once this run's retry is scheduled (a second transfer of the run cut short needs no second);
     ``why`` the failure this run is a retry of."""
 
@@ -240,6 +240,7 @@ class Mover:
             if job.event is not None:
                 job.event.synchronize()
                 job.event = None  # a run again reads rows already written
+            job.deadline = job.deadline or time.monotonic() + self.timeout
             tids = list(job.fn())
         except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
             job.deadline = job.deadline or time.monotonic() + self.timeout
@@ -248,7 +249,6 @@ class Mover:
                 return
             err = e
             log.warning("stage: starting a transfer for %s failed: %s", job.req, e)
-        job.deadline = job.deadline or time.monotonic() + self.timeout
         led.submitted(job.req, tids, err, job.rec)
         for t in tids:
             self._follow(job, t)
