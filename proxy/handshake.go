@@ -240,6 +240,7 @@ func (hs handshaker) register(ss *session, c net.Conn) error {
 	if ss.sameHost() {
 		ss.send(&wire.NodeInfo{Socket: s.nodes.Name(), Device: s.dev.String()})
 	}
+	s.resendTickets(ss)
 	return nil
 }
 

@@ -45,6 +45,9 @@ type Server struct {
 	regions *region.Table
 	kv      kvTable    // KV caches and peers' shapes (kv.go)
 	inboxes inboxTable // engines' inboxes of peers' tickets (tickets.go)
+	// ticketMemo: tickets peers queued lately, sent again after a
+	// peer's restart (tickets_resend.go)
+	ticketMemo ticketMemo
 
 	peerLn  net.Listener
 	engines *engine.Listener // the control socket

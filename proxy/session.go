@@ -165,6 +165,7 @@ func (ss *session) close(err error) {
 	ss.node.Shut()
 	s := ss.s
 	s.sessions.remove(ss)
+	s.sessionGone(ss)
 	s.kv.forgetSession(ss.id)
 	ss.in.perform(&in)
 	s.inline.fail(ss, perr, nil)

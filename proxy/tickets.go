@@ -245,7 +245,12 @@ func (h engineHost) PostTicket(o engine.Owner, m *wire.PostTicket) error {
 	if err != nil {
 		return err
 	}
-	return askTicket(ctx, ss, &wire.Ticket{Seq: s.newID(), Kind: m.Kind, To: m.To, Key: m.Key, Body: m.Body})
+	t := &wire.Ticket{Seq: s.newID(), Kind: m.Kind, To: m.To, Key: m.Key, Body: m.Body}
+	if err := askTicket(ctx, ss, t); err != nil {
+		return err
+	}
+	s.ticketMemo.queued(ss.peerName, t, time.Now())
+	return nil
 }
 
 // ticketSession is the session a ticket goes on: to peer of route, as a

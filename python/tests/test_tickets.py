@@ -142,9 +142,6 @@ class TestTicketsLive(unittest.TestCase):
         self.assertEqual(len(keys), 64)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 @unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
 class TestTicketLinkRestart(unittest.TestCase):
@@ -175,3 +172,35 @@ class TestTicketLinkRestart(unittest.TestCase):
             keys |= {it.key for it in owner.take_tickets(wait=0.5)}
         self.assertEqual(keys, {"k0", "k1"})
         self.assertLess(took, 5.0)
+
+
+@unittest.skipUnless(HAVE_STAGED, SKIP_WHY)
+class TestTicketsSentAgain(unittest.TestCase):
+    """The prefill's sidecar dies with a ticket queued in its inbox that its engine has not taken yet: once it is
+    back, the decode's sidecar sends the tickets of its last second again, and the engine, its inbox opened again,
+    takes it (else the request would wait out its deadline and recompute)."""
+
+    def test_ticket_queued_before_the_restart(self) -> None:
+        pre, dec = pair(pulls=True)
+        self.addCleanup(stop_all, [pre, dec])
+        owner = Client(pre.socket, reconnect=True, reconnect_wait=2.0)
+        self.addCleanup(owner.close)
+        owner.on_reconnect(lambda c: c.open_inbox("lost-p"))
+        owner.open_inbox("lost-p")
+        poster = Client(dec.socket)
+        self.addCleanup(poster.close)
+        poster.post_ticket("prefill", "k0", b'{"block_ids":[1]}', to="lost-p")
+        pre.restart()  # k0 was queued there, not taken
+        got = []
+        deadline = time.monotonic() + 15
+        while not got and time.monotonic() < deadline:
+            try:
+                got = owner.take_tickets(wait=0.5)
+            except StageError:  # the connection restored under the call
+                time.sleep(0.05)
+        self.assertEqual([(it.sender, it.key, it.body) for it in got], [("decode", "k0", b'{"block_ids":[1]}')])
+        self.assertIn("tickets sent again", dec.tail(100))
+
+
+if __name__ == "__main__":
+    unittest.main()
