@@ -181,14 +181,16 @@ class Mover:
     submit waits on a dead peer's sidecar holds one thread and the others
     go on. Each transfer is awaited with ``timeout`` seconds; one that
     outlives it is cancelled. A job cut short by a sidecar going away runs
-    again (see the module doc; :attr:`retries` counts the runs again).
+    again (see the module doc; :attr:`retries` counts the runs again, and
+    ``on_retry`` is called for each).
     Ends and failures go to :attr:`ledger`.
     """
 
-    def __init__(self, client: Any, timeout: float, name: str = "stage-mover", threads: int = MOVER_THREADS) -> None:
+    def __init__(self, client: Any, timeout: float, name: str = "stage-mover", threads: int = MOVER_THREADS,
+                 on_retry: Optional[Callable[[], None]] = None) -> None:
         if threads < 1:
             raise ValueError("stage mover: %d threads" % threads)
-        self.client, self.timeout = client, timeout
+        self.client, self.timeout, self._on_retry = client, timeout, on_retry
         self.ledger = Ledger()
         self.retries = 0  # jobs run again after a sidecar cut them short
         self._cut_since = 0.0  # when transfers began being cut short with none going through since (0: not)
@@ -302,6 +304,8 @@ class Mover:
             self._timers.add(t)
         log.info("stage: a transfer for %s was cut short (%s); starting it again in %.1fs", job.req, e, pause)
         t.start()
+        if self._on_retry is not None:
+            self._on_retry()
         return True
 
     def _requeue(self, job: _Job) -> None:

@@ -301,6 +301,8 @@ class TestVLLMFaults(unittest.TestCase):
             retried = pe.workers[0].worker.mover.retries
             if victim == "decode":  # pushes to a peer that is down are refused: only a push again lands them
                 self.assertGreaterEqual(retried, 1, "no push was started again")
+            st = pe.workers[0].get_kv_connector_stats()
+            self.assertEqual(0 if st is None else st.reduce()["kv_transfers_retried"], retried, "vLLM's stats")
             # (the prefill's own sidecar: a push under way at the kill goes again; one started after it waits
             # for the client's new connection, so a kill between two pushes needs no push again)
             print("\n%s's sidecar restarted under a push: KV arrived %.2fs after the kill, %d pushes started again"

@@ -167,6 +167,9 @@ class TestSidecarRestart(unittest.TestCase):
                         % sorted(self.de.load_errors))
         back.join(20)
         self.assertGreaterEqual(self.worker(self.de).mover.retries, 1, "the pull did not go again")
+        st = self.workers_stats(self.de)  # vLLM's stats line counts it, and no failed load
+        self.assertGreaterEqual(st["kv_transfers_retried"], 1, st)
+        self.assertEqual(st["kv_loads_failed"], 0, st)
 
     def test_push_arriving_waits_for_its_deadline(self) -> None:
         # the decode's sidecar restarts while a push is arriving that no prefill will push again: the receive is
@@ -194,7 +197,7 @@ class TestSidecarRestart(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, BACK_S, "the decode's client did not reconnect")
             time.sleep(0.02)
         st = de.workers[0].get_kv_connector_stats().reduce()
-        self.assertEqual(st, {"kv_loads_failed": 1, "sidecar_reconnects": 1})
+        self.assertEqual(st, {"kv_loads_failed": 1, "sidecar_reconnects": 1, "kv_transfers_retried": 0})
 
 
 @unittest.skipIf(torch is None, WHY)
@@ -227,7 +230,8 @@ class TestReRegister(unittest.TestCase):
         got = [(type(m).__name__, getattr(m, "name", "") or getattr(m, "cache", "")) for _, m, _ in second.got]
         self.assertEqual(got[0], ("Subscribe", ""))
         self.assertEqual(got[1:], want, "not the same registrations, guard last, on the new connection")
-        self.assertEqual(w.take_stats().reduce(), {"kv_loads_failed": 0, "sidecar_reconnects": 1})
+        self.assertEqual(w.take_stats().reduce(), {"kv_loads_failed": 0, "sidecar_reconnects": 1,
+                                                   "kv_transfers_retried": 0})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""The connector's figures for vLLM's stats: KV loads that failed, sidecar reconnects.
+"""The connector's figures for vLLM's stats: KV loads that failed, sidecar reconnects, transfers retried.
 
 A worker counts, between two of vLLM's ``get_kv_connector_stats`` calls,
 the requests whose KV did not arrive (vLLM then recomputes them, or fails
-them, per ``kv_load_failure_policy``) and the times its sidecar connection
-was brought back after the sidecar closed it. vLLM sums the workers'
-figures (:meth:`StageKVStats.aggregate`) and logs them with its throughput
-line ("KV Transfer metrics: kv_loads_failed=..., sidecar_reconnects=...").
+them, per ``kv_load_failure_policy``), the times its sidecar connection
+was brought back after the sidecar closed it, and the transfers it started
+again after a sidecar going away cut them short (:mod:`stage_client.mover`).
+vLLM sums the workers' figures (:meth:`StageKVStats.aggregate`) and logs
+them with its throughput line ("KV Transfer metrics: kv_loads_failed=...,
+sidecar_reconnects=..., kv_transfers_retried=...").
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Dict, Optional
 __all__ = ["StageKVStats", "Counters", "KEYS"]
 
 #: the figures, in the order vLLM logs them
-KEYS = ("kv_loads_failed", "sidecar_reconnects")
+KEYS = ("kv_loads_failed", "sidecar_reconnects", "kv_transfers_retried")
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore

@@ -69,7 +69,8 @@ class StageWorker:
             self.client.on_reconnect(self._reconnected)
             self.client.on_disconnect(self._disconnected)
         self.name = cfg.cache_name(self.rank)
-        self.mover = Mover(self.client, cfg.timeout_s, "stage-mover-tp%d" % self.rank)
+        self.mover = Mover(self.client, cfg.timeout_s, "stage-mover-tp%d" % self.rank,
+                           on_retry=lambda: self.counters.add("kv_transfers_retried"))
         self.kv: Any = None
         self.device = ""  # the registered cache's device type ("cuda", "npu", "cpu")
         self._acl: Any = None  # NPU caches: the stage_client.ascend.ACL they were exported with
