@@ -31,6 +31,7 @@ package proxy
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/stage-kv/stage/proxy/grant"
@@ -87,129 +88,96 @@ func (s *Server) awaitGrant(ss *session, m *wire.KVAnnounce, deadline time.Time)
 // refused for another reason) or deadline passed, looking again at each
 // grant, and counts the wait; errSessionGone when the session ended first.
 func (s *Server) waitGrant(ss *session, deadline time.Time, admit func() (*kvSide, error)) (*kvSide, error) {
-	t := time.NewTimer(time.Until(deadline))
+	var ks *kvSide
+	var err error
+	if _, gone := s.waitFor(ss, "grant", time.Until(deadline), s.kv.grantSignal, func() bool {
+		ks, err = admit()
+		return !errors.Is(err, grant.ErrNoGrant)
+	}); gone {
+		return nil, errSessionGone
+	}
+	return ks, err
+}
+
+// waitFor calls try, and again at each close of signal(), until it says
+// done or wait passed (then once more); the wait shows in the metrics
+// under what. came: try said done; gone: the session ended first.
+func (s *Server) waitFor(ss *session, what string, wait time.Duration, signal func() <-chan struct{}, try func() bool) (came, gone bool) {
+	t := time.NewTimer(wait)
 	defer t.Stop()
-	s.metrics.kvWaitStarts("grant")
+	s.metrics.kvWaitStarts(what)
 	for {
-		granted := s.kv.grantSignal() // before the check: a grant after it wakes us
-		ks, err := admit()
-		if came := !errors.Is(err, grant.ErrNoGrant); came || !time.Now().Before(deadline) {
-			s.metrics.kvWaited("grant", came)
-			return ks, err
+		sig := signal() // before the try: a signal after it wakes us
+		if try() {
+			s.metrics.kvWaited(what, true)
+			return true, false
 		}
 		select {
-		case <-granted:
+		case <-sig:
 		case <-t.C:
+			came = try()
+			s.metrics.kvWaited(what, came)
+			return came, false
 		case <-ss.ctx.Done():
-			s.metrics.kvWaitGone("grant")
-			return nil, errSessionGone
+			s.metrics.kvWaitGone(what)
+			return false, true
 		}
 	}
+}
+
+// park takes one of a session's max places for requests waiting (n
+// counts them); false when none is left: the caller answers at once.
+func park(n *atomic.Int32, max int32) bool {
+	if n.Add(1) > max {
+		n.Add(-1)
+		return false
+	}
+	return true
 }
 
 // answerKVInfo answers a peer's KVInfoRequest: at once when the cache is
 // registered (or too many questions wait already), else when it is, or
 // after kvRegisterWait, on a goroutine of its own.
 func (s *Server) answerKVInfo(ss *session, m *wire.KVInfoRequest) {
-	if s.kv.get(m.Name) != nil {
-		s.kv.infoAsked(ss, m)
-		return
-	}
-	if ss.infoParked.Add(1) > maxInfoParked {
-		ss.infoParked.Add(-1)
+	if s.kv.get(m.Name) != nil || !park(&ss.infoParked, maxInfoParked) {
 		s.kv.infoAsked(ss, m)
 		return
 	}
 	s.wg.Go(func() {
 		defer ss.infoParked.Add(-1)
-		if s.awaitRegistered(ss, m.Name) {
+		// answered after the wait too: "no KV cache" then
+		if _, gone := s.waitFor(ss, "registration", kvRegisterWait, s.kv.regSignal, func() bool { return s.kv.get(m.Name) != nil }); !gone {
 			s.kv.infoAsked(ss, m)
 		}
 	})
 }
 
-// awaitRegistered waits until KV cache name is registered or
-// kvRegisterWait passed (true: answer now; the wait counted), or the
-// session ends (false).
-func (s *Server) awaitRegistered(ss *session, name string) bool {
-	t := time.NewTimer(kvRegisterWait)
-	defer t.Stop()
-	s.metrics.kvWaitStarts("registration")
-	for {
-		registered := s.kv.regSignal() // before the check: a registration after it wakes us
-		if s.kv.get(name) != nil {
-			s.metrics.kvWaited("registration", true)
-			return true
-		}
-		select {
-		case <-registered:
-		case <-t.C:
-			s.metrics.kvWaited("registration", false)
-			return true
-		case <-ss.ctx.Done():
-			s.metrics.kvWaitGone("registration")
-			return false
-		}
-	}
-}
-
 // ticketArrived queues a peer's ticket, come on ss, and answers it: at
 // once (the event loop: it never blocks), or, when no inbox it could go to
-// is open, once one opens or after inboxWait, on a goroutine of its own.
+// is open, once one opens or after inboxWait (the last refusal), on a
+// goroutine of its own.
 func (s *Server) ticketArrived(ss *session, m *wire.Ticket) {
 	err := s.inboxes.deliver(ss.peerName, m)
-	if errCode(err) != wire.CodeUnknownRegion {
-		answerTicket(ss, m, err)
-		return
-	}
-	if ss.ticketsParked.Add(1) > maxTicketsParked {
-		ss.ticketsParked.Add(-1)
+	if errCode(err) != wire.CodeUnknownRegion || !park(&ss.ticketsParked, maxTicketsParked) {
 		answerTicket(ss, m, err)
 		return
 	}
 	s.wg.Go(func() {
 		defer ss.ticketsParked.Add(-1)
-		if ok, err := s.awaitInbox(ss, m); ok {
+		if _, gone := s.waitFor(ss, "inbox", inboxWait, s.inboxes.openSignal, func() bool {
+			err = s.inboxes.deliver(ss.peerName, m)
+			return errCode(err) != wire.CodeUnknownRegion
+		}); !gone {
 			answerTicket(ss, m, err)
 		}
 	})
-}
-
-// awaitInbox delivers m once an inbox for it opens, or gives up after
-// inboxWait (err: the last refusal; the wait counted); ok false when the
-// session ended first (nothing to answer).
-func (s *Server) awaitInbox(ss *session, m *wire.Ticket) (ok bool, err error) {
-	t := time.NewTimer(inboxWait)
-	defer t.Stop()
-	s.metrics.kvWaitStarts("inbox")
-	for {
-		opened := s.inboxes.openSignal() // before the try: an open after it wakes us
-		err = s.inboxes.deliver(ss.peerName, m)
-		if errCode(err) != wire.CodeUnknownRegion {
-			s.metrics.kvWaited("inbox", true)
-			return true, err
-		}
-		select {
-		case <-opened:
-		case <-t.C:
-			s.metrics.kvWaited("inbox", false)
-			return true, err
-		case <-ss.ctx.Done():
-			s.metrics.kvWaitGone("inbox")
-			return false, nil
-		}
-	}
 }
 
 // parkKVPull holds m, refused for want of a grant, until one admits it or
 // kvGrantWait passed, on a goroutine of its own; false when it cannot
 // wait (no key named, too many waiting): the caller refuses it.
 func (s *Server) parkKVPull(ss *session, m *wire.KVPull) bool {
-	if len(m.Key) == 0 {
-		return false
-	}
-	if ss.pullParked.Add(1) > maxParked {
-		ss.pullParked.Add(-1)
+	if len(m.Key) == 0 || !park(&ss.pullParked, maxParked) {
 		return false
 	}
 	s.wg.Go(func() {

@@ -157,7 +157,7 @@ class Ledger:
 
 class _Job:
     """One run of a queued job: ``fn`` starts its transfers; ``rec`` is its request's record. ``attempt`` 0 is
-    the first run; ``deadline`` (a timeout after the first run began) bounds every run's transfers and when a
+    the first run; ``deadline`` (a timeout after the first run was taken up) bounds every run's transfers and when a
     run may start; ``cut`` is when a sidecar first cut it short (0: not yet);
     ``again`` once this run's retry is scheduled (a second transfer of the run cut short needs no second);
     ``why`` the failure this run is a retry of."""
@@ -236,16 +236,15 @@ class Mover:
             # failure it was to make good is the request's
             led.submitted(job.req, [], job.why, job.rec)
             return
+        job.deadline = job.deadline or time.monotonic() + self.timeout
         tids: List[int] = []
         err: Optional[BaseException] = None
         try:
             if job.event is not None:
                 job.event.synchronize()
                 job.event = None  # a run again reads rows already written
-            job.deadline = job.deadline or time.monotonic() + self.timeout
             tids = list(job.fn())
         except BaseException as e:  # noqa: B902 - recorded for the request, the engine goes on
-            job.deadline = job.deadline or time.monotonic() + self.timeout
             if self._again(job, e):
                 led.submitted(job.req, [], None, job.rec)
                 return
@@ -270,7 +269,7 @@ class Mover:
             elif isinstance(e, TimeoutError):
                 # outlived its deadline: stop it so it writes nothing later (not from the reader thread)
                 threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
-            elif e is not None and self._again(job, e):
+            elif self._again(job, e):
                 e = None  # this run's failure is not the request's: the next run's end is
             led.ended(req, tid, e, job.rec)
 
@@ -310,7 +309,7 @@ class Mover:
 
     def _requeue(self, job: _Job) -> None:
         with self._cv:
-            self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
+            self._timers.discard(threading.current_thread())  # type: ignore[arg-type]
             if self._closed:
                 self._queued -= 1
                 self._cv.notify_all()

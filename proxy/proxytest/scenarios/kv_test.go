@@ -392,11 +392,7 @@ func TestKVRegisteredLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := kvsim.KVMove{Layers: []int{0, 1}, SrcTable: []uint32{5, 1, 9}, DstTable: []uint32{2, 7, 3}, Tokens: 40}
-	registered := registerWhenAsked(dec, register)
-	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late", wire.Push, src, dst)})
-	if err := <-registered; err != nil {
-		t.Fatal(err)
-	}
+	lateKV(t, pre, dec, m.Submit(route, "late", wire.Push, src, dst), register)
 	landed(t, "decode cache", src, dst, want, m)
 
 	// A pull from a decode cache registered late.
@@ -406,11 +402,7 @@ func TestKVRegisteredLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registered = registerWhenAsked(dec, register2)
-	doKV(t, pre.Client, []wire.SubmitKV{m.Submit(route, "late-pull", wire.Pull, into, from)})
-	if err := <-registered; err != nil {
-		t.Fatal(err)
-	}
+	lateKV(t, pre, dec, m.Submit(route, "late-pull", wire.Pull, into, from), register2)
 	landed(t, "prefill cache after the pull", from, into, want, m)
 
 	// Each sidecar counted its waits: the decode the push's shape
@@ -428,19 +420,18 @@ func TestKVRegisteredLate(t *testing.T) {
 	})
 }
 
-// registerWhenAsked calls register once sc shows a peer's question
-// waiting for a registration, so the test sees the wait whatever the
-// machine's pace; the channel has register's error.
-func registerWhenAsked(sc *proxytest.Sidecar, register func() error) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		if err := metricReaches(sc, `stage_kv_waiting{for="registration"}`, 1); err != nil {
-			done <- err
-			return
-		}
-		done <- register()
-	}()
-	return done
+// lateKV runs sub from pre and registers dec's cache once dec shows the
+// transfer's shape question waiting for it (whatever the machine's pace);
+// the transfer must end only after that, and well.
+func lateKV(t *testing.T, pre, dec *proxytest.Sidecar, sub wire.SubmitKV, register func() error) {
+	t.Helper()
+	done := waiting(t, dec, "registration", func() error { return kvRun(t, pre.Client, sub) })
+	if err := register(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("%s into a cache registered late: %v", sub.Tag, err)
+	}
 }
 
 // TestKVSameNode: between sidecars on one node, a KV transfer converts on

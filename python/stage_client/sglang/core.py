@@ -126,15 +126,18 @@ class StageKVManager:
             live = self.grants.live(time.monotonic())
         grant_again(client, self.cache_name, live, log)
 
-    def grant_writes(self, pages: List[int]) -> bytes:
+    def grant_writes(self, room: str, pages: List[int]) -> bytes:
         """Decode: let the prefill's pushes naming the key returned write exactly ``pages`` of this rank's pool,
-        for the timeout and 5 s more. The cache is guarded from then on: a push without a live grant is
-        refused."""
+        for the timeout and 5 s more; room ``room``'s aux ticket must name it too. The cache is guarded from
+        then on: a push without a live grant is refused."""
         key = grant_key()
         ttl = min(self.timeout + 5.0, 3600.0)
         self.client.grant(self.cache_name, key, pages, ttl, write=True)
         with self.lock:
             self.grants.made(key, pages, True, ttl, 1, time.monotonic())
+            r = self.rooms.get(room)
+            if r is not None:
+                r.key = key
         return key
 
     def revoke(self, key: bytes) -> str:
@@ -163,13 +166,6 @@ class StageKVManager:
             r.tokens = r.cov.tokens = tokens
             if aux_slot is not None:
                 r.aux = auxmeta.check_slot(aux_slot, self.aux_slots)
-
-    def keyed(self, room: str, key: bytes) -> None:
-        """Decode: the grant key the room's pushes (and its aux ticket) name."""
-        with self.lock:
-            r = self.rooms.get(room)
-            if r is not None:
-                r.key = key
 
     def _aux_ticket(self, it: TicketItem) -> None:
         """Decode: an aux ticket came (the inbox's thread): kept for its room, when it names the room's key."""

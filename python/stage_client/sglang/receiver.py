@@ -55,11 +55,10 @@ class StageKVReceiver:
             return
         self.deadline = time.monotonic() + m.timeout
         try:
-            self.key = m.grant_writes(pages)
+            self.key = m.grant_writes(self.room, pages)
         except (StageError, OSError, ValueError) as e:
             self.error = "granting the prefill's pushes into room %s: %s" % (self.room, e)
             return
-        m.keyed(self.room, self.key)
         ticket["grant"] = self.key.hex()
         key = "%s@%d" % (self.room, m.rank)  # each rank's ticket names its own grant
         try:

@@ -100,14 +100,15 @@ class StageKVSender:
             self.error = "aux buffers differ: the decode's items are %s B, this prefill's %s B" % (
                 t.get("aux_items"), m.aux_items)
             return
-        if t.get("aux_tickets") and not m.aux_tickets:
+        by_ticket = bool(t.get("aux_tickets"))  # else into the decode's regions (its sidecar predates tickets)
+        if by_ticket and not m.aux_tickets:
             self.error = ("the decode takes aux bytes as tickets (kind 3), which this prefill's sidecar predates: "
                           "upgrade its staged")
             return
         try:
             slot, dst_slot = auxmeta.check_slot(self.aux_index, m.aux_slots), int(t["aux_index"])
-            data = auxmeta.slot_bytes(m.aux_buffers, slot) if t.get("aux_tickets") else b""
-            if m.aux is not None and not t.get("aux_tickets"):
+            data = auxmeta.slot_bytes(m.aux_buffers, slot) if by_ticket else b""
+            if not by_ticket and m.aux is not None:
                 m.aux.load(slot)
         except (ValueError, TypeError) as e:
             self.error = "aux of room %s: %s" % (self.room, e)
@@ -115,7 +116,7 @@ class StageKVSender:
         for d in range(int(t["tp"])):
             if d % m.tp != m.rank:
                 continue
-            if t.get("aux_tickets"):
+            if by_ticket:
                 try:
                     body = auxmeta.ticket_body(self.keys.get(d, b""), data)
                 except ValueError as e:

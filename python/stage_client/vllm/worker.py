@@ -148,8 +148,9 @@ class StageWorker:
         self.counters.add("sidecar_reconnects")
 
     def _disconnected(self) -> None:
-        """The sidecar closed the connection: the pushes arriving now cannot be heard of (their notifications
-        went with it): fail them at once (pulls in flight failed with the connection)."""
+        """The sidecar closed the connection (it restarted): the pushes arriving keep waiting, to their deadline
+        (their senders push again what the restart cut short: :mod:`stage_client.mover`), and say so if they
+        time out; the pulls in flight failed with the connection, and the mover pulls them again."""
         with self.lock:
             self.core.disconnected()
 
