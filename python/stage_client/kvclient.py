@@ -1,9 +1,10 @@
 """The KV requests of :class:`~stage_client.client.Client`: RegisterKV and SubmitKV.
 
-Kept apart from client.py (which holds the connection, its reader and the
-byte-range requests); :class:`KVRequests` is a base of Client and uses only
-its ``_call``. A KV transfer's id is an ordinary transfer id: wait for it,
-ask its status or cancel it with the Client's usual methods.
+Kept apart from client.py and the byte-range requests (regionclient.py,
+transferclient.py; the connection and its reader live in connection.py);
+:class:`KVRequests` is a base of Client and uses only its ``_call``. A KV
+transfer's id is an ordinary transfer id: wait for it, ask its status or
+cancel it with the Client's usual methods.
 """
 
 from __future__ import annotations
