@@ -1,9 +1,24 @@
 """The local control socket's byte layouts (``docs/PROTOCOL.md``), pure Python.
 
-* :mod:`.wire`: the frame header, enumerations, limits, the body encoders
-  and decoders, and the messages of sections 5 and 9;
+* :mod:`.wire`: every name of sections 1 to 5 and 9 in one module, as
+  before they were split into the seven below (and the name the rest of
+  stage_client imports them by);
+* :mod:`.limits`: the header's magic, version and flags, and every limit
+  (sections 2 and 4);
+* :mod:`.enums`: FrameType, Code, Access, Direction, State, Checksum,
+  QueryKind, HandleKind (sections 3 and 5);
+* :mod:`.codec`: ProtocolError, the Message base, and the body encoder and
+  decoder every message uses;
+* :mod:`.frame`: the 16-byte header, CRC32C, ``encode_frame``;
+* :mod:`.regions`: Register and Unregister (9.3, 9.4);
+* :mod:`.transfers`: LocalOp, Submit, Submitted, Wait, Status, XferStatus,
+  Cancel, Subscribe and Notify (9.5 to 9.12);
+* :mod:`.queries`: Query and QueryReply, and the plain answers OK and Fail
+  (9.13 to 9.16);
+* :mod:`.fields`: the codec of messages that are a plain run of fields;
 * :mod:`.kvwire`: the KV frames RegisterKV and SubmitKV (12.5, 12.6);
 * :mod:`.group`: Join (9.18), a connection joining an ownership group;
+* :mod:`.tickets`: OpenInbox, PostTicket, TakeTickets, Tickets (9.19), short messages between engines;
 * :mod:`.grants`: Grant and RevokeGrant (9.20), which peer request may read or write which blocks;
 * :mod:`.pieces`: SubmitHead and SubmitMore (9.5b), a large Submit sent in pieces;
 * :mod:`.messages`: the one registry of every local message type, built

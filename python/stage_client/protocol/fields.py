@@ -4,7 +4,7 @@ Join, the tickets and the grants (PROTOCOL.md 9.18 to 9.20) are each a
 ``Req`` and a few fields in a fixed order, every field read and written the
 same way. Such a message lists its fields (:class:`Field`, built by the
 helpers below) in ``FIELDS``; :class:`FieldMessage` encodes and decodes
-them in that order with :mod:`.wire`'s encoder and decoder, so the errors
+them in that order with :mod:`.codec`'s encoder and decoder, so the errors
 name the message and the field as every other message's do
 (``"Grant.Key: ..."``). A check between fields (Grant's TTL against its
 uses) is the message's :meth:`~FieldMessage.check` before encoding and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Dict, NamedTuple, Sequence, Tuple, Type, TypeVar, Union
 
-from .wire import Message, _Dec, _Enc
+from .codec import Message, _Dec, _Enc
 
 __all__ = ["Field", "FieldMessage", "u8", "u16", "u32", "u64", "str16", "bytes16", "bytes32", "put_fields",
            "get_fields"]

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List
 
+from .codec import _Dec, _Enc
+from .enums import FrameType
 from .fields import Field, FieldMessage, str16, u16, u32, u64
 from .kvwire import MAX_GRANT_KEY, MAX_GRANT_TTL_MS, MAX_GRANT_USES, check_key, dec_key, pack_u32s
-from .wire import MAX_KV_BLOCKS, MAX_NAME, FrameType, _Dec, _Enc
+from .limits import MAX_KV_BLOCKS, MAX_NAME
 
 __all__ = ["Grant", "RevokeGrant"]
 

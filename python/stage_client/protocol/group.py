@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .enums import FrameType
 from .fields import FieldMessage, bytes16, u64
-from .wire import FrameType
 
 __all__ = ["Join", "MIN_GROUP", "MAX_GROUP"]
 

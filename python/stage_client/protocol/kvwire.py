@@ -2,7 +2,7 @@
 
 PROTOCOL.md sections 12.5 and 12.6; the Go package ``wire`` (kv.go,
 kv_codec.go) is the reference and these encode byte for byte as it does.
-The rules of :mod:`stage_client.protocol.wire` hold here too: decoders raise
+The rules of :mod:`stage_client.protocol.codec` hold here too: decoders raise
 ProtocolError for anything malformed, encoders raise ValueError for what
 the sidecar would refuse to decode (so one bad call does not take the
 connection down).
@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Union
 
-from .wire import (MAX_KV_BLOCKS, MAX_KV_LAYERS, MAX_KV_PARTS, MAX_NAME, MAX_TAG, Checksum, Direction, FrameType,
-                   Message, _Dec, _Enc)
+from .codec import Message, _Dec, _Enc
+from .enums import Checksum, Direction, FrameType
+from .limits import MAX_KV_BLOCKS, MAX_KV_LAYERS, MAX_KV_PARTS, MAX_NAME, MAX_TAG
 
 __all__ = ["DTYPE_CODES", "KVPart", "KVLayout", "RegisterKV", "SubmitKV", "pack_u32s", "MIN_GRANT_KEY", "MAX_GRANT_KEY",
            "MAX_GRANT_TTL_MS", "MAX_GRANT_USES", "check_key", "dec_key"]
@@ -184,7 +185,6 @@ def dec_key(d: _Dec, name: str) -> bytes:
     if len(k) < MIN_GRANT_KEY:
         raise d.fail("malformed", name, "%d-byte key; want %d to %d random bytes" % (len(k), MIN_GRANT_KEY, MAX_GRANT_KEY))
     return bytes(k)
-
 
 
 @dataclass

@@ -1,9 +1,12 @@
 """The one registry of local control-socket messages, and the decoders that use it.
 
-Every message class of :mod:`.wire` (sections 5 and 9 of
-``docs/PROTOCOL.md``) and of :mod:`.kvwire` (12.5, 12.6) is registered here,
-by its frame type (and Join, of :mod:`.group`, 9.18; the tickets of :mod:`.tickets`, 9.19; Grant and RevokeGrant, of :mod:`.grants`, 9.20; SubmitHead and SubmitMore, of :mod:`.pieces`, 9.5b), once, when this module is imported; nothing adds to the
-registry afterwards (it is read-only).
+Every message class of :mod:`.regions`, :mod:`.transfers` and :mod:`.queries`
+(section 9 of ``docs/PROTOCOL.md``) and of :mod:`.kvwire` (12.5, 12.6) is
+registered here, by its frame type (and Join, of :mod:`.group`, 9.18; the
+tickets of :mod:`.tickets`, 9.19; Grant and RevokeGrant, of :mod:`.grants`,
+9.20; SubmitHead and SubmitMore, of :mod:`.pieces`, 9.5b), once, when this
+module is imported; nothing adds to the registry afterwards (it is
+read-only).
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping, Tuple, Type, Union
 
+from .codec import Message, ProtocolError
+from .enums import _tname
+from .frame import Header, parse_header, verify_crc
 from .grants import Grant, RevokeGrant
 from .group import Join
-from .pieces import SubmitHead, SubmitMore
-from .tickets import OpenInbox, PostTicket, TakeTickets, Tickets
 from .kvwire import RegisterKV, SubmitKV
-from .wire import (HEADER_SIZE, MAX_CONTROL_BODY, OK, Cancel, Fail, Header, Message, Notify, ProtocolError, Query,
-                   QueryReply, Register, Status, Submit, Submitted, Subscribe, Unregister, Wait, XferStatus, _tname,
-                   parse_header, verify_crc)
+from .limits import HEADER_SIZE, MAX_CONTROL_BODY
+from .pieces import SubmitHead, SubmitMore
+from .queries import OK, Fail, Query, QueryReply
+from .regions import Register, Unregister
+from .tickets import OpenInbox, PostTicket, TakeTickets, Tickets
+from .transfers import Cancel, Notify, Status, Submit, Submitted, Subscribe, Wait, XferStatus
 
 __all__ = ["MESSAGES", "decode_body", "decode_frame"]
 
@@ -26,8 +33,8 @@ __all__ = ["MESSAGES", "decode_body", "decode_frame"]
 MESSAGES: Mapping[int, Type[Message]] = MappingProxyType({
     int(c.TYPE): c
     for c in (Register, Unregister, Submit, Submitted, Wait, Status, XferStatus, Cancel, Subscribe, Notify,
-              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets, Grant, RevokeGrant,
-              SubmitHead, SubmitMore)
+              Query, QueryReply, OK, Fail, RegisterKV, SubmitKV, Join, OpenInbox, PostTicket, TakeTickets, Tickets,
+              Grant, RevokeGrant, SubmitHead, SubmitMore)
 })
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Union
 
-from .wire import (MAX_NAMES, _U64_MAX, FrameType, LocalOp, Message, Submit, _Dec, _Enc, pack_local_ops,
-                   unpack_local_ops)
+from .codec import Message, _Dec, _Enc
+from .enums import FrameType
+from .limits import MAX_NAMES, _U64_MAX
+from .transfers import LocalOp, Submit, pack_local_ops, unpack_local_ops
 
 __all__ = ["SubmitHead", "SubmitMore", "MAX_SUBMIT_PIECES", "SUBMIT_REST_MS", "SUBMIT_OPEN_MAX", "head_of"]
 
@@ -118,4 +120,3 @@ def head_of(s: Submit) -> SubmitHead:
     if not 0 < total <= _U64_MAX:
         raise ValueError("Submit: ops of %d bytes in all" % total)
     return SubmitHead(submit=s, total=total, ends=ends)
-

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Tuple
 
+from .codec import _Dec, _Enc
+from .enums import FrameType
 from .fields import Field, FieldMessage, bytes32, get_fields, put_fields, str16, u16, u32, u64
-from .wire import MAX_NAME, MAX_TAG, FrameType, _Dec, _Enc
+from .limits import MAX_NAME, MAX_TAG
 
 __all__ = ["OpenInbox", "PostTicket", "TakeTickets", "Tickets", "TicketItem", "TICKET_PUSH", "TICKET_FAILURE",
            "TICKET_AUX", "TICKET_KINDS",
