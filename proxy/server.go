@@ -90,15 +90,7 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open device %s:%d: %w", cfg.Device.Kind, cfg.Device.Ordinal, err)
 	}
-	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
-		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
-	s.sender.s, s.inline.s = s, s
-	s.sessions = newSessionTable(cfg.Limits, coreUp)
-	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
-	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
-	s.kv.init(s.regions, dev.Kind(), s.newID, cfg.Security.RequireGrants)
-	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
-	s.metrics = newMetrics(s)
+	s := newServer(cfg, log, dev, token)
 	if cfg.Security.TLS.Enabled() {
 		if s.tls, err = loadPeerTLS(cfg.Security.TLS, log); err != nil {
 			_ = dev.Close()
@@ -114,14 +106,43 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 			s.closeResources()
 		}
 	}()
+	if err = s.openStaging(); err != nil {
+		return nil, err
+	}
+	if err = s.listen(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newServer builds the sidecar's tables around dev: nothing in them holds
+// a resource that closeResources would have to free.
+func newServer(cfg *config.Config, log *zap.Logger, dev device.Device, token string) *Server {
+	s := &Server{cfg: cfg, log: log, dev: dev, token: []byte(token), start: time.Now(), sender: sender{mbox: newMailbox()},
+		outs: newOutTable(), xfers: newXferTable(), links: newLinkTable()}
+	s.sender.s, s.inline.s = s, s
+	s.sessions = newSessionTable(cfg.Limits, coreUp)
+	s.routes = routing.New[*session](routeHost{s}, log, &s.wg)
+	s.regions = region.NewTable(dev, s.sessions.revokeRegion)
+	s.kv.init(s.regions, dev.Kind(), s.newID, cfg.Security.RequireGrants)
+	s.preauth = newPreauth(cfg.Limits.MaxHandshakes, cfg.Limits.MaxHandshakesPerAddr, log)
+	s.metrics = newMetrics(s)
+	return s
+}
+
+// openStaging allocates what moves the bytes: the pinned send and receive
+// pools, the send core, the latency path's lane and pool, the copy
+// streams. On error, what it opened is left for closeResources.
+func (s *Server) openStaging() (err error) {
+	cfg, dev := s.cfg, s.dev
 	slot := int(cfg.Staging.SlotSize)
 	sendSlots := cfg.Staging.Slots / 2
 	recvSlots := cfg.Staging.Slots - sendSlots
 	if s.sender.pool, err = s.sender.openPool(slot, sendSlots); err != nil {
-		return nil, err
+		return err
 	}
 	if s.recvPool, err = staging.NewPool(dev, slot, recvSlots); err != nil {
-		return nil, err
+		return err
 	}
 	s.sender.gather = gatherer{pool: s.sender.pool, copiers: &s.copiers, mbox: s.sender.mbox, nanos: &s.metrics.copyNanos[copyGather]}
 	// After openPool: an auto depth follows whether chunks go by splice.
@@ -134,27 +155,35 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 	// The lane also lands peers' inline pushes, so it exists even when
 	// our own pushes never take the latency path.
 	if s.inline.lane, err = staging.NewLane(dev); err != nil {
-		return nil, err
+		return err
 	}
 	if cfg.Staging.InlineMax > 0 {
 		if s.inline.pool, err = staging.NewPool(dev, int(cfg.Staging.InlineMax), inlineSlots); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for i := 0; i < cfg.Staging.CopyStreams; i++ {
 		c, err := staging.NewCopier(dev, cfg.Staging.Slots)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.copiers.all = append(s.copiers.all, c)
 	}
+	return nil
+}
+
+// listen binds what others reach the sidecar by: the peer listener, the
+// control socket, the node socket and the metrics endpoint. On error,
+// what it bound is left for closeResources.
+func (s *Server) listen() (err error) {
+	cfg, dev, log := s.cfg, s.dev, s.log
 	if s.peerLn, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
+		return fmt.Errorf("listen for peers on %s: %w; is another staged running? set listen", cfg.Listen, err)
 	}
 	if s.engines, err = engine.Listen(cfg.SocketPath(), engineHost{s}, log,
 		engine.Options{MaxClients: cfg.Limits.MaxClients, ReadSpin: cfg.Staging.ReadSpin.Resolve(),
 			FirstRequestTimeout: cfg.Limits.ClientFirstRequestTimeout, TrustSocketParent: cfg.Security.TrustSocketParent}); err != nil {
-		return nil, err
+		return err
 	}
 	wake := cfg.Node.WakeLink == "on" || (cfg.Node.WakeLink == "auto" && dev.Kind() == device.KindCUDA)
 	var newWake func() (*node.WakeBuffer, error)
@@ -166,10 +195,10 @@ func New(cfg *config.Config, log *zap.Logger) (_ *Server, err error) {
 		IdleConn: cfg.Node.IdleConnTimeout, TrustSocketParent: cfg.Security.TrustSocketParent, WakeLink: wake, NewWake: newWake})
 	if cfg.Metrics.Listen != "" {
 		if err = s.serveMetrics(cfg.Metrics.Listen); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // PeerAddr is the address peers dial.

@@ -360,3 +360,79 @@ func (m *Fail) decode(d *decoder) {
 	m.Code = Code(d.u16("Code"))
 	m.Message = d.str("Message", MaxMessage)
 }
+
+// decodeLocalMsg is decodeMsg for the control socket's frames, then the
+// same-node ones (decodeNodeMsg).
+func decodeLocalMsg(t Type, d *decoder) Msg {
+	switch t {
+	case TypeRegister:
+		m := new(Register)
+		m.decode(d)
+		return m
+	case TypeUnregister:
+		m := new(Unregister)
+		m.decode(d)
+		return m
+	case TypeSubmit:
+		m := new(Submit)
+		m.decode(d)
+		return m
+	case TypeSubmitWait:
+		m := new(SubmitWait)
+		m.Submit.decode(d)
+		return m
+	case TypeSubmitHead:
+		m := new(SubmitHead)
+		m.decode(d)
+		return m
+	case TypeSubmitMore:
+		m := new(SubmitMore)
+		m.decode(d)
+		return m
+	case TypeSubmitted:
+		m := new(Submitted)
+		m.decode(d)
+		return m
+	case TypeWait:
+		m := new(Wait)
+		m.decode(d)
+		return m
+	case TypeStatus:
+		m := new(Status)
+		m.decode(d)
+		return m
+	case TypeXferStatus:
+		m := new(XferStatus)
+		m.decode(d)
+		return m
+	case TypeCancel:
+		m := new(Cancel)
+		m.decode(d)
+		return m
+	case TypeSubscribe:
+		m := new(Subscribe)
+		m.decode(d)
+		return m
+	case TypeNotify:
+		m := new(Notify)
+		m.decode(d)
+		return m
+	case TypeQuery:
+		m := new(Query)
+		m.decode(d)
+		return m
+	case TypeQueryReply:
+		m := new(QueryReply)
+		m.decode(d)
+		return m
+	case TypeOK:
+		m := new(OK)
+		m.decode(d)
+		return m
+	case TypeFail:
+		m := new(Fail)
+		m.decode(d)
+		return m
+	}
+	return decodeNodeMsg(t, d)
+}

@@ -324,3 +324,83 @@ func (m *Error) decode(d *decoder) {
 	m.Code = Code(d.u16("Code"))
 	m.Message = d.str("Message", MaxMessage)
 }
+
+// decodePeerMsg is decodeMsg for the peer protocol's frames, then the
+// same-node ones (decodeNodeMsg).
+func decodePeerMsg(t Type, d *decoder) Msg {
+	switch t {
+	case TypeHello:
+		m := new(Hello)
+		m.decode(d)
+		return m
+	case TypeChallenge:
+		m := new(Challenge)
+		m.decode(d)
+		return m
+	case TypeAuth:
+		m := new(Auth)
+		m.decode(d)
+		return m
+	case TypeWelcome:
+		m := new(Welcome)
+		m.decode(d)
+		return m
+	case TypeDataHello:
+		m := new(DataHello)
+		m.decode(d)
+		return m
+	case TypeDataAccept:
+		m := new(DataAccept)
+		m.decode(d)
+		return m
+	case TypeCatalogRequest:
+		m := new(CatalogRequest)
+		m.decode(d)
+		return m
+	case TypeCatalog:
+		m := new(Catalog)
+		m.decode(d)
+		return m
+	case TypeAnnounce:
+		m := new(Announce)
+		m.decode(d)
+		return m
+	case TypePullRequest:
+		m := new(PullRequest)
+		m.decode(d)
+		return m
+	case TypeAccept:
+		m := new(Accept)
+		m.decode(d)
+		return m
+	case TypeAck:
+		m := new(Ack)
+		m.decode(d)
+		return m
+	case TypeNack:
+		m := new(Nack)
+		m.decode(d)
+		return m
+	case TypeCredit:
+		m := new(Credit)
+		m.decode(d)
+		return m
+	case TypeResend:
+		m := new(Resend)
+		m.decode(d)
+		return m
+	case TypeHeartbeat:
+		m := new(Heartbeat)
+		m.decode(d)
+		return m
+	case TypeGoodbye:
+		m := new(Goodbye)
+		m.decode(d)
+		return m
+	case TypeError:
+		m := new(Error)
+		m.decode(d)
+		return m
+	}
+	return decodeNodeMsg(t, d)
+}

@@ -160,6 +160,62 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	f := &kvFixture{ctx: ctx, o: &o, r: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)),
 		tag: fmt.Sprintf("kvbench-%d", time.Now().UnixNano()%1e6)}
 	defer f.close()
+	c, err := f.benchCaches(lc, rc)
+	if err != nil {
+		return nil, err
+	}
+	before, err := c.dst.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	runs, err := f.runs(lc, rc, c)
+	if err != nil {
+		return nil, err
+	}
+	l := &c.src.Layout
+	bytes := uint64(o.layers) * uint64(o.tokens) * uint64(l.Held()) * l.RowWidth() * l.DType.Size()
+	busy, err := timeKVRuns(ctx, o, runs)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]kvRow, len(runs))
+	for i := range runs {
+		rows[i] = kvRow{What: runs[i].what, Bytes: bytes, GBps: float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9}
+	}
+	// Every row of the converting transfer must have landed, and nothing
+	// else in the destination changed.
+	if err := checkLanded(fmt.Sprintf("kv %s -> %s", o.from, o.to), c.dst, before, []*kvsim.KV{c.src}, c.conv); err != nil {
+		return nil, err
+	}
+	printKVRows(w, o, l, bytes, rows)
+	acc, err := kvAcceptRows(ctx, w, o)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, acc...), nil
+}
+
+// printKVRows prints the KV bench's table; rows[1] is the same-layout KV
+// transfer, which every row is compared with.
+func printKVRows(w io.Writer, o kvBenchOpts, l *kvlayout.Layout, bytes uint64, rows []kvRow) {
+	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
+		o.layers, o.tokens, l.Held(), l.RowWidth(), config.ByteSize(bytes), o.iters, o.ldev, o.rdev)
+	for _, row := range rows {
+		fmt.Fprintf(w, "  %-48s %8.2f GB/s  %.2fx the same-layout KV transfer\n", row.What, row.GBps, row.GBps/rows[1].GBps)
+	}
+}
+
+// kvBenchCaches is what the KV bench moves: src on the local engine, dst
+// (of o.to) and same (of o.from) on the remote one, and the moves into
+// each (conv converts the layout, ident does not).
+type kvBenchCaches struct {
+	src, dst, same *kvsim.KV
+	conv, ident    kvsim.KVMove
+}
+
+// benchCaches makes the bench's caches and block tables.
+func (f *kvFixture) benchCaches(lc, rc *client.Client) (*kvBenchCaches, error) {
+	o := f.o
 	src, err := f.cache(lc, o.ldev, "src", o.from, true)
 	if err != nil {
 		return nil, err
@@ -178,13 +234,17 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 	}
 	conv := kvsim.KVMove{Layers: layers, SrcTable: f.table(o.from), DstTable: f.table(o.to), Tokens: o.tokens}
 	ident := kvsim.KVMove{Layers: layers, SrcTable: conv.SrcTable, DstTable: f.table(o.from), Tokens: o.tokens}
-	before, err := dst.Snapshot()
-	if err != nil {
-		return nil, err
-	}
+	return &kvBenchCaches{src: src, dst: dst, same: same, conv: conv, ident: ident}, nil
+}
+
+// runs is the bench's rows: the converting and the same-layout KV
+// transfer, with o.grant the same-layout one under a grant each time, and
+// the byte ops of the same-layout one where it has them.
+func (f *kvFixture) runs(lc, rc *client.Client, c *kvBenchCaches) ([]kvRun, error) {
+	ctx, o := f.ctx, *f.o
 	kvOnce := func(m *kvsim.KVMove, to *kvsim.KV) func() error {
 		return func() error {
-			s := m.Submit(o.route, f.tag, wire.Push, src, to)
+			s := m.Submit(o.route, f.tag, wire.Push, c.src, to)
 			s.Checksum = o.checksum
 			id, err := lc.SubmitKV(ctx, s)
 			if err != nil {
@@ -195,8 +255,8 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 		}
 	}
 	runs := []kvRun{
-		{fmt.Sprintf("kv %s -> %s", o.from, o.to), kvOnce(&conv, dst)},
-		{fmt.Sprintf("kv %s -> %s (same layout)", o.from, o.from), kvOnce(&ident, same)},
+		{fmt.Sprintf("kv %s -> %s", o.from, o.to), kvOnce(&c.conv, c.dst)},
+		{fmt.Sprintf("kv %s -> %s (same layout)", o.from, o.from), kvOnce(&c.ident, c.same)},
 	}
 	if o.grant {
 		// Its own cache: a grant guards the cache it is made on.
@@ -205,56 +265,16 @@ func runKVBench(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error
 			return nil, err
 		}
 		runs = append(runs, kvRun{fmt.Sprintf("kv %s -> %s, Grant+Revoke each", o.from, o.from),
-			grantedOnce(ctx, lc, rc, o, f.tag, &ident, src, guarded)})
+			grantedOnce(ctx, lc, rc, o, f.tag, &c.ident, c.src, guarded)})
 	}
-	if t, ok := src.ByteOps(same, &ident); ok {
+	if t, ok := c.src.ByteOps(c.same, &c.ident); ok {
 		t.Route, t.Dir, t.Tag, t.Checksum = o.route, wire.Push, f.tag, o.checksum
 		runs = append(runs, kvRun{fmt.Sprintf("byte ops, same blocks (%d ops)", len(t.Ops)), func() error {
 			_, err := lc.Do(ctx, t)
 			return err
 		}})
 	}
-	l := &src.Layout
-	bytes := uint64(o.layers) * uint64(o.tokens) * uint64(l.Held()) * l.RowWidth() * l.DType.Size()
-	busy, err := timeKVRuns(ctx, o, runs)
-	if err != nil {
-		return nil, err
-	}
-	rows := make([]kvRow, len(runs))
-	for i := range runs {
-		rows[i] = kvRow{What: runs[i].what, Bytes: bytes, GBps: float64(bytes) * float64(o.iters) / busy[i].Seconds() / 1e9}
-	}
-	// Every row of the converting transfer must have landed, and nothing
-	// else in the destination changed.
-	if err := checkLanded(fmt.Sprintf("kv %s -> %s", o.from, o.to), dst, before, []*kvsim.KV{src}, conv); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(w, "KV: %d layers x %d tokens x %d kv heads x row of %d elements, bf16: %s per transfer; %d timed rounds; %s -> %s; verified\n",
-		o.layers, o.tokens, l.Held(), l.RowWidth(), config.ByteSize(bytes), o.iters, o.ldev, o.rdev)
-	for _, row := range rows {
-		fmt.Fprintf(w, "  %-48s %8.2f GB/s  %.2fx the same-layout KV transfer\n", row.What, row.GBps, row.GBps/rows[1].GBps)
-	}
-	acc, err := kvAcceptRows(ctx, w, o)
-	if err != nil {
-		return nil, err
-	}
-	return append(rows, acc...), nil
-}
-
-// kvAcceptRows measures how long the sidecar takes to accept a large
-// SubmitKV (kvAccept), prints it, and returns it as rows (their GBps
-// field holds microseconds).
-func kvAcceptRows(ctx context.Context, w io.Writer, o kvBenchOpts) ([]kvRow, error) {
-	const acceptBlocks = 65536
-	big, small, inside, err := kvAccept(ctx, o, acceptBlocks)
-	if err != nil {
-		return nil, fmt.Errorf("accept time: %w", err)
-	}
-	fmt.Fprintf(w, "  accept a %d-block request: %v inside the sidecar (decoded SubmitKV to transfer handed to the core, mean); %v from SubmitKV sent to Submitted read (a 1-block request: %v)\n",
-		acceptBlocks, inside.Round(time.Microsecond), big.Round(time.Microsecond), small.Round(time.Microsecond))
-	return []kvRow{{What: fmt.Sprintf("accept %d blocks inside the sidecar (us)", acceptBlocks), GBps: float64(inside.Microseconds())},
-		{What: fmt.Sprintf("accept %d blocks, engine round trip (us)", acceptBlocks), GBps: float64(big.Microseconds())},
-		{What: "accept 1 block, engine round trip (us)", GBps: float64(small.Microseconds())}}, nil
+	return runs, nil
 }
 
 // kvFixture makes the KV bench's caches and block tables, and undoes what
@@ -366,105 +386,6 @@ func grantedOnce(ctx context.Context, lc, rc *client.Client, o kvBenchOpts, tag 
 		}
 		return rc.RevokeGrant(ctx, to.Name, key)
 	}
-}
-
-// kvAccept measures how long the local sidecar takes to accept a KV
-// request of blocks blocks, from SubmitKV sent to Submitted read (the
-// sidecar has then checked both tables, built its side and plan, and
-// handed the transfer to its sender core: its first chunk can move),
-// beside the same for a one-block request: their difference is the cost
-// of the block table. Median of iters, after one of each to warm up.
-func kvAccept(ctx context.Context, o kvBenchOpts, blocks uint32) (big, small, inside time.Duration, err error) {
-	lc, err := client.Dial(o.local)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer lc.Close()
-	rc, err := client.Dial(o.remote)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer rc.Close()
-	// Tiny rows keep 2x blocks blocks in a few tens of MiB.
-	p := kvlayout.Params{DType: kvlayout.F16, Blocks: 2 * blocks, BlockSize: 16, Heads: 1, HeadHi: 1, HeadSize: 8}
-	tag := fmt.Sprintf("kvaccept-%d", time.Now().UnixNano()%1e6)
-	var caches []*kvsim.KV
-	defer func() {
-		for _, k := range caches {
-			_ = k.Close()
-		}
-	}()
-	for _, side := range []struct {
-		cl   *client.Client
-		dev  engineDevice
-		name string
-	}{{lc, o.ldev, "src"}, {rc, o.rdev, "dst"}} {
-		// On each side's own device: a cuda sidecar refuses regions of another GPU.
-		k, err := newKVOn(side.dev, tag+"-"+side.name, "vllm-flash", p, 1)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		caches = append(caches, k)
-		if err := k.Register(ctx, side.cl, wire.AccessAll); err != nil {
-			return 0, 0, 0, err
-		}
-		defer func(cl *client.Client, k *kvsim.KV) {
-			_ = cl.Unregister(context.Background(), k.Region(0, 0))
-		}(side.cl, k)
-	}
-	r := rand.New(rand.NewPCG(1, 2))
-	measure := func(n uint32) (time.Duration, error) {
-		m := kvsim.KVMove{Layers: []int{0}, SrcTable: randTable(r, int(2*blocks), int(n)),
-			DstTable: randTable(r, int(2*blocks), int(n)), Tokens: n * 16}
-		st0, err := lc.Stats(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer func() {
-			if st1, err := lc.Stats(ctx); err == nil && st1.KVAccepts > st0.KVAccepts {
-				inside = time.Duration((st1.KVAcceptNanos - st0.KVAcceptNanos) / (st1.KVAccepts - st0.KVAccepts))
-			}
-		}()
-		return submitTime(ctx, lc, o, m.Submit(o.route, tag, wire.Push, caches[0], caches[1]), n > 1)
-	}
-	if small, err = measure(1); err != nil {
-		return 0, 0, 0, err
-	}
-	big, err = measure(blocks) // last: inside is its mean
-	return big, small, inside, err
-}
-
-// submitTime submits s again and again, each waited for, and returns the
-// median time from SubmitKV sent to Submitted read: over 1 + max(o.iters,
-// 5) submits with the first dropped, or, where o has a profile and profile
-// is set, over 3 s of submits under it (long enough for a profile that
-// shows where the time goes).
-func submitTime(ctx context.Context, lc *client.Client, o kvBenchOpts, s wire.SubmitKV, profile bool) (time.Duration, error) {
-	iters := 1 + max(o.iters, 5)
-	more, skip := func(i int) bool { return i < iters }, 1
-	if o.prof != nil && profile {
-		const span = 3 * time.Second
-		o.prof.start(ctx, "kv-accept", span)
-		defer func() { _ = o.prof.wait() }()
-		deadline := time.Now().Add(span)
-		more, skip = func(int) bool { return !time.Now().After(deadline) }, 0
-	}
-	var ts []time.Duration
-	for i := 0; more(i); i++ {
-		t0 := time.Now()
-		id, err := lc.SubmitKV(ctx, s)
-		if err != nil {
-			return 0, err
-		}
-		if i >= skip {
-			ts = append(ts, time.Since(t0))
-		}
-		if _, err := lc.Wait(ctx, id, 0); err != nil {
-			return 0, err
-		}
-	}
-	slices.Sort(ts)
-	return ts[len(ts)/2], nil
 }
 
 // randTable is n distinct block ids of the first pool, in random order.
