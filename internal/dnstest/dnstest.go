@@ -27,14 +27,9 @@ type Server struct {
 
 // Start serves on addr ("127.0.0.1:0": a free port, the same for UDP and TCP).
 func Start(addr string) (*Server, error) {
-	pc, err := net.ListenPacket("udp", addr)
+	pc, ln, err := listen(addr)
 	if err != nil {
-		return nil, fmt.Errorf("dnstest: listen udp %s: %w", addr, err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		pc.Close()
-		return nil, fmt.Errorf("dnstest: listen tcp %s: %w", pc.LocalAddr(), err)
+		return nil, err
 	}
 	s := &Server{addr: pc.LocalAddr().String(), records: map[string][]net.IP{}}
 	s.udp = &dns.Server{PacketConn: pc, Handler: s}
@@ -53,6 +48,31 @@ func Start(addr string) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// listen opens addr's UDP socket and a TCP listener on the same port. A
+// free UDP port may be taken for TCP (another test's connection, say): with
+// port 0 another port is tried, a few times, before that is an error.
+func listen(addr string) (net.PacketConn, net.Listener, error) {
+	_, port, _ := net.SplitHostPort(addr)
+	tries := 1
+	if port == "0" {
+		tries = 20
+	}
+	var err error
+	for range tries {
+		pc, e := net.ListenPacket("udp", addr)
+		if e != nil {
+			return nil, nil, fmt.Errorf("dnstest: listen udp %s: %w", addr, e)
+		}
+		ln, e := net.Listen("tcp", pc.LocalAddr().String())
+		if e == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		err = fmt.Errorf("dnstest: listen tcp %s: %w", pc.LocalAddr(), e)
+	}
+	return nil, nil, err
 }
 
 // Addr is the server's host:port.

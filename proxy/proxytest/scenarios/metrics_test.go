@@ -100,6 +100,11 @@ func TestInboundMetricsBounded(t *testing.T) {
 	if err := dec.WaitSessions(n, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// The pusher's Do returns on the decode's answer, which may come before
+	// the decode has counted the transfer: wait for the count, then read.
+	if err := metricReaches(dec, `stage_transfers_total{link="peer:*",result="ok"}`, n); err != nil {
+		t.Fatal(err)
+	}
 	_, body := scrape(t, dec, "/metrics")
 	links := map[string]bool{}
 	for _, line := range strings.Split(body, "\n") {
