@@ -265,7 +265,8 @@ class Mover:
         def done(f: Any) -> None:
             e = f.exception()
             if e is None:
-                self._cut_since = 0.0  # transfers go through again
+                with self._cv:
+                    self._cut_since = 0.0  # transfers go through again
             elif isinstance(e, TimeoutError):
                 # outlived its deadline: stop it so it writes nothing later (not from the reader thread)
                 threading.Thread(target=self.cancel, args=(tid,), daemon=True).start()
