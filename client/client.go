@@ -48,12 +48,13 @@ type Client struct {
 	notify  chan *wire.Notify
 	err     error
 	done    chan struct{}
-	spin    spin.Policy   // see WithSpin, WithAdaptiveSpin
-	rwait   spin.Adaptive // the reader's window: readLoop's alone
-	pieces  piecesConf    // see WithPieces (pieces.go)
-	dues    dueBook       // the Do answers the reader foresees (due.go)
-	kick    *spin.Kick    // wakes the reader to plan for a Do (nil: never)
-	closing atomic.Bool   // Close has begun: the reader no longer sleeps in AwaitOr
+	spin    spin.Policy    // see WithSpin, WithAdaptiveSpin
+	rwait   spin.Adaptive  // the reader's window: readLoop's alone
+	pieces  piecesConf     // see WithPieces (pieces.go)
+	dues    dueBook        // the Do answers the reader foresees (due.go)
+	kick    *spin.Kick     // wakes the reader to plan for a Do (nil: never)
+	closing atomic.Bool    // Close has begun: the reader no longer sleeps in AwaitOr
+	orphans sync.WaitGroup // Cancels of transfers started after their submit gave up (cancelOrphan)
 }
 
 // Option changes how a Client works.
@@ -114,6 +115,7 @@ func (c *Client) Close() error {
 	}
 	err := c.conn.Close()
 	<-c.done
+	c.orphans.Wait() // each fails at once on the closed connection
 	if c.kick != nil {
 		_ = c.kick.Close() // the reader is gone; a Do's late Wake does nothing
 	}
@@ -154,6 +156,8 @@ func (c *Client) readLoop() {
 		} else if f, ok := m.(*wire.Fail); ok && req == 0 {
 			err = &Error{Code: f.Code, Msg: f.Message}
 			break
+		} else if s, ok := m.(*wire.Submitted); ok {
+			c.cancelOrphan(s.Transfer)
 		}
 	}
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
@@ -187,6 +191,23 @@ func (c *Client) await() {
 			return
 		}
 	}
+}
+
+// orphanCancelWait bounds the Cancel of a transfer started after its
+// submit gave up.
+const orphanCancelWait = 5 * time.Second
+
+// cancelOrphan cancels transfer id, whose Submitted came after its caller
+// stopped waiting (its context ended): nobody follows it, and the caller
+// may already have given its memory to something else, so it must not go
+// on reading or writing there. Aside, since only the reader can take the
+// Cancel's answer; Close waits for it.
+func (c *Client) cancelOrphan(id uint64) {
+	c.orphans.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), orphanCancelWait)
+		defer cancel()
+		_ = c.Cancel(ctx, id) // an error: it ended already, or the connection went; nothing left to stop
+	})
 }
 
 func reqID(m wire.Msg) uint64 {

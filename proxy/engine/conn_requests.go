@@ -81,7 +81,8 @@ func (c *client) register(m *wire.Register, fd int) {
 }
 
 // regions serves the requests on registered memory besides Register. A
-// confirmed Unregister waits for the region's transfers, so it goes aside.
+// confirmed Unregister waits for the region's transfers and a RevokeGrant
+// for those under its key, so they go aside.
 func (c *client) regions(m wire.Msg) {
 	b, o := c.l.b, c.owner
 	switch m := m.(type) {
@@ -90,7 +91,9 @@ func (c *client) regions(m wire.Msg) {
 	case *wire.Grant:
 		c.answer(m.Req, b.Grant(o, m))
 	case *wire.RevokeGrant:
-		c.answer(m.Req, b.RevokeGrant(o, m))
+		// It waits for the peer transfers admitted under the key to let go
+		// (up to seconds): the engine's other calls must not queue behind.
+		c.aside(func() { c.answer(m.Req, b.RevokeGrant(o, m)) })
 	case *wire.Unregister:
 		if m.WaitMs == 0 {
 			c.answer(m.Req, b.Unregister(o, m.Name))

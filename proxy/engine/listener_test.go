@@ -55,10 +55,21 @@ func (b fakeBackend) Register(o Owner, m *wire.Register, fd int) error {
 	}
 	return nil
 }
-func (b fakeBackend) RegisterKV(Owner, *wire.RegisterKV) error   { return nil }
-func (b fakeBackend) Grant(Owner, *wire.Grant) error             { return nil }
-func (b fakeBackend) RevokeGrant(Owner, *wire.RevokeGrant) error { return nil }
-func (b fakeBackend) Unregister(Owner, string) error             { return nil }
+func (b fakeBackend) RegisterKV(Owner, *wire.RegisterKV) error { return nil }
+func (b fakeBackend) Grant(Owner, *wire.Grant) error           { return nil }
+func (b fakeBackend) Unregister(Owner, string) error           { return nil }
+
+// heldKey is the transfer key whose RevokeGrant waits.
+var heldKey = []byte("held-key-0123456")
+
+// RevokeGrant of heldKey waits, as for a peer transfer still under way
+// under it, until done is closed.
+func (b fakeBackend) RevokeGrant(_ Owner, m *wire.RevokeGrant) error {
+	if string(m.Key) == string(heldKey) {
+		<-b.done
+	}
+	return nil
+}
 func (b fakeBackend) Closed(o Owner) {
 	if b.closed != nil {
 		b.closed <- o
@@ -278,6 +289,32 @@ func TestUnregisterWaitAside(t *testing.T) {
 	if m, ok := readMsg(t, c).(*wire.OK); !ok || m.Req != 2 {
 		t.Fatalf("the Unregister waiting a minute was answered %#v, want OK once the transfer ended", m)
 	}
+}
+
+// A RevokeGrant that waits for the transfers admitted under its key is
+// answered aside: the engine's grants for other requests (and its other
+// calls) go on meanwhile.
+func TestRevokeGrantAside(t *testing.T) {
+	_, path, finish := serve(t, 4)
+	c := dial(t, path)
+	for _, m := range []wire.Msg{&wire.RevokeGrant{Req: 1, Cache: "kv", Key: heldKey},
+		&wire.Grant{Req: 2, Cache: "kv", Key: []byte("next-key-0123456"), TTLMs: 1000, Uses: 1, Blocks: []uint32{1}}} {
+		if err := unixsock.WriteFrame(c, m, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := readMsg(t, c); !isOK(m, 2) {
+		t.Fatalf("got %#v first, want the Grant answered while the revoke waits", m)
+	}
+	finish()
+	if m := readMsg(t, c); !isOK(m, 1) {
+		t.Fatalf("the waiting revoke was answered %#v, want OK once its transfer let go", m)
+	}
+}
+
+func isOK(m wire.Msg, req uint64) bool {
+	ok, is := m.(*wire.OK)
+	return is && ok.Req == req
 }
 
 func TestUnregisterWaitCapped(t *testing.T) {

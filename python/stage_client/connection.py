@@ -40,6 +40,10 @@ __all__ = ["Connection"]
 #: the reason the sidecar gave for closing the connection.
 _REFUSAL_WAIT = 0.5
 
+#: How long, in seconds, the Cancel of a transfer started after its submit
+#: had timed out waits for its answer.
+_ORPHAN_CANCEL_WAIT = 5.0
+
 _Future = concurrent.futures.Future
 _log = logging.getLogger("stage_client")
 
@@ -179,6 +183,8 @@ class Connection:
                 elif isinstance(m, wire.Fail) and req == 0:
                     err = SidecarConnectionError("the sidecar ended the connection: %s" % m.message, m.code)
                     break
+                elif isinstance(m, wire.Submitted):
+                    self._cancel_orphan(m.transfer)
                 # else: an answer nobody waits for any more (its call timed out)
         except wire.ProtocolError as e:
             err = SidecarConnectionError("bad frame from the sidecar: %s" % e, Code.MALFORMED)
@@ -211,6 +217,21 @@ class Connection:
                     _log.warning("stage: an on_disconnect callback failed: %s", e)
             self._pieces = None  # the sidecar may come back as another version: ask again
             self._reconnector.lost()
+
+    def _cancel_orphan(self, transfer: int) -> None:
+        """Cancel ``transfer``, started by a submit whose caller stopped waiting (its call timed out): nobody
+        follows it, and that caller may already have handed its memory to something else (a decode engine that
+        gave up on a pull recomputes into those blocks), so it must not go on writing or reading there. On a
+        thread of its own: the reader must not wait for an answer only it can read."""
+
+        def cancel() -> None:
+            try:
+                self._call(lambda r: wire.Cancel(req=r, transfer=transfer), timeout=_ORPHAN_CANCEL_WAIT)
+                _log.warning("stage: transfer %d started after its submit had timed out: cancelled", transfer)
+            except (StageError, OSError) as e:  # ended already, or the connection went: nothing left to stop
+                _log.info("stage: cancelling transfer %d, started after its submit had timed out: %s", transfer, e)
+
+        threading.Thread(target=cancel, name="stage-cancel-orphan", daemon=True).start()
 
     # ------------------------------------------------------------------
     # requests

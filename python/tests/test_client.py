@@ -6,6 +6,7 @@ import array
 import asyncio
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -236,6 +237,36 @@ class TestClient(Base):
         with self.assertRaises(StageTimeout):
             c.unregister("x")
         self.assertLess(time.monotonic() - t0, 3)
+
+    def test_submit_answered_after_its_timeout_is_cancelled(self) -> None:
+        """A transfer whose Submitted comes after the submit timed out is cancelled: its caller gave up on it and
+        may have reused the memory (a decode that gave up on a pull recomputes into those blocks)."""
+        started = threading.Event()
+        cancelled: "queue.Queue[int]" = queue.Queue()
+
+        def h(s: FakeSidecar, hd: wire.Header, m: Any, fd: int) -> List[bytes]:
+            if isinstance(m, wire.Submit):
+                def late(req: int = m.req) -> None:
+                    started.wait(5)
+                    s.send(wire.encode_frame(wire.Submitted(req=req, transfer=91)))
+                threading.Thread(target=late, daemon=True).start()
+                return []
+            if isinstance(m, wire.Cancel):
+                cancelled.put(m.transfer)
+                return [ok(m.req)]
+            return [fail(m.req, Code.BAD_REQUEST, "?")]
+
+        c = self.start(h, request_timeout=0.2)
+        with self.assertRaises(StageTimeout):
+            c.push("decode", "a", "b", [Block(0, 0, 10)], tag="x")
+        started.set()  # the answer comes now, to nobody
+        self.assertEqual(cancelled.get(timeout=5), 91)
+        # an answer in time is not cancelled
+        c2 = self.start(lambda s, h, m, fd: [wire.encode_frame(wire.Submitted(req=m.req, transfer=5))]
+                        if isinstance(m, wire.Submit) else [fail(m.req, Code.BAD_REQUEST, "?")])
+        self.assertEqual(c2.push("decode", "a", "b", [Block(0, 0, 10)]), 5)
+        time.sleep(0.2)
+        self.assertFalse(any(isinstance(m, wire.Cancel) for _, m, _ in self.fake.got), self.fake.got)
 
     def test_connection_level_fail(self) -> None:
         def h(s: FakeSidecar, hd: wire.Header, m: Any, fd: int) -> List[bytes]:

@@ -267,9 +267,13 @@ class RealPair(unittest.TestCase):
 
     def ok(self, r: Tuple[int, Dict[str, Any]], what: str) -> Dict[str, Any]:
         status, body = r
-        self.assertEqual(status, 200, "%s: %s\nprefill log:\n%s\ndecode log:\n%s" % (what, body, self.pre.tail(),
-                                                                                   self.dec.tail()))
+        self.assertEqual(status, 200, "%s: %s\nprefill log:\n%s\ndecode log:\n%s\n%s" % (
+            what, body, self.pre.tail(), self.dec.tail(), self.sidecar_logs()))
         return body
+
+    def sidecar_logs(self, n: int = 20) -> str:
+        """The sidecars' last log lines (a stalled link or a refused pull says why there), for a failure's message."""
+        return "\n".join("%s's staged log:\n%s" % (sc.name, sc.tail(n)) for sc in (self.pre_sc, self.dec_sc))
 
     def said(self, n: int = 12) -> str:
         """The engines' last stage log lines (what failed, and why), for a failure's message."""
