@@ -311,8 +311,9 @@ class RealPair(unittest.TestCase):
         # every prompt's KV but the token the decode recomputes: 2 layers x (K, V) x 2 heads x 32 x 4 B per token
         least = sum(len(p) - 1 for p in ps) * 2 * 2 * 2 * 32 * 4
         self.assertGreaterEqual(moved, least, "%s: the decode's sidecar moved %d B, the prompts' KV is %d B\n%s\n"
-                                "its links before: %s\nafter: %s" % (mode, moved, least, self.said(), st0.get("links"),
-                                                                      st1.get("links")))
+                                "its links before: %s\nafter: %s\n%s"
+                                % (mode, moved, least, self.said(), st0.get("links"), st1.get("links"),
+                                   self.sidecar_logs()))
 
     def test_pull(self) -> None:
         self.check_mode("pull", 1)
