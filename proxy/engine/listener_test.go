@@ -303,18 +303,13 @@ func TestRevokeGrantAside(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if m := readMsg(t, c); !isOK(m, 2) {
+	if m := readMsg(t, c); m.Type() != wire.TypeOK || m.(*wire.OK).Req != 2 {
 		t.Fatalf("got %#v first, want the Grant answered while the revoke waits", m)
 	}
 	finish()
-	if m := readMsg(t, c); !isOK(m, 1) {
+	if m := readMsg(t, c); m.Type() != wire.TypeOK || m.(*wire.OK).Req != 1 {
 		t.Fatalf("the waiting revoke was answered %#v, want OK once its transfer let go", m)
 	}
-}
-
-func isOK(m wire.Msg, req uint64) bool {
-	ok, is := m.(*wire.OK)
-	return is && ok.Req == req
 }
 
 func TestUnregisterWaitCapped(t *testing.T) {
